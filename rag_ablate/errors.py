@@ -1,0 +1,73 @@
+"""The project's exception tree.
+
+Every error a user can cause is one of these, with a message that says what to
+fix. Nothing user-facing is an ``assert`` or a bare traceback.
+
+    RagAblateError                 base of everything below
+    ├── DatasetError               a dataset folder breaks the contract (file, line, field)
+    ├── ConfigError                a config value or combination is invalid
+    ├── UnknownNameError           a name not in a registry (lists the valid names)
+    ├── TrackingError              MLflow store / run problems
+    └── ComparisonError            the comparison step cannot be computed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class RagAblateError(Exception):
+    """Base class of all errors raised on purpose by rag_ablate."""
+
+
+class DatasetError(RagAblateError):
+    """A dataset file breaks the contract in DATASET_FORMAT.md.
+
+    ``file``, ``line`` (1-based, or None for file-level problems) and ``field``
+    say exactly where.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.file = file
+        self.line = line
+        self.field = field
+        self.reason = message
+        where = file or "<dataset>"
+        if line is not None:
+            where += f":{line}"
+        if field is not None:
+            where += f": field '{field}'"
+        super().__init__(f"{where}: {message}")
+
+
+class ConfigError(RagAblateError):
+    """A configuration value is invalid or inconsistent."""
+
+
+class UnknownNameError(RagAblateError, KeyError):
+    """A name that is not in a registry. The message lists the valid names."""
+
+    def __init__(self, kind: str, name: str, valid: Iterable[str]) -> None:
+        self.kind = kind
+        self.name = name
+        self.valid = sorted(valid)
+        msg = f"unknown {kind} '{name}'; valid: {', '.join(self.valid)}"
+        super().__init__(msg)
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class TrackingError(RagAblateError):
+    """MLflow could not be reached or used as configured."""
+
+
+class ComparisonError(RagAblateError):
+    """The comparison step cannot be computed from what is on disk."""
