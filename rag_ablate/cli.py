@@ -1,0 +1,155 @@
+"""``rag-ablate``: the commands that are not a Hydra run.
+
+    rag-ablate validate DATASET_DIR   check a dataset folder, print its summary
+    rag-ablate ui [--uri URI]         open the MLflow UI on 127.0.0.1
+
+Runs and sweeps are ``python -m rag_ablate [-m] overrides...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rag_ablate import __version__
+from rag_ablate.errors import RagAblateError
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    rows = [
+        ("dataset", f"{summary['name']}  ({summary['path']})"),
+        (
+            "documents",
+            f"{summary['documents']}  (chars min/median/max: "
+            f"{summary['doc_chars']['min']}/{summary['doc_chars']['median']}/{summary['doc_chars']['max']})",
+        ),
+        ("queries", str(summary["queries"])),
+        (
+            "  answerable",
+            f"{summary['answerable']}  (multi-doc: {summary['multi_doc']}, "
+            f"with evidence: {summary['with_evidence']})",
+        ),
+        ("  unanswerable", str(summary["unanswerable"])),
+        ("  no retrieval", f"{summary['no_rag']}  (chit-chat, feedback ...: intent only)"),
+        ("intents", f"{summary['intents']} leaves under {summary['intent_parents']} parents"),
+        (
+            "splits",
+            ", ".join(f"{k} {v}" for k, v in summary["splits"].items())
+            + (f"  ({summary['splits_assigned']} assigned by group)" if summary["splits_assigned"] else ""),
+        ),
+        (
+            "groups",
+            f"{summary['groups']}  ({summary['groups_multi']} with near-duplicates"
+            + (
+                f", {summary['groups_computed']} queries grouped by the tool"
+                if summary["groups_computed"]
+                else ""
+            )
+            + ")",
+        ),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k.ljust(width)}  {v}")
+    print("largest groups:")
+    for g, n in summary["largest_groups"]:
+        print(f"  {n:>3}  {g}")
+        for ex in summary["group_examples"].get(g, []):
+            print(f"         e.g. {ex}")
+    print(
+        f"fingerprints  corpus {summary['corpus_fingerprint'][:12]}  queries {summary['queries_fingerprint'][:12]}"
+    )
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rag_ablate.dataset import DatasetValidationError, load_dataset
+
+    try:
+        ds = load_dataset(args.dataset_dir, holdout_share=args.holdout_share, seed=args.seed)
+    except DatasetValidationError as exc:
+        print(f"invalid dataset: {len(exc.errors)} problem(s)", file=sys.stderr)
+        for e in exc.errors[:50]:
+            print(f"  {e}", file=sys.stderr)
+        if len(exc.errors) > 50:
+            print(f"  ... and {len(exc.errors) - 50} more", file=sys.stderr)
+        return 1
+    summary = ds.summary()
+    if args.json:
+        print(json.dumps(summary, ensure_ascii=False, indent=1))
+    else:
+        _print_summary(summary)
+        print("OK: the dataset follows the contract.")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    uri = args.uri or f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        print(f"no MLflow store at {uri}; run `python -m rag_ablate` first", file=sys.stderr)
+        return 1
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.port),
+    ]
+    print(f"MLflow UI on http://127.0.0.1:{args.port}  (store: {uri}; Ctrl-C stops it)")
+    if args.dry_run:
+        print(" ".join(cmd))
+        return 0
+    try:
+        return subprocess.call(cmd, env=os.environ.copy())
+    except KeyboardInterrupt:
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rag-ablate",
+        description="rag_ablate commands besides runs. Runs and sweeps: python -m rag_ablate [-m] key=value ...",
+    )
+    p.add_argument("--version", action="version", version=f"rag_ablate {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    v = sub.add_parser("validate", help="check a dataset folder against the contract and print its summary")
+    v.add_argument("dataset_dir", help="folder with corpus.jsonl, queries.jsonl and optionally intents.jsonl")
+    v.add_argument("--json", action="store_true", help="print the summary as JSON")
+    v.add_argument(
+        "--holdout-share", type=float, default=0.3, help="target holdout share for unassigned splits"
+    )
+    v.add_argument("--seed", type=int, default=0, help="seed of grouping and split assignment")
+    v.set_defaults(func=cmd_validate)
+
+    u = sub.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the default (or given) store")
+    u.add_argument(
+        "--uri", help="tracking URI (default: sqlite:///outputs/mlflow.db under the current folder)"
+    )
+    u.add_argument("--port", type=int, default=5000, help="port (default 5000)")
+    u.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    u.set_defaults(func=cmd_ui)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except RagAblateError as exc:
+        print(f"rag-ablate: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

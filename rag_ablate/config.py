@@ -1,0 +1,139 @@
+"""Typed schemas behind every config group.
+
+``conf/config.yaml`` starts its defaults list with ``rag_ablate_schema`` (the
+:class:`RunConfig` below, registered in Hydra's ConfigStore), so every YAML option
+is merged into a typed node: a misspelt key or a string where a number belongs
+fails at composition time, naming the key.
+
+One group per ablation axis: ``dataset``, ``chunk``, ``retrieval``, ``router``,
+``tracking``. Each dataclass field carries one comment saying what it means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rag_ablate.errors import ConfigError
+
+
+@dataclass
+class DatasetConfig:
+    name: str = "sample"  # label used in run names and tags
+    path: str | None = None  # dataset folder (DATASET_FORMAT.md); null = embedded sample
+    holdout_share: float = 0.3  # target share of queries in holdout when splits are assigned
+    group_threshold: float = 0.7  # char 4-gram Jaccard at which queries count as near-duplicates
+
+
+@dataclass
+class ChunkConfig:
+    size: int = 512  # chunk length in units (characters for CJK text, tokens otherwise)
+    overlap: int = 64  # units shared by consecutive chunks; must be < size
+    unit: str = "auto"  # auto | char | token
+    snap: bool = True  # end chunks at a sentence boundary when one lies in the last 30% of the window
+    include_title: bool = True  # prefix the document title to every chunk's indexed text
+
+
+@dataclass
+class BM25Config:
+    k1: float = 1.5  # term-frequency saturation
+    b: float = 0.75  # length normalisation
+    method: str = "lucene"  # bm25s scoring variant: lucene | robertson | atire | bm25l | bm25+
+    analyzer: str = "auto"  # auto | zh (jieba) | en (lowercase words, stopwords)
+
+
+@dataclass
+class RetrievalConfig:
+    method: str = "bm25"  # bm25 (dense and hybrid come with the dense stage)
+    top_k: int = 10  # chunks returned per query; metrics at k <= top_k
+    bm25: BM25Config = field(default_factory=BM25Config)
+
+
+@dataclass
+class RouterConfig:
+    method: str = "nearest"  # nearest (char n-gram TF-IDF over intent descriptions and examples) | none
+    ngram: int = 2  # character n-gram length of the nearest-neighbour router
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True  # false: write records and summaries to disk only
+    uri: str | None = None  # MLflow tracking URI; null = sqlite:///<paths.output_root>/mlflow.db
+    experiment: str = "rag_ablate"  # MLflow experiment name
+    artifact_root: str | None = None  # null = <paths.output_root>/mlartifacts
+
+
+@dataclass
+class MetricsConfig:
+    ks: list[int] = field(default_factory=lambda: [1, 3, 5, 10])  # cut-offs of the @k metrics
+    summary: list[str] = field(  # columns of the end-of-run table
+        default_factory=lambda: ["recall_at_5", "ndcg_at_10", "evidence_recall_at_5", "intent_top1"]
+    )
+
+
+@dataclass
+class PathsConfig:
+    output_root: str = "outputs"  # sweeps, runs, mlflow.db, artifacts and caches live here
+
+
+@dataclass
+class RunConfig:
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    chunk: ChunkConfig = field(default_factory=ChunkConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    seed: int = 0  # seeds splits, grouping and the comparison's resampling
+    progress: bool = True  # show progress bars
+    experiment: Any = None  # name of a study in conf/experiment, if one was chosen
+
+
+def register_configs() -> None:
+    """Register the schema in Hydra's ConfigStore (idempotent)."""
+    ConfigStore.instance().store(name="rag_ablate_schema", node=RunConfig)
+
+
+def to_settings(cfg: DictConfig) -> RunConfig:
+    """Turn a composed config into a validated :class:`RunConfig`."""
+    plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    if not isinstance(plain, dict):
+        raise ConfigError("the composed config is not a mapping")
+    plain.pop("hydra", None)
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        merged = OmegaConf.merge(schema, plain)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"config does not match the schema: {exc}") from exc
+    settings = OmegaConf.to_object(merged)
+    if not isinstance(settings, RunConfig):
+        raise ConfigError("the composed config does not match the schema")
+    validate(settings)
+    return settings
+
+
+def validate(s: RunConfig) -> None:
+    """Checks that a schema cannot express (ranges and combinations)."""
+    c = s.chunk
+    if c.size < 1:
+        raise ConfigError(f"chunk.size must be >= 1, got {c.size}")
+    if not 0 <= c.overlap < c.size:
+        raise ConfigError(f"chunk.overlap must be in [0, chunk.size={c.size}), got {c.overlap}")
+    if c.unit not in ("auto", "char", "token"):
+        raise ConfigError(f"chunk.unit must be auto, char or token, got '{c.unit}'")
+    if s.retrieval.top_k < 1:
+        raise ConfigError(f"retrieval.top_k must be >= 1, got {s.retrieval.top_k}")
+    if not s.metrics.ks or any(k < 1 for k in s.metrics.ks):
+        raise ConfigError(f"metrics.ks must be positive integers, got {s.metrics.ks}")
+    if max(s.metrics.ks) > s.retrieval.top_k:
+        raise ConfigError(
+            f"metrics.ks {s.metrics.ks} go beyond retrieval.top_k={s.retrieval.top_k}; "
+            "raise retrieval.top_k or drop the larger k"
+        )
+    if not 0.0 < s.dataset.holdout_share < 1.0:
+        raise ConfigError(f"dataset.holdout_share must be in (0, 1), got {s.dataset.holdout_share}")

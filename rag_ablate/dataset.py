@@ -1,0 +1,559 @@
+"""The dataset contract (DATASET_FORMAT.md): load, validate, group, split.
+
+A dataset is a folder with ``corpus.jsonl``, ``queries.jsonl`` and optionally
+``intents.jsonl``. :func:`load_dataset` reads all three, checks every rule of the
+contract, and either returns a complete :class:`Dataset` or raises
+:class:`DatasetValidationError` listing every problem with file, line and field.
+Nothing is loaded partially.
+
+Queries without a ``group`` get one from near-duplicate grouping; queries without a
+``split`` get one by group (largest groups first), so a group never spans splits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from rag_ablate.errors import DatasetError
+
+SPLITS = ("dev", "holdout")
+QueryKind = Literal["answerable", "unanswerable", "no_rag"]
+
+CORPUS_FILE = "corpus.jsonl"
+QUERIES_FILE = "queries.jsonl"
+INTENTS_FILE = "intents.jsonl"
+
+_CORPUS_FIELDS = {"doc_id", "text", "title", "metadata", "allowed_groups"}
+_QUERY_FIELDS = {
+    "query_id",
+    "query",
+    "relevant",
+    "evidence",
+    "answerable",
+    "reference_answer",
+    "intent_l1",
+    "intent_l2",
+    "requires_rag",
+    "split",
+    "group",
+    "tags",
+    "user_groups",
+}
+_INTENT_FIELDS = {"intent_l2", "intent_l1", "description", "examples", "requires_rag"}
+
+
+class DatasetValidationError(DatasetError):
+    """One or more contract violations. ``errors`` holds each, in file order."""
+
+    def __init__(self, errors: list[DatasetError]) -> None:
+        self.errors = errors
+        first = errors[0]
+        head = f"{len(errors)} problem(s) in dataset; first: " if len(errors) > 1 else ""
+        shown = "\n".join(f"  - {e}" for e in errors[:20])
+        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
+        super().__init__(
+            f"{head}{first.reason}" + (f"\n{shown}{more}" if len(errors) > 1 else ""),
+            file=first.file,
+            line=first.line,
+            field=first.field,
+        )
+
+
+@dataclass(frozen=True)
+class Span:
+    """Character range ``[start, end)`` inside one document's text."""
+
+    doc_id: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Document:
+    doc_id: str
+    text: str
+    title: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    allowed_groups: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Intent:
+    intent_l2: str
+    intent_l1: str
+    description: str
+    examples: tuple[str, ...] = ()
+    requires_rag: bool = True
+
+
+@dataclass(frozen=True)
+class Query:
+    query_id: str
+    query: str
+    relevant: Mapping[str, int]
+    evidence: tuple[Span, ...]
+    answerable: bool
+    requires_rag: bool
+    reference_answers: tuple[str, ...]
+    intent_l1: str | None
+    intent_l2: str | None
+    split: str
+    group: str
+    tags: tuple[str, ...] = ()
+    user_groups: tuple[str, ...] | None = None
+    line: int = 0
+
+    @property
+    def kind(self) -> QueryKind:
+        """``no_rag`` (intent only), ``answerable`` or ``unanswerable``."""
+        if not self.requires_rag:
+            return "no_rag"
+        return "answerable" if self.answerable else "unanswerable"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    path: Path
+    documents: Mapping[str, Document]
+    queries: tuple[Query, ...]
+    intents: Mapping[str, Intent]
+    corpus_fingerprint: str
+    queries_fingerprint: str
+    groups_computed: int = 0
+    splits_assigned: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        """Counts a person checks before trusting a dataset."""
+        kinds = Counter(q.kind for q in self.queries)
+        splits = Counter(q.split for q in self.queries)
+        group_sizes = Counter(q.group for q in self.queries)
+        lengths = sorted(len(d.text) for d in self.documents.values())
+        multi = sum(1 for q in self.queries if len(q.relevant) > 1)
+        largest = group_sizes.most_common(5)
+        examples = {g: [q.query for q in self.queries if q.group == g][:3] for g, n in largest if n > 1}
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "documents": len(self.documents),
+            "doc_chars": {
+                "min": lengths[0] if lengths else 0,
+                "median": lengths[len(lengths) // 2] if lengths else 0,
+                "max": lengths[-1] if lengths else 0,
+            },
+            "queries": len(self.queries),
+            "answerable": kinds.get("answerable", 0),
+            "unanswerable": kinds.get("unanswerable", 0),
+            "no_rag": kinds.get("no_rag", 0),
+            "multi_doc": multi,
+            "with_evidence": sum(1 for q in self.queries if q.evidence),
+            "intents": len(self.intents),
+            "intent_parents": len({i.intent_l1 for i in self.intents.values()}),
+            "splits": {s: splits.get(s, 0) for s in SPLITS},
+            "groups": len(group_sizes),
+            "groups_multi": sum(1 for n in group_sizes.values() if n > 1),
+            "largest_groups": [[g, n] for g, n in largest],
+            "group_examples": examples,
+            "groups_computed": self.groups_computed,
+            "splits_assigned": self.splits_assigned,
+            "corpus_fingerprint": self.corpus_fingerprint,
+            "queries_fingerprint": self.queries_fingerprint,
+        }
+
+
+def sample_dataset_path() -> Path:
+    """The folder of the embedded sample dataset shipped in the package."""
+    return Path(str(resources.files("rag_ablate") / "data" / "sample"))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _read_jsonl(path: Path, errors: list[DatasetError]) -> Iterator[tuple[int, dict[str, Any]]]:
+    name = path.name
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        errors.append(DatasetError(f"cannot read file: {exc.strerror}", file=name))
+        return
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        errors.append(DatasetError("not valid UTF-8", file=name, line=line))
+        return
+    for lineno, line_text in enumerate(text.splitlines(), start=1):
+        if not line_text.strip():
+            continue
+        try:
+            obj = json.loads(line_text)
+        except json.JSONDecodeError as exc:
+            errors.append(DatasetError(f"invalid JSON: {exc.msg}", file=name, line=lineno))
+            continue
+        if not isinstance(obj, dict):
+            errors.append(DatasetError("a line must be a JSON object", file=name, line=lineno))
+            continue
+        yield lineno, obj
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _fingerprint(records: list[dict[str, Any]]) -> str:
+    h = hashlib.sha256()
+    for rec in records:
+        h.update(json.dumps(rec, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+class _Checker:
+    """Collects contract violations for one file."""
+
+    def __init__(self, file: str, errors: list[DatasetError]) -> None:
+        self.file = file
+        self.errors = errors
+
+    def err(self, line: int, fld: str | None, msg: str) -> None:
+        self.errors.append(DatasetError(msg, file=self.file, line=line, field=fld))
+
+    def unknown(self, line: int, obj: dict[str, Any], allowed: set[str]) -> None:
+        for key in obj:
+            if key not in allowed:
+                self.err(line, key, f"unknown field; valid fields: {', '.join(sorted(allowed))}")
+
+    def string(self, line: int, obj: dict[str, Any], key: str, *, required: bool) -> str | None:
+        if key not in obj or obj[key] is None:
+            if required:
+                self.err(line, key, "required field is missing")
+            return None
+        value = obj[key]
+        if not isinstance(value, str):
+            self.err(line, key, f"must be a string, got {type(value).__name__}")
+            return None
+        if required and not value.strip():
+            self.err(line, key, "must be a non-empty string")
+            return None
+        return value
+
+    def boolean(self, line: int, obj: dict[str, Any], key: str) -> bool | None:
+        if key not in obj or obj[key] is None:
+            return None
+        if not isinstance(obj[key], bool):
+            self.err(line, key, f"must be true or false, got {obj[key]!r}")
+            return None
+        return bool(obj[key])
+
+    def str_list(self, line: int, obj: dict[str, Any], key: str) -> tuple[str, ...] | None:
+        if key not in obj or obj[key] is None:
+            return None
+        value = obj[key]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.err(line, key, "must be a list of strings")
+            return None
+        return tuple(value)
+
+
+def _load_corpus(path: Path, errors: list[DatasetError]) -> tuple[dict[str, Document], str]:
+    chk = _Checker(path.name, errors)
+    docs: dict[str, Document] = {}
+    first_line: dict[str, int] = {}
+    raw: list[dict[str, Any]] = []
+    for line, obj in _read_jsonl(path, errors):
+        raw.append(obj)
+        chk.unknown(line, obj, _CORPUS_FIELDS)
+        doc_id = chk.string(line, obj, "doc_id", required=True)
+        text = chk.string(line, obj, "text", required=True)
+        title = chk.string(line, obj, "title", required=False)
+        metadata = obj.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            chk.err(line, "metadata", "must be a JSON object")
+            metadata = {}
+        allowed = chk.str_list(line, obj, "allowed_groups")
+        if doc_id is None or text is None:
+            continue
+        if doc_id in docs:
+            chk.err(line, "doc_id", f"duplicate doc_id '{doc_id}' (first on line {first_line[doc_id]})")
+            continue
+        first_line[doc_id] = line
+        docs[doc_id] = Document(doc_id, text, title, metadata, allowed)
+    if not docs and not errors:
+        chk.err(1, None, "the corpus holds no documents")
+    return docs, _fingerprint(raw)
+
+
+def _load_intents(path: Path, errors: list[DatasetError]) -> dict[str, Intent]:
+    chk = _Checker(path.name, errors)
+    intents: dict[str, Intent] = {}
+    for line, obj in _read_jsonl(path, errors):
+        chk.unknown(line, obj, _INTENT_FIELDS)
+        l2 = chk.string(line, obj, "intent_l2", required=True)
+        l1 = chk.string(line, obj, "intent_l1", required=True)
+        desc = chk.string(line, obj, "description", required=True)
+        examples = chk.str_list(line, obj, "examples") or ()
+        rag = chk.boolean(line, obj, "requires_rag")
+        if l2 is None or l1 is None or desc is None:
+            continue
+        if l2 in intents:
+            chk.err(line, "intent_l2", f"duplicate intent_l2 '{l2}'")
+            continue
+        intents[l2] = Intent(l2, l1, desc, examples, True if rag is None else rag)
+    return intents
+
+
+@dataclass
+class _RawQuery:
+    line: int
+    query_id: str
+    query: str
+    relevant: dict[str, int]
+    evidence: tuple[Span, ...]
+    answerable: bool
+    requires_rag: bool
+    references: tuple[str, ...]
+    intent_l1: str | None
+    intent_l2: str | None
+    split: str | None
+    group: str | None
+    tags: tuple[str, ...]
+    user_groups: tuple[str, ...] | None
+
+
+def _load_queries(
+    path: Path,
+    docs: Mapping[str, Document],
+    intents: Mapping[str, Intent] | None,
+    errors: list[DatasetError],
+) -> tuple[list[_RawQuery], str]:
+    chk = _Checker(path.name, errors)
+    out: list[_RawQuery] = []
+    seen: dict[str, int] = {}
+    raw: list[dict[str, Any]] = []
+    for line, obj in _read_jsonl(path, errors):
+        raw.append(obj)
+        n_err = len(errors)
+        chk.unknown(line, obj, _QUERY_FIELDS)
+        qid = chk.string(line, obj, "query_id", required=True)
+        text = chk.string(line, obj, "query", required=True)
+        if qid is not None:
+            if qid in seen:
+                chk.err(line, "query_id", f"duplicate query_id '{qid}' (first on line {seen[qid]})")
+            else:
+                seen[qid] = line
+
+        relevant: dict[str, int] = {}
+        rel = obj.get("relevant")
+        if rel is not None:
+            if not isinstance(rel, dict):
+                chk.err(line, "relevant", "must be an object {doc_id: grade}")
+            else:
+                for doc_id, grade in rel.items():
+                    if isinstance(grade, bool) or not isinstance(grade, int) or grade < 1:
+                        chk.err(
+                            line, "relevant", f"grade of '{doc_id}' must be an integer >= 1, got {grade!r}"
+                        )
+                    elif doc_id not in docs:
+                        chk.err(line, "relevant", f"doc_id '{doc_id}' is not in the corpus")
+                    else:
+                        relevant[doc_id] = grade
+
+        spans: list[Span] = []
+        ev = obj.get("evidence")
+        if ev is not None:
+            if not isinstance(ev, list):
+                chk.err(line, "evidence", "must be a list of {doc_id, start, end}")
+            else:
+                for i, item in enumerate(ev):
+                    where = f"evidence[{i}]"
+                    if not isinstance(item, dict) or set(item) - {"doc_id", "start", "end"}:
+                        chk.err(line, where, "must be an object with exactly doc_id, start, end")
+                        continue
+                    doc_id, start, end = item.get("doc_id"), item.get("start"), item.get("end")
+                    if not isinstance(doc_id, str) or doc_id not in docs:
+                        chk.err(line, where + ".doc_id", f"doc_id {doc_id!r} is not in the corpus")
+                        continue
+                    if not (_is_int(start) and _is_int(end)):
+                        chk.err(line, where, "start and end must be integers")
+                        continue
+                    start, end = int(start), int(end)
+                    n = len(docs[doc_id].text)
+                    if not 0 <= start < end <= n:
+                        chk.err(
+                            line, where, f"need 0 <= start < end <= len(text) = {n}, got [{start}, {end})"
+                        )
+                        continue
+                    spans.append(Span(doc_id, start, end))
+
+        l1 = chk.string(line, obj, "intent_l1", required=False)
+        l2 = chk.string(line, obj, "intent_l2", required=False)
+        if intents is not None:
+            if l2 is not None and l2 not in intents:
+                chk.err(
+                    line, "intent_l2", f"'{l2}' is not in intents.jsonl; valid: {', '.join(sorted(intents))}"
+                )
+            elif l2 is not None and l1 is not None and intents[l2].intent_l1 != l1:
+                chk.err(line, "intent_l1", f"'{l1}' is not the parent of '{l2}' ('{intents[l2].intent_l1}')")
+            if l1 is not None and l1 not in {i.intent_l1 for i in intents.values()}:
+                chk.err(line, "intent_l1", f"'{l1}' is not a parent intent in intents.jsonl")
+
+        answerable = chk.boolean(line, obj, "answerable")
+        if answerable is None:
+            answerable = bool(rel)
+        elif answerable and not rel:
+            chk.err(line, "answerable", "answerable is true but 'relevant' is empty")
+        elif not answerable and rel:
+            chk.err(line, "answerable", "answerable is false but 'relevant' is not empty")
+        if spans and not answerable:
+            chk.err(line, "evidence", "an unanswerable query cannot have evidence")
+
+        requires_rag = chk.boolean(line, obj, "requires_rag")
+        if requires_rag is None:
+            requires_rag = intents[l2].requires_rag if intents and l2 in intents else True
+
+        ref = obj.get("reference_answer")
+        refs: tuple[str, ...] = ()
+        if isinstance(ref, str):
+            refs = (ref,)
+        elif isinstance(ref, list) and all(isinstance(r, str) for r in ref):
+            refs = tuple(ref)
+        elif ref is not None:
+            chk.err(line, "reference_answer", "must be a string or a list of strings")
+
+        split = chk.string(line, obj, "split", required=False)
+        if split is not None and split not in SPLITS:
+            chk.err(line, "split", f"must be one of {', '.join(SPLITS)}, got '{split}'")
+        group = chk.string(line, obj, "group", required=False)
+        tags = chk.str_list(line, obj, "tags") or ()
+        user_groups = chk.str_list(line, obj, "user_groups")
+
+        if len(errors) > n_err or qid is None or text is None:
+            continue
+        out.append(
+            _RawQuery(
+                line,
+                qid,
+                text,
+                relevant,
+                tuple(spans),
+                answerable,
+                requires_rag,
+                refs,
+                l1,
+                l2,
+                split,
+                group,
+                tags,
+                user_groups,
+            )
+        )
+    if not out and not errors:
+        chk.err(1, None, "the file holds no queries")
+    return out, _fingerprint(raw)
+
+
+def _assign_groups_and_splits(
+    raw: list[_RawQuery], file: str, holdout_share: float, group_threshold: float, seed: int
+) -> tuple[list[str], list[str], int, int]:
+    from rag_ablate import grouping
+
+    explicit = [q.group for q in raw]
+    result = grouping.group_near_duplicates(
+        [q.query for q in raw],
+        ids=[q.query_id for q in raw],
+        explicit=explicit,
+        threshold=group_threshold,
+        seed=seed,
+    )
+    fixed = [q.split for q in raw]
+    by_group: dict[str, list[_RawQuery]] = {}
+    for q, g in zip(raw, result.group_of, strict=True):
+        if q.split is not None:
+            by_group.setdefault(g, []).append(q)
+    clashes = [
+        DatasetError(
+            f"group '{g}' spans both splits: "
+            + ", ".join(f"{q.query_id} (line {q.line}, {q.split})" for q in members),
+            file=file,
+            line=members[0].line,
+            field="split",
+        )
+        for g, members in by_group.items()
+        if len({q.split for q in members}) > 1
+    ]
+    if clashes:
+        raise DatasetValidationError(clashes)
+    splits = grouping.assign_splits(result.group_of, holdout_share=holdout_share, seed=seed, fixed=fixed)
+    computed = sum(1 for e in explicit if e is None)
+    assigned = sum(1 for s in fixed if s is None)
+    return result.group_of, splits, computed, assigned
+
+
+def load_dataset(
+    path: str | Path | None = None,
+    *,
+    name: str | None = None,
+    holdout_share: float = 0.3,
+    group_threshold: float = 0.7,
+    seed: int = 0,
+) -> Dataset:
+    """Load and validate a dataset folder (``None``: the embedded sample)."""
+    folder = sample_dataset_path() if path is None else Path(path).expanduser()
+    if not folder.is_dir():
+        raise DatasetError(f"dataset folder not found: {folder}", file=str(folder))
+    for required in (CORPUS_FILE, QUERIES_FILE):
+        if not (folder / required).is_file():
+            raise DatasetError(
+                f"missing {required} in {folder} (a dataset folder holds corpus.jsonl, queries.jsonl"
+                " and optionally intents.jsonl)",
+                file=required,
+            )
+    errors: list[DatasetError] = []
+    docs, corpus_fp = _load_corpus(folder / CORPUS_FILE, errors)
+    intents: dict[str, Intent] | None = None
+    if (folder / INTENTS_FILE).is_file():
+        intents = _load_intents(folder / INTENTS_FILE, errors)
+    raw, queries_fp = _load_queries(folder / QUERIES_FILE, docs, intents, errors)
+    if errors:
+        raise DatasetValidationError(errors)
+
+    groups, splits, computed, assigned = _assign_groups_and_splits(
+        raw, QUERIES_FILE, holdout_share, group_threshold, seed
+    )
+    queries = tuple(
+        Query(
+            query_id=q.query_id,
+            query=q.query,
+            relevant=q.relevant,
+            evidence=q.evidence,
+            answerable=q.answerable,
+            requires_rag=q.requires_rag,
+            reference_answers=q.references,
+            intent_l1=q.intent_l1,
+            intent_l2=q.intent_l2,
+            split=s,
+            group=g,
+            tags=q.tags,
+            user_groups=q.user_groups,
+            line=q.line,
+        )
+        for q, g, s in zip(raw, groups, splits, strict=True)
+    )
+    return Dataset(
+        name=name or folder.name,
+        path=folder,
+        documents=docs,
+        queries=queries,
+        intents=intents or {},
+        corpus_fingerprint=corpus_fp,
+        queries_fingerprint=queries_fp,
+        groups_computed=computed,
+        splits_assigned=assigned,
+    )

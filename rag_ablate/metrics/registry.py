@@ -1,0 +1,244 @@
+"""The metric registry and the one naming rule used everywhere.
+
+A metric is registered once by its *base* name (``"recall"``). A concrete metric
+name adds the cutoff when the metric takes one::
+
+    recall_at_5      records, JSON, MLflow keys (the canonical name)
+    recall@5         terminal tables only (``display_name``); also accepted as input
+    intent_top1      metrics without a cutoff are just the base name
+
+Names may carry a prefix such as a split or slice (``"dev/recall_at_5"``);
+``display_name`` and ``direction_of`` keep / ignore everything up to the last
+``/``. ``parse_metric_name`` takes a bare metric name only.
+
+Errors:
+
+* an unknown metric, or a name that does not have the shape its metric needs
+  (``"recall"`` without a cutoff, ``"intent_top1_at_5"`` with one) raises
+  :class:`~rag_ablate.errors.UnknownNameError`, whose message lists every valid
+  name as it would be typed (``recall_at_<k>``, ``intent_top1``, ...);
+* a bad cutoff value (``recall_at_0``, ``recall_at_05``, ``metric_name("recall", 0)``,
+  a missing or superfluous k in ``metric_name``) raises
+  :class:`~rag_ablate.errors.ConfigError`: cutoffs come from the configuration;
+* an invalid :class:`MetricSpec` or registering a base twice raises ``ValueError``
+  (a programming error in the code that registers it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from rag_ablate.errors import ConfigError, UnknownNameError
+
+__all__ = [
+    "REGISTRY",
+    "MetricSpec",
+    "direction_of",
+    "display_name",
+    "metric_name",
+    "parse_metric_name",
+    "register",
+    "split_prefix",
+    "valid_metric_names",
+]
+
+Direction = Literal["higher", "lower"]
+
+_BASE_RE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
+_AT_K_RE = re.compile(r"(?P<base>.+?)(?:_at_|@)(?P<k>[0-9]+)")
+_KIND = "metric"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """What the rest of the tool needs to know about one metric.
+
+    ``base`` is lower snake case and must not contain ``"_at_"`` (that separates
+    the cutoff). ``binary`` means every per-query value is 0 or 1, so paired
+    flips between variants are exact counts. ``takes_k`` means the metric is
+    always used with a cutoff (``recall_at_5``), never bare.
+    """
+
+    base: str
+    direction: Direction
+    binary: bool
+    takes_k: bool
+    description: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base, str) or not _BASE_RE.fullmatch(self.base):
+            raise ValueError(
+                f"metric base {self.base!r} must be lower snake case (letters, digits, single underscores)"
+            )
+        if "_at_" in self.base:
+            raise ValueError(
+                f"metric base {self.base!r} must not contain '_at_' (it separates the cutoff in metric names)"
+            )
+        if self.direction not in ("higher", "lower"):
+            raise ValueError(
+                f"metric {self.base!r}: direction must be 'higher' or 'lower', got {self.direction!r}"
+            )
+        if not isinstance(self.binary, bool) or not isinstance(self.takes_k, bool):
+            raise ValueError(f"metric {self.base!r}: binary and takes_k must be bools")
+        if not isinstance(self.description, str) or not self.description.strip():
+            raise ValueError(f"metric {self.base!r}: description must be a non-empty string")
+
+    @property
+    def typed_name(self) -> str:
+        """The name as a user types it: ``recall_at_<k>`` or ``intent_top1``."""
+        return f"{self.base}_at_<k>" if self.takes_k else self.base
+
+
+_REGISTRY: dict[str, MetricSpec] = {}
+
+REGISTRY: Mapping[str, MetricSpec] = MappingProxyType(_REGISTRY)
+"""Read-only view of all registered metrics, keyed by base. Add with ``register``."""
+
+
+def register(spec: MetricSpec) -> None:
+    """Add a metric. Registering a base that already exists raises ``ValueError``."""
+    if not isinstance(spec, MetricSpec):
+        raise TypeError(f"register() takes a MetricSpec, got {type(spec).__name__}")
+    if spec.base in _REGISTRY:
+        raise ValueError(f"metric {spec.base!r} is already registered")
+    _REGISTRY[spec.base] = spec
+
+
+def valid_metric_names() -> list[str]:
+    """Every registered metric as it would be typed, sorted (``recall_at_<k>``, ...)."""
+    return sorted(spec.typed_name for spec in _REGISTRY.values())
+
+
+def _unknown(name: str) -> UnknownNameError:
+    return UnknownNameError(_KIND, name, valid_metric_names())
+
+
+def _spec_of(base: str) -> MetricSpec:
+    spec = _REGISTRY.get(base) if isinstance(base, str) else None
+    if spec is None:
+        raise _unknown(str(base))
+    return spec
+
+
+def _check_k(spec: MetricSpec, k: object) -> int | None:
+    if not spec.takes_k:
+        if k is not None:
+            raise ConfigError(f"metric '{spec.base}' takes no cutoff k (got k={k!r}); use '{spec.base}'")
+        return None
+    if k is None:
+        raise ConfigError(f"metric '{spec.base}' needs a cutoff k, e.g. '{spec.base}_at_5'")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"metric '{spec.base}': cutoff k must be a positive integer, got {k!r}")
+    return k
+
+
+def metric_name(base: str, k: int | None = None) -> str:
+    """The canonical name: ``("recall", 5) -> "recall_at_5"``, ``("intent_top1",) -> "intent_top1"``.
+
+    Unknown base -> ``UnknownNameError``; a missing, superfluous or non-positive
+    k -> ``ConfigError``.
+    """
+    spec = _spec_of(base)
+    checked = _check_k(spec, k)
+    return spec.base if checked is None else f"{spec.base}_at_{checked}"
+
+
+def parse_metric_name(name: str) -> tuple[MetricSpec, int | None]:
+    """``"recall_at_5"`` or ``"recall@5"`` -> ``(spec, 5)``; ``"intent_top1"`` -> ``(spec, None)``.
+
+    Takes a bare metric name (no ``split/`` prefix). Unknown names, and names
+    whose shape does not fit their metric, raise ``UnknownNameError`` listing
+    the valid names; a bad cutoff (``recall_at_0``, leading zeros) raises
+    ``ConfigError``.
+    """
+    if not isinstance(name, str):
+        raise _unknown(repr(name))
+    spec = _REGISTRY.get(name)
+    if spec is not None:
+        if spec.takes_k:  # "recall" alone: the cutoff is missing
+            raise _unknown(name)
+        return spec, None
+    match = _AT_K_RE.fullmatch(name)
+    if match is None:
+        raise _unknown(name)
+    spec = _REGISTRY.get(match["base"])
+    if spec is None or not spec.takes_k:
+        raise _unknown(name)
+    digits = match["k"]
+    k = int(digits)
+    if k < 1 or str(k) != digits:
+        raise ConfigError(
+            f"metric name '{name}': cutoff must be a positive integer without "
+            f"leading zeros, e.g. '{spec.base}_at_5'"
+        )
+    return spec, k
+
+
+def split_prefix(name: str) -> tuple[str, str]:
+    """``"dev/recall_at_5"`` -> ``("dev/", "recall_at_5")``; no prefix -> ``("", name)``."""
+    prefix, sep, bare = name.rpartition("/")
+    return prefix + sep, bare
+
+
+def display_name(name: str) -> str:
+    """Terminal-table form: ``"recall_at_5"`` -> ``"recall@5"``.
+
+    A prefix is kept: ``"dev/recall_at_5"`` -> ``"dev/recall@5"``.
+    """
+    prefix, bare = split_prefix(name)
+    spec, k = parse_metric_name(bare)
+    return prefix + (spec.base if k is None else f"{spec.base}@{k}")
+
+
+def direction_of(name: str) -> Direction:
+    """``"higher"`` or ``"lower"`` is better; tolerates a ``split/`` prefix."""
+    _, bare = split_prefix(name)
+    return parse_metric_name(bare)[0].direction
+
+
+def _register_builtins() -> None:
+    retrieval = {
+        "hit": (True, "1 if any relevant document is in the top k unique documents"),
+        "recall": (False, "relevant documents in the top k / all relevant documents"),
+        "precision": (False, "relevant documents in the top k / k"),
+        "mrr": (False, "1 / rank of the first relevant document within the top k, else 0"),
+        "ndcg": (False, "DCG / ideal DCG at k; gain 2^grade - 1, discount log2(rank + 1)"),
+        "full_recall": (True, "1 if every relevant document is in the top k"),
+    }
+    for base, (binary, description) in retrieval.items():
+        register(MetricSpec(base, "higher", binary, True, description))
+    register(
+        MetricSpec(
+            "evidence_recall",
+            "higher",
+            False,
+            True,
+            "evidence spans overlapped by a top-k chunk of the same document / all spans",
+        )
+    )
+    register(
+        MetricSpec(
+            "context_tokens",
+            "lower",
+            False,
+            True,
+            "tokens of the top k chunks handed to the generator",
+        )
+    )
+    register(
+        MetricSpec(
+            "intent_top1",
+            "higher",
+            True,
+            False,
+            "1 if the predicted leaf intent equals intent_l2",
+        )
+    )
+    register(MetricSpec("latency_ms", "lower", False, False, "end-to-end latency in milliseconds"))
+
+
+_register_builtins()

@@ -1,0 +1,1 @@
+"""The built-in local RAG pipeline: chunk, index, retrieve, route."""

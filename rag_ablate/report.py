@@ -1,0 +1,64 @@
+"""Terminal output: the per-variant table at the end of a run or sweep."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rag_ablate.metrics import display_name
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    sep = "  ".join("-" * w for w in widths)
+    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join([line, sep, *body])
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3f}"
+
+
+def summary_rows(
+    summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]
+) -> tuple[list[str], list[list[str]]]:
+    headers = ["variant"]
+    for c in columns:
+        headers += [f"dev {display_name(c)}", f"holdout {display_name(c)}"]
+    headers += ["p95 ms", "failed"]
+    rows = []
+    for s in summaries:
+        m = s["metrics"]
+        row = [str(s["label"])]
+        for c in columns:
+            row += [_fmt(m.get(f"dev/{c}")), _fmt(m.get(f"holdout/{c}"))]
+        row += [_fmt(m.get("all/latency_ms_p95")), str(int(m.get("all/n_failed", 0)))]
+        rows.append(row)
+    return headers, rows
+
+
+def print_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
+    headers, rows = summary_rows(summaries, columns)
+    print()
+    print(format_table(headers, rows))
+
+
+def markdown_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    headers, rows = summary_rows(summaries, columns)
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def ui_hint(uri: str) -> str:
+    """Where to look next: the command that opens the MLflow UI on this store."""
+    if not uri.startswith("sqlite:"):
+        return f"MLflow: {uri}"
+    default = f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
+    cmd = "rag-ablate ui" if uri == default else f"rag-ablate ui --uri {shlex.quote(uri)}"
+    return f"MLflow UI: {cmd}   (serves http://127.0.0.1:5000)"

@@ -1,0 +1,158 @@
+"""Shared fixtures: a tiny English dataset written to a temporary folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DOCS: list[dict[str, Any]] = [
+    {
+        "doc_id": "RET",
+        "title": "Return policy",
+        "text": "You can return most items within 30 days of delivery. Items must be unused and in the "
+        "original packaging. Refunds go back to the original payment method within 5 business days.",
+    },
+    {
+        "doc_id": "SHIP",
+        "title": "Shipping",
+        "text": "Standard shipping takes 3 to 5 business days. Express shipping arrives the next day when "
+        "ordered before noon. Shipping to remote islands can take two weeks.",
+    },
+    {
+        "doc_id": "WARR",
+        "title": "Warranty",
+        "text": "Electronics carry a one year warranty against manufacturing defects. Accidental damage "
+        "such as drops or water is not covered. Send the device to the repair center with the receipt.",
+    },
+    {
+        "doc_id": "FEES",
+        "title": "Return shipping fees",
+        "text": "When an item is faulty we pay the return shipping. When you simply changed your mind the "
+        "return shipping fee of 6 dollars is deducted from the refund.",
+    },
+]
+
+
+def _span(doc_id: str, quote: str) -> dict[str, Any]:
+    text = next(d["text"] for d in DOCS if d["doc_id"] == doc_id)
+    start = text.index(quote)
+    return {"doc_id": doc_id, "start": start, "end": start + len(quote)}
+
+
+QUERIES: list[dict[str, Any]] = [
+    {
+        "query_id": "q1",
+        "query": "how many days do I have to return an item",
+        "relevant": {"RET": 2},
+        "evidence": [_span("RET", "You can return most items within 30 days of delivery.")],
+        "reference_answer": "30 days",
+        "intent_l1": "KNOWLEDGE",
+        "intent_l2": "K_returns",
+    },
+    {
+        "q": 1,
+        "query_id": "q2",
+        "query": "who pays return shipping for a faulty item",
+        "relevant": {"FEES": 2, "RET": 1},
+        "evidence": [_span("FEES", "When an item is faulty we pay the return shipping.")],
+        "intent_l1": "KNOWLEDGE",
+        "intent_l2": "K_returns",
+    },
+    {
+        "query_id": "q3",
+        "query": "how long does express shipping take",
+        "relevant": {"SHIP": 2},
+        "evidence": [_span("SHIP", "Express shipping arrives the next day when ordered before noon.")],
+        "intent_l1": "KNOWLEDGE",
+        "intent_l2": "K_shipping",
+    },
+    {
+        "query_id": "q4",
+        "query": "is water damage covered by the warranty",
+        "relevant": {"WARR": 2},
+        "evidence": [_span("WARR", "Accidental damage such as drops or water is not covered.")],
+        "intent_l1": "KNOWLEDGE",
+        "intent_l2": "K_warranty",
+    },
+    {
+        "query_id": "q5",
+        "query": "do you ship to Mars",
+        "answerable": False,
+        "intent_l1": "KNOWLEDGE",
+        "intent_l2": "K_shipping",
+    },
+    {"query_id": "q6", "query": "hello there", "intent_l1": "CHITCHAT", "intent_l2": "C_greeting"},
+    {
+        "query_id": "q7",
+        "query": "where is order 123456 it has been 4 days",
+        "relevant": {"SHIP": 2},
+        "group": "tpl_where",
+        "intent_l1": "KNOWLEDGE",
+        "intent_l2": "K_shipping",
+    },
+    {
+        "query_id": "q8",
+        "query": "where is order 998877 it has been 6 days",
+        "relevant": {"SHIP": 2},
+        "group": "tpl_where",
+        "intent_l1": "KNOWLEDGE",
+        "intent_l2": "K_shipping",
+    },
+]
+for _q in QUERIES:
+    _q.pop("q", None)
+
+INTENTS: list[dict[str, Any]] = [
+    {
+        "intent_l2": "K_returns",
+        "intent_l1": "KNOWLEDGE",
+        "description": "returns, refunds and return fees",
+        "examples": ["can I send this back", "refund time"],
+    },
+    {
+        "intent_l2": "K_shipping",
+        "intent_l1": "KNOWLEDGE",
+        "description": "delivery times and shipping",
+        "examples": ["when will my parcel arrive", "delivery to my city"],
+    },
+    {
+        "intent_l2": "K_warranty",
+        "intent_l1": "KNOWLEDGE",
+        "description": "warranty and repairs",
+        "examples": ["repair my broken device", "is it under guarantee"],
+    },
+    {
+        "intent_l2": "C_greeting",
+        "intent_l1": "CHITCHAT",
+        "description": "greetings and small talk",
+        "examples": ["hi", "good morning"],
+        "requires_rag": False,
+    },
+]
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+
+
+def write_dataset(
+    folder: Path,
+    docs: list[dict[str, Any]] | None = None,
+    queries: list[dict[str, Any]] | None = None,
+    intents: list[dict[str, Any]] | None = None,
+    with_intents: bool = True,
+) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_jsonl(folder / "corpus.jsonl", DOCS if docs is None else docs)
+    write_jsonl(folder / "queries.jsonl", QUERIES if queries is None else queries)
+    if with_intents:
+        write_jsonl(folder / "intents.jsonl", INTENTS if intents is None else intents)
+    return folder
+
+
+@pytest.fixture
+def tiny_dataset(tmp_path: Path) -> Path:
+    return write_dataset(tmp_path / "tiny")

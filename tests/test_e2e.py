@@ -1,0 +1,131 @@
+"""End to end: the README's sweep, read back through MLflow's API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_ablate.dataset import load_dataset
+from rag_ablate.records import aggregate, read_records, rescore
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "rag_ablate", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    cwd = tmp_path_factory.mktemp("sweep")
+    proc = run_cli(["-m", "chunk=256,512", "progress=false"], cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"cwd": cwd, "out": cwd / "outputs", "proc": proc}
+
+
+@pytest.mark.slow
+def test_sweep_creates_parent_and_two_children(sweep: dict[str, Any]) -> None:
+    from mlflow.tracking import MlflowClient
+
+    db = sweep["out"] / "mlflow.db"
+    assert db.is_file()
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("rag_ablate")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("rag_ablate.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("rag_ablate.kind") == "variant"]
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    by_name = {c.info.run_name: c for c in children}
+    assert set(by_name) == {"chunk=256", "chunk=512"}
+
+    small, big = by_name["chunk=256"], by_name["chunk=512"]
+    assert small.data.params["chunk.size"] == "256" and big.data.params["chunk.size"] == "512"
+    assert small.data.tags["choice.chunk"] == "256"
+    for c in children:
+        assert len(c.data.tags["dataset.corpus_fingerprint"]) == 64
+        assert c.data.tags["rag_ablate.version"]
+        for key in (
+            "dev/recall_at_5",
+            "holdout/recall_at_5",
+            "holdout/ndcg_at_10",
+            "all/intent_top1",
+            "dev/evidence_recall_at_5",
+            "dev/context_tokens_at_5",
+            "all/latency_ms_p95",
+            "dev/n_unanswerable",
+        ):
+            assert key in c.data.metrics, key
+        arts = {a.path for a in client.list_artifacts(c.info.run_id)}
+        assert {"records.jsonl", "metrics.json", "config.yaml", "intents.md"} <= arts
+    # the two chunkings really differ
+    assert small.data.metrics["dev/context_tokens_at_5"] < big.data.metrics["dev/context_tokens_at_5"]
+    assert small.data.metrics["run/index_chunks"] > big.data.metrics["run/index_chunks"]
+    assert any(
+        small.data.metrics[k] != big.data.metrics[k]
+        for k in ("dev/recall_at_5", "holdout/recall_at_5", "dev/evidence_recall_at_5")
+    )
+
+    # the terminal shows the table and where to look next
+    out = sweep["proc"].stdout
+    assert "chunk=256" in out and "holdout recall@5" in out and "rag-ablate ui" in out
+
+
+@pytest.mark.slow
+def test_records_recompute_every_logged_number(sweep: dict[str, Any]) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{sweep['out'] / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rag_ablate")
+    assert exp is not None
+    dataset = load_dataset(None)
+    for run in client.search_runs([exp.experiment_id], "tags.`rag_ablate.kind` = 'variant'"):
+        local = Path(client.download_artifacts(run.info.run_id, "records.jsonl"))
+        records = read_records(local)
+        assert len(records) == len(dataset.queries)  # nothing dropped
+        recomputed = aggregate(rescore(records, dataset, [1, 3, 5, 10], routed=True))
+        for key, value in recomputed.items():
+            assert run.data.metrics[key] == pytest.approx(value, abs=1e-12), key
+        rec = records[0]
+        for field in ("query_id", "split", "group", "status", "retrieved", "intent_pred", "timings_ms"):
+            assert field in rec
+        assert {"chunk_id", "doc_id", "start", "end", "score", "rank"} <= set(rec["retrieved"][0])
+
+
+@pytest.mark.slow
+def test_single_run_on_own_dataset_without_mlflow(tiny_dataset: Path, tmp_path: Path) -> None:
+    proc = run_cli(
+        [f"dataset.path={tiny_dataset}", "tracking=none", "progress=false", "retrieval.top_k=10"], tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = list((tmp_path / "outputs" / "runs").iterdir())
+    assert len(runs) == 1
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    m = summary["metrics"]
+    assert m["all/n_queries"] == 8 and m["all/n_unanswerable"] == 1 and m["all/n_no_rag"] == 1
+    assert "records:" in proc.stdout
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()
+
+
+def test_bad_dataset_path_is_a_clear_error(tmp_path: Path) -> None:
+    proc = run_cli([f"dataset.path={tmp_path / 'missing'}", "tracking=none", "progress=false"], tmp_path)
+    assert proc.returncode == 2
+    assert "dataset folder not found" in proc.stderr and "Traceback" not in proc.stderr

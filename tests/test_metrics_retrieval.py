@@ -1,0 +1,455 @@
+"""Retrieval metrics, evidence recall and the token count.
+
+Reference cross-checks (ranx and pytrec_eval are test-only dependencies). Our
+per-query values must equal theirs to 1e-9 on the de-duplicated ranking, given
+to them as doc -> strictly decreasing score (score = number of docs - rank, so
+no tie-breaking convention matters):
+
+======================  ==========================  ==================================
+ours                    ranx 0.3.21                  pytrec_eval (trec_eval 9)
+======================  ==========================  ==================================
+hit_at_k                ``hit_rate@k``               ``success.k`` -> ``success_k``
+recall_at_k             ``recall@k``                 ``recall.k`` -> ``recall_k``
+precision_at_k          ``precision@k``              ``P.k`` -> ``P_k``
+mrr_at_k                ``mrr@k``                    ``recip_rank`` on the run cut to the
+                                                     first k docs (it has no cutoff)
+ndcg_at_k               ``ndcg_burges@k``            ``ndcg_cut.k`` -> ``ndcg_cut_k`` on
+                                                     qrels re-graded to ``2**g - 1``
+full_recall_at_k        recall@k == 1                recall_k == 1 (neither has it)
+======================  ==========================  ==================================
+
+Conventions checked along the way:
+
+* grade-0 qrels entries are judged non-relevant for both tools (ranx
+  ``rel_lvl=1`` is the default; trec_eval's relevance level is 1), like ours;
+* precision divides by k even when fewer than k docs were retrieved, in both
+  tools, like ours;
+* ranx ``ndcg@k`` is the Järvelin form (linear gain), so it does NOT match; its
+  ``ndcg_burges@k`` uses gain ``2**rel - 1`` and discount ``log2(rank + 1)``;
+* trec_eval's ``ndcg_cut`` uses the grade itself as the gain and offers no gain
+  map for the cut variant; re-grading each qrel g -> 2**g - 1 (0 -> 0, 1 -> 1,
+  2 -> 3, 3 -> 7) makes its linear gain equal ours while keeping the same set
+  of relevant docs, so ``ndcg_cut_k`` then matches exactly;
+* the tools cannot see duplicates (a run is a dict), so the de-duplication rule
+  is checked separately: the metrics of a ranking equal those of its
+  ``unique_docs``.
+
+ranx compiles its numba kernels on first use; the compiler emits
+``NumbaTypeSafetyWarning: unsafe cast from uint64 to int64`` for ranx's own
+parallel loops. That one warning is ignored below; everything else is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pytest
+import pytrec_eval
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ranx import Qrels, Run, evaluate
+
+from rag_ablate.errors import ConfigError
+from rag_ablate.metrics import (
+    context_tokens,
+    count_tokens,
+    evidence_recall,
+    is_cjk_text,
+    retrieval_metrics,
+    unique_docs,
+)
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:unsafe cast from uint64 to int64:numba.core.errors.NumbaTypeSafetyWarning"
+)
+
+KS = (1, 2, 3, 5, 10, 20)
+BASES = ("hit", "recall", "precision", "mrr", "ndcg", "full_recall")
+TOL = 1e-9
+
+
+# --------------------------------------------------------------------------- worked examples
+
+
+def test_worked_example_single_query() -> None:
+    relevant = {"quality": 2, "order": 1}
+    ranking = ["invoice", "quality", "normal", "order"]
+    m = retrieval_metrics(ranking, relevant, [3])
+    assert m["hit_at_3"] == 1.0
+    assert m["recall_at_3"] == 0.5
+    assert m["mrr_at_3"] == 0.5
+    assert m["precision_at_3"] == pytest.approx(1 / 3)
+    assert m["full_recall_at_3"] == 0.0
+    dcg = 3 / math.log2(3)
+    idcg = 3 / math.log2(2) + 1 / math.log2(3)
+    assert round(dcg, 4) == 1.8928
+    assert round(idcg, 4) == 3.6309
+    assert m["ndcg_at_3"] == pytest.approx(1.8928 / 3.6309, abs=1e-4)
+    assert m["ndcg_at_3"] == pytest.approx(dcg / idcg, abs=1e-12)
+    assert round(m["ndcg_at_3"], 4) == 0.5213
+    # at k = 4 the second relevant doc enters
+    m4 = retrieval_metrics(ranking, relevant, [4])
+    assert m4["recall_at_4"] == 1.0
+    assert m4["full_recall_at_4"] == 1.0
+
+
+def test_worked_example_two_cases_and_an_unanswerable_one() -> None:
+    cases: list[tuple[list[str], dict[str, int]]] = [
+        (["faq", "refund-policy", "refund-policy"], {"refund-policy": 1}),
+        (["billing", "faq"], {"cancel-guide": 1}),
+        (["faq"], {}),  # unanswerable: no relevant document
+    ]
+    per_query: list[dict[str, float]] = []
+    unanswerable = 0
+    for ranking, relevant in cases:
+        if not any(g >= 1 for g in relevant.values()):
+            unanswerable += 1
+            with pytest.raises(ValueError, match="unanswerable"):
+                retrieval_metrics(ranking, relevant, [2])
+            continue
+        per_query.append(retrieval_metrics(ranking, relevant, [2]))
+    assert unanswerable == 1
+    assert len(per_query) == 2
+    assert [q["recall_at_2"] for q in per_query] == [1.0, 0.0]
+    assert [q["mrr_at_2"] for q in per_query] == [0.5, 0.0]
+    assert sum(q["recall_at_2"] for q in per_query) / 2 == 0.5
+    assert sum(q["mrr_at_2"] for q in per_query) / 2 == 0.25
+
+
+# --------------------------------------------------------------------------- unit behaviour
+
+
+def test_unique_docs_keeps_first_occurrence() -> None:
+    assert unique_docs(["b", "a", "b", "c", "a"]) == ["b", "a", "c"]
+    assert unique_docs([]) == []
+    assert unique_docs(iter(["x", "x"])) == ["x"]
+
+
+def test_duplicates_never_raise_a_score() -> None:
+    relevant = {"a": 1, "b": 2}
+    # with duplicates, "b" would sit at rank 3 if duplicates counted; it is rank 2
+    with_dups = retrieval_metrics(["a", "a", "b", "c"], relevant, [2])
+    assert with_dups == retrieval_metrics(["a", "b", "c"], relevant, [2])
+    assert with_dups["recall_at_2"] == 1.0
+    # a duplicate of a relevant doc is not a second hit
+    m = retrieval_metrics(["a", "a", "a"], {"a": 1, "b": 1}, [3])
+    assert m["recall_at_3"] == 0.5
+    assert m["precision_at_3"] == pytest.approx(1 / 3)
+
+
+def test_key_names_and_order() -> None:
+    m = retrieval_metrics(["a"], {"a": 1}, [5, 1])
+    assert list(m) == [f"{b}_at_{k}" for k in (5, 1) for b in BASES]
+    assert retrieval_metrics(["a"], {"a": 1}, []) == {}
+
+
+def test_empty_ranking_scores_zero() -> None:
+    m = retrieval_metrics([], {"a": 3}, [1, 5])
+    assert set(m.values()) == {0.0}
+
+
+def test_precision_divides_by_k_and_short_lists() -> None:
+    m = retrieval_metrics(["a", "b"], {"a": 1, "b": 1, "c": 1}, [10])
+    assert m["precision_at_10"] == pytest.approx(0.2)
+    assert m["recall_at_10"] == pytest.approx(2 / 3)
+    assert m["full_recall_at_10"] == 0.0
+
+
+def test_ndcg_ideal_is_cut_at_k_and_uses_exponential_gain() -> None:
+    relevant = {"a": 3, "b": 1, "c": 2}
+    m = retrieval_metrics(["b", "a"], relevant, [1, 2])
+    assert m["ndcg_at_1"] == pytest.approx(1 / 7)
+    dcg2 = 1 + 7 / math.log2(3)
+    idcg2 = 7 + 3 / math.log2(3)
+    assert m["ndcg_at_2"] == pytest.approx(dcg2 / idcg2)
+    perfect = retrieval_metrics(["a", "c", "b"], relevant, [1, 2, 3, 10])
+    for k in (1, 2, 3, 10):
+        assert perfect[f"ndcg_at_{k}"] == pytest.approx(1.0)
+
+
+def test_zero_and_negative_grades_are_not_relevant() -> None:
+    m = retrieval_metrics(["z", "n", "a"], {"z": 0, "n": -1, "a": 1}, [2, 3])
+    assert m["hit_at_2"] == 0.0
+    assert m["mrr_at_3"] == pytest.approx(1 / 3)
+    assert m["full_recall_at_3"] == 1.0
+    with pytest.raises(ValueError):
+        retrieval_metrics(["z"], {"z": 0}, [1])
+    with pytest.raises(ValueError):
+        retrieval_metrics(["z"], {}, [1])
+
+
+@pytest.mark.parametrize("bad_k", [0, -1, 2.0, True, "5"])
+def test_bad_k_raises(bad_k: object) -> None:
+    with pytest.raises(ConfigError, match="positive integer"):
+        retrieval_metrics(["a"], {"a": 1}, [bad_k])  # type: ignore[list-item]
+
+
+def test_string_ranking_is_a_type_error() -> None:
+    with pytest.raises(TypeError):
+        retrieval_metrics("abc", {"a": 1}, [1])
+    with pytest.raises(TypeError):
+        retrieval_metrics(["a"], {"a": 1}, "1")  # type: ignore[arg-type]
+
+
+def test_long_lists_are_linear() -> None:
+    n = 50_000
+    ranking = [f"d{i % (n // 2)}" for i in range(n)]  # every doc twice
+    relevant = {f"d{i}": 1 + i % 3 for i in range(0, n // 2, 7)}
+    start = time.perf_counter()
+    m = retrieval_metrics(ranking, relevant, [1, 10, 100, n])
+    elapsed = time.perf_counter() - start
+    assert m[f"recall_at_{n}"] == 1.0
+    assert m[f"ndcg_at_{n}"] == pytest.approx(
+        retrieval_metrics(unique_docs(ranking), relevant, [n])[f"ndcg_at_{n}"]
+    )
+    assert elapsed < 2.0  # quadratic work on 25k unique docs would take minutes
+
+
+# --------------------------------------------------------------------------- reference cross-checks
+
+
+def _reference_run(ranking: Sequence[str]) -> dict[str, float]:
+    docs = unique_docs(ranking)
+    return {doc: float(len(docs) - rank) for rank, doc in enumerate(docs)}
+
+
+def _gain_regraded(qrels: Mapping[str, int]) -> dict[str, int]:
+    return {doc: (2**g - 1 if g > 0 else 0) for doc, g in qrels.items()}
+
+
+def _ranx_values(
+    qrels: dict[str, dict[str, int]], runs: dict[str, dict[str, float]], ks: Sequence[int]
+) -> dict[str, dict[str, float]]:
+    names = {
+        "hit": "hit_rate@{k}",
+        "recall": "recall@{k}",
+        "precision": "precision@{k}",
+        "mrr": "mrr@{k}",
+        "ndcg": "ndcg_burges@{k}",
+    }
+    run = Run(runs)
+    metrics = [template.format(k=k) for k in ks for template in names.values()]
+    evaluate(Qrels(qrels), run, metrics, save_results_in_run=True)
+    out: dict[str, dict[str, float]] = {q: {} for q in runs}
+    for q in runs:
+        for k in ks:
+            for base, template in names.items():
+                out[q][f"{base}_at_{k}"] = float(run.scores[template.format(k=k)][q])
+            out[q][f"full_recall_at_{k}"] = 1.0 if out[q][f"recall_at_{k}"] == 1.0 else 0.0
+    return out
+
+
+def _pytrec_values(
+    qrels: dict[str, dict[str, int]], runs: dict[str, dict[str, float]], ks: Sequence[int]
+) -> dict[str, dict[str, float]]:
+    cut = ",".join(str(k) for k in ks)
+    plain = pytrec_eval.RelevanceEvaluator(qrels, {f"success.{cut}", f"recall.{cut}", f"P.{cut}"})
+    gained = pytrec_eval.RelevanceEvaluator(
+        {q: _gain_regraded(r) for q, r in qrels.items()}, {f"ndcg_cut.{cut}"}
+    )
+    rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"})
+    base = plain.evaluate(runs)
+    ndcg = gained.evaluate(runs)
+    out: dict[str, dict[str, float]] = {q: {} for q in runs}
+    for k in ks:
+        cut_runs = {q: {d: s for d, s in run.items() if s > len(run) - k} for q, run in runs.items()}
+        rr_k = rr.evaluate(cut_runs)
+        for q in runs:
+            values = out[q]
+            values[f"hit_at_{k}"] = base[q][f"success_{k}"]
+            values[f"recall_at_{k}"] = base[q][f"recall_{k}"]
+            values[f"precision_at_{k}"] = base[q][f"P_{k}"]
+            values[f"mrr_at_{k}"] = rr_k[q]["recip_rank"]
+            values[f"ndcg_at_{k}"] = ndcg[q][f"ndcg_cut_{k}"]
+            values[f"full_recall_at_{k}"] = 1.0 if values[f"recall_at_{k}"] == 1.0 else 0.0
+    return out
+
+
+def _assert_close(ours: Mapping[str, float], ref: Mapping[str, float], tool: str, q: str) -> None:
+    assert set(ours) == set(ref)
+    for name, value in ours.items():
+        assert value == pytest.approx(ref[name], abs=TOL), f"{tool} {q} {name}: {value} != {ref[name]}"
+
+
+def _cross_check(cases: Sequence[tuple[list[str], dict[str, int]]], ks: Sequence[int]) -> None:
+    qrels = {f"q{i:04d}": dict(rel) for i, (_, rel) in enumerate(cases)}
+    runs = {f"q{i:04d}": _reference_run(ranking) for i, (ranking, _) in enumerate(cases)}
+    ours = {f"q{i:04d}": retrieval_metrics(ranking, rel, ks) for i, (ranking, rel) in enumerate(cases)}
+    for tool, ref in (
+        ("ranx", _ranx_values(qrels, runs, ks)),
+        ("pytrec_eval", _pytrec_values(qrels, runs, ks)),
+    ):
+        for q in qrels:
+            _assert_close(ours[q], ref[q], tool, q)
+    # duplicates were only seen by us: de-duplicating first must change nothing
+    for ranking, rel in cases:
+        assert retrieval_metrics(unique_docs(ranking), rel, ks) == retrieval_metrics(ranking, rel, ks)
+
+
+_POOL = [f"d{i}" for i in range(12)]
+
+
+@st.composite
+def _case(draw: st.DrawFn) -> tuple[list[str], dict[str, int]]:
+    qrels = draw(st.dictionaries(st.sampled_from(_POOL), st.integers(0, 3), max_size=8))
+    qrels[draw(st.sampled_from(_POOL))] = draw(st.integers(1, 3))  # R is never empty
+    ranking = draw(st.lists(st.sampled_from([*_POOL, "x1", "x2"]), min_size=1, max_size=25))
+    return ranking, qrels
+
+
+@settings(max_examples=100, deadline=None)
+@given(cases=st.lists(_case(), min_size=1, max_size=4))
+def test_matches_ranx_and_pytrec_eval_hypothesis(cases: list[tuple[list[str], dict[str, int]]]) -> None:
+    _cross_check(cases, KS)
+
+
+def test_matches_ranx_and_pytrec_eval_seeded_batch() -> None:
+    rng = np.random.default_rng(20240611)
+    cases: list[tuple[list[str], dict[str, int]]] = []
+    n_dups = 0
+    n_zero = 0
+    for _ in range(200):
+        pool = int(rng.integers(3, 40))
+        judged = rng.choice(pool, size=int(rng.integers(1, min(pool, 10) + 1)), replace=False)
+        grades = rng.integers(0, 4, size=judged.size)
+        if not (grades >= 1).any():
+            grades[int(rng.integers(0, grades.size))] = int(rng.integers(1, 4))
+        ranking = [f"doc{j}" for j in rng.integers(0, pool, size=int(rng.integers(1, 31)))]
+        qrels = {f"doc{j}": int(g) for j, g in zip(judged, grades, strict=True)}
+        n_dups += len(ranking) != len(set(ranking))
+        n_zero += any(g == 0 for g in qrels.values())
+        cases.append((ranking, qrels))
+    assert n_dups > 50 and n_zero > 50  # the batch does exercise both conventions
+    _cross_check(cases, (1, 3, 5, 10, 25))
+
+
+# --------------------------------------------------------------------------- evidence recall
+
+
+def test_evidence_recall_overlaps() -> None:
+    evidence = [("d1", 10, 20)]
+    assert evidence_recall([("d1", 0, 10)], evidence, 1) == 0.0  # touching: no overlap
+    assert evidence_recall([("d1", 20, 30)], evidence, 1) == 0.0  # touching on the right
+    assert evidence_recall([("d1", 0, 11)], evidence, 1) == 1.0
+    assert evidence_recall([("d1", 19, 40)], evidence, 1) == 1.0
+    assert evidence_recall([("d1", 12, 15)], evidence, 1) == 1.0  # inside
+    assert evidence_recall([("d1", 0, 100)], evidence, 1) == 1.0  # around
+    assert evidence_recall([("d2", 0, 100)], evidence, 1) == 0.0  # another document
+
+
+def test_evidence_recall_counts_chunks_not_docs_and_cuts_at_k() -> None:
+    evidence = [("d1", 0, 5), ("d1", 50, 60), ("d2", 0, 5), ("d3", 7, 9)]
+    chunks = [("d1", 0, 10), ("d1", 10, 20), ("d2", 3, 4), ("d1", 55, 70)]
+    assert evidence_recall(chunks, evidence, 1) == 0.25
+    assert evidence_recall(chunks, evidence, 2) == 0.25  # second chunk of d1 still counts as a chunk
+    assert evidence_recall(chunks, evidence, 3) == 0.5
+    assert evidence_recall(chunks, evidence, 4) == 0.75
+    assert evidence_recall(chunks, evidence, 100) == 0.75
+    # repeated chunks take slots of k
+    assert evidence_recall([("d1", 0, 10), ("d1", 0, 10), ("d2", 0, 5)], evidence, 2) == 0.25
+    assert evidence_recall([], evidence, 3) == 0.0
+
+
+def test_evidence_recall_matches_brute_force() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        docs = ["a", "b", "c"]
+        chunks = [
+            (docs[int(rng.integers(0, 3))], int(s), int(s + rng.integers(0, 15)))
+            for s in rng.integers(0, 60, size=int(rng.integers(0, 12)))
+        ]
+        evidence = [
+            (docs[int(rng.integers(0, 3))], int(s), int(s + rng.integers(1, 10)))
+            for s in rng.integers(0, 60, size=int(rng.integers(1, 6)))
+        ]
+        k = int(rng.integers(1, 14))
+        expected = sum(
+            any(cd == d and cs < ce and s < ce and cs < e for cd, cs, ce in chunks[:k])
+            for d, s, e in evidence
+        ) / len(evidence)
+        assert evidence_recall(chunks, evidence, k) == expected
+
+
+def test_evidence_recall_input_errors() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        evidence_recall([("d1", 0, 10)], [], 1)
+    with pytest.raises(ValueError, match="start < end"):
+        evidence_recall([("d1", 0, 10)], [("d1", 5, 5)], 1)
+    with pytest.raises(ValueError, match="start <= end"):
+        evidence_recall([("d1", 10, 0)], [("d1", 0, 5)], 1)
+    with pytest.raises(ConfigError):
+        evidence_recall([("d1", 0, 10)], [("d1", 0, 5)], 0)
+
+
+def test_empty_chunk_covers_nothing() -> None:
+    # by the formula alone [5, 5) would "overlap" [3, 8); it holds no character
+    assert evidence_recall([("d1", 5, 5)], [("d1", 3, 8)], 1) == 0.0
+
+
+# --------------------------------------------------------------------------- token counts
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", 0),
+        ("   \n\t", 0),
+        ("你好世界", 4),
+        ("你好，世界。", 6),  # CJK punctuation: one token per character
+        ("退货运费由谁承担？", 9),
+        ("Hello world", 2),
+        ("Hello, world.", 4),  # ASCII punctuation: one token per character
+        ("GPT4 costs 3.5 dollars", 6),  # GPT4, costs, 3, ., 5, dollars
+        ("snake_case", 3),
+        ("café naïve", 2),
+        ("cafe\u0301", 1),  # decomposed accent is composed first (NFC)
+        ("用GPT-4回答", 6),  # 用, GPT, -, 4, 回, 答
+        ("耳机买了10天坏了, who pays?", 12),  # 耳 机 买 了 / 10 / 天 坏 了 / , / who / pays / ?
+        ("こんにちは", 5),
+        ("안녕하세요", 5),
+        ("全角　空格", 4),  # U+3000 ideographic space does not count
+        ("ＡＢＣ", 3),  # full-width letters are CJK-block characters
+    ],
+)
+def test_count_tokens(text: str, expected: int) -> None:
+    assert count_tokens(text) == expected
+
+
+def test_count_tokens_type_error() -> None:
+    with pytest.raises(TypeError):
+        count_tokens(None)  # type: ignore[arg-type]
+
+
+def test_context_tokens() -> None:
+    chunks = ["退货运费", "who pays the return shipping", "第三段"]
+    assert context_tokens(chunks, 1) == 4
+    assert context_tokens(chunks, 2) == 9
+    assert context_tokens(chunks, 10) == 12
+    assert context_tokens([], 5) == 0
+    with pytest.raises(ConfigError):
+        context_tokens(chunks, 0)
+    with pytest.raises(TypeError):
+        context_tokens("abc", 1)
+
+
+def test_is_cjk_text() -> None:
+    assert is_cjk_text("耳机坏了，谁付运费？")
+    assert not is_cjk_text("Who pays the return shipping?")
+    assert is_cjk_text("这个AirPods耳机坏了")  # 6 of 13 non-space characters
+    assert not is_cjk_text("Apple的AirPods耳机坏了")  # 5 of 17: below 0.3
+    assert not is_cjk_text("The word 坏 means broken")
+    assert not is_cjk_text("")
+    assert not is_cjk_text("   ")
+    assert is_cjk_text("ab中", threshold=1 / 3)  # boundary is inclusive
+    assert not is_cjk_text("ab中", threshold=0.34)
+    with pytest.raises(ValueError):
+        is_cjk_text("x", threshold=1.5)
+
+
+def test_json_of_metrics_round_trips() -> None:
+    m = retrieval_metrics(["a", "b"], {"b": 2}, [1, 2])
+    assert json.loads(json.dumps(m)) == m
