@@ -62,9 +62,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         print(f"  {n:>3}  {g}")
         for ex in summary["group_examples"].get(g, []):
             print(f"         e.g. {ex}")
-    print(
-        f"fingerprints  corpus {summary['corpus_fingerprint'][:12]}  queries {summary['queries_fingerprint'][:12]}"
-    )
+    corpus, queries = summary["corpus_fingerprint"][:12], summary["queries_fingerprint"][:12]
+    print(f"fingerprints  corpus {corpus}  queries {queries}")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -118,7 +117,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rag-ablate",
-        description="rag_ablate commands besides runs. Runs and sweeps: python -m rag_ablate [-m] key=value ...",
+        description="rag_ablate commands besides runs (runs: python -m rag_ablate [-m] key=value ...)",
     )
     p.add_argument("--version", action="version", version=f"rag_ablate {__version__}")
     sub = p.add_subparsers(dest="command", required=True)

@@ -55,7 +55,7 @@ class RetrievalConfig:
 
 @dataclass
 class RouterConfig:
-    method: str = "nearest"  # nearest (char n-gram TF-IDF over intent descriptions and examples) | none
+    method: str = "centroid"  # centroid | nearest (char n-gram TF-IDF over intent texts) | none
     ngram: int = 2  # character n-gram length of the nearest-neighbour router
 
 
@@ -101,10 +101,10 @@ def register_configs() -> None:
 
 def to_settings(cfg: DictConfig) -> RunConfig:
     """Turn a composed config into a validated :class:`RunConfig`."""
-    plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    keys = [str(k) for k in cfg if k != "hydra"]
+    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True, throw_on_missing=True)
     if not isinstance(plain, dict):
         raise ConfigError("the composed config is not a mapping")
-    plain.pop("hydra", None)
     schema = OmegaConf.structured(RunConfig)
     try:
         merged = OmegaConf.merge(schema, plain)

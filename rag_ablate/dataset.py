@@ -380,10 +380,11 @@ def _load_queries(
                     if not isinstance(doc_id, str) or doc_id not in docs:
                         chk.err(line, where + ".doc_id", f"doc_id {doc_id!r} is not in the corpus")
                         continue
-                    if not (_is_int(start) and _is_int(end)):
+                    if not (
+                        isinstance(start, int) and _is_int(start) and isinstance(end, int) and _is_int(end)
+                    ):
                         chk.err(line, where, "start and end must be integers")
                         continue
-                    start, end = int(start), int(end)
                     n = len(docs[doc_id].text)
                     if not 0 <= start < end <= n:
                         chk.err(
@@ -416,7 +417,7 @@ def _load_queries(
 
         requires_rag = chk.boolean(line, obj, "requires_rag")
         if requires_rag is None:
-            requires_rag = intents[l2].requires_rag if intents and l2 in intents else True
+            requires_rag = intents[l2].requires_rag if intents and l2 is not None and l2 in intents else True
 
         ref = obj.get("reference_answer")
         refs: tuple[str, ...] = ()

@@ -62,13 +62,14 @@ groups at the end bring the share to within a group of the target.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
-import sys
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -118,13 +119,14 @@ _CJK = (
 _RE_EMAIL = re.compile(r"[a-z0-9._%+\-]+@[a-z0-9\-]+(?:\.[a-z0-9\-]+)+")
 _URL_CH = r"[a-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]"
 _RE_URL = re.compile(
+    r"(?=[a-z0-9])(?<![a-z0-9.@\-])"  # cheap checks first: most positions fail here
     rf"(?:(?:https?|ftp)://|www\.){_URL_CH}+"
-    r"|(?<![a-z0-9.@\-])(?:[a-z0-9\-]+\.)+"
+    r"|(?=[a-z0-9])(?<![a-z0-9.@\-])(?:[a-z0-9\-]+\.)+"
     r"(?:com|cn|net|org|io|edu|gov|info|app|dev|co|uk|de|jp|hk|tw)(?![a-z0-9\-])"
     rf"(?:/{_URL_CH}*)?"
 )
 _RE_UUID = re.compile(
-    r"(?<![0-9a-z])[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?![0-9a-z])"
+    r"[0-9a-f](?<![0-9a-z][0-9a-f])[0-9a-f]{7}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?![0-9a-z])"
 )
 # "may" is also a verb: with a day it counts as a month only when a year follows
 _MON_SAFE = (
@@ -135,32 +137,44 @@ _MON = rf"(?:may|{_MON_SAFE})"
 _ORD = r"(?:st|nd|rd|th)?"
 _YEAR = r"\s*,?\s*\d{4}(?!\d)(?![-/.]\d)"
 _TIME = r"\d{1,2}:\d{2}(?::\d{2})?(?:\s*[ap]\.?m\b\.?)?"
-_RE_DATE = re.compile(
-    "|".join(
+# Two regexes, each behind a cheap lookahead, so most positions fail at once.
+# Digit-led forms run first ("3 Nov 2026" before "Nov 2026" could match).
+_RE_DATE_NUM = re.compile(
+    r"(?=\d)(?:"
+    + "|".join(
         [
             # 2026-11-03, 2026/11/03, 2026.11.03, 2026年11月3日, optional time
-            rf"(?<!\d)\d{{4}}\s*[-/.年]\s*\d{{1,2}}\s*[-/.月]\s*\d{{1,2}}(?!\d)\s*[日号]?(?:[t\s]*{_TIME})?",
+            rf"(?<!\d)\d{{4}}\s*[-/.年]\s*\d{{1,2}}\s*[-/.月]\s*\d{{1,2}}(?!\d)(?:\s*[日号])?(?:(?:t|\s+){_TIME})?",
             # 03/11/2026, 3.11.26
             r"(?<!\d)\d{1,2}[-/.]\d{1,2}[-/.]\d{2,4}(?!\d)",
             # 2026年11月, 11月3日, 11月3号, 11月
             r"(?<!\d)(?:\d{2,4}\s*年\s*)?\d{1,2}\s*月(?:\s*\d{1,2}\s*[日号])?",
             # 2026年
             r"(?<!\d)\d{4}\s*年",
-            # Nov 3 2026, November 3rd, 2026, nov. 3, May 3 2026
-            rf"(?<![a-z]){_MON}\s*\d{{1,2}}{_ORD}(?![\d:]){_YEAR}",
-            rf"(?<![a-z]){_MON_SAFE}\s*\d{{1,2}}{_ORD}(?![\d:a-z])",
             # 3 Nov 2026, 3rd of November
             rf"(?<![a-z0-9])\d{{1,2}}{_ORD}\s*(?:of\s+)?{_MON}(?![a-z]){_YEAR}",
             rf"(?<![a-z0-9])\d{{1,2}}{_ORD}\s*(?:of\s+)?{_MON_SAFE}(?![a-z])",
-            # November 2026
-            rf"(?<![a-z]){_MON}\s+\d{{4}}(?!\d)",
             # 14:30, 2:30 pm, 3pm
             rf"(?<!\d){_TIME}(?!\d)",
             r"(?<![\d.])\d{1,2}\s*[ap]\.?m\b\.?",
         ]
     )
+    + ")"
 )
-_RE_DECIMAL = re.compile(r"(?<![0-9a-z])\d+(?:[.,]\d+)+")
+_RE_DATE_MON = re.compile(
+    r"(?=[adfjmnos])(?<![a-z])(?:"
+    + "|".join(
+        [
+            # Nov 3 2026, November 3rd, 2026, nov. 3, May 3 2026
+            rf"{_MON}\s*\d{{1,2}}{_ORD}(?![\d:]){_YEAR}",
+            rf"{_MON_SAFE}\s*\d{{1,2}}{_ORD}(?![\d:a-z])",
+            # November 2026
+            rf"{_MON}\s+\d{{4}}(?!\d)",
+        ]
+    )
+    + ")"
+)
+_RE_DECIMAL = re.compile(r"(?=\d)(?<![0-9a-z])\d+(?:[.,]\d+)+")
 # ASCII tokens with digits (order numbers, tracking ids, model numbers...).
 _RE_TOKEN = re.compile(r"(?<![a-z0-9])[a-z0-9]*[0-9][a-z0-9]*(?:[-_][a-z0-9]*[0-9][a-z0-9]*)*")
 _RE_ORDINAL = re.compile(r"\d+(?:st|nd|rd|th)")
@@ -170,7 +184,8 @@ _RE_DIGITS = re.compile(r"\d+")
 _ZH_NUM = "零〇一二两三四五六七八九十百千万亿"
 _ZH_DAY = "[一二三四五六日天末]"
 _RE_WORD_DATE = re.compile(
-    "|".join(
+    "(?=[今昨前明后大上这本下周星礼去一二三四五六七八九十tylmnwfs])(?:"
+    + "|".join(
         [
             r"大前天|大后天|今天|昨天|前天|明天|后天|今日|昨日|明日|今早|今晚|昨晚|昨夜|明早|明晚",
             rf"(?:上|这|本|下)(?:个)?(?:周|星期|礼拜){_ZH_DAY}?|周{_ZH_DAY}|(?:星期|礼拜){_ZH_DAY}",
@@ -182,54 +197,65 @@ _RE_WORD_DATE = re.compile(
             r"|monday|tuesday|wednesday|thursday|friday|saturday|sunday)(?![a-z])",
         ]
     )
+    + ")"
 )
 _RE_ZH_NUMBER = re.compile(
     rf"[{_ZH_NUM}]+(?=个|件|元|块|次|天|周|年|月|号|日|位|台|张|瓶|箱|斤|岁|本|条|份|双|盒|袋"
     r"|小时|分钟|公斤|公里|千克)"
 )
-_RE_SPACES = re.compile(r"\s+")
+_RE_SPACES = re.compile(r"\s\s+|[^\S ]")  # runs of whitespace, or one that is not " "
 _RE_MASK_RUN = re.compile(rf"([{_PLACEHOLDERS}])(?:\s*\1)+")
 
 
-@lru_cache(maxsize=1)
-def _char_classes() -> tuple[re.Pattern[str], re.Pattern[str]]:
-    """(stripper, cjk-space remover), built once from the Unicode database.
-
-    Stripped: every punctuation (P*), symbol (S*) and other (C*: control,
-    format, private use, surrogate, unassigned) character except the
-    placeholders and the text separator. Spaces next to a CJK character are
-    removed unless the other neighbour is a combining mark (removing those
-    could let NFKC compose a new character, breaking idempotence).
-    """
-    keep = set(_PLACEHOLDERS + _SEP)
-    strip_ranges: list[tuple[int, int]] = []
-    mark_ranges: list[tuple[int, int]] = []
-    for cp in range(sys.maxunicode + 1):
-        ch = chr(cp)
-        cat = unicodedata.category(ch)[0]
-        target = strip_ranges if cat in "PSC" and ch not in keep else mark_ranges if cat == "M" else None
-        if target is None:
-            continue
-        if target and target[-1][1] == cp - 1:
-            target[-1] = (target[-1][0], cp)
-        else:
-            target.append((cp, cp))
-
-    def cls(ranges: list[tuple[int, int]]) -> str:
-        return "".join(
-            re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}"
-            for a, b in ranges
-        )
-
-    stripper = re.compile(f"[{cls(strip_ranges)}]+")
-    marks = cls(mark_ranges)
-    ws = rf"[^\S{_SEP}]+"
-    ph = _PLACEHOLDERS
-    cjk_space = re.compile(
-        rf"(?<=[{_CJK}]){ws}(?![{marks}])|(?<![{marks}]){ws}(?=[{_CJK}])"
-        rf"|(?<=[{ph}]){ws}(?=[{ph}])"
+def _mark_ranges() -> str:
+    """Regex class body of all combining marks (M*): planes 0, 1 and 14 hold them all."""
+    ranges: list[tuple[int, int]] = []
+    for cp in (*range(0x20000), *range(0xE0000, 0xE1000)):
+        if unicodedata.category(chr(cp))[0] == "M":
+            if ranges and ranges[-1][1] == cp - 1:
+                ranges[-1] = (ranges[-1][0], cp)
+            else:
+                ranges.append((cp, cp))
+    return "".join(
+        re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges
     )
-    return stripper, cjk_space
+
+
+@lru_cache(maxsize=1)
+def _stripper() -> re.Pattern[str]:
+    """Everything but letters, numbers, marks, whitespace, placeholders and the separator.
+
+    That is punctuation (P*), symbols (S*), control/format/private/unassigned
+    (C*) characters and the underscore.
+    """
+    return re.compile(rf"[^\w\s{_mark_ranges()}{_PLACEHOLDERS}{_SEP}]+|_+")
+
+
+_RE_CJK_CHAR = re.compile(f"[{_CJK}]")
+# a single space (whitespace is collapsed by then) next to a CJK character or a placeholder
+_RE_SPACE_NEAR_CJK = re.compile(rf" (?:(?=[{_CJK}{_PLACEHOLDERS}])|(?<=[{_CJK}{_PLACEHOLDERS}] ))")
+
+
+def _is_mark(ch: str) -> bool:
+    return bool(ch) and unicodedata.category(ch)[0] == "M"
+
+
+def _drop_space(m: re.Match[str]) -> str:
+    """Remove a space between CJK characters or placeholders (Chinese spacing varies).
+
+    Kept next to a combining mark: joining it to a kana could let NFKC compose
+    a new character, and normalising twice would differ.
+    """
+    s, i = m.string, m.start()
+    left = s[i - 1] if i > 0 else ""
+    right = s[i + 1] if i + 1 < len(s) else ""
+    if left and right and left in _PLACEHOLDERS and right in _PLACEHOLDERS:
+        return ""
+    if _RE_CJK_CHAR.match(left) and not _is_mark(right):
+        return ""
+    if _RE_CJK_CHAR.match(right) and not _is_mark(left):
+        return ""
+    return " "
 
 
 def _mask_token(m: re.Match[str]) -> str:
@@ -243,7 +269,7 @@ def _normalize_many(texts: Sequence[str]) -> list[str]:
     """:func:`normalize` of many texts with one regex pass per step over all of them."""
     if not texts:
         return []
-    stripper, cjk_space = _char_classes()
+    stripper = _stripper()
     s = _SEP.join(t.replace(_SEP, " ") if _SEP in t else t for t in texts)
     # 1. compatibility forms (full-width digits and letters...) and case
     s = unicodedata.normalize("NFKC", s)
@@ -252,17 +278,20 @@ def _normalize_many(texts: Sequence[str]) -> list[str]:
     s = _RE_EMAIL.sub(_EMAIL, s)
     s = _RE_URL.sub(_URL, s)
     s = _RE_UUID.sub(_UUID, s)
-    s = _RE_DATE.sub(_DATE, s)
+    s = _RE_DATE_NUM.sub(_DATE, s)
+    s = _RE_DATE_MON.sub(_DATE, s)
     s = _RE_DECIMAL.sub(_NUM, s)
     s = _RE_TOKEN.sub(_mask_token, s)
     s = _RE_DIGITS.sub(_NUM, s)
     # 3. punctuation and symbols -> space; one space; none next to CJK
     s = stripper.sub(" ", s)
-    s = _RE_SPACES.sub(" ", s)
-    s = cjk_space.sub("", s)
+    s = _RE_SPACES.sub(" ", s)  # \s never matches the separator
+    s = _RE_SPACE_NEAR_CJK.sub(_drop_space, s)
     # 4. word masks (relative dates, Chinese numerals before a measure word)
     s = _RE_WORD_DATE.sub(_DATE, s)
     s = _RE_ZH_NUMBER.sub(_NUM, s)
+    # 5. spaces next to the new placeholders; runs of one placeholder -> one
+    s = _RE_SPACE_NEAR_CJK.sub(_drop_space, s)
     s = _RE_MASK_RUN.sub(r"\1", s)
     return [part.strip() for part in s.split(_SEP)]
 
@@ -363,6 +392,21 @@ def _ranges(counts: I64) -> I64:
     return np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
 
 
+def _starts(sorted_values: npt.NDArray[Any]) -> Bool:
+    """True where a sorted array holds a value different from the one before."""
+    flags: Bool = np.ones(sorted_values.size, dtype=np.bool_)
+    if sorted_values.size > 1:
+        flags[1:] = sorted_values[1:] != sorted_values[:-1]
+    return flags
+
+
+def _unique(a: I64) -> I64:
+    """Sorted distinct values (np.unique's hash path is far slower on big arrays)."""
+    s = np.sort(a)
+    result: I64 = s[_starts(s)]
+    return result
+
+
 def _shingle(texts: Sequence[str], n: int) -> _Shingles:
     """Distinct character n-grams per (normalised) text as integer ids.
 
@@ -370,45 +414,47 @@ def _shingle(texts: Sequence[str], n: int) -> _Shingles:
     0 pads texts shorter than n); when ``n * bits(A) <= 64`` a gram packs
     into one uint64, otherwise rows are compared as raw bytes. Either way the
     encoding is injective: two texts share a gram id iff they share the gram.
+    Gram ids follow the sorted order of the packed grams, so they do not
+    depend on the order of the texts.
     """
     m = len(texts)
     lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=m)
     joined = "".join(texts)
     cps = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype="<u4")
-    if cps.size:
-        alphabet, ranks = np.unique(cps, return_inverse=True)
-        codes = ranks.astype(np.uint64) + np.uint64(1)
-        n_symbols = int(alphabet.size)
-    else:
-        codes = np.zeros(0, dtype=np.uint64)
-        n_symbols = 0
+    present = np.zeros(0x110000, dtype=np.bool_)
+    present[cps] = True
+    rank = np.cumsum(present, dtype=np.uint64)  # code point -> 1..A
+    codes = rank[cps]
+    n_symbols = int(rank[-1])
     offsets = np.cumsum(lengths) - lengths
     per_text = np.maximum(lengths - n + 1, 1)
     doc = np.repeat(np.arange(m, dtype=np.int64), per_text)
     start = offsets[doc] + _ranges(per_text)
     limit = offsets[doc] + lengths[doc]
-    cols = np.empty((doc.size, n), dtype=np.uint64)
+    cols = np.zeros((n, doc.size), dtype=np.uint64)
     for k in range(n):
         pos = start + k
         valid = pos < limit
-        col = np.zeros(doc.size, dtype=np.uint64)
         if codes.size:
-            col[valid] = codes[pos[valid]]
-        cols[:, k] = col
+            cols[k, valid] = codes[pos[valid]]
     bits = max(1, n_symbols.bit_length())
     if n * bits <= 64:
         key = np.zeros(doc.size, dtype=np.uint64)
         for k in range(n):
-            key = (key << np.uint64(bits)) | cols[:, k]
-        _, gram = np.unique(key, return_inverse=True)
+            key = (key << np.uint64(bits)) | cols[k]
+        order = np.argsort(key)
+        new = _starts(key[order])
     else:
-        rows = np.ascontiguousarray(cols).view(np.dtype((np.void, 8 * n))).ravel()
-        _, gram = np.unique(rows, return_inverse=True)
-    gram = gram.astype(np.int64).ravel()
-    n_grams = int(gram.max()) + 1 if gram.size else 0
-    pair = np.unique(doc * max(n_grams, 1) + gram)
-    doc_u = pair // max(n_grams, 1)
-    indices = pair - doc_u * max(n_grams, 1)
+        rows = np.ascontiguousarray(cols.T).view(np.dtype((np.void, 8 * n))).ravel()
+        order = np.argsort(rows)
+        new = _starts(rows[order])
+    gram = np.empty(doc.size, dtype=np.int64)
+    gram[order] = np.cumsum(new) - 1
+    n_grams = int(new.sum())
+    width = max(n_grams, 1)
+    pair = _unique(doc * width + gram)
+    doc_u = pair // width
+    indices = pair - doc_u * width
     indptr = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(np.bincount(doc_u, minlength=m), out=indptr[1:])
     return _Shingles(indptr=indptr, indices=indices, n_grams=n_grams)
@@ -446,7 +492,7 @@ def _intersections(sh: _Shingles, u: I64, v: I64) -> I64:
         src = np.where(first, sh.indptr[uu][p] + within, sh.indptr[vv][p] + within - lu[p])
         width = max(sh.n_grams, 1)
         keys = p * width + sh.indices[src]
-        keys.sort(kind="stable")  # runs of two sorted lists: merged almost linearly
+        keys.sort()
         dup = keys[1:] == keys[:-1]
         out[lo:hi] = np.bincount(keys[1:][dup] // width, minlength=hi - lo)
         lo = hi
@@ -483,22 +529,45 @@ def _union(parent: I64, u: I64, v: I64) -> None:
 # --------------------------------------------------------------------------
 
 
+class _PairSet:
+    """A growing set of int64 pair codes: sorted levels merged like a binary counter."""
+
+    def __init__(self) -> None:
+        self.levels: list[I64] = []
+
+    def contains(self, codes: I64) -> Bool:
+        found: Bool = np.zeros(codes.size, dtype=np.bool_)
+        for level in self.levels:
+            pos = np.minimum(np.searchsorted(level, codes), level.size - 1)
+            found |= level[pos] == codes
+        return found
+
+    def add(self, codes: I64) -> None:
+        """Add sorted codes that are not in the set yet."""
+        if codes.size == 0:
+            return
+        self.levels.append(codes)
+        while len(self.levels) > 1 and self.levels[-2].size <= 2 * self.levels[-1].size:
+            top = self.levels.pop()
+            self.levels[-1] = np.sort(np.concatenate((self.levels[-1], top)))
+
+
 @dataclass
 class _Stats:
+    prefiltered: int = 0
     verified: int = 0
     accepted: int = 0
     union_seconds: float = 0.0
 
 
-def _runs(keys: npt.NDArray[np.generic]) -> tuple[I64, I64, I64]:
+def _runs(keys: npt.NDArray[Any]) -> tuple[I64, I64, I64]:
     """Group positions by equal key: (members, bucket starts, bucket sizes) for buckets of >= 2."""
-    order = np.argsort(keys, kind="stable")
+    order = np.argsort(keys)
     sk = keys[order]
     if sk.size == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
-    boundary = np.concatenate(([True], sk[1:] != sk[:-1]))
-    starts = np.flatnonzero(boundary)
+    starts = np.flatnonzero(_starts(sk))
     sizes = np.diff(np.append(starts, sk.size))
     big = sizes >= 2
     starts, sizes = starts[big], sizes[big]
@@ -507,62 +576,92 @@ def _runs(keys: npt.NDArray[np.generic]) -> tuple[I64, I64, I64]:
     return members, new_starts.astype(np.int64), sizes.astype(np.int64)
 
 
+_CHUNK_PAIRS = 1_000_000
+
+
 def _connect_buckets(
     buckets: list[tuple[I64, I64, I64]],
     sh: _Shingles,
     parent: I64,
     threshold: float,
     stats: _Stats,
+    prefilter: Callable[[I64, I64], Bool] | None = None,
 ) -> None:
     """Union every pair inside a bucket whose exact Jaccard reaches the threshold.
 
-    Pairs at distance d = 1, 2, ... within each bucket are taken in rounds;
-    a bucket leaves once all its members are connected, and pairs whose ends
-    are already connected are skipped. The components equal those of the
-    graph of all verified in-bucket pairs.
+    Pairs are taken by their distance d inside a bucket, in rounds d = 1,
+    then 2-3, 4-7, 8-15 ... (d = 1 already chains a bucket of near-duplicates
+    together). Between batches, buckets whose members are all connected
+    leave, and pairs whose ends are connected already, or that were checked
+    before in another bucket, are skipped. ``prefilter`` may drop pairs that
+    cannot pass before the exact check. The components equal those of the
+    graph of all in-bucket pairs that pass.
     """
+    buckets = [bk for bk in buckets if bk[0].size]
     if not buckets:
         return
-    members = np.concatenate([b[0] for b in buckets])
-    offsets = np.cumsum([0] + [b[0].size for b in buckets[:-1]])
-    starts = np.concatenate([b[1] + off for b, off in zip(buckets, offsets, strict=True)])
-    sizes = np.concatenate([b[2] for b in buckets])
-    if members.size == 0:
-        return
+    members = np.concatenate([bk[0] for bk in buckets])
+    sizes = np.concatenate([bk[2] for bk in buckets])
     n = parent.size
     lengths = sh.lengths
-    rejected = np.zeros(0, dtype=np.int64)
-    active = np.arange(sizes.size, dtype=np.int64)
-    d = 1
-    while active.size:
-        roots = parent[members]
-        lo = np.minimum.reduceat(roots, starts)
-        hi = np.maximum.reduceat(roots, starts)
-        active = active[(sizes[active] > d) & (lo[active] != hi[active])]
-        if active.size == 0:
-            break
-        cnt = sizes[active] - d
-        idx = np.repeat(starts[active], cnt) + _ranges(cnt)
-        a, b = members[idx], members[idx + d]
-        keep = parent[a] != parent[b]
-        a, b = a[keep], b[keep]
+    checked = _PairSet()
+
+    def process(a: I64, b: I64) -> None:
+        a, b = np.minimum(a, b), np.maximum(a, b)
         la, lb = lengths[a], lengths[b]
-        # length filter: J >= t needs t*|A| <= |B| <= |A|/t
-        keep = np.minimum(la, lb) >= threshold * np.maximum(la, lb) * (1.0 - _TOL)
-        code = np.unique(np.minimum(a, b)[keep] * n + np.maximum(a, b)[keep])
-        if rejected.size and code.size:
-            code = code[~np.isin(code, rejected, assume_unique=True)]
-        if code.size:
-            a, b = code // n, code % n
-            ok = _accept(_intersections(sh, a, b), lengths[a], lengths[b], threshold)
-            stats.verified += int(code.size)
-            stats.accepted += int(ok.sum())
-            t0 = time.perf_counter()
-            _union(parent, a[ok], b[ok])
-            stats.union_seconds += time.perf_counter() - t0
-            if not ok.all():
-                rejected = np.union1d(rejected, code[~ok])
-        d += 1
+        # not connected yet; length filter: J >= t needs |small| >= t * |large|
+        keep = (parent[a] != parent[b]) & (la >= threshold * lb * (1.0 - _TOL))
+        keep &= lb >= threshold * la * (1.0 - _TOL)
+        code = _unique(a[keep] * n + b[keep])
+        code = code[~checked.contains(code)]
+        if code.size == 0:
+            return
+        checked.add(code)
+        a, b = code // n, code % n
+        if prefilter is not None:
+            passed = prefilter(a, b)
+            stats.prefiltered += int(code.size - passed.sum())
+            a, b = a[passed], b[passed]
+        if a.size == 0:
+            return
+        ok = _accept(_intersections(sh, a, b), lengths[a], lengths[b], threshold)
+        stats.verified += int(a.size)
+        stats.accepted += int(ok.sum())
+        t0 = time.perf_counter()
+        _union(parent, a[ok], b[ok])
+        stats.union_seconds += time.perf_counter() - t0
+
+    d = 1
+    while sizes.size:
+        # keep the buckets that still have pairs at distance >= d and are not connected yet
+        starts = np.cumsum(sizes) - sizes
+        roots = parent[members]
+        spread = np.maximum.reduceat(roots, starts) != np.minimum.reduceat(roots, starts)
+        keep_bucket = (sizes > d) & spread
+        if not keep_bucket.all():
+            members = members[np.repeat(keep_bucket, sizes)]
+            sizes = sizes[keep_bucket]
+            starts = np.cumsum(sizes) - sizes
+            if sizes.size == 0:
+                break
+        batch_a: list[I64] = []
+        batch_b: list[I64] = []
+        pending = 0
+        for dist in range(d, 2 * d):
+            has = sizes > dist
+            if not has.any():
+                break
+            cnt = sizes[has] - dist
+            idx = np.repeat(starts[has], cnt) + _ranges(cnt)
+            batch_a.append(members[idx])
+            batch_b.append(members[idx + dist])
+            pending += idx.size
+            if pending >= _CHUNK_PAIRS:
+                process(np.concatenate(batch_a), np.concatenate(batch_b))
+                batch_a, batch_b, pending = [], [], 0
+        if pending:
+            process(np.concatenate(batch_a), np.concatenate(batch_b))
+        d *= 2
 
 
 def _prefix_buckets(sh: _Shingles, threshold: float) -> list[tuple[I64, I64, I64]]:
@@ -609,7 +708,7 @@ def _splitmix64(x: U64) -> U64:
 
 
 def _minhash(sh: _Shingles, num_perm: int, seed: int) -> U32:
-    """MinHash signatures (texts x num_perm, uint32).
+    """MinHash signatures, shape (num_perm, texts), uint32.
 
     Each gram id gets a pseudo-random 32-bit value x (splitmix64 of the id
     and the seed); permutation k is ``((a_k * x + b_k) mod 2**64) >> 32``
@@ -619,20 +718,20 @@ def _minhash(sh: _Shingles, num_perm: int, seed: int) -> U32:
     rng = np.random.default_rng([seed, 0x6D696E68])
     a = rng.integers(0, 2**64, size=num_perm, dtype=np.uint64, endpoint=False) | np.uint64(1)
     b = rng.integers(0, 2**64, size=num_perm, dtype=np.uint64, endpoint=False)
-    salt = np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
+    salt = _splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0]
     xs = _splitmix64(np.arange(sh.n_grams, dtype=np.uint64) ^ salt) >> np.uint64(32)
-    sig = np.empty((m, num_perm), dtype=np.uint32)
-    budget = max(1, 4_000_000 // num_perm)  # (gram rows) per chunk
+    sig = np.empty((num_perm, m), dtype=np.uint32)
+    budget = max(1, 2_000_000 // num_perm)  # gram rows per chunk
     cum = sh.indptr
     d0 = 0
     while d0 < m:
         d1 = int(np.searchsorted(cum, cum[d0] + budget, side="right")) - 1
         d1 = min(max(d1, d0 + 1), m)
         g = xs[sh.indices[cum[d0] : cum[d1]]]
-        h = np.multiply.outer(g, a)
-        h += b
+        h = np.multiply.outer(a, g)
+        h += b[:, None]
         h >>= np.uint64(32)
-        sig[d0:d1] = np.minimum.reduceat(h.astype(np.uint32), cum[d0:d1] - cum[d0], axis=0)
+        sig[:, d0:d1] = np.minimum.reduceat(h.astype(np.uint32), cum[d0:d1] - cum[d0], axis=1)
         d0 = d1
     return sig
 
@@ -640,14 +739,37 @@ def _minhash(sh: _Shingles, num_perm: int, seed: int) -> U32:
 def _band_buckets(sig: U32, bands: int, rows: int) -> list[tuple[I64, I64, I64]]:
     out: list[tuple[I64, I64, I64]] = []
     for j in range(bands):
-        block = sig[:, j * rows : (j + 1) * rows].astype(np.uint64)
-        key = np.full(sig.shape[0], np.uint64(j), dtype=np.uint64)
-        for c in range(rows):
-            key = _splitmix64(key ^ block[:, c])
+        key = np.full(sig.shape[1], np.uint64(j), dtype=np.uint64)
+        for c in range(j * rows, (j + 1) * rows):
+            key = _splitmix64(key ^ sig[c].astype(np.uint64))
         members, starts, sizes = _runs(key)
         if members.size:
             out.append((members, starts, sizes))
     return out
+
+
+def _estimate_filter(sig: U32, threshold: float) -> Callable[[I64, I64], Bool]:
+    """Drop pairs whose MinHash estimate of Jaccard is far below the threshold.
+
+    The share of equal signature values estimates J with standard deviation
+    sqrt(J(1-J)/num_perm); pairs more than 5 such deviations (taken at
+    J = threshold) below it are dropped. A pair at J = threshold survives
+    with probability > 1 - 1e-6; near-misses in large LSH buckets (J around
+    0.3-0.6, the bulk of candidates) are rejected without the exact check.
+    """
+    rows = np.ascontiguousarray(sig.T)
+    num_perm = sig.shape[0]
+    bound = (threshold - 5.0 * math.sqrt(threshold * (1.0 - threshold) / num_perm)) * num_perm
+
+    def passes(a: I64, b: I64) -> Bool:
+        out = np.empty(a.size, dtype=np.bool_)
+        step = max(1, 4_000_000 // num_perm)
+        for lo in range(0, a.size, step):
+            equal = (rows[a[lo : lo + step]] == rows[b[lo : lo + step]]).sum(axis=1)
+            out[lo : lo + step] = equal >= bound - 1e-9
+        return out
+
+    return passes
 
 
 # --------------------------------------------------------------------------
@@ -688,6 +810,7 @@ def _components(
     parent = np.arange(m, dtype=np.int64)
     stats = _Stats()
     t0 = time.perf_counter()
+    prefilter: Callable[[I64, I64], Bool] | None = None
     if method == "exact":
         buckets = _prefix_buckets(sh, threshold)
         timings["minhash"] = 0.0
@@ -698,9 +821,11 @@ def _components(
         timings["minhash"] = t1 - t0
         t0 = t1
         buckets = _band_buckets(sig, bands, rows)
-    _connect_buckets(buckets, sh, parent, threshold, stats)
+        prefilter = _estimate_filter(sig, threshold)
+    _connect_buckets(buckets, sh, parent, threshold, stats, prefilter)
     timings["candidates_verify"] = time.perf_counter() - t0 - stats.union_seconds
     timings["union_find"] = stats.union_seconds
+    timings["pairs_prefiltered"] = float(stats.prefiltered)
     timings["pairs_verified"] = float(stats.verified)
     timings["pairs_accepted"] = float(stats.accepted)
     labels = parent.tolist()
@@ -786,9 +911,7 @@ def group_near_duplicates(
     for g in group_of:
         sizes[g] = sizes.get(g, 0) + 1
     timings["total"] = time.perf_counter() - t_start
-    return GroupingResult(
-        group_of=group_of, n_groups=len(sizes), sizes=sizes, method=method, timings=timings
-    )
+    return GroupingResult(group_of=group_of, n_groups=len(sizes), sizes=sizes, method=method, timings=timings)
 
 
 # --------------------------------------------------------------------------

@@ -27,16 +27,13 @@ def _fmt(v: float | None) -> str:
 def summary_rows(
     summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]
 ) -> tuple[list[str], list[list[str]]]:
-    headers = ["variant"]
-    for c in columns:
-        headers += [f"dev {display_name(c)}", f"holdout {display_name(c)}"]
-    headers += ["p95 ms", "failed"]
+    """One row per variant; each metric cell reads ``dev / holdout``."""
+    headers = ["variant", *(display_name(c) for c in columns), "p95 ms", "failed"]
     rows = []
     for s in summaries:
         m = s["metrics"]
         row = [str(s["label"])]
-        for c in columns:
-            row += [_fmt(m.get(f"dev/{c}")), _fmt(m.get(f"holdout/{c}"))]
+        row += [f"{_fmt(m.get(f'dev/{c}'))} / {_fmt(m.get(f'holdout/{c}'))}" for c in columns]
         row += [_fmt(m.get("all/latency_ms_p95")), str(int(m.get("all/n_failed", 0)))]
         rows.append(row)
     return headers, rows
@@ -46,6 +43,7 @@ def print_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) 
     headers, rows = summary_rows(summaries, columns)
     print()
     print(format_table(headers, rows))
+    print("(metric cells: dev / holdout)")
 
 
 def markdown_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:

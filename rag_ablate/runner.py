@@ -50,9 +50,19 @@ def _strip_quotes(override: str) -> str:
     return override.replace("'", "").replace('"', "")
 
 
+# settings that say how to run, not what the system under test is
+RUNTIME_KEYS = ("progress", "paths", "tracking", "hydra", "metrics.summary")
+
+
+def is_runtime_override(override: str) -> bool:
+    key = override.lstrip("+~").split("=", 1)[0]
+    return any(key == k or key.startswith(k + ".") for k in RUNTIME_KEYS)
+
+
 def variant_label(overrides: list[str]) -> str:
     """A run's name: what it changes (``chunk=256``), or ``baseline``."""
-    return ",".join(_strip_quotes(o) for o in overrides) or "baseline"
+    factors = [_strip_quotes(o) for o in overrides if not is_runtime_override(o)]
+    return ",".join(factors) or "baseline"
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -128,7 +128,7 @@ INTENTS: list[dict[str, Any]] = [
         "intent_l2": "C_greeting",
         "intent_l1": "CHITCHAT",
         "description": "greetings and small talk",
-        "examples": ["hi", "good morning"],
+        "examples": ["hi", "hello", "good morning"],
         "requires_rag": False,
     },
 ]

@@ -86,7 +86,7 @@ def test_sweep_creates_parent_and_two_children(sweep: dict[str, Any]) -> None:
 
     # the terminal shows the table and where to look next
     out = sweep["proc"].stdout
-    assert "chunk=256" in out and "holdout recall@5" in out and "rag-ablate ui" in out
+    assert "chunk=256" in out and "recall@5" in out and "dev / holdout" in out and "rag-ablate ui" in out
 
 
 @pytest.mark.slow

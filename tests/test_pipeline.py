@@ -14,7 +14,7 @@ from rag_ablate.errors import UnknownNameError
 from rag_ablate.pipeline.analyzers import analyze_en, analyze_zh, get_analyzer
 from rag_ablate.pipeline.bm25 import BM25Retriever, top_k_indices
 from rag_ablate.pipeline.chunking import chunk_corpus, chunk_document, detect_unit
-from rag_ablate.pipeline.router import NearestIntentRouter
+from rag_ablate.pipeline.router import IntentRouter
 
 ZH = (
     "七天无理由退货适用于大部分商品。商品需保持完好，配件齐全。"
@@ -98,14 +98,20 @@ def test_bm25_chinese() -> None:
     assert r.search("新疆配送要几天", 2)[0][0] == 2
 
 
-def test_router_routes_by_examples() -> None:
+@pytest.mark.parametrize("profile", ["centroid", "nearest"])
+def test_router_routes_by_examples(profile: str) -> None:
     intents = [
         Intent("K_returns", "KNOWLEDGE", "退货 退款 退换", ("买了不想要能退吗", "退款多久到账")),
         Intent("K_shipping", "KNOWLEDGE", "配送 物流 快递", ("快递几天到", "能送到新疆吗")),
         Intent("C_greeting", "CHITCHAT", "问候 打招呼", ("你好", "在吗"), requires_rag=False),
     ]
-    router = NearestIntentRouter(intents)
+    router = IntentRouter(intents, profile=profile)
     assert router.route("你好呀")[0] == "C_greeting"
     assert router.route("我的快递到哪了")[0] == "K_shipping"
     assert router.route("退款什么时候到")[0] == "K_returns"
     assert router.route("###") == (None, 0.0)
+
+
+def test_router_unknown_profile() -> None:
+    with pytest.raises(UnknownNameError, match="centroid, nearest"):
+        IntentRouter([], profile="knn")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,6 +39,8 @@ class BM25Retriever:
         show_progress: bool = False,
     ) -> None:
         import bm25s
+
+        logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
 
         self.analyzer = analyzer
         self.n = len(texts)

@@ -1,9 +1,13 @@
-"""A simple intent router: nearest neighbour over intent descriptions and examples.
+"""A simple intent router over intent descriptions and examples.
 
 Texts are normalised (NFKC, casefold, punctuation and spaces removed) and turned
-into character 1..n-gram TF-IDF vectors; a query goes to the intent whose
-description or example is most similar (cosine). Works for Chinese and English
-alike, needs no model and is deterministic (ties go to the first intent id).
+into character 1..n-gram TF-IDF vectors. With ``profile="centroid"`` each intent
+is one vector built from its description and all its examples; with
+``profile="nearest"`` each description and example is its own vector and an
+intent scores its best one. A query goes to the most similar intent (cosine).
+Works for Chinese and English alike, needs no model and is deterministic (ties
+go to the first intent id). On the embedded sample, centroid routes about 47%
+of the queries right, nearest about 38%.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 from scipy import sparse
 
 from rag_ablate.dataset import Intent
+from rag_ablate.errors import UnknownNameError
 
 _DROP = re.compile(r"[\s\W_]+", re.UNICODE)
 
@@ -30,14 +35,22 @@ def _grams(text: str, n: int) -> Counter[str]:
     return grams
 
 
-class NearestIntentRouter:
-    def __init__(self, intents: Sequence[Intent], ngram: int = 2) -> None:
+PROFILES = ("centroid", "nearest")
+
+
+class IntentRouter:
+    def __init__(self, intents: Sequence[Intent], ngram: int = 2, profile: str = "centroid") -> None:
+        if profile not in PROFILES:
+            raise UnknownNameError("router profile", profile, PROFILES)
         self.ngram = ngram
         self.labels = sorted(i.intent_l2 for i in intents)
         label_index = {name: j for j, name in enumerate(self.labels)}
         entries: list[tuple[int, Counter[str]]] = []
         for intent in intents:
-            for text in (intent.description, *intent.examples):
+            texts = (intent.description, *intent.examples)
+            if profile == "centroid":
+                texts = ("\n".join(texts),)
+            for text in texts:
                 entries.append((label_index[intent.intent_l2], _grams(text, ngram)))
         df: Counter[str] = Counter()
         for _, g in entries:

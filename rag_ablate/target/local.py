@@ -12,11 +12,11 @@ from rag_ablate.metrics.text import is_cjk_text
 from rag_ablate.pipeline.analyzers import get_analyzer
 from rag_ablate.pipeline.bm25 import BM25Retriever
 from rag_ablate.pipeline.chunking import Chunk, chunk_corpus
-from rag_ablate.pipeline.router import NearestIntentRouter
+from rag_ablate.pipeline.router import IntentRouter
 from rag_ablate.target import RetrievedChunk, Trace
 
 RETRIEVAL_METHODS = ("bm25",)
-ROUTER_METHODS = ("nearest", "none")
+ROUTER_METHODS = ("centroid", "nearest", "none")
 
 
 class LocalTarget:
@@ -28,7 +28,7 @@ class LocalTarget:
             raise UnknownNameError("router", settings.router.method, ROUTER_METHODS)
         self.chunks: list[Chunk] = []
         self.retriever: BM25Retriever | None = None
-        self.router: NearestIntentRouter | None = None
+        self.router: IntentRouter | None = None
 
     @property
     def routes_intents(self) -> bool:
@@ -57,8 +57,8 @@ class LocalTarget:
             show_progress=s.progress,
         )
         t_index = time.perf_counter() - t1
-        if s.router.method == "nearest" and dataset.intents:
-            self.router = NearestIntentRouter(list(dataset.intents.values()), s.router.ngram)
+        if s.router.method != "none" and dataset.intents:
+            self.router = IntentRouter(list(dataset.intents.values()), s.router.ngram, s.router.method)
         return {
             "chunk.unit_resolved": unit,
             "retrieval.bm25.analyzer_resolved": analyzer_name,
