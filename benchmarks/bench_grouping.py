@@ -137,9 +137,9 @@ def make_queries(n: int, seed: int = 0, templated_share: float = 0.2) -> list[st
     """n synthetic queries, shuffled: templated near-duplicates plus distinct sentences."""
     rng = random.Random(seed)
     zh_chars = [chr(0x4E00 + i) for i in rng.sample(range(0x9FA5 - 0x4E00), 1500)]
-    zh_words = list({rng.choice(zh_chars) + rng.choice(zh_chars) for _ in range(4000)})
+    zh_words = sorted({rng.choice(zh_chars) + rng.choice(zh_chars) for _ in range(4000)})
     syll = [c + v for c in "bcdfghjklmnprstvwz" for v in ("a", "e", "i", "o", "u", "ai", "ou")]
-    en_words = list({"".join(rng.choices(syll, k=rng.randint(1, 4))) for _ in range(6000)})
+    en_words = sorted({"".join(rng.choices(syll, k=rng.randint(1, 4))) for _ in range(6000)})
     out: list[str] = []
     n_templated = int(n * templated_share)
     for _ in range(n_templated):

@@ -1,6 +1,7 @@
 """``rag-ablate``: the commands that are not a Hydra run.
 
     rag-ablate validate DATASET_DIR   check a dataset folder, print its summary
+    rag-ablate compare SWEEP          test each variant against the baseline (+ regression gate)
     rag-ablate ui [--uri URI]         open the MLflow UI on 127.0.0.1
 
 Runs and sweeps are ``python -m rag_ablate [-m] overrides...``.
@@ -114,6 +115,55 @@ def cmd_ui(args: argparse.Namespace) -> int:
         return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rag_ablate import compare, tracking
+
+    source = Path(args.source)
+    if source.is_dir():
+        variants = compare.load_sweep_dir(source)
+        out_dir = source
+        parent_id = None
+        uri = args.tracking_uri
+    else:
+        uri = args.tracking_uri or f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
+        parent_id = args.source
+        variants = compare.load_mlflow_parent(uri, parent_id)
+        out_dir = Path(args.out) if args.out else Path.cwd() / "outputs" / "comparisons" / parent_id
+    seed = args.seed
+    if seed is None:
+        seed = int(variants[0].config.get("seed", 0))
+    metrics = args.metrics.split(",") if args.metrics else list(compare.DEFAULT_METRICS)
+    splits = args.splits.split(",") if args.splits else ["dev", "holdout"]
+    c = compare.compare(
+        variants,
+        baseline=args.baseline,
+        metrics=metrics,
+        splits=splits,
+        B=args.B,
+        seed=seed,
+        alpha=args.alpha,
+        flip_threshold=args.flip_threshold,
+    )
+    if args.guard:
+        from rag_ablate.guard import confounded_variants
+
+        c.confounded = confounded_variants(variants, c.baseline)
+    paths = compare.write_outputs(c, out_dir)
+    failures = compare.gate(c, args.fail_on or [])
+    print(compare.format_terminal(c))
+    print(f"\nwritten: {', '.join(str(p) for p in paths)}")
+    if parent_id is not None and uri is not None:
+        tracking.log_artifacts(uri, parent_id, paths)
+    if failures:
+        print("\nregression gate FAILED:", file=sys.stderr)
+        for f in failures:
+            print(f"  {f}", file=sys.stderr)
+        return 1
+    if args.fail_on:
+        print(f"regression gate passed ({len(args.fail_on)} rule(s))")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rag-ablate",
@@ -130,6 +180,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.add_argument("--seed", type=int, default=0, help="seed of grouping and split assignment")
     v.set_defaults(func=cmd_validate)
+
+    c = sub.add_parser(
+        "compare",
+        help="test every variant of a sweep against the baseline (paired, group-aware, dev and holdout)",
+        description="Compare a sweep's variants with its baseline: group bootstrap CI, group sign-flip p, "
+        "Holm (holdout) / BH (dev) adjustment, per-query flips. Writes comparison.json and comparison.md.",
+    )
+    c.add_argument("source", help="a sweep folder (outputs/multirun/<time>) or an MLflow parent run id")
+    c.add_argument("--baseline", help="label of the baseline variant (default: the one marked baseline)")
+    c.add_argument("--metrics", help="comma-separated metric names (default: %(default)s)", default=None)
+    c.add_argument("--splits", help="comma-separated: dev,holdout (default both)")
+    c.add_argument("--B", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    c.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    c.add_argument("--seed", type=int, help="seed (default: the sweep's seed)")
+    c.add_argument(
+        "--flip-threshold", type=float, default=0.2, help="continuous flip threshold (default 0.2)"
+    )
+    c.add_argument(
+        "--fail-on",
+        action="append",
+        metavar="RULE",
+        help="regression gate, e.g. 'holdout/recall_at_5<-0.02': exit 1 when a variant's effect is beyond "
+        "the bound and significant (repeatable)",
+    )
+    c.add_argument("--tracking-uri", help="MLflow URI for a run id (default: sqlite:///outputs/mlflow.db)")
+    c.add_argument("--out", help="where to write the outputs for a run id (default outputs/comparisons/<id>)")
+    c.add_argument("--no-guard", dest="guard", action="store_false", help="skip the confounding check")
+    c.set_defaults(func=cmd_compare)
 
     u = sub.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the default (or given) store")
     u.add_argument(

@@ -76,6 +76,29 @@ class MetricsConfig:
 
 
 @dataclass
+class CompareConfig:
+    enabled: bool = True  # run the comparison at the end of every multirun
+    baseline: str | None = None  # label of the baseline variant; null = the one marked baseline, else job 0
+    metrics: list[str] = field(  # metrics tested against the baseline
+        default_factory=lambda: [
+            "recall_at_5",
+            "ndcg_at_10",
+            "mrr_at_10",
+            "evidence_recall_at_5",
+            "intent_top1",
+            "context_tokens_at_5",
+            "latency_ms",
+        ]
+    )
+    splits: list[str] = field(default_factory=lambda: ["dev", "holdout"])  # splits tested, each on its own
+    B: int = 10_000  # bootstrap resamples (and the sign-flip budget)
+    alpha: float = 0.05  # significance level after adjustment (Holm on holdout, BH on dev)
+    flip_threshold: float = 0.2  # a continuous metric "flips" when it moves more than this (relative for
+    # latency and token counts)
+    fail_on: list[str] = field(default_factory=list)  # gate rules, e.g. "holdout/recall_at_5<-0.02"
+
+
+@dataclass
 class PathsConfig:
     output_root: str = "outputs"  # sweeps, runs, mlflow.db, artifacts and caches live here
 
@@ -88,6 +111,7 @@ class RunConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = 0  # seeds splits, grouping and the comparison's resampling
     progress: bool = True  # show progress bars
@@ -135,5 +159,11 @@ def validate(s: RunConfig) -> None:
             f"metrics.ks {s.metrics.ks} go beyond retrieval.top_k={s.retrieval.top_k}; "
             "raise retrieval.top_k or drop the larger k"
         )
+    if s.compare.B < 100:
+        raise ConfigError(f"compare.B must be >= 100, got {s.compare.B}")
+    if not 0.0 < s.compare.alpha < 1.0:
+        raise ConfigError(f"compare.alpha must be in (0, 1), got {s.compare.alpha}")
+    if not set(s.compare.splits) <= {"dev", "holdout"}:
+        raise ConfigError(f"compare.splits must be among dev, holdout, got {s.compare.splits}")
     if not 0.0 < s.dataset.holdout_share < 1.0:
         raise ConfigError(f"dataset.holdout_share must be in (0, 1), got {s.dataset.holdout_share}")

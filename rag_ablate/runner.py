@@ -51,7 +51,7 @@ def _strip_quotes(override: str) -> str:
 
 
 # settings that say how to run, not what the system under test is
-RUNTIME_KEYS = ("progress", "paths", "tracking", "hydra", "metrics.summary")
+RUNTIME_KEYS = ("progress", "paths", "tracking", "hydra", "metrics.summary", "compare")
 
 
 def is_runtime_override(override: str) -> bool:

@@ -137,6 +137,34 @@ def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
     _client(uri).set_terminated(run_id, status=status)
 
 
+def child_runs(uri: str, parent_run_id: str) -> list[tuple[str, str]]:
+    """(run id, run name) of a parent run's children, oldest first."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(uri)
+    try:
+        parent = client.get_run(parent_run_id)
+    except MlflowException as exc:
+        raise TrackingError(f"no run {parent_run_id} in {uri}: {exc.message}") from exc
+    runs = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+        order_by=["attributes.start_time ASC"],
+    )
+    return [(str(r.info.run_id), str(r.info.run_name)) for r in runs]
+
+
+def download(uri: str, run_id: str, names: list[str], dest: Path) -> dict[str, Path]:
+    """Download the named top-level artifacts that exist; returns name -> local path."""
+    client = _client(uri)
+    present = {a.path for a in client.list_artifacts(run_id)}
+    out = {}
+    for name in names:
+        if name in present:
+            out[name] = Path(client.download_artifacts(run_id, name, str(dest)))
+    return out
+
+
 def _param_value(v: Any) -> str:
     s = "null" if v is None else str(v)
     return s if len(s) <= 6000 else s[:5997] + "..."

@@ -129,3 +129,111 @@ def test_bad_dataset_path_is_a_clear_error(tmp_path: Path) -> None:
     proc = run_cli([f"dataset.path={tmp_path / 'missing'}", "tracking=none", "progress=false"], tmp_path)
     assert proc.returncode == 2
     assert "dataset folder not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _rag_ablate(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "rag_ablate.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+def test_sweep_end_runs_the_comparison(sweep: dict[str, Any]) -> None:
+    from mlflow.tracking import MlflowClient
+
+    sweep_dir = next((sweep["out"] / "multirun").iterdir())
+    data = json.loads((sweep_dir / "comparison.json").read_text())
+    assert data["baseline"] == "chunk=256" and data["variants"] == ["chunk=512"]
+    assert {r["split"] for r in data["rows"]} == {"dev", "holdout"}
+    assert "comparison against baseline" in sweep["proc"].stdout
+    client = MlflowClient(tracking_uri=f"sqlite:///{sweep['out'] / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rag_ablate")
+    assert exp is not None
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    parent = next(r for r in runs.values() if r.data.tags.get("rag_ablate.kind") == "sweep")
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"comparison.json", "comparison.md", "summary.md"} <= arts
+    child = runs["chunk=512"]
+    row = next(r for r in data["rows"] if r["split"] == "holdout" and r["metric"] == "recall_at_5")
+    assert child.data.metrics["delta/holdout/recall_at_5"] == pytest.approx(row["effect"], abs=1e-12)
+
+
+@pytest.mark.slow
+def test_compare_cli_on_sweep_folder_and_parent_run(sweep: dict[str, Any], tmp_path: Path) -> None:
+    sweep_dir = next((sweep["out"] / "multirun").iterdir())
+    before = json.loads((sweep_dir / "comparison.json").read_text())
+    proc = _rag_ablate(["compare", str(sweep_dir), "--baseline", "chunk=256", "--B", "10000"], sweep["cwd"])
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads((sweep_dir / "comparison.json").read_text())
+    assert again["rows"] == before["rows"]  # identical numbers on rerun
+
+    # the other way round: effects negate
+    proc = _rag_ablate(
+        [
+            "compare",
+            str(sweep_dir),
+            "--baseline",
+            "chunk=512",
+            "--metrics",
+            "recall_at_5",
+            "--splits",
+            "holdout",
+        ],
+        sweep["cwd"],
+    )
+    assert proc.returncode == 0, proc.stderr
+    swapped = json.loads((sweep_dir / "comparison.json").read_text())
+    r0 = next(r for r in before["rows"] if r["split"] == "holdout" and r["metric"] == "recall_at_5")
+    assert swapped["rows"][0]["effect"] == pytest.approx(-r0["effect"], abs=1e-12)
+
+    # the gate: a bound nothing can cross passes; context tokens doubled is significant and gated
+    ok = _rag_ablate(
+        ["compare", str(sweep_dir), "--baseline", "chunk=256", "--fail-on", "holdout/recall_at_5<-0.5"],
+        sweep["cwd"],
+    )
+    assert ok.returncode == 0 and "regression gate passed" in ok.stdout
+    bad = _rag_ablate(
+        [
+            "compare",
+            str(sweep_dir),
+            "--baseline",
+            "chunk=256",
+            "--fail-on",
+            "holdout/context_tokens_at_5>100",
+        ],
+        sweep["cwd"],
+    )
+    assert bad.returncode == 1 and "regression gate FAILED" in bad.stderr and "chunk=512" in bad.stderr
+
+    # by MLflow parent run id
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{sweep['out'] / 'mlflow.db'}"
+    exp = MlflowClient(tracking_uri=uri).get_experiment_by_name("rag_ablate")
+    assert exp is not None
+    parent = MlflowClient(tracking_uri=uri).search_runs(
+        [exp.experiment_id], "tags.`rag_ablate.kind` = 'sweep'"
+    )[0]
+    proc = _rag_ablate(
+        [
+            "compare",
+            parent.info.run_id,
+            "--tracking-uri",
+            uri,
+            "--baseline",
+            "chunk=256",
+            "--out",
+            str(tmp_path / "cmp"),
+        ],
+        sweep["cwd"],
+    )
+    assert proc.returncode == 0, proc.stderr
+    by_id = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert by_id["rows"] == before["rows"]
