@@ -66,6 +66,8 @@ def run_comparison(s: RunConfig, sweep_dir: Path) -> compare.Comparison:
 class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         s = to_settings(config)
+        if s.ablation.dry_run:
+            return
         sweep_dir = _sweep_dir(config)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         output_root = (_cwd(config) / s.paths.output_root).resolve()
@@ -76,12 +78,15 @@ class SweepCallback(Callback):
             name = "sweep " + variant_label(list(config.hydra.overrides.task))
             tags = tracking.base_tags(_cwd(config))
             tags["sweep.dir"] = str(sweep_dir.resolve())
+            tags["ablation.mode"] = s.ablation.mode
             parent = tracking.start_parent(uri, experiment_id, name, tags)
             info.update(parent_run_id=parent, experiment_id=experiment_id, tracking_uri=uri)
         (sweep_dir / SWEEP_FILE).write_text(json.dumps(info, indent=1), encoding="utf-8")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         s = to_settings(config)
+        if s.ablation.dry_run:
+            return
         sweep_dir = _sweep_dir(config)
         summaries = read_summaries(sweep_dir)
         print_table(summaries, s.metrics.summary)

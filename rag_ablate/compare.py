@@ -533,6 +533,18 @@ def format_terminal(c: Comparison) -> str:
         f"p_adj: Holm on holdout, BH on dev; + better / - worse at alpha {c.alpha}; ~ Monte Carlo p)",
         format_table(headers, rows),
     ]
+    if c.metrics:
+        first = c.metrics[0]
+        for v in c.variants:
+            by_split = c.flips.get(v, {}).get(first, {})
+            parts = [
+                f"{s}: {len(k['improved'])} improved, {len(k['regressed'])} regressed"
+                for s, k in by_split.items()
+            ]
+            if parts:
+                lines.append(
+                    f"per-query flips of {v} on {display_name(first)}: {'; '.join(parts)} (comparison.md)"
+                )
     for v, factors in c.confounded.items():
         lines.append(f"CONFOUNDED: {v} changes {len(factors)} factors at once: {', '.join(factors)}")
     for n in c.notes:

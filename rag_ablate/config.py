@@ -12,7 +12,6 @@ One group per ablation axis: ``dataset``, ``chunk``, ``retrieval``, ``router``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -99,6 +98,13 @@ class CompareConfig:
 
 
 @dataclass
+class AblationConfig:
+    mode: str = "ofat"  # ofat: baseline + one variant per non-default level | grid: full factorial
+    dry_run: bool = False  # print the plan (variants, what each changes, job count) and run nothing
+    factors: list[str] = field(default_factory=list)  # a study's factors, e.g. "chunk=256,1024"
+
+
+@dataclass
 class PathsConfig:
     output_root: str = "outputs"  # sweeps, runs, mlflow.db, artifacts and caches live here
 
@@ -112,10 +118,10 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    ablation: AblationConfig = field(default_factory=AblationConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = 0  # seeds splits, grouping and the comparison's resampling
     progress: bool = True  # show progress bars
-    experiment: Any = None  # name of a study in conf/experiment, if one was chosen
 
 
 def register_configs() -> None:
@@ -159,6 +165,8 @@ def validate(s: RunConfig) -> None:
             f"metrics.ks {s.metrics.ks} go beyond retrieval.top_k={s.retrieval.top_k}; "
             "raise retrieval.top_k or drop the larger k"
         )
+    if s.ablation.mode not in ("ofat", "grid"):
+        raise ConfigError(f"ablation.mode must be ofat or grid, got '{s.ablation.mode}'")
     if s.compare.B < 100:
         raise ConfigError(f"compare.B must be >= 100, got {s.compare.B}")
     if not 0.0 < s.compare.alpha < 1.0:

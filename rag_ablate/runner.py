@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from rag_ablate import tracking
+from rag_ablate.ablation import job_entry
 from rag_ablate.config import RunConfig, to_settings
 from rag_ablate.dataset import Dataset, load_dataset
 from rag_ablate.metrics import intent_report
@@ -51,7 +52,7 @@ def _strip_quotes(override: str) -> str:
 
 
 # settings that say how to run, not what the system under test is
-RUNTIME_KEYS = ("progress", "paths", "tracking", "hydra", "metrics.summary", "compare")
+RUNTIME_KEYS = ("progress", "paths", "tracking", "hydra", "metrics.summary", "compare", "ablation")
 
 
 def is_runtime_override(override: str) -> bool:
@@ -103,8 +104,15 @@ def run_variant(cfg: DictConfig) -> float | None:
     choices = {
         k: str(v) for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None
     }
-    label = variant_label(overrides)
     multirun = hc.mode == RunMode.MULTIRUN
+    entry = job_entry(Path(hc.sweep.dir), int(hc.job.num)) if multirun else None
+    label = entry["label"] if entry else variant_label(overrides)
+    ablation = {
+        "role": entry["role"] if entry else ("variant" if multirun else "single"),
+        "factor": entry.get("factor") if entry else None,
+        "level": entry.get("level") if entry else None,
+        "mode": s.ablation.mode if entry else "none",
+    }
 
     t_start = time.perf_counter()
     dataset = get_dataset(s)
@@ -144,6 +152,7 @@ def run_variant(cfg: DictConfig) -> float | None:
         "overrides": overrides,
         "choices": choices,
         "job_num": hc.job.num if multirun else 0,
+        **ablation,
         "dataset": dataset.name,
         "corpus_fingerprint": dataset.corpus_fingerprint,
         "queries_fingerprint": dataset.queries_fingerprint,
@@ -153,6 +162,7 @@ def run_variant(cfg: DictConfig) -> float | None:
     run_id = None
     if s.tracking.enabled:
         run_id = _log_to_mlflow(
+            ablation,
             s,
             cwd,
             output_root,
@@ -190,6 +200,7 @@ def resolve_tracking(s: RunConfig, output_root: Path) -> tuple[str, Path]:
 
 
 def _log_to_mlflow(
+    ablation: dict[str, Any],
     s: RunConfig,
     cwd: Path,
     output_root: Path,
@@ -219,6 +230,12 @@ def _log_to_mlflow(
     tags["dataset.corpus_fingerprint"] = dataset.corpus_fingerprint
     tags["dataset.queries_fingerprint"] = dataset.queries_fingerprint
     tags["variant"] = label
+    tags["ablation.role"] = str(ablation["role"])
+    tags["ablation.mode"] = str(ablation["mode"])
+    tags["ablation.factor"] = (
+        "baseline" if ablation["role"] == "baseline" else str(ablation["factor"] or label)
+    )
+    tags["ablation.level"] = "baseline" if ablation["role"] == "baseline" else str(ablation["level"] or label)
     return tracking.log_run(
         uri,
         experiment_id,

@@ -92,7 +92,7 @@ def test_rerun_gives_identical_numbers() -> None:
 
 
 def test_flips_list_the_queries_that_changed() -> None:
-    variants, splits, _ = _sweep()
+    variants, _, _ = _sweep()
     c = compare.compare(variants, metrics=["hit_at_5", "latency_ms"], B=500)
     fl = c.flips["better"]["hit_at_5"]["dev"]
     expected = {
