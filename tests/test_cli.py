@@ -1,0 +1,125 @@
+"""The rag-ablate command line, and README coverage of commands and config groups."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rag_ablate.app import CONF_DIR
+from rag_ablate.cli import build_parser, main
+from tests.conftest import QUERIES, write_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def test_validate_sample_prints_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(REPO / "rag_ablate" / "data" / "sample")]) == 0
+    out = capsys.readouterr().out
+    for word in (
+        "documents",
+        "answerable",
+        "unanswerable",
+        "intents",
+        "splits",
+        "groups",
+        "largest groups",
+        "OK",
+    ):
+        assert word in out
+
+
+def test_validate_json(tiny_dataset: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(tiny_dataset), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["documents"] == 4 and data["queries"] == 8 and data["unanswerable"] == 1
+
+
+def test_validate_bad_dataset_lists_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    qs = [dict(q) for q in QUERIES]
+    qs[1]["relevant"] = {"NOPE": 1}
+    qs[3]["split"] = "train"
+    folder = write_dataset(tmp_path / "bad", queries=qs)
+    assert main(["validate", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert "2 problem(s)" in err
+    assert "queries.jsonl:2: field 'relevant'" in err and "queries.jsonl:4: field 'split'" in err
+
+
+def test_validate_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(tmp_path / "none")]) == 2
+    assert "dataset folder not found" in capsys.readouterr().err
+
+
+def test_ui_without_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ui", "--uri", f"sqlite:///{tmp_path / 'no.db'}"]) == 1
+    assert "no MLflow store" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_ui_serves_the_store_on_loopback(tmp_path: Path) -> None:
+    from rag_ablate import tracking
+
+    uri = tracking.default_uri(tmp_path)
+    tracking.ensure_experiment(uri, "rag_ablate", tmp_path / "art")
+    port = _free_port()
+    log = (tmp_path / "ui.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rag_ablate.cli", "ui", "--uri", uri, "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(
+                    f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name",
+                    params={"experiment_name": "rag_ablate"},
+                    timeout=5,
+                )
+                if r.status_code == 200:
+                    assert r.json()["experiment"]["name"] == "rag_ablate"
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, (tmp_path / "ui.log").read_text()
+            time.sleep(1)
+        else:
+            pytest.fail("the MLflow UI did not come up within 120 s")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+        log.close()
+
+
+def test_every_command_has_help_and_is_documented() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in sub.choices.items():  # type: ignore[attr-defined]
+        assert p.description or p.format_help(), name
+        assert f"rag-ablate {name}" in README, f"README does not mention rag-ablate {name}"
+
+
+def test_every_config_group_and_option_is_documented() -> None:
+    for group in sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir()):
+        assert f"`{group}`" in README, f"README lacks config group {group}"
+        for opt in sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")):
+            assert f"`{opt}`" in README, f"README lacks option {group}={opt}"
