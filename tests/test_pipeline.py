@@ -115,3 +115,8 @@ def test_router_routes_by_examples(profile: str) -> None:
 def test_router_unknown_profile() -> None:
     with pytest.raises(UnknownNameError, match="centroid, nearest"):
         IntentRouter([], profile="knn")
+
+
+def test_top_k_keeps_non_positive_scores_when_asked() -> None:
+    scores = np.array([-0.5, 0.0, 0.3, 0.3])
+    assert top_k_indices(scores, np.array([3, 2, 1, 0]), 3, positive_only=False) == [3, 2, 1]

@@ -12,16 +12,20 @@ from rag_ablate.pipeline.analyzers import Analyzer
 Hit = tuple[int, float]  # (chunk index, score)
 
 
-def top_k_indices(scores: np.ndarray, tiebreak: np.ndarray, k: int) -> list[int]:
-    """Indices of the k best positive scores; equal scores ordered by ``tiebreak`` ascending."""
-    positive = np.flatnonzero(scores > 0)
-    if positive.size == 0:
+def top_k_indices(scores: np.ndarray, tiebreak: np.ndarray, k: int, *, positive_only: bool = True) -> list[int]:
+    """Indices of the k best scores, equal scores ordered by ``tiebreak`` ascending.
+
+    ``positive_only`` drops scores <= 0 (a lexical retriever returns only chunks
+    that share a term with the query); dense scores keep every candidate.
+    """
+    cand = np.flatnonzero(scores > 0) if positive_only else np.arange(scores.shape[0])
+    if cand.size == 0:
         return []
-    if positive.size > k:
-        kth = np.partition(scores[positive], positive.size - k)[positive.size - k]
-        positive = positive[scores[positive] >= kth]  # keep every tie at the boundary
-    order = np.lexsort((tiebreak[positive], -scores[positive]))
-    return [int(i) for i in positive[order[:k]]]
+    if cand.size > k:
+        kth = np.partition(scores[cand], cand.size - k)[cand.size - k]
+        cand = cand[scores[cand] >= kth]  # keep every tie at the boundary
+    order = np.lexsort((tiebreak[cand], -scores[cand]))
+    return [int(i) for i in cand[order[:k]]]
 
 
 class BM25Retriever:
