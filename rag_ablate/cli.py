@@ -1,6 +1,7 @@
 """``rag-ablate``: the commands that are not a Hydra run.
 
     rag-ablate validate DATASET_DIR   check a dataset folder, print its summary
+    rag-ablate import FMT SRC OUT     convert SQuAD / BEIR / ClapNQ into a dataset folder
     rag-ablate compare SWEEP          test each variant against the baseline (+ regression gate)
     rag-ablate ui [--uri URI]         open the MLflow UI on 127.0.0.1
 
@@ -85,6 +86,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         _print_summary(summary)
         print("OK: the dataset follows the contract.")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from rag_ablate.importers import import_dataset
+
+    report = import_dataset(
+        args.format,
+        Path(args.source),
+        Path(args.out_dir),
+        doc_unit=args.doc_unit,
+        holdout_share=args.holdout_share,
+        seed=args.seed,
+        overwrite=args.overwrite,
+    )
+    print(report.summary())
+    print(
+        f"\nnext: rag-ablate validate {args.out_dir}\n      python -m rag_ablate dataset.path={args.out_dir}"
+    )
     return 0
 
 
@@ -208,6 +228,28 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="where to write the outputs for a run id (default outputs/comparisons/<id>)")
     c.add_argument("--no-guard", dest="guard", action="store_false", help="skip the confounding check")
     c.set_defaults(func=cmd_compare)
+
+    from rag_ablate.importers import FORMATS
+
+    im = sub.add_parser(
+        "import",
+        help="convert a public dataset (SQuAD, BEIR, ClapNQ) into a dataset folder",
+        description="Import SOURCE in FORMAT into OUT_DIR (corpus.jsonl, queries.jsonl), group "
+        "near-duplicates, assign splits, validate, and report what could not be mapped.",
+    )
+    im.add_argument("format", choices=FORMATS, help="source format")
+    im.add_argument("source", help="the source file or folder")
+    im.add_argument("out_dir", help="the dataset folder to write")
+    im.add_argument(
+        "--doc-unit",
+        default="context",
+        choices=["context", "article"],
+        help="squad: one document per context (default) or per article",
+    )
+    im.add_argument("--holdout-share", type=float, default=0.3, help="target holdout share (default 0.3)")
+    im.add_argument("--seed", type=int, default=0, help="seed of grouping and split assignment")
+    im.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
+    im.set_defaults(func=cmd_import)
 
     u = sub.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the default (or given) store")
     u.add_argument(

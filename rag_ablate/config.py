@@ -5,8 +5,9 @@
 is merged into a typed node: a misspelt key or a string where a number belongs
 fails at composition time, naming the key.
 
-One group per ablation axis: ``dataset``, ``chunk``, ``retrieval``, ``router``,
-``tracking``. Each dataclass field carries one comment saying what it means.
+One group per ablation axis: ``dataset``, ``chunk``, ``retrieval``, ``rerank``,
+``router``, ``tracking``, plus ``experiment`` for named studies. Each dataclass
+field carries one comment saying what it means.
 """
 
 from __future__ import annotations
@@ -46,10 +47,49 @@ class BM25Config:
 
 
 @dataclass
+class DenseConfig:
+    encoder: str = (
+        "auto"  # auto (e5-small for Chinese corpora, minilm otherwise) | minilm | e5-small | st:<folder>
+    )
+    batch_size: int = 32  # texts per encoder batch
+    index: str = "exact"  # exact (numpy) | usearch (approximate HNSW, for large corpora)
+
+
+@dataclass
+class HybridConfig:
+    fusion: str = "rrf"  # rrf (reciprocal rank fusion) | weighted (min-max normalised scores)
+    rrf_k: float = 60.0  # the RRF constant k in 1 / (k + rank)
+    weight: float = 0.5  # weighted fusion: weight of dense scores (BM25 gets 1 - weight)
+    depth_bm25: int = 50  # candidates taken from BM25 before fusion
+    depth_dense: int = 50  # candidates taken from dense retrieval before fusion
+
+
+@dataclass
 class RetrievalConfig:
-    method: str = "bm25"  # bm25 (dense and hybrid come with the dense stage)
-    top_k: int = 10  # chunks returned per query; metrics at k <= top_k
+    method: str = "bm25"  # bm25 | dense | hybrid
+    top_k: int = 10  # chunks returned per query (without a reranker)
     bm25: BM25Config = field(default_factory=BM25Config)
+    dense: DenseConfig = field(default_factory=DenseConfig)
+    hybrid: HybridConfig = field(default_factory=HybridConfig)
+
+
+@dataclass
+class RerankConfig:
+    method: str = "none"  # none | biencoder | cross_encoder | http
+    top_k: int = 10  # chunks kept after reranking (the final list)
+    candidates: int = 50  # the first N retrieved chunks handed to the reranker
+    encoder: str = "auto"  # biencoder: which encoder re-scores (as retrieval.dense.encoder)
+    model_path: str | None = None  # cross_encoder: a local sentence-transformers CrossEncoder folder
+    url: str | None = None  # http: the rerank endpoint, e.g. http://127.0.0.1:8080/rerank
+    model: str | None = None  # http: model name sent with each request
+    timeout: float = 30.0  # http: seconds per request
+    api_key_env: str | None = None  # http: environment variable holding a bearer token
+
+
+@dataclass
+class CacheConfig:
+    enabled: bool = True  # reuse chunks, BM25 indexes and embeddings across variants and runs
+    dir: str | None = None  # null = <paths.output_root>/cache
 
 
 @dataclass
@@ -114,11 +154,13 @@ class RunConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    rerank: RerankConfig = field(default_factory=RerankConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
     ablation: AblationConfig = field(default_factory=AblationConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = 0  # seeds splits, grouping and the comparison's resampling
     progress: bool = True  # show progress bars
@@ -160,11 +202,12 @@ def validate(s: RunConfig) -> None:
         raise ConfigError(f"retrieval.top_k must be >= 1, got {s.retrieval.top_k}")
     if not s.metrics.ks or any(k < 1 for k in s.metrics.ks):
         raise ConfigError(f"metrics.ks must be positive integers, got {s.metrics.ks}")
-    if max(s.metrics.ks) > s.retrieval.top_k:
+    if s.rerank.method != "none" and not 1 <= s.rerank.top_k <= s.rerank.candidates:
         raise ConfigError(
-            f"metrics.ks {s.metrics.ks} go beyond retrieval.top_k={s.retrieval.top_k}; "
-            "raise retrieval.top_k or drop the larger k"
+            f"rerank.top_k={s.rerank.top_k} must be in [1, rerank.candidates={s.rerank.candidates}]"
         )
+    if not 0.0 <= s.retrieval.hybrid.weight <= 1.0:
+        raise ConfigError(f"retrieval.hybrid.weight must be in [0, 1], got {s.retrieval.hybrid.weight}")
     if s.ablation.mode not in ("ofat", "grid"):
         raise ConfigError(f"ablation.mode must be ofat or grid, got '{s.ablation.mode}'")
     if s.compare.B < 100:

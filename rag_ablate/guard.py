@@ -17,7 +17,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rag_ablate.compare import VariantData
 
-IGNORED = ("hydra", "paths", "progress", "tracking", "compare", "metrics.summary", "ablation", "experiment")
+IGNORED = (
+    "hydra",
+    "paths",
+    "progress",
+    "tracking",
+    "compare",
+    "metrics.summary",
+    "ablation",
+    "experiment",
+    "cache",
+)
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -22,8 +22,10 @@ from tqdm import tqdm
 
 from rag_ablate import tracking
 from rag_ablate.ablation import job_entry
+from rag_ablate.cache import Cache
 from rag_ablate.config import RunConfig, to_settings
 from rag_ablate.dataset import Dataset, load_dataset
+from rag_ablate.export import write_trec
 from rag_ablate.metrics import intent_report
 from rag_ablate.records import RECORDS_FILE, Record, aggregate, make_record, score_record, write_records
 from rag_ablate.report import print_table, ui_hint
@@ -52,7 +54,7 @@ def _strip_quotes(override: str) -> str:
 
 
 # settings that say how to run, not what the system under test is
-RUNTIME_KEYS = ("progress", "paths", "tracking", "hydra", "metrics.summary", "compare", "ablation")
+RUNTIME_KEYS = ("progress", "paths", "tracking", "hydra", "metrics.summary", "compare", "ablation", "cache")
 
 
 def is_runtime_override(override: str) -> bool:
@@ -116,19 +118,26 @@ def run_variant(cfg: DictConfig) -> float | None:
 
     t_start = time.perf_counter()
     dataset = get_dataset(s)
-    target = LocalTarget(s)
-    build_info = target.prepare(dataset)
+    cache = Cache(Path(s.cache.dir) if s.cache.dir else output_root / "cache", enabled=s.cache.enabled)
+    target = LocalTarget(s, cache)
+    try:
+        build_info = target.prepare(dataset)
+        records = evaluate(target, dataset, s.metrics.ks, progress=s.progress, label=label)
+    finally:
+        target.close()
 
-    records = evaluate(target, dataset, s.metrics.ks, progress=s.progress, label=label)
     n_failed = sum(1 for r in records if r["status"] != "ok")
     wall = time.perf_counter() - t_start
 
     job_dir.mkdir(parents=True, exist_ok=True)
     write_records(job_dir / RECORDS_FILE, records)
+    write_trec(records, dataset, job_dir, label)
     metrics = aggregate(records)
     metrics["run/wall_seconds"] = wall
     metrics["run/index_build_seconds"] = float(build_info["index.build_seconds"])
     metrics["run/index_chunks"] = float(build_info["index.chunks"])
+    metrics["run/index_bytes"] = float(build_info["index.bytes"])
+    metrics.update(cache.metrics())
 
     if target.routes_intents:
         by_id = {q.query_id: q for q in dataset.queries}

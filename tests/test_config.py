@@ -17,6 +17,8 @@ register_configs()
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.yaml"))]
 NEEDS_VALUE = {
+    ("rerank", "cross_encoder"): ["rerank.model_path=/tmp/x"],
+    ("rerank", "http"): ["rerank.url=http://127.0.0.1:1/rerank"],
     ("dataset", "custom"): ["dataset.path=/tmp/x"],
     ("tracking", "server"): ["tracking.uri=http://127.0.0.1:1"],
 }
@@ -76,14 +78,14 @@ def test_wrong_type_fails() -> None:
     "override,match",
     [
         ("chunk.overlap=600", "chunk.overlap"),
-        ("retrieval.top_k=3", "metrics.ks"),
+        ("rerank=biencoder rerank.top_k=80", "rerank.top_k"),
         ("chunk.unit=words", "chunk.unit"),
         ("dataset.holdout_share=1.5", "holdout_share"),
     ],
 )
 def test_range_checks(override: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        to_settings(_compose([override]))
+        to_settings(_compose(override.split()))
 
 
 def test_unknown_group_option_lists_choices() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -12,7 +13,9 @@ from rag_ablate.pipeline.analyzers import Analyzer
 Hit = tuple[int, float]  # (chunk index, score)
 
 
-def top_k_indices(scores: np.ndarray, tiebreak: np.ndarray, k: int, *, positive_only: bool = True) -> list[int]:
+def top_k_indices(
+    scores: np.ndarray, tiebreak: np.ndarray, k: int, *, positive_only: bool = True
+) -> list[int]:
     """Indices of the k best scores, equal scores ordered by ``tiebreak`` ascending.
 
     ``positive_only`` drops scores <= 0 (a lexical retriever returns only chunks
@@ -26,6 +29,15 @@ def top_k_indices(scores: np.ndarray, tiebreak: np.ndarray, k: int, *, positive_
         cand = cand[scores[cand] >= kth]  # keep every tie at the boundary
     order = np.lexsort((tiebreak[cand], -scores[cand]))
     return [int(i) for i in cand[order[:k]]]
+
+
+def _tiebreak(sort_keys: Sequence[tuple[str, int]]) -> np.ndarray:
+    """Rank of each chunk in (doc id, position) order: equal scores go to the lower rank."""
+    n = len(sort_keys)
+    order = sorted(range(n), key=lambda i: sort_keys[i])
+    tiebreak = np.empty(n, dtype=np.int64)
+    tiebreak[order] = np.arange(n)
+    return tiebreak
 
 
 class BM25Retriever:
@@ -54,9 +66,28 @@ class BM25Retriever:
         corpus_tokens = [analyzer(t) or [""] for t in bar]
         self.index = bm25s.BM25(k1=k1, b=b, method=method)
         self.index.index(corpus_tokens, show_progress=False)
-        order = sorted(range(self.n), key=lambda i: sort_keys[i])
-        self.tiebreak = np.empty(self.n, dtype=np.int64)
-        self.tiebreak[order] = np.arange(self.n)
+        self.tiebreak = _tiebreak(sort_keys)
+
+    @classmethod
+    def load(cls, folder: Path, sort_keys: Sequence[tuple[str, int]], analyzer: Analyzer) -> BM25Retriever:
+        """An index saved with :meth:`save` (the analyzer must be the one it was built with)."""
+        import bm25s
+
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
+        self = cls.__new__(cls)
+        self.analyzer = analyzer
+        self.index = bm25s.BM25.load(str(folder), load_corpus=False, mmap=False)
+        self.n = len(sort_keys)
+        self.tiebreak = _tiebreak(sort_keys)
+        return self
+
+    def save(self, folder: Path) -> None:
+        self.index.save(str(folder))
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the score matrix."""
+        return int(sum(getattr(v, "nbytes", 0) for v in self.index.scores.values()))
 
     def scores(self, query: str) -> np.ndarray:
         tokens = [t for t in self.analyzer(query) if t in self.index.vocab_dict]

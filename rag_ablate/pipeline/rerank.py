@@ -1,0 +1,382 @@
+"""Rerankers: re-score a query's retrieved passages and keep the best ``top_k``.
+
+Every reranker follows :class:`Reranker`: ``rerank(query, passages, top_k)``
+returns ``(index into passages, score)`` pairs, best first, at most ``top_k``,
+with equal scores ordered by the lower index (so results are deterministic).
+
+* :class:`HttpReranker` (``http``) calls a rerank service that speaks the shape
+  common rerank APIs share: ``POST {"query", "documents", "top_n"[, "model"]}``
+  answered by ``{"results": [{"index", "relevance_score"}, ...]}`` (``"data"``
+  and ``"score"`` are accepted as well). Transient failures are retried.
+* :class:`CrossEncoderReranker` (``cross_encoder``) scores (query, passage)
+  pairs with a local sentence-transformers ``CrossEncoder`` folder, on CPU,
+  never downloading anything. Its scores are the model's raw logits.
+* ``biencoder`` is built by the pipeline from its dense encoder;
+  :func:`make_reranker` builds the others from the ``rerank`` config group.
+
+Runtime failures raise :class:`RerankError`; bad settings raise ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import httpx
+import numpy as np
+
+from rag_ablate.errors import ConfigError, RagAblateError, UnknownNameError
+
+if TYPE_CHECKING:
+    from sentence_transformers import CrossEncoder
+
+RERANKERS = ("none", "biencoder", "cross_encoder", "http")
+
+EXCERPT_CHARS = 300  # characters of a response body quoted in error messages
+MAX_WAIT_SECONDS = 5.0  # cap on one wait between retries (backoff or Retry-After)
+
+CROSS_ENCODER_HINT = "no cross-encoder ships offline: point rerank.model_path at a local CrossEncoder folder"
+
+
+class RerankError(RagAblateError):
+    """A reranker failed at run time (service error, malformed answer, model failure).
+
+    ``status`` is the HTTP status of the last answer, or None when there was
+    none (connection error, timeout) or the reranker is not HTTP.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    name: str
+
+    def rerank(self, query: str, passages: Sequence[str], top_k: int) -> list[tuple[int, float]]:
+        """Indices into ``passages`` with their scores, best first, at most ``top_k``."""
+        ...
+
+
+def _check_top_k(top_k: int) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ConfigError(f"rerank top_k must be an integer >= 1, got {top_k!r}")
+
+
+def _best(scored: Iterable[tuple[int, float]], top_k: int) -> list[tuple[int, float]]:
+    """Sort by score descending, index ascending; keep ``top_k``."""
+    return sorted(scored, key=lambda p: (-p[1], p[0]))[:top_k]
+
+
+def _excerpt(text: str) -> str:
+    text = text.strip()
+    if not text:
+        return "<empty body>"
+    return text[:EXCERPT_CHARS] + ("..." if len(text) > EXCERPT_CHARS else "")
+
+
+def _sleep(seconds: float) -> None:
+    """Wait between retries (a seam for tests)."""
+    time.sleep(seconds)
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header given in seconds, capped; None when absent or an HTTP date."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_WAIT_SECONDS)
+
+
+# Transport errors worth another try: the service may be restarting or overloaded.
+_TRANSIENT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+class HttpReranker:
+    """A rerank service over HTTP (one ``httpx.Client`` per instance, reused).
+
+    Requests carry ``Authorization: Bearer $<api_key_env>`` when ``api_key_env``
+    is set. Connection errors, timeouts, 429 and 5xx answers are retried up to
+    ``max_retries`` times, waiting ``backoff_seconds * 2**retry`` (or the
+    answer's Retry-After seconds), at most 5 s per wait; any other non-2xx
+    answer fails at once. A ``client`` passed in is used as is and not closed by
+    :meth:`close`; ``timeout`` applies to every request either way.
+    """
+
+    name: str = "http"
+    backoff_seconds: float = 0.25  # first wait between attempts; doubles after each retry
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        timeout: float = 30.0,
+        api_key_env: str | None = None,
+        max_retries: int = 2,
+        client: httpx.Client | None = None,
+    ) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"rerank.url must be an http:// or https:// URL, got {url!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ConfigError(f"rerank.timeout must be a positive number of seconds, got {timeout!r}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigError(f"rerank max_retries must be an integer >= 0, got {max_retries!r}")
+        if model is not None and not isinstance(model, str):
+            raise ConfigError(f"rerank.model must be a string, got {model!r}")
+        self.url = url
+        self.model = model
+        self.timeout = float(timeout)
+        self.max_retries = max_retries
+        self._headers = {"Accept": "application/json"}
+        if api_key_env:
+            key = os.environ.get(api_key_env)
+            if key is None:
+                raise ConfigError(
+                    f"rerank.api_key_env names the environment variable '{api_key_env}', which is not set"
+                )
+            if not key.strip():
+                raise ConfigError(f"the environment variable '{api_key_env}' (rerank.api_key_env) is empty")
+            self._headers["Authorization"] = f"Bearer {key.strip()}"
+        self._owns_client = client is None
+        self._client = httpx.Client(timeout=self.timeout) if client is None else client
+
+    def __repr__(self) -> str:
+        return f"HttpReranker(url={self.url!r}, model={self.model!r})"
+
+    def close(self) -> None:
+        """Close the connection pool (only when this instance created the client)."""
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> HttpReranker:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def rerank(self, query: str, passages: Sequence[str], top_k: int) -> list[tuple[int, float]]:
+        _check_top_k(top_k)
+        if not passages:
+            return []
+        if self._client.is_closed:
+            raise RerankError(f"the HTTP reranker for {self.url} was closed; build a new one")
+        documents = list(passages)
+        payload: dict[str, Any] = {
+            "query": query,
+            "documents": documents,
+            "top_n": min(top_k, len(documents)),
+        }
+        if self.model is not None:
+            payload["model"] = self.model
+        response = self._post(payload)
+        return _best(self._parse(response, len(documents)), top_k)
+
+    def _wait(self, retry: int, response: httpx.Response | None) -> float:
+        if response is not None:
+            hinted = _retry_after_seconds(response.headers.get("Retry-After"))
+            if hinted is not None:
+                return hinted
+        return min(self.backoff_seconds * 2.0**retry, MAX_WAIT_SECONDS)
+
+    def _post(self, payload: dict[str, Any]) -> httpx.Response:
+        attempt = 0
+        while True:
+            attempt += 1
+            last = attempt > self.max_retries
+            tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
+            try:
+                response = self._client.post(
+                    self.url, json=payload, headers=self._headers, timeout=self.timeout
+                )
+            except _TRANSIENT as exc:
+                if last:
+                    raise RerankError(
+                        f"rerank request to {self.url} failed after {tries}: {type(exc).__name__}: {exc}",
+                        status=None,
+                    ) from exc
+                _sleep(self._wait(attempt - 1, None))
+                continue
+            except httpx.HTTPError as exc:  # not transient (unsupported scheme, proxy error, ...)
+                raise RerankError(
+                    f"rerank request to {self.url} failed: {type(exc).__name__}: {exc}", status=None
+                ) from exc
+            status = response.status_code
+            if 200 <= status < 300:
+                return response
+            if (status == 429 or status >= 500) and not last:
+                _sleep(self._wait(attempt - 1, response))
+                continue
+            raise RerankError(
+                f"rerank request to {self.url} failed with HTTP {status} after {tries}: "
+                f"{_excerpt(response.text)}",
+                status=status,
+            )
+
+    def _parse(self, response: httpx.Response, n_docs: int) -> list[tuple[int, float]]:
+        status = response.status_code
+
+        def bad(problem: str) -> RerankError:
+            return RerankError(
+                f"malformed rerank response from {self.url} (HTTP {status}): {problem}; "
+                f"body: {_excerpt(response.text)}",
+                status=status,
+            )
+
+        try:
+            body = response.json()
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            raise bad("the body is not JSON") from None
+        if not isinstance(body, dict):
+            raise bad("the body is not a JSON object")
+        items = body.get("results")
+        if not isinstance(items, list):
+            items = body.get("data")
+        if not isinstance(items, list):
+            raise bad("no 'results' (or 'data') list")
+        seen: set[int] = set()
+        out: list[tuple[int, float]] = []
+        for pos, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise bad(f"results[{pos}] is not an object")
+            index = item.get("index")
+            if isinstance(index, bool) or not isinstance(index, int):
+                raise bad(f"results[{pos}] has no integer 'index'")
+            score = item["relevance_score"] if "relevance_score" in item else item.get("score")
+            if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+                raise bad(f"results[{pos}] has no finite number 'relevance_score' (or 'score')")
+            if not 0 <= index < n_docs:
+                raise bad(f"results[{pos}] index {index} is out of range for {n_docs} documents")
+            if index in seen:
+                raise bad(f"results[{pos}] repeats index {index}")
+            seen.add(index)
+            out.append((index, float(score)))
+        return out
+
+
+class CrossEncoderReranker:
+    """A local sentence-transformers ``CrossEncoder`` folder, run on CPU, offline.
+
+    Scores are the raw model outputs (logits, no sigmoid) of (query, passage)
+    pairs, from one ``predict`` call per :meth:`rerank`. The model must have a
+    single output (``num_labels == 1``), as rerank cross-encoders do.
+    """
+
+    name: str = "cross_encoder"
+
+    def __init__(self, model_path: str, *, batch_size: int = 32, max_length: int = 512) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"cross-encoder batch_size must be an integer >= 1, got {batch_size!r}")
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ConfigError(f"cross-encoder max_length must be an integer >= 1, got {max_length!r}")
+        if not model_path:
+            raise ConfigError(f"rerank.model_path is not set; {CROSS_ENCODER_HINT}")
+        folder = Path(model_path).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(f"cross-encoder folder '{folder}' does not exist; {CROSS_ENCODER_HINT}")
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"'{folder}' is not a model folder (no config.json); {CROSS_ENCODER_HINT}")
+        self.model_path = str(folder)
+        self.batch_size = batch_size
+        self.max_length = max_length
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import torch
+        from sentence_transformers import CrossEncoder
+
+        try:
+            model = CrossEncoder(
+                str(folder),
+                device="cpu",
+                local_files_only=True,
+                max_length=max_length,
+                activation_fn=torch.nn.Identity(),  # raw logits
+            )
+        except Exception as exc:  # loading fails in many ways (OSError, ValueError, KeyError, ...)
+            raise ConfigError(
+                f"cannot load a cross-encoder from '{folder}': {type(exc).__name__}: {exc}; "
+                f"{CROSS_ENCODER_HINT}"
+            ) from exc
+        if model.num_labels != 1:
+            raise ConfigError(
+                f"the model in '{folder}' has {model.num_labels} outputs; a rerank cross-encoder has one "
+                "(num_labels=1)"
+            )
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if isinstance(positions, int) and max_length > positions:
+            raise ConfigError(
+                f"cross-encoder max_length={max_length} exceeds the {positions} positions "
+                f"of the model in '{folder}'"
+            )
+        self.model: CrossEncoder = model
+
+    def __repr__(self) -> str:
+        return f"CrossEncoderReranker(model_path={self.model_path!r})"
+
+    def rerank(self, query: str, passages: Sequence[str], top_k: int) -> list[tuple[int, float]]:
+        _check_top_k(top_k)
+        if not passages:
+            return []
+        pairs = [(query, passage) for passage in passages]
+        try:
+            raw = self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False)
+        except (RuntimeError, ValueError, IndexError) as exc:
+            raise RerankError(
+                f"cross-encoder '{self.model_path}' failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        scores = np.asarray(raw, dtype=np.float64)
+        if scores.ndim == 2 and scores.shape[1] == 1:
+            scores = scores[:, 0]
+        if scores.shape != (len(pairs),):
+            raise RerankError(
+                f"cross-encoder '{self.model_path}' returned scores of shape {scores.shape} "
+                f"for {len(pairs)} pairs"
+            )
+        if not np.all(np.isfinite(scores)):
+            bad = [int(i) for i in np.flatnonzero(~np.isfinite(scores))[:5]]
+            raise RerankError(
+                f"cross-encoder '{self.model_path}' returned non-finite scores for passages {bad}"
+            )
+        return _best(((i, float(s)) for i, s in enumerate(scores)), top_k)
+
+
+def make_reranker(method: str, **kwargs: Any) -> Reranker | None:
+    """Build the reranker named ``method`` (see :data:`RERANKERS`) from its settings.
+
+    ``none`` gives None. ``biencoder`` is built by the pipeline from its dense
+    encoder, so asking for it here is a ConfigError.
+    """
+    if method == "none":
+        return None
+    if method == "biencoder":
+        raise ConfigError("the biencoder reranker is built by the pipeline from its encoder")
+    factories: dict[str, type[HttpReranker] | type[CrossEncoderReranker]] = {
+        "http": HttpReranker,
+        "cross_encoder": CrossEncoderReranker,
+    }
+    factory = factories.get(method)
+    if factory is None:
+        raise UnknownNameError("reranker", method, RERANKERS)
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"rerank={method}: {exc}") from exc
+    return factory(**kwargs)

@@ -1,0 +1,734 @@
+"""Dataset importers (rag_ablate.importers): SQuAD-style JSON, BEIR folders, ClapNQ.
+
+Every test imports a small hand-made source written into tmp_path, checks the
+mapping of each edge case, and checks that the output folder passes
+``load_dataset``. The last tests import the real COVID-QA and ClapNQ dev files
+when ../shared/data is present.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_ablate.dataset import Dataset, load_dataset
+from rag_ablate.errors import ConfigError, DatasetError, UnknownNameError
+from rag_ablate.importers import FORMATS, ImportReport, import_dataset
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _write_json(path: Path, obj: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _queries(out: Path) -> dict[str, dict[str, Any]]:
+    return {q["query_id"]: q for q in _rows(out / "queries.jsonl")}
+
+
+def _docs(out: Path) -> dict[str, dict[str, Any]]:
+    return {d["doc_id"]: d for d in _rows(out / "corpus.jsonl")}
+
+
+def _span_texts(out: Path, query: dict[str, Any]) -> list[str]:
+    docs = _docs(out)
+    return [docs[e["doc_id"]]["text"][e["start"] : e["end"]] for e in query.get("evidence", [])]
+
+
+def _valid(out: Path, report: ImportReport) -> Dataset:
+    """The folder passes the contract and agrees with the report."""
+    ds = load_dataset(out)
+    assert len(ds.documents) == report.documents
+    assert len(ds.queries) == report.queries == report.answerable + report.unanswerable
+    assert sum(q.answerable for q in ds.queries) == report.answerable
+    # split and (multi-member) group are explicit, so the tool assigns nothing itself
+    assert ds.splits_assigned == 0
+    assert report.splits == {s: sum(q.split == s for q in ds.queries) for s in ("dev", "holdout")}
+    sizes: dict[str, int] = {}
+    for q in ds.queries:
+        sizes[q.group] = sizes.get(q.group, 0) + 1
+    assert report.groups_multi == sum(1 for n in sizes.values() if n > 1)
+    for row in _rows(out / "queries.jsonl"):
+        assert "split" in row
+        assert not any(k.startswith("intent_") for k in row)
+        if "group" in row:
+            assert sizes[row["group"]] > 1
+    return ds
+
+
+def _reasons(report: ImportReport, item: str) -> list[str]:
+    return [reason for it, reason in report.skipped if it == item]
+
+
+def _question_skips(report: ImportReport) -> int:
+    """Skipped entries that stand for a whole question (not a dropped answer or sentence)."""
+    return sum(
+        1
+        for _, reason in report.skipped
+        if reason.startswith(("question skipped", "duplicate question id", "query skipped"))
+    )
+
+
+# --------------------------------------------------------------------------- squad
+
+CTX0 = "The quick brown fox jumps over the lazy dog. The dog sleeps. The fox runs."
+CTX2 = "Second paragraph about cats. Cats purr."
+
+
+def _squad_source() -> dict[str, Any]:
+    fox2 = CTX0.rindex("fox")
+    return {
+        "version": "v2.0",
+        "data": [
+            {
+                "title": "Alpha",
+                "paragraphs": [
+                    {
+                        "context": CTX0,
+                        "qas": [
+                            {
+                                "id": "q1",
+                                "question": " What jumps? ",
+                                "answers": [{"text": "quick brown fox", "answer_start": 4}],
+                            },
+                            {  # stored offset 2 too far: relocated
+                                "id": "q2",
+                                "question": "Who is lazy?",
+                                "answers": [{"text": "lazy dog", "answer_start": CTX0.index("lazy dog") + 2}],
+                            },
+                            {  # second answer is nowhere: dropped and reported, question kept
+                                "id": "q3",
+                                "question": "What does the dog do?",
+                                "answers": [
+                                    {"text": "The dog sleeps", "answer_start": CTX0.index("The dog sleeps")},
+                                    {"text": "cat", "answer_start": 0},
+                                ],
+                            },
+                            {  # the only answer is nowhere: question skipped
+                                "id": "q4",
+                                "question": "Which elephant?",
+                                "answers": [{"text": "elephant", "answer_start": 3}],
+                            },
+                            {
+                                "id": "q5",
+                                "question": "Who won in 1999?",
+                                "answers": [],
+                                "is_impossible": True,
+                            },
+                            {  # duplicate id: the first q1 is kept
+                                "id": "q1",
+                                "question": "Another question entirely?",
+                                "answers": [{"text": "dog", "answer_start": 40}],
+                            },
+                            {"id": "q6", "question": "  ", "answers": [{"text": "dog", "answer_start": 40}]},
+                            {  # correct offset, whitespace around the answer: span trimmed, not relocated
+                                "id": "q7",
+                                "question": "Which sentence is about sleeping?",
+                                "answers": [
+                                    {
+                                        "text": " The dog sleeps.",
+                                        "answer_start": CTX0.index(" The dog sleeps."),
+                                    }
+                                ],
+                            },
+                            {  # "fox" twice: the occurrence nearest to the (wrong) stored offset wins
+                                "id": "q8",
+                                "question": "Which animal runs?",
+                                "answers": [{"text": "fox", "answer_start": fox2 - 3}],
+                            },
+                            {  # found only once stripped of its (odd) whitespace
+                                "id": "q9",
+                                "question": "What is the fox jumping over?",
+                                "answers": [{"text": "  over the lazy  ", "answer_start": 0}],
+                            },
+                        ],
+                    },
+                    {
+                        "context": "",
+                        "qas": [
+                            {"id": "q10", "question": "Empty?", "answers": [{"text": "x", "answer_start": 0}]}
+                        ],
+                    },
+                    {
+                        "context": CTX2,
+                        "qas": [
+                            {
+                                "id": 11,  # numeric ids become strings
+                                "question": "What purrs?",
+                                "answers": [
+                                    {"text": "Cats", "answer_start": 29},
+                                    {"text": "Cats", "answer_start": 29},
+                                    {"text": "Cats purr", "answer_start": 29},
+                                ],
+                                "is_impossible": False,
+                            }
+                        ],
+                    },
+                ],
+            },
+            {
+                "title": "Beta",
+                "paragraphs": [
+                    {
+                        "document_id": "DOC-B",
+                        "context": "Beta text here.",
+                        "qas": [
+                            {
+                                "id": "q12",
+                                "question": "Beta?",
+                                "answers": [{"text": "Beta", "answer_start": 0}],
+                            }
+                        ],
+                    }
+                ],
+            },
+            {
+                "title": "Gamma",
+                "paragraphs": [
+                    {
+                        "context": "Gamma context one.",
+                        "qas": [
+                            {
+                                "id": "q13",
+                                "question": "Gamma one?",
+                                "answers": [{"text": "one", "answer_start": 14}],
+                            }
+                        ],
+                    }
+                ],
+            },
+            {
+                "title": "Gamma",  # duplicate title: location ids
+                "paragraphs": [
+                    {
+                        "context": "Gamma context two.",
+                        "qas": [
+                            {
+                                "id": "q14",
+                                "question": "Gamma two?",
+                                "answers": [{"text": "two", "answer_start": 14}],
+                            }
+                        ],
+                    }
+                ],
+            },
+            {
+                "paragraphs": [
+                    {
+                        "document_id": "DOC-B",  # clashes with article 1: renamed
+                        "context": "Another Beta text.",
+                        "qas": [
+                            {
+                                "id": "q15",
+                                "question": "Another?",
+                                "answers": [{"text": "Another", "answer_start": 0}],
+                            }
+                        ],
+                    }
+                ],
+            },
+        ],
+    }
+
+
+def test_squad_context_unit(tmp_path: Path) -> None:
+    src = _write_json(tmp_path / "squad.json", _squad_source())
+    out = tmp_path / "out"
+    report = import_dataset("squad", src, out)
+    _valid(out, report)
+    docs, qs = _docs(out), _queries(out)
+
+    assert list(docs) == ["Alpha-0", "Alpha-2", "DOC-B", "2-0", "3-0", "DOC-B~2"]
+    assert docs["Alpha-0"]["title"] == "Alpha" and docs["Alpha-0"]["text"] == CTX0
+    assert "title" not in docs["DOC-B~2"]
+    assert any("DOC-B~2" in note for _, note in report.notes)
+
+    assert report.documents == 6
+    assert sorted(qs) == sorted(["q1", "q2", "q3", "q5", "q7", "q8", "q9", "11", "q12", "q13", "q14", "q15"])
+    assert (report.queries, report.answerable, report.unanswerable) == (12, 11, 1)
+    assert report.relocated_spans == 3  # q2, q8, q9
+
+    assert qs["q1"]["query"] == "What jumps?"
+    assert qs["q1"]["relevant"] == {"Alpha-0": 1} and qs["q1"]["answerable"] is True
+    assert _span_texts(out, qs["q1"]) == ["quick brown fox"]
+    assert qs["q1"]["tags"] == ["squad"]
+    assert _span_texts(out, qs["q2"]) == ["lazy dog"]
+    assert _span_texts(out, qs["q3"]) == ["The dog sleeps"] and qs["q3"]["reference_answer"] == [
+        "The dog sleeps"
+    ]
+    assert _span_texts(out, qs["q7"]) == ["The dog sleeps."]
+    assert qs["q7"]["reference_answer"] == ["The dog sleeps."]
+    assert qs["q8"]["evidence"][0]["start"] == CTX0.rindex("fox")
+    assert _span_texts(out, qs["q9"]) == ["over the lazy"]
+    assert _span_texts(out, qs["11"]) == ["Cats", "Cats purr"]
+    assert qs["11"]["reference_answer"] == ["Cats", "Cats purr"]
+    assert qs["q13"]["relevant"] == {"2-0": 1} and qs["q15"]["relevant"] == {"DOC-B~2": 1}
+
+    q5 = qs["q5"]
+    assert q5["answerable"] is False and "relevant" not in q5 and "evidence" not in q5
+    assert q5["tags"] == ["squad", "unanswerable"]
+
+    # every problem is reported, none silently dropped
+    assert [r.split(":")[0] for r in _reasons(report, "q3")] == ["answer dropped"]
+    assert "'cat'" in _reasons(report, "q3")[0]
+    assert _reasons(report, "q4")[0].startswith("question skipped: none of its 1 answer(s)")
+    assert "'elephant'" in _reasons(report, "q4")[0]
+    assert _reasons(report, "q1")[0].startswith("duplicate question id")
+    assert qs["q1"]["query"] == "What jumps?"  # the first one was kept
+    assert "question text" in _reasons(report, "q6")[0]
+    assert "empty context" in _reasons(report, "q10")[0]
+    assert len(report.skipped) == 5
+    assert _question_skips(report) == 4  # q4, duplicate q1, q6, q10: 16 questions - 4 = 12
+    text = report.summary()
+    assert "12 queries" in text and "q4" in text and "relocated by string search: 3" in text
+
+
+def test_squad_article_unit_shifts_offsets(tmp_path: Path) -> None:
+    src = _write_json(tmp_path / "squad.json", _squad_source())
+    out = tmp_path / "out"
+    report = import_dataset("squad", src, out, doc_unit="article")
+    _valid(out, report)
+    docs, qs = _docs(out), _queries(out)
+    assert list(docs) == ["Alpha", "DOC-B", "2", "3", "DOC-B~2"]
+    assert docs["Alpha"]["text"] == CTX0 + "\n\n" + CTX2  # the empty paragraph is left out
+    assert qs["11"]["relevant"] == {"Alpha": 1}
+    assert qs["11"]["evidence"][0]["start"] == len(CTX0) + 2 + 29
+    assert _span_texts(out, qs["11"]) == ["Cats", "Cats purr"]
+    assert _span_texts(out, qs["q2"]) == ["lazy dog"]
+    assert report.queries == 12 and report.relocated_spans == 3
+
+
+def test_squad_chinese_offsets_are_str_indices(tmp_path: Path) -> None:
+    ctx = "新型冠状病毒主要通过呼吸道飞沫传播。潜伏期一般为三到七天，最长不超过十四天。"
+    source = {
+        "data": [
+            {
+                "title": "新冠病毒",
+                "paragraphs": [
+                    {
+                        "id": "DEV_1",
+                        "context": ctx,
+                        "qas": [
+                            {
+                                "id": "DEV_1_QUERY_0",
+                                "question": "新冠病毒怎么传播？",
+                                "answers": [{"text": "呼吸道飞沫", "answer_start": ctx.index("呼吸道飞沫")}],
+                            },
+                            {  # offset counted in UTF-8 bytes (a common bug): relocated
+                                "id": "DEV_1_QUERY_1",
+                                "question": "潜伏期多长？",
+                                "answers": [
+                                    {
+                                        "text": "三到七天",
+                                        "answer_start": len(ctx[: ctx.index("三到七天")].encode("utf-8")),
+                                    }
+                                ],
+                            },
+                            {
+                                "id": "DEV_1_QUERY_2",
+                                "question": "最长潜伏期？",
+                                "answers": [{"text": "十四天", "answer_start": ctx.index("十四天")}],
+                            },
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+    src = _write_json(tmp_path / "cmrc.json", source)
+    out = tmp_path / "out"
+    report = import_dataset("squad", src, out)
+    _valid(out, report)
+    qs = _queries(out)
+    assert list(_docs(out)) == ["DEV_1"]  # CMRC's paragraph id
+    assert _span_texts(out, qs["DEV_1_QUERY_0"]) == ["呼吸道飞沫"]
+    assert _span_texts(out, qs["DEV_1_QUERY_1"]) == ["三到七天"]
+    assert _span_texts(out, qs["DEV_1_QUERY_2"]) == ["十四天"]
+    assert report.relocated_spans == 1 and not report.skipped
+    raw = (out / "queries.jsonl").read_text(encoding="utf-8")
+    assert "新冠病毒怎么传播" in raw  # written as UTF-8, not \u escapes
+    assert "呼吸道飞沫" in (out / "corpus.jsonl").read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- beir
+
+
+def _beir_source(root: Path, *, dev: bool = True) -> Path:
+    _write_jsonl(
+        root / "corpus.jsonl",
+        [
+            {"_id": "d1", "title": "Paris", "text": "Paris is the capital of France."},
+            {"_id": "d2", "title": "Berlin", "text": "Berlin is the capital of Germany."},
+            {"_id": "d3", "title": "", "text": "Madrid is the capital of Spain.", "metadata": {"lang": "en"}},
+            {"_id": "d4", "title": "Rome", "text": "Rome is the capital of Italy."},
+            {"_id": "d5", "title": "Empty", "text": ""},
+        ],
+    )
+    _write_jsonl(
+        root / "queries.jsonl",
+        [
+            {"_id": "q1", "text": "capital of france"},
+            {"_id": "q2", "text": "capital of germany"},
+            {"_id": "q3", "text": "which city is the seat of the spanish government"},
+            {"_id": "q4", "text": "a question nobody judged"},
+            {"_id": "q5", "text": "capital of italy"},
+            {"_id": "q6", "text": "points only to a missing document"},
+            {"_id": "q7", "text": "points only to the empty document"},
+            {"_id": "q8", "text": "How tall is the Eiffel tower in Paris today?"},
+            {"_id": "q9", "text": "How tall is the Eiffel tower in Paris, today?"},
+            {"_id": "q10", "text": "how tall is the eiffel tower in paris today"},
+        ],
+    )
+    test = [("q1", "d1", 2), ("q1", "d2", 0), ("q5", "d4", 2), ("q5", "dX", 1), ("q6", "dY", 1)]
+    test += [("q7", "d5", 1), ("q8", "d1", 1), ("q9", "d1", 1), ("qZ", "d1", 1)]
+    dev_rows = [("q1", "d1", 1), ("q2", "d2", 1), ("q2", "d3", 2), ("q3", "d3", 0), ("q10", "d1", 1)]
+    files = {"test": test, "dev": dev_rows} if dev else {"test": test + dev_rows}
+    for name, rows in files.items():
+        lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{s}" for q, d, s in rows]
+        if name == "test":
+            lines.append("broken line without tabs")
+        (root / "qrels").mkdir(parents=True, exist_ok=True)
+        (root / "qrels" / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def test_beir_graded_qrels_and_official_splits(tmp_path: Path) -> None:
+    src = _beir_source(tmp_path / "beir")
+    out = tmp_path / "out"
+    report = import_dataset("beir", src, out)
+    _valid(out, report)
+    qs, docs = _queries(out), _docs(out)
+
+    assert sorted(docs) == ["d1", "d2", "d3", "d4"]
+    assert "title" not in docs["d3"] and docs["d3"]["metadata"] == {"lang": "en"}
+    assert "empty text" in _reasons(report, "d5")[0]
+
+    assert sorted(qs) == ["q1", "q10", "q2", "q5", "q8", "q9"]
+    assert qs["q1"]["relevant"] == {"d1": 2}  # max over dev (1) and test (2); the 0 grade is not relevant
+    assert qs["q2"]["relevant"] == {"d2": 1, "d3": 2}
+    assert qs["q5"]["relevant"] == {"d4": 2}
+    assert all(q["tags"] == ["beir"] and q["answerable"] is True for q in qs.values())
+    assert report.unanswerable == 0
+
+    assert "every grade <= 0" in _reasons(report, "q3")[0]
+    assert "unjudged" in _reasons(report, "q4")[0]
+    assert _reasons(report, "q5") == ["qrels pair dropped: document 'dX' is not in the corpus"]
+    assert _reasons(report, "q6")[-1].startswith("query skipped: no relevant document left")
+    assert _reasons(report, "q7")[-1].startswith("query skipped: no relevant document left")
+    assert "not in queries.jsonl" in _reasons(report, "qZ")[0]
+    assert any(item == "qrels/test.tsv:11" for item, _ in report.skipped)
+
+    # dev.tsv -> dev, test.tsv -> holdout; q1 is in both -> holdout
+    assert qs["q2"]["split"] == "dev"
+    assert qs["q1"]["split"] == qs["q5"]["split"] == "holdout"
+    # q8, q9 (test) and q10 (dev) are near-duplicates: the group goes whole to its majority
+    assert {qs[q]["split"] for q in ("q8", "q9", "q10")} == {"holdout"}
+    assert qs["q8"]["group"] == qs["q9"]["group"] == qs["q10"]["group"]
+    assert report.groups_multi == 1
+    assert any("q10" in note and "holdout" in note for _, note in report.notes)
+    assert "group" not in qs["q1"]
+
+
+def test_beir_without_dev_assigns_splits(tmp_path: Path) -> None:
+    src = _beir_source(tmp_path / "beir", dev=False)
+    out = tmp_path / "out"
+    report = import_dataset("beir", src, out, holdout_share=0.5)
+    ds = _valid(out, report)
+    assert report.queries == 6
+    assert report.splits["holdout"] >= 1 and report.splits["dev"] >= 1
+    by_group: dict[str, set[str]] = {}
+    for q in ds.queries:
+        by_group.setdefault(q.group, set()).add(q.split)
+    assert all(len(s) == 1 for s in by_group.values())
+
+
+# --------------------------------------------------------------------------- clapnq
+
+PASSAGE_A = "Alpha one starts here . Alpha two follows . Alpha three ends it . Alpha four . "
+PASSAGE_B = "Beta first line . Beta second line . Beta third line . "
+PASSAGE_C = "Gamma talks about something unrelated . It goes on . "
+PASSAGE_D = "Beta first line . Beta second line , edited . "
+PASSAGE_A2 = PASSAGE_A + "Alpha five . "
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() + " ." for s in text.split(" . ") if s.strip(" .")]
+
+
+def _clap_row(
+    qid: str, question: str, title: str, text: str, outputs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "id": qid,
+        "input": question,
+        "passages": [{"title": title, "text": text, "sentences": _sentences(text)}],
+        "output": outputs,
+    }
+
+
+def _out(answer: str, sentences: list[str], *, skip: bool = False) -> dict[str, Any]:
+    meta = {"annotator": [1], "has_minimal_answer": False, "non_consecutive": True, "round": 2, "skip": skip}
+    return {"answer": answer, "selected_sentences": sentences, "meta": meta}
+
+
+def _clapnq_source(root: Path) -> Path:
+    answerable = [
+        _clap_row(
+            "101",
+            "what does alpha do",
+            "Alpha",
+            PASSAGE_A,
+            [
+                _out("Alpha starts and ends.", ["Alpha one starts here .", "Alpha three ends it .&"]),
+                _out("", [], skip=True),
+            ],
+        ),
+        _clap_row(
+            "-102",
+            "tell me about beta",
+            "Beta",
+            PASSAGE_B,
+            [
+                _out("Beta has lines.", ["This sentence is not in the passage ."]),
+                _out("Beta has lines.", ["Beta first line ."]),
+            ],
+        ),
+        _clap_row(
+            "103",
+            "what else does alpha do",
+            "Alpha",
+            PASSAGE_A,
+            [_out("Alpha two.", ["Alpha two follows ."])],
+        ),
+        _clap_row(
+            "104",
+            "beta second line edited",
+            "Beta",
+            PASSAGE_D,
+            [_out("Edited.", ["Beta second line , edited ."])],
+        ),
+    ]
+    unanswerable = [
+        _clap_row(
+            "201",
+            "why is gamma unrelated",
+            "Gamma",
+            PASSAGE_C,
+            [{"answer": "", "selected_sentences": [], "meta": {}}],
+        ),
+        _clap_row(
+            "202",
+            "what is alpha number six",
+            "Alpha",
+            PASSAGE_A2,
+            [{"answer": "", "selected_sentences": [], "meta": {}}],
+        ),
+    ]
+    _write_jsonl(root / "clapnq_dev_answerable.jsonl", answerable)
+    _write_jsonl(root / "clapnq_dev_unanswerable.jsonl", unanswerable)
+    tsv = {
+        "question_dev_answerable.tsv": [
+            ("101", "what does alpha do", "111_0-80", "Alpha starts and ends."),
+            ("-102", "tell me about beta", "222_0-55", "Beta has\nlines."),  # multi-line cell, quoted
+            ("103", "what else does alpha do", "111_0-80", "Alpha two."),
+            ("104", "beta second line edited", "222_0-55", "Edited."),  # same id, other text: ambiguous
+        ],
+        "question_dev_unanswerable.tsv": [("201", "why is gamma unrelated", "", ""), ("202", "x", "", "")],
+    }
+    for name, rows in tsv.items():
+        with (root / name).open("w", encoding="utf-8", newline="") as fh:
+            writer = csv.writer(fh, delimiter="\t")
+            writer.writerow(["id", "question", "doc-id-list", "answers"])
+            writer.writerows(rows)
+    (root / "README.md").write_text("not data\n", encoding="utf-8")
+    return root
+
+
+def test_clapnq_answerable_and_unanswerable(tmp_path: Path) -> None:
+    src = _clapnq_source(tmp_path / "clapnq")
+    out = tmp_path / "out"
+    report = import_dataset("clapnq", src, out)
+    _valid(out, report)
+    docs, qs = _docs(out), _queries(out)
+
+    assert report.documents == 5  # A (shared by 101 and 103), B, D, C, A2
+    ids = list(docs)
+    assert ids[0] == "111_0-80" and docs["111_0-80"]["text"] == PASSAGE_A
+    assert docs["111_0-80"]["title"] == "Alpha"
+    assert docs["111_0-80"]["metadata"] == {"source": "clapnq", "nq_doc_id": "111_0-80"}
+    b_id, d_id = ids[1], ids[2]
+    assert b_id.startswith("222_0-55~") and d_id.startswith("222_0-55~") and b_id != d_id
+    assert docs[b_id]["text"] == PASSAGE_B and docs[d_id]["text"] == PASSAGE_D
+    c_id, a2_id = ids[3], ids[4]
+    assert c_id.startswith("clapnq-") and a2_id.startswith("clapnq-") and c_id != a2_id
+
+    assert (report.answerable, report.unanswerable) == (4, 2)
+    q = qs["101"]
+    assert q["relevant"] == {"111_0-80": 1} and q["tags"] == ["clapnq"]
+    assert _span_texts(out, q) == ["Alpha one starts here .", "Alpha three ends it ."]  # '&' removed
+    assert q["reference_answer"] == ["Alpha starts and ends."]  # the skipped annotation adds nothing
+    assert qs["103"]["relevant"] == {"111_0-80": 1}
+    q = qs["-102"]
+    assert q["relevant"] == {b_id: 1} and _span_texts(out, q) == ["Beta first line ."]
+    assert q["reference_answer"] == ["Beta has lines."]
+    assert _reasons(report, "-102") == [
+        "evidence dropped: selected sentence 'This sentence is not in the passage .' is not in the passage"
+    ]
+    assert qs["104"]["relevant"] == {d_id: 1}
+
+    for qid, doc_id in (("201", c_id), ("202", a2_id)):
+        q = qs[qid]
+        assert q["answerable"] is False and "relevant" not in q and "evidence" not in q
+        assert "reference_answer" not in q
+        assert q["tags"] == ["clapnq", "unanswerable"]
+        assert doc_id in docs  # its (non-answering) passage stays in the corpus as a distractor
+    assert len(report.skipped) == 1
+
+
+# --------------------------------------------------------------------------- shared behaviour
+
+_SOURCES: dict[str, Callable[[Path], Path]] = {
+    "squad": lambda root: _write_json(root / "squad.json", _squad_source()),
+    "beir": _beir_source,
+    "clapnq": _clapnq_source,
+}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_import_is_deterministic(tmp_path: Path, fmt: str) -> None:
+    src = _SOURCES[fmt](tmp_path / "src")
+    a = import_dataset(fmt, src, tmp_path / "a")
+    b = import_dataset(fmt, src, tmp_path / "b")
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["corpus.jsonl", "queries.jsonl"]
+    assert (a.skipped, a.notes, a.splits) == (b.skipped, b.notes, b.splits)
+
+
+def test_unknown_format_and_bad_options(tmp_path: Path) -> None:
+    src = _SOURCES["squad"](tmp_path / "src")
+    with pytest.raises(UnknownNameError) as info:
+        import_dataset("msmarco", src, tmp_path / "out")
+    assert "import format" in str(info.value) and "squad" in str(info.value)
+    with pytest.raises(UnknownNameError):
+        import_dataset("squad", src, tmp_path / "out", doc_unit="sentence")
+    with pytest.raises(ConfigError):
+        import_dataset("beir", src, tmp_path / "out", doc_unit="article")
+    with pytest.raises(ConfigError):
+        import_dataset("squad", src, tmp_path / "out", holdout_share=1.5)
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_dir_rules(tmp_path: Path) -> None:
+    src = _SOURCES["squad"](tmp_path / "src")
+    out = tmp_path / "out"
+    first = import_dataset("squad", src, out)
+    with pytest.raises(DatasetError, match="not empty"):
+        import_dataset("squad", src, out)
+    second = import_dataset("squad", src, out, overwrite=True, holdout_share=0.5)
+    assert second.splits != first.splits
+    _valid(out, second)
+
+    (tmp_path / "empty").mkdir()
+    import_dataset("squad", src, tmp_path / "empty")  # an empty folder is fine
+    load_dataset(tmp_path / "empty")
+
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("mine\n", encoding="utf-8")
+    with pytest.raises(DatasetError, match="does not look like a dataset"):
+        import_dataset("squad", src, other, overwrite=True)
+    assert (other / "todo.txt").read_text(encoding="utf-8") == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "notes", "out", "src"]
+
+
+def test_failed_import_leaves_nothing(tmp_path: Path) -> None:
+    bad = {
+        "data": [{"paragraphs": [{"context": "abc", "qas": [{"id": "1", "question": "?", "answers": []}]}]}]
+    }
+    src = _write_json(tmp_path / "bad.json", bad)
+    with pytest.raises(DatasetError, match="no query"):
+        import_dataset("squad", src, tmp_path / "out")
+    (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(DatasetError, match="invalid JSON"):
+        import_dataset("squad", tmp_path / "broken.json", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "broken.json"]  # no (hidden) leftovers
+
+
+# --------------------------------------------------------------------------- real data
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"real data not present: {path}")
+    return path
+
+
+def test_real_covid_qa(tmp_path: Path) -> None:
+    src = _need(DATA / "covid-qa" / "200423_covidQA.json")
+    raw = json.loads(src.read_text(encoding="utf-8"))
+    paragraphs = [p for art in raw["data"] for p in art["paragraphs"]]
+    qas = [qa for p in paragraphs for qa in p["qas"]]
+    wrong = sum(
+        1
+        for p in paragraphs
+        for qa in p["qas"]
+        for a in qa["answers"]
+        if p["context"][a["answer_start"] : a["answer_start"] + len(a["text"])] != a["text"]
+    )
+    out = tmp_path / "covid"
+    report = import_dataset("squad", src, out)
+    ds = _valid(out, report)
+
+    # The paper counts 2,019 question-answer pairs; this file (the 2020-04-23 release, the
+    # first batch) holds 98 papers with one paragraph each and 1,380 questions.
+    assert report.documents == len(paragraphs) == len({p["document_id"] for p in paragraphs}) == 98
+    assert report.queries == len(qas) - _question_skips(report) == 1380
+    assert report.answerable == 1380 and report.unanswerable == 0
+    assert report.relocated_spans == wrong == 234
+    assert report.skipped == []
+    for q in ds.queries:  # every evidence span holds one of its reference answers
+        assert q.evidence
+        for span in q.evidence:
+            assert ds.documents[span.doc_id].text[span.start : span.end] in q.reference_answers
+
+
+def test_real_clapnq_dev(tmp_path: Path) -> None:
+    src = _need(DATA / "clapnq-dev")
+    rows = {kind: _rows(src / f"clapnq_dev_{kind}.jsonl") for kind in ("answerable", "unanswerable")}
+    passages = {
+        (p["title"], p["text"]) for r in rows["answerable"] + rows["unanswerable"] for p in r["passages"]
+    }
+    out = tmp_path / "clapnq"
+    report = import_dataset("clapnq", src, out)
+    ds = _valid(out, report)
+    assert (report.answerable, report.unanswerable) == (300, 300)
+    assert report.documents == len(passages) == 597
+    assert report.skipped == []
+    # one answerable question (4371964269871290494) has written answers but no selected sentences
+    assert sum(1 for q in ds.queries if q.answerable and not q.evidence) == 1
+    for q in ds.queries:
+        if q.answerable:
+            assert len(q.relevant) == 1 and q.reference_answers
+        else:
+            assert not q.relevant and "unanswerable" in q.tags
