@@ -181,7 +181,6 @@ def run_variant(cfg: DictConfig) -> float | None:
             dataset,
             build_info,
             metrics,
-            multirun,
             Path(hc.sweep.dir) if multirun else None,
         )
     summary = {
@@ -219,7 +218,6 @@ def _log_to_mlflow(
     dataset: Dataset,
     build_info: dict[str, Any],
     metrics: dict[str, float],
-    multirun: bool,
     sweep_dir: Path | None,
 ) -> str:
     uri, artifacts = resolve_tracking(s, output_root)
