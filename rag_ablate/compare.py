@@ -27,19 +27,12 @@ from typing import Any
 import numpy as np
 
 from rag_ablate import stats
+from rag_ablate.config import COMPARE_METRICS
 from rag_ablate.errors import ComparisonError
 from rag_ablate.metrics import direction_of, display_name, parse_metric_name
 from rag_ablate.records import RECORDS_FILE, Record, read_records
 
-DEFAULT_METRICS = (
-    "recall_at_5",
-    "ndcg_at_10",
-    "mrr_at_10",
-    "evidence_recall_at_5",
-    "intent_top1",
-    "context_tokens_at_5",
-    "latency_ms",
-)
+DEFAULT_METRICS = COMPARE_METRICS
 # continuous metrics without a natural [0, 1] scale: flips are judged by relative change
 UNBOUNDED = frozenset({"latency_ms", "context_tokens"})
 COMPARISON_JSON = "comparison.json"

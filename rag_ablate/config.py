@@ -114,21 +114,22 @@ class MetricsConfig:
     )
 
 
+COMPARE_METRICS = (
+    "recall_at_5",
+    "ndcg_at_10",
+    "mrr_at_10",
+    "evidence_recall_at_5",
+    "intent_top1",
+    "context_tokens_at_5",
+    "latency_ms",
+)
+
+
 @dataclass
 class CompareConfig:
     enabled: bool = True  # run the comparison at the end of every multirun
     baseline: str | None = None  # label of the baseline variant; null = the one marked baseline, else job 0
-    metrics: list[str] = field(  # metrics tested against the baseline
-        default_factory=lambda: [
-            "recall_at_5",
-            "ndcg_at_10",
-            "mrr_at_10",
-            "evidence_recall_at_5",
-            "intent_top1",
-            "context_tokens_at_5",
-            "latency_ms",
-        ]
-    )
+    metrics: list[str] = field(default_factory=lambda: list(COMPARE_METRICS))  # tested against the baseline
     splits: list[str] = field(default_factory=lambda: ["dev", "holdout"])  # splits tested, each on its own
     B: int = 10_000  # bootstrap resamples (and the sign-flip budget)
     alpha: float = 0.05  # significance level after adjustment (Holm on holdout, BH on dev)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +159,22 @@ def write_dataset(
 @pytest.fixture
 def tiny_dataset(tmp_path: Path) -> Path:
     return write_dataset(tmp_path / "tiny")
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_module(
+    module: str, args: list[str], cwd: Path, timeout: int = 900
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m <module> args...`` in ``cwd`` as a user would, from this checkout."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

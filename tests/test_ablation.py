@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +15,9 @@ from rag_ablate.ablation import Plan, build_plan
 from rag_ablate.app import CONF_DIR, normalize_overrides
 from rag_ablate.config import register_configs
 from rag_ablate.errors import ConfigError
+from tests.conftest import run_module
 
 register_configs()
-REPO = Path(__file__).resolve().parents[1]
 
 
 def plan_for(args: list[str]) -> Plan:
@@ -115,16 +113,7 @@ def test_unknown_factor_key() -> None:
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, "-m", "rag_ablate", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    return run_module("rag_ablate", args, cwd)
 
 
 def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path: Path) -> None:

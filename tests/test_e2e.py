@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,21 +11,11 @@ import pytest
 
 from rag_ablate.dataset import load_dataset
 from rag_ablate.records import aggregate, read_records, rescore
+from tests.conftest import run_module
 
-REPO = Path(__file__).resolve().parents[1]
 
-
-def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, "-m", "rag_ablate", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return run_module("rag_ablate", args, cwd)
 
 
 @pytest.fixture(scope="module")
@@ -132,16 +120,7 @@ def test_bad_dataset_path_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def _rag_ablate(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, "-m", "rag_ablate.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    return run_module("rag_ablate.cli", args, cwd)
 
 
 @pytest.mark.slow

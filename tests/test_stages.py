@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +13,7 @@ from rag_ablate.config import RunConfig
 from rag_ablate.dataset import load_dataset
 from rag_ablate.runner import evaluate
 from rag_ablate.target.local import LocalTarget
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import run_module
 
 
 def _settings(**retrieval: Any) -> RunConfig:
@@ -74,16 +70,7 @@ def test_cold_and_warm_report_the_same_encode_cost(tiny_dataset: Path, tmp_path:
 
 
 def _sweep(args: list[str], cwd: Path) -> list[dict[str, Any]]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "rag_ablate", "-m", *args, "progress=false", "tracking=none", "compare.B=500"],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    proc = run_module("rag_ablate", ["-m", *args, "progress=false", "tracking=none", "compare.B=500"], cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep_dir = next((cwd / "outputs" / "multirun").iterdir())
     return [json.loads(p.read_text())["metrics"] for p in sorted(sweep_dir.glob("*/summary.json"))]
