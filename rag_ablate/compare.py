@@ -483,23 +483,25 @@ def _p(v: float) -> str:
     return "-" if not math.isfinite(v) else ("<0.001" if v < 0.001 else f"{v:.3f}")
 
 
-def _cell(r: Row | None) -> list[str]:
+def _cell(r: Row | None, groups: bool) -> list[str]:
     if r is None:
-        return ["-"] * 5
+        return ["-"] * (5 if groups else 4)
     mark = {"better": " +", "worse": " -"}.get(r.verdict, "")
-    return [
+    cells = [
         f"{_num(r.baseline_mean)} -> {_num(r.variant_mean)}",
         f"{_signed(r.effect)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}]",
         _p(r.p_value) + ("" if r.p_exact else "~"),
         _p(r.p_adjusted) + mark,
-        str(r.n_groups),
     ]
+    return [*cells, str(r.n_groups)] if groups else cells
 
 
-def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
+def table_rows(c: Comparison, groups: bool = True) -> tuple[list[str], list[list[str]]]:
+    """Rows of variant x metric with dev and holdout side by side (``groups``: a column of group counts)."""
     headers = ["variant", "metric"]
     for s in c.splits:
-        headers += [f"{s} base -> var", f"{s} effect [95% CI]", f"{s} p", f"{s} p_adj", f"{s} groups"]
+        headers += [f"{s} base -> var", f"{s} effect [95% CI]", f"{s} p", f"{s} p_adj"]
+        headers += [f"{s} groups"] if groups else []
     headers.append("flag")
     rows = []
     for v in c.variants:
@@ -508,7 +510,7 @@ def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
             flag = ""
             for s in c.splits:
                 r = c.row(s, v, m)
-                cells += _cell(r)
+                cells += _cell(r, groups)
                 flag = flag or (r.flag if r else "")
             if v in c.confounded:
                 flag = (flag + "; " if flag else "") + "CONFOUNDED: " + ", ".join(c.confounded[v])
@@ -520,9 +522,15 @@ def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
 def format_terminal(c: Comparison) -> str:
     from rag_ablate.report import format_table
 
-    headers, rows = table_rows(c)
+    headers, rows = table_rows(c, groups=False)
+    sizes = ", ".join(
+        f"{s} {max(r.n_queries for r in c.rows if r.split == s)} queries in "
+        f"{max(r.n_groups for r in c.rows if r.split == s)} groups"
+        for s in c.splits
+        if any(r.split == s for r in c.rows)
+    )
     lines = [
-        f"comparison against baseline '{c.baseline}' (group bootstrap B={c.B}, group sign-flip p; "
+        f"comparison against baseline '{c.baseline}' ({sizes}; group bootstrap B={c.B}, group sign-flip p; "
         f"p_adj: Holm on holdout, BH on dev; + better / - worse at alpha {c.alpha}; ~ Monte Carlo p)",
         format_table(headers, rows),
     ]
