@@ -114,6 +114,10 @@ class MetricsConfig:
     )
 
 
+# settings that say how to run, not what the system under test is: never a factor
+# of an ablation, left out of run names and of the confounding guard
+RUNTIME_KEYS = ("progress", "paths", "tracking", "hydra", "metrics.summary", "compare", "ablation", "cache")
+
 COMPARE_METRICS = (
     "recall_at_5",
     "ndcg_at_10",

@@ -14,20 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rag_ablate.config import RUNTIME_KEYS
+
 if TYPE_CHECKING:
     from rag_ablate.compare import VariantData
 
-IGNORED = (
-    "hydra",
-    "paths",
-    "progress",
-    "tracking",
-    "compare",
-    "metrics.summary",
-    "ablation",
-    "experiment",
-    "cache",
-)
+IGNORED = (*RUNTIME_KEYS, "experiment")
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:

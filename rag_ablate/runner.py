@@ -23,7 +23,7 @@ from tqdm import tqdm
 from rag_ablate import tracking
 from rag_ablate.ablation import job_entry
 from rag_ablate.cache import Cache
-from rag_ablate.config import RunConfig, to_settings
+from rag_ablate.config import RUNTIME_KEYS, RunConfig, to_settings
 from rag_ablate.dataset import Dataset, load_dataset
 from rag_ablate.export import write_trec
 from rag_ablate.metrics import intent_report
@@ -51,10 +51,6 @@ def get_dataset(s: RunConfig) -> Dataset:
 
 def _strip_quotes(override: str) -> str:
     return override.replace("'", "").replace('"', "")
-
-
-# settings that say how to run, not what the system under test is
-RUNTIME_KEYS = ("progress", "paths", "tracking", "hydra", "metrics.summary", "compare", "ablation", "cache")
 
 
 def is_runtime_override(override: str) -> bool:
