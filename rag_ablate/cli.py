@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -129,10 +128,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(" ".join(cmd))
         return 0
-    try:
-        return subprocess.call(cmd, env=os.environ.copy())
-    except KeyboardInterrupt:
-        return 0
+    # become the MLflow server: a signal to this process (Ctrl-C, SIGTERM) reaches it directly
+    os.execv(sys.executable, cmd)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

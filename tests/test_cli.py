@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -81,6 +84,7 @@ def test_ui_serves_the_store_on_loopback(tmp_path: Path) -> None:
         [sys.executable, "-m", "rag_ablate.cli", "ui", "--uri", uri, "--port", str(port)],
         stdout=log,
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # the server and its workers form one process group
     )
     try:
         deadline = time.monotonic() + 120
@@ -101,12 +105,18 @@ def test_ui_serves_the_store_on_loopback(tmp_path: Path) -> None:
         else:
             pytest.fail("the MLflow UI did not come up within 120 s")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
+        # stop the whole group: mlflow's uvicorn and job workers must not outlive the test
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout=20)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        time.sleep(1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # stragglers that ignored SIGTERM
         log.close()
 
 
