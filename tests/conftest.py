@@ -162,6 +162,21 @@ def tiny_dataset(tmp_path: Path) -> Path:
 
 
 REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def shared_path(*parts: str) -> Path:
+    """A path under ``../shared`` (the design folder and public datasets).
+
+    Locally a test that needs it skips when it is absent; in CI (``CI=true``) it
+    fails instead, so a missing ``../shared`` never turns checks into skips.
+    """
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"{path} is missing: CI runs with ../shared beside the clone")
+        pytest.skip(f"{path} is absent (tests that need ../shared skip outside CI)")
+    return path
 
 
 def run_module(
