@@ -1,4 +1,4 @@
-"""Tests for rag_ablate.grouping: normalisation, near-duplicate groups, splits."""
+"""Tests for rag_ablate.grouping: normalisation, the similarity join, near-duplicate groups, splits."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from rag_ablate.errors import ConfigError, DatasetError
 from rag_ablate.grouping import (
     MASKS,
     GroupingResult,
-    _normalize_many,
-    _shingle,
     assign_splits,
     char_ngrams,
     check_splits,
     group_near_duplicates,
     normalize,
 )
+from rag_ablate.grouping.join import components, shingle
+from rag_ablate.grouping.normalize import normalize_many
 
 DATE, NUM = MASKS["date"], MASKS["number"]
 
@@ -177,6 +177,24 @@ def test_dates_masked(date: str) -> None:
     assert normalize(f"x {date} y") in {f"x {DATE} y", f"x{DATE}y"}
 
 
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("mail someone.else+x@example.co.uk now", "email"),
+        ("see https://shop.example.com/a?b=1 now", "url"),
+        ("see www.example.org/help now", "url"),
+        ("id 123e4567-e89b-12d3-a456-426614174000 now", "uuid"),
+        ("on 2026年11月3日 now", "date"),
+        ("on next week now", "date"),
+        ("id SF1234567890 now", "number"),
+        ("paid 1,299.00 now", "number"),
+    ],
+)
+def test_each_mask_kind_has_its_placeholder(text: str, kind: str) -> None:
+    """One masked span becomes exactly its kind's placeholder, the words around it stay."""
+    assert normalize(text) == f"{text.split()[0]} {MASKS[kind]} now"
+
+
 def test_char_ngrams() -> None:
     assert char_ngrams("abcdef") == {"abcd", "bcde", "cdef"}
     assert char_ngrams("退货") == {"退货"}
@@ -190,7 +208,7 @@ def test_char_ngrams() -> None:
 def test_internal_shingles_match_char_ngrams() -> None:
     texts = ["", "a", "退货", "abc", "abcd", "abcdabcd", "订单⌗能退吗", "where is my order ⌗", "aaaaaa"]
     for n in (1, 2, 4, 5):
-        sh = _shingle(_normalize_many(texts), n)
+        sh = shingle(normalize_many(texts), n)
         assert sh.lengths.tolist() == [len(char_ngrams(t, n)) for t in texts]
         grams = [set(sh.indices[sh.indptr[i] : sh.indptr[i + 1]].tolist()) for i in range(len(texts))]
         for i in range(len(texts)):
@@ -200,7 +218,7 @@ def test_internal_shingles_match_char_ngrams() -> None:
 
 def test_batch_normalize_equals_single() -> None:
     texts = [*synthetic(300, seed=3), "a\x00b", "", " ", "订单\x00123"]
-    assert _normalize_many(texts) == [normalize(t) for t in texts]
+    assert normalize_many(texts) == [normalize(t) for t in texts]
 
 
 # ---------------------------------------------------------------- grouping: examples
@@ -311,6 +329,51 @@ def test_exact_path_equals_brute_force() -> None:
         assert partition(r.group_of) == brute_force(texts, threshold)
 
 
+def gram_set(text: str, n: int) -> frozenset[str]:
+    """Reference n-gram set of an already normalised text (the text itself when shorter than n)."""
+    if len(text) < n:
+        return frozenset([text])
+    return frozenset(text[i : i + n] for i in range(len(text) - n + 1))
+
+
+def brute_force_components(texts: list[str], threshold: float, n: int) -> set[frozenset[int]]:
+    """Reference for the join alone: exact Jaccard of every pair as a fraction, then components."""
+    sets = [gram_set(t, n) for t in texts]
+    label = list(range(len(texts)))
+    limit = Fraction(threshold) - Fraction(1, 10**9)
+    for i in range(len(texts)):
+        for j in range(i + 1, len(texts)):
+            inter = len(sets[i] & sets[j])
+            if inter and Fraction(inter, len(sets[i] | sets[j])) >= limit:
+                old, new = max(label[i], label[j]), min(label[i], label[j])
+                label = [new if x == old else x for x in label]
+    return partition([str(x) for x in label])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.text(alphabet="abc⌗", max_size=9), max_size=25),
+    st.sampled_from([0.3, 0.5, 0.7, 0.8, 1.0]),
+    st.integers(1, 4),
+    st.integers(0, 3),
+)
+def test_join_equals_brute_force_jaccard(texts: list[str], threshold: float, n: int, seed: int) -> None:
+    """join.components on normalised texts: the exact path is the brute-force partition; the
+    MinHash path never joins texts the brute force keeps apart (it can only miss a link)."""
+    reference = brute_force_components(texts, threshold, n)
+    exact, method = components(
+        texts, threshold=threshold, n=n, exact_limit=10_000, num_perm=128, seed=seed, timings={}
+    )
+    assert method == "exact"
+    assert partition([str(x) for x in exact]) == reference
+    approx, method = components(
+        texts, threshold=threshold, n=n, exact_limit=0, num_perm=128, seed=seed, timings={}
+    )
+    assert method == ("minhash" if texts else "exact")
+    for part in partition([str(x) for x in approx]):
+        assert any(part <= ref for ref in reference)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_minhash_agrees_with_exact_on_synthetic_set(seed: int) -> None:
     texts = synthetic(3_000, seed=seed)
@@ -405,6 +468,19 @@ def test_assign_splits_fixed() -> None:
     assert split[5] == "dev"
     assert check_splits(group_of, split) == []
     assert split.count("holdout") == 3  # group a already fills the target
+
+
+def test_assign_splits_worked_example() -> None:
+    """Hand computation: n = 12, share 0.3 -> targets holdout 3.6, dev 8.4; group h (2) is fixed.
+
+    Then largest first, each into the split with the smaller filled fraction:
+    a (5): holdout 2/3.6 = 0.56 > dev 0/8.4 -> dev; b (3): 0.56 < 5/8.4 = 0.60 -> holdout;
+    c, d (1 each): holdout 5/3.6 = 1.39 > dev 0.60, 0.71 -> dev. Holdout 5, dev 7.
+    """
+    group_of = ["a"] * 5 + ["b"] * 3 + ["h"] * 2 + ["c", "d"]
+    fixed: list[str | None] = [None] * 8 + ["holdout", None, None, None]
+    split = assign_splits(group_of, holdout_share=0.3, fixed=fixed)
+    assert split == ["dev"] * 5 + ["holdout"] * 3 + ["holdout"] * 2 + ["dev", "dev"]
 
 
 def test_assign_splits_fixed_conflict() -> None:
