@@ -1,36 +1,47 @@
 """Speed of the comparison statistics against scipy.stats.bootstrap.
 
-Workload (STATISTICS.md): one variant pair, 10,000 queries x 10 metrics,
+Workload (docs/statistics.md): one variant pair, 10,000 queries x 10 metrics,
 10,000 resamples, ~3,000 near-duplicate groups of 1-8 queries.
 
-    python benchmarks/bench_stats.py [--repeats 3] [--skip-scipy]
+    python benchmarks/bench_stats.py [--repeats 3] [--skip-scipy] [--ref GIT_REV]
 
 Prints a markdown table (machine, command, times, ratio). Timings of
 rag_ablate are the median of ``--repeats`` runs after one warm-up; scipy runs
-once per configuration (it is the slow reference).
+once per configuration (it is the slow reference). ``--ref`` also times
+``rag_ablate/stats.py`` as of a git revision (e.g. the commit before a change),
+loaded from ``git show`` and run in the same process, interleaved with the
+current code so both see the same machine load.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import scipy
 from scipy import stats as sps
 
+REPO = Path(__file__).resolve().parents[1]
 try:
-    from rag_ablate.stats import bootstrap_counts, derive_seed, group_sums, paired_test
+    from rag_ablate import stats as current
 except ImportError:  # running from a checkout without an install
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from rag_ablate.stats import bootstrap_counts, derive_seed, group_sums, paired_test
+    sys.path.insert(0, str(REPO))
+    from rag_ablate import stats as current
+
+bootstrap_counts, derive_seed = current.bootstrap_counts, current.derive_seed
+group_sums, paired_test = current.group_sums, current.paired_test
 
 N_QUERIES = 10_000
 N_METRICS = 10
@@ -54,20 +65,45 @@ def make_data(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return base, var, labels
 
 
-def timed(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
-
-
 def once(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def interleaved(fns: list[Callable[[], object]], repeats: int) -> list[tuple[float, float]]:
+    """Median wall and CPU time of each function, run in turns (same load for all).
+
+    CPU time (all threads of this process) is less sensitive than wall time to
+    other processes competing for the cores.
+    """
+    for fn in fns:
+        fn()  # warm-up
+    runs: list[list[tuple[float, float]]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for k, fn in enumerate(fns):
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            runs[k].append((time.perf_counter() - t0, time.process_time() - c0))
+    return [(statistics.median(w for w, _ in r), statistics.median(c for _, c in r)) for r in runs]
+
+
+def load_ref(rev: str) -> ModuleType:
+    """``rag_ablate/stats.py`` as of git revision ``rev``, as a stand-alone module."""
+    src = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{rev}:rag_ablate/stats.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    path = Path(tempfile.mkdtemp()) / "stats_ref.py"
+    path.write_text(src, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("stats_ref", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["stats_ref"] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def cpu_model() -> str:
@@ -84,6 +120,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-scipy", action="store_true")
+    ap.add_argument("--ref", metavar="GIT_REV", help="also time rag_ablate/stats.py of this git revision")
     args = ap.parse_args()
 
     base, var, labels = make_data()
@@ -101,13 +138,45 @@ def main() -> None:
     def ours_shared() -> object:
         return paired_test(base, var, labels, B=B, seed=seed, counts=shared)
 
-    rows: list[tuple[str, float]] = [
-        (
-            "rag_ablate `paired_test`: group bootstrap + group sign-flip, 10 metrics",
-            timed(ours_full, args.repeats),
-        ),
-        ("  of which: drawing the count matrix (shared per split)", timed(ours_draw, args.repeats)),
-        ("  `paired_test` with the split's pre-drawn counts", timed(ours_shared, args.repeats)),
+    # the sign-flip parts alone (private helpers: this is a benchmark of their cost)
+    d = var - base
+    sums, sizes = group_sums(d, labels)
+    sizes_f = sizes.astype(np.float64)
+    m = d.shape[1]
+    flip_seeds = [derive_seed(seed, "signflip", str(j)) for j in range(m)]
+
+    def ours_signs() -> current._SignFlips:
+        rngs = [np.random.default_rng(s) for s in flip_seeds]
+        return current._draw_signflips(sums, sizes_f, B, rngs)
+
+    flips = ours_signs()
+    p0 = current._pvalue_at(flips, sums, sizes_f, np.zeros(m))
+    ref_res = paired_test(base, var, labels, B=B, seed=seed)
+
+    def ours_invert() -> object:
+        return current._invert_signflip(
+            flips, sums, sizes_f, d.mean(axis=0), p0, (ref_res.boot_ci_low, ref_res.boot_ci_high), 0.05
+        )
+
+    fns: list[Callable[[], object]] = [ours_full, ours_draw, ours_shared, ours_signs, ours_invert]
+    labels_rows = [
+        "rag_ablate `paired_test`: group bootstrap + sign-flip p + inverted interval, 10 metrics",
+        "  of which: drawing the count matrix (shared per split)",
+        "  `paired_test` with the split's pre-drawn counts",
+        "  of which: sign vectors, one stream per metric (10 x 10,000)",
+        "  of which: interval by inverting the sign-flip test (bisection, 10 metrics)",
+    ]
+    if args.ref:
+        old = load_ref(args.ref)
+
+        def ref_full() -> object:
+            return old.paired_test(base, var, labels, B=B, seed=seed)
+
+        fns.append(ref_full)
+        labels_rows.append(f"`paired_test` of git revision `{args.ref}` (same data, interleaved)")
+    times = interleaved(fns, args.repeats)
+    rows: list[tuple[str, float, float | None]] = [
+        (label, wall, cpu) for label, (wall, cpu) in zip(labels_rows, times, strict=True)
     ]
     t_ours = rows[0][1]
 
@@ -151,8 +220,8 @@ def main() -> None:
         t_q = once(scipy_query_level)
         t_g = once(scipy_group_level)
         rows += [
-            ("scipy.stats.bootstrap, paired query-level, per metric (bootstrap only)", t_q),
-            ("scipy.stats.bootstrap on group sums (same estimator, bootstrap only)", t_g),
+            ("scipy.stats.bootstrap, paired query-level, per metric (bootstrap only)", t_q, None),
+            ("scipy.stats.bootstrap on group sums (same estimator, bootstrap only)", t_g, None),
         ]
 
     cmd = "python " + " ".join(shlex.quote(a) for a in sys.argv)
@@ -165,10 +234,11 @@ def main() -> None:
     print(f"- Python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}")
     print(f"- data: {N_QUERIES:,} queries in {n_groups:,} groups (sizes 1-{MAX_GROUP}), {N_METRICS} metrics")
     print(f"- command: `{cmd}`; rag_ablate times are the median of {args.repeats} runs\n")
-    print("| what | time (s) | vs rag_ablate `paired_test` |")
-    print("|---|---:|---:|")
-    for label, t in rows:
-        print(f"| {label} | {t:.3f} | {t / t_ours:.1f}x |")
+    print("| what | wall time (s) | CPU time (s) | wall vs rag_ablate `paired_test` |")
+    print("|---|---:|---:|---:|")
+    for label, t, cpu in rows:
+        cpu_text = "" if cpu is None else f"{cpu:.3f}"
+        print(f"| {label} | {t:.3f} | {cpu_text} | {t / t_ours:.2f}x |")
 
 
 if __name__ == "__main__":

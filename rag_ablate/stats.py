@@ -1,4 +1,4 @@
-"""Statistics core of the comparison step (see design/STATISTICS.md).
+"""Statistics core of the comparison step (explained in docs/statistics.md).
 
 Everything here works on per-query differences ``d = variant - baseline`` of one
 split, one variant pair and one or more metrics (columns). Near-duplicate
@@ -7,28 +7,40 @@ queries form groups, and the group is the unit of every resampling:
 * **effect** -- the pooled mean of ``d`` over queries (= variant mean minus
   baseline mean). The sign is never flipped here: for a lower-is-better metric
   a negative effect is an improvement; :func:`improved` says which.
+* **group sign-flip test** -- ``T = sum_g eps_g S_g`` with ``S_g`` the group
+  sums of ``d``; the two-sided p is the share of sign vectors with
+  ``|T*| >= |T_obs| - 1e-9 * sum_g |S_g|``; exact enumeration of all ``2**G``
+  vectors when ``2**G <= B``, else ``B`` Monte Carlo vectors and
+  ``p = (1 + count) / (B + 1)``. This is the p-value to report.
+* **interval by test inversion** -- the headline interval is the set of shifts
+  delta that the same test, run on ``d - delta`` (group sums
+  ``S_g - delta m_g``) with the same sign vectors, does not reject at alpha.
+  Both ends are found by bisection (to ``INVERSION_RTOL`` times the largest
+  absolute group mean) and then snapped to the exact breakpoint they
+  approximate. It excludes 0 exactly when ``p < alpha``.
 * **group (cluster) bootstrap** -- ``B`` resamples of ``G`` groups with
   replacement, as count vectors ``c``; ``theta* = (c . S) / (c . m)`` with
-  ``S_g`` the group sums of ``d`` and ``m_g`` the group sizes. SE is the
-  standard deviation of ``theta*`` (``ddof=1``, as ``scipy.stats.bootstrap``);
-  the CI is the percentile interval (linear interpolation, as scipy).
-* **group sign-flip test** -- ``T = sum_g eps_g S_g``; the two-sided p is the
-  share of sign vectors with ``|T*| >= |T_obs| - 1e-9 * sum_g |S_g|``; exact
-  enumeration of all ``2**G`` vectors when ``2**G <= B``, else ``B`` Monte Carlo
-  vectors and ``p = (1 + count) / (B + 1)``. This is the p-value to report.
+  ``m_g`` the group sizes. SE is the standard deviation of ``theta*``
+  (``ddof=1``, as ``scipy.stats.bootstrap``); the percentile interval (linear
+  interpolation, as scipy) is kept as a secondary field.
 * **Holm** (confirmatory family) and **Benjamini-Hochberg** (exploratory).
 
 Speed: count matrices are drawn in chunks of ~250 resamples (one
 ``rng.integers`` call and one ``np.bincount`` per chunk) and multiplied by the
-``(G, metrics)`` matrix of group sums; sign vectors are packed random bits,
-also in chunks. Nothing loops in Python per resample.
+``(G, metrics)`` matrix of group sums. Sign vectors are random bytes (8 groups
+each), also in chunks, turned into ``sum eps S`` and ``sum eps m`` by looking
+up per-byte partial sums (``ceil(G / 8)`` lookups per vector instead of G
+products). The inversion re-counts the stored draws at a shifted delta, for
+all columns at once. Nothing loops in Python per resample.
 
 Reproducibility: ``paired_test(seed=s)`` draws its count matrices from
 ``np.random.default_rng(s)`` with exactly the draws
 ``rng.integers(0, G, (B, G))`` would give, so with singleton groups it
 reproduces ``scipy.stats.bootstrap(..., paired=True, rng=default_rng(s))``
-bit for bit. Monte Carlo sign vectors come from an independent stream,
-``default_rng(derive_seed(s, "signflip"))``.
+bit for bit. The Monte Carlo sign vectors of metric column j come from their
+own stream, ``default_rng(signflip_seeds[j])``, by default
+``derive_seed(s, "signflip", str(j))``; a column's p and interval never depend
+on the other columns.
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ import numpy.typing as npt
 from rag_ablate.errors import ComparisonError
 
 __all__ = [
+    "INVERSION_RTOL",
     "MIN_RELIABLE_GROUPS",
     "TIE_RTOL",
     "Direction",
@@ -255,6 +268,137 @@ def _check_counts(counts: Sequence[npt.NDArray[np.integer[npt.NBitBase]]], n_gro
 
 # --------------------------------------------------------------------------- sign flip
 
+#: Bit i (0..7) of every byte value 0..255 in ``np.unpackbits`` order (most significant first).
+_BYTE_BITS = ((np.arange(256, dtype=np.int64)[:, None] >> np.arange(7, -1, -1)) & 1).astype(np.float64)
+
+#: Each end of the test-inversion interval is located to within this share of
+#: the column's largest absolute group mean (bisection tolerance).
+INVERSION_RTOL = 1e-10
+
+_MAX_WIDENINGS = 64
+
+
+def _byte_table(values: FloatArray) -> FloatArray:
+    """(K * 256, q) table whose row ``256 k + v`` sums ``values[8 k + i]`` over the set bits i of byte v.
+
+    Summing the rows picked by a sign vector's packed bytes gives ``bits @ values``
+    without unpacking the bits: K = ceil(G / 8) lookups instead of G products.
+    """
+    n_rows, q = values.shape
+    k = (n_rows + 7) // 8
+    padded = np.zeros((k * 8, q))
+    padded[:n_rows] = values
+    table = np.matmul(_BYTE_BITS, padded.reshape(k, 8, q))  # (k, 256, q)
+    return np.ascontiguousarray(table.reshape(k * 256, q))
+
+
+@dataclass(frozen=True)
+class _SignFlips:
+    """Null draws of one sign-flip test, kept so the test can be re-run at any shift.
+
+    ``t`` (R, m): ``sum_g eps_g S_g`` per sign vector and column; ``w`` (R, m) or
+    (R, 1): ``sum_g eps_g n_g``. The shifted statistic is ``t - delta * w``.
+    """
+
+    t: FloatArray
+    w: FloatArray
+    exact: bool
+    budget: int  # B (Monte Carlo) -- p = (1 + count) / (B + 1); exact: p = count / R
+
+
+def _enumerate_signs(sums: FloatArray, sizes: FloatArray) -> _SignFlips:
+    """All ``2**G`` sign vectors (identity included), in chunks of ~1M matrix entries."""
+    n_groups = sums.shape[0]
+    n_vec = 1 << n_groups
+    total, n_total = sums.sum(axis=0), sizes.sum()
+    step = max(1, _EXACT_CHUNK_ELEMS // n_groups)
+    shifts = np.arange(n_groups, dtype=np.int64)
+    t_parts, w_parts = [], []
+    for start in range(0, n_vec, step):
+        idx = np.arange(start, min(start + step, n_vec), dtype=np.int64)
+        bits = ((idx[:, None] >> shifts) & 1).astype(np.float64)
+        # eps = 2 * bit - 1, hence sum(eps S) = 2 * (bits @ S) - sum(S)
+        t_parts.append(2.0 * (bits @ sums) - total)
+        w_parts.append(2.0 * (bits @ sizes) - n_total)
+    return _SignFlips(np.concatenate(t_parts), np.concatenate(w_parts)[:, None], True, n_vec)
+
+
+def _random_signs(values: FloatArray, B: int, rng: np.random.Generator, chunk: int) -> FloatArray:
+    """``sum_g eps_g values[g]`` for B random sign vectors, shape (B, q).
+
+    Per chunk: ``rng.integers(0, 256, (c, ceil(G / 8)), dtype=uint8)``; bit i of
+    byte k (``np.unpackbits`` order) is group ``8 k + i``'s sign (1 = +1), padding
+    bits beyond G are ignored. The byte-table lookup gives the same sums as
+    unpacking and multiplying, up to rounding.
+    """
+    n_groups, q = values.shape
+    n_bytes = (n_groups + 7) // 8
+    table = _byte_table(values)
+    if q % 2:
+        table = np.column_stack([table, np.zeros(table.shape[0])])
+    # columns in pairs as complex numbers: one 1-D take serves two columns (fastest gather)
+    pairs = [np.ascontiguousarray(table[:, k] + 1j * table[:, k + 1]) for k in range(0, q, 2)]
+    offsets = (np.arange(n_bytes, dtype=np.intp) * 256)[None, :]
+    total = values.sum(axis=0)
+    out = np.empty((B, len(pairs) * 2))
+    done = 0
+    while done < B:
+        c = min(chunk, B - done)
+        packed = rng.integers(0, 256, size=(c, n_bytes), dtype=np.uint8)
+        idx = packed.astype(np.intp) + offsets
+        for k, pair in enumerate(pairs):
+            plus = pair.take(idx).sum(axis=1)
+            out[done : done + c, 2 * k] = plus.real
+            out[done : done + c, 2 * k + 1] = plus.imag
+        done += c
+    return np.asarray(2.0 * out[:, :q] - total, dtype=np.float64)
+
+
+def _draw_signflips(
+    sums: FloatArray,
+    sizes: FloatArray,
+    B: int,
+    rngs: np.random.Generator | Sequence[np.random.Generator | None],
+    chunk: int = _DEFAULT_CHUNK,
+) -> _SignFlips:
+    """Sign-flip null draws for every column of ``sums`` (G, m).
+
+    Exact enumeration when ``2**G <= B`` (no randomness used). Otherwise B Monte
+    Carlo sign vectors: one generator shared by all columns, or one per column
+    (``None`` for a column skips it: its draws are left at 0).
+    """
+    n_groups, m = sums.shape
+    if n_groups < 63 and (1 << n_groups) <= B:
+        return _enumerate_signs(sums, sizes)
+    if isinstance(rngs, np.random.Generator):
+        both = _random_signs(np.column_stack([sums, sizes]), B, rngs, chunk)
+        return _SignFlips(np.ascontiguousarray(both[:, :m]), both[:, m:], False, B)
+    t = np.zeros((B, m))
+    w = np.zeros((B, m))
+    for j, rng in enumerate(rngs):
+        if rng is None:
+            continue
+        both = _random_signs(np.column_stack([sums[:, j], sizes]), B, rng, chunk)
+        t[:, j] = both[:, 0]
+        w[:, j] = both[:, 1]
+    return _SignFlips(t, w, False, B)
+
+
+def _pvalue_at(flips: _SignFlips, sums: FloatArray, sizes: FloatArray, delta: FloatArray) -> FloatArray:
+    """Two-sided p of the sign-flip test on ``d - delta`` (one shift per column).
+
+    Group sums become ``S_g - delta n_g``; a sign vector counts when
+    ``|T*| >= |T_obs| - 1e-9 * sum_g |S_g - delta n_g|``. ``delta = 0`` is the
+    reported p-value.
+    """
+    shifted = sums - delta[None, :] * sizes[:, None]
+    threshold = np.abs(sums.sum(axis=0) - delta * sizes.sum()) - TIE_RTOL * np.abs(shifted).sum(axis=0)
+    t = flips.t if not np.any(delta) else flips.t - delta[None, :] * flips.w
+    count = np.count_nonzero(np.abs(t) >= threshold, axis=0)
+    if flips.exact:
+        return np.asarray(count / float(flips.t.shape[0]), dtype=np.float64)
+    return np.asarray((1.0 + count) / (flips.budget + 1.0), dtype=np.float64)
+
 
 def signflip_pvalue(
     sums: npt.ArrayLike, *, B: int, rng: np.random.Generator, chunk: int = _DEFAULT_CHUNK
@@ -263,38 +407,152 @@ def signflip_pvalue(
 
     ``T = sum_g eps_g S_g``. Exact (all ``2**G`` sign vectors, identity
     included, ``p = count / 2**G``) when ``2**G <= B``; otherwise ``B`` random
-    sign vectors from ``rng`` and ``p = (1 + count) / (B + 1)``. A vector counts
-    when ``|T*| >= |T_obs| - 1e-9 * sum_g |S_g|``. Returns (p, exact).
+    sign vectors from ``rng``, shared by all columns, and
+    ``p = (1 + count) / (B + 1)``. A vector counts when
+    ``|T*| >= |T_obs| - 1e-9 * sum_g |S_g|``. Returns (p, exact).
+    :func:`paired_test` gives each column its own stream instead.
     """
     s = _as_matrix(sums, "sums")
-    n_groups, _ = s.shape
     if isinstance(B, bool) or int(B) != B or B < 1:
         raise ComparisonError(f"B must be a positive int, got {B!r}")
-    B = int(B)
-    total = s.sum(axis=0)
-    threshold = np.abs(total) - TIE_RTOL * np.abs(s).sum(axis=0)
-    count = np.zeros(s.shape[1], dtype=np.int64)
-    # eps = 2 * bit - 1, hence T* = 2 * (bits @ S) - sum(S).
-    if n_groups < 63 and (1 << n_groups) <= B:
-        n_vec = 1 << n_groups
-        step = max(1, _EXACT_CHUNK_ELEMS // n_groups)
-        shifts = np.arange(n_groups, dtype=np.int64)
-        for start in range(0, n_vec, step):
-            idx = np.arange(start, min(start + step, n_vec), dtype=np.int64)
-            bits = ((idx[:, None] >> shifts) & 1).astype(np.float64)
-            t = 2.0 * (bits @ s) - total
-            count += np.count_nonzero(np.abs(t) >= threshold, axis=0)
-        return np.asarray(count / float(n_vec), dtype=np.float64), True
-    n_bytes = (n_groups + 7) // 8
-    done = 0
-    while done < B:
-        c = min(chunk, B - done)
-        packed = rng.integers(0, 256, size=(c, n_bytes), dtype=np.uint8)
-        bits = np.unpackbits(packed, axis=1, count=n_groups).astype(np.float64)
-        t = 2.0 * (bits @ s) - total
-        count += np.count_nonzero(np.abs(t) >= threshold, axis=0)
-        done += c
-    return np.asarray((1.0 + count) / (B + 1.0), dtype=np.float64), False
+    sizes = np.ones(s.shape[0])
+    flips = _draw_signflips(s, sizes, int(B), rng, chunk)
+    return _pvalue_at(flips, s, sizes, np.zeros(s.shape[1])), flips.exact
+
+
+def _snap_to_breakpoint(
+    flips: _SignFlips,
+    sums: FloatArray,
+    sizes: FloatArray,
+    end: FloatArray,
+    effect: FloatArray,
+    p0: FloatArray,
+    alpha: float,
+    xtol: FloatArray,
+) -> FloatArray:
+    """Move each bisection end onto the exact breakpoint it approximates, when that is safe.
+
+    The acceptance set of a sign vector ends where ``|t - delta w| = |T_obs(delta)|``,
+    i.e. at ``(t - sum S) / (w - n)`` or ``(t + sum S) / (w + n)`` (means of
+    subsets of groups). The tie tolerance moves a breakpoint by up to
+    ``1e-9 * sum_g |S_g - delta n_g| / |w -+ n|``, so bisection can stop a hair
+    beyond a tie (e.g. -1.6e-10 instead of 0). The nearest breakpoint within
+    twice its blur (plus the bisection tolerance) replaces the end when the
+    test does not reject there and it keeps 0 on the side ``p0`` says.
+    """
+    n_total = sizes.sum()
+    total = sums.sum(axis=0)
+    slopes = np.concatenate(np.broadcast_arrays(np.abs(flips.w - n_total), np.abs(flips.w + n_total)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        roots = np.concatenate(
+            [(flips.t - total) / (flips.w - n_total), (flips.t + total) / (flips.w + n_total)]
+        )
+        # the tie tolerance moves the crossing of a root by tol / |slope|
+        tol = TIE_RTOL * np.abs(sums - end[None, :] * sizes[:, None]).sum(axis=0)
+        blur = 2.0 * tol[None, :] / slopes + 4.0 * xtol[None, :]
+    dist = np.abs(roots - end[None, :])
+    dist[~np.isfinite(dist) | ~(dist <= blur)] = np.inf
+    k = np.argmin(dist, axis=0)
+    cols = np.arange(end.size)
+    best, gap = roots[k, cols], dist[k, cols]
+    ok = np.isfinite(gap)
+    best = np.where(ok, best, end)
+    # a breakpoint that is 0 in exact arithmetic (0.1 - 0.1 + ...) can come out as -1e-16
+    best = np.where(ok & (p0 >= alpha) & (np.abs(best) <= blur[k, cols]), 0.0, best)
+    ok &= _pvalue_at(flips, sums, sizes, best) >= alpha
+    crosses_zero = (np.minimum(best, effect) <= 0.0) & (np.maximum(best, effect) >= 0.0)
+    ok &= (p0 >= alpha) | ~crosses_zero
+    return np.asarray(np.where(ok, best, end), dtype=np.float64)
+
+
+def _invert_signflip(
+    flips: _SignFlips,
+    sums: FloatArray,
+    sizes: FloatArray,
+    effect: FloatArray,
+    p0: FloatArray,
+    boot: tuple[FloatArray, FloatArray],
+    alpha: float,
+) -> tuple[FloatArray, FloatArray]:
+    """The shifts delta the sign-flip test does not reject (p >= alpha), per column.
+
+    Every sign vector's acceptance set ``{delta: |T*(delta)| >= |T_obs(delta)|}``
+    is an interval around the effect whose ends are means of some groups, so
+    the test's acceptance set is an interval inside [min, max] of the group
+    means, or the whole line when even ``|delta| -> inf`` is not rejected (the
+    only vectors that still count are all +1 and all -1: p_inf = 2 / 2**G
+    exact, (1 + #such draws) / (B + 1) Monte Carlo). Each end is found by
+    bisection between an accepted point (the effect, or 0 when p(0) >= alpha)
+    and a rejected one (the percentile bootstrap end, else just beyond the
+    group means, widened until rejected; 0 when p(0) < alpha), to within
+    ``INVERSION_RTOL`` times the largest absolute group mean. The reported ends
+    are accepted points, and 0 is inside exactly when ``p0 >= alpha``.
+    """
+    m = sums.shape[1]
+    means = sums / sizes[:, None]
+    gmin, gmax = means.min(axis=0), means.max(axis=0)
+    scale = np.maximum(np.abs(gmin), np.abs(gmax))
+    xtol = INVERSION_RTOL * scale
+    n_total = sizes.sum()
+    c_inf = np.count_nonzero(np.abs(flips.w) >= n_total * (1.0 - 1e-12), axis=0) * np.ones(m)
+    p_inf = c_inf / flips.t.shape[0] if flips.exact else (1.0 + c_inf) / (flips.budget + 1.0)
+    unbounded = p_inf >= alpha
+    degenerate = ~unbounded & (_pvalue_at(flips, sums, sizes, effect) < alpha)
+    lows, highs = np.full(m, -np.inf), np.full(m, np.inf)
+    for side in (-1.0, 1.0):
+        # distances from the effect in this side's direction; delta = effect + side * x
+        def at(x: FloatArray, side: float = side) -> FloatArray:
+            return np.asarray(effect + side * x)
+
+        def accepted(x: FloatArray, side: float = side) -> BoolArray:
+            return np.asarray(_pvalue_at(flips, sums, sizes, at(x)) >= alpha)
+
+        x_in = np.zeros(m)
+        x_zero = side * (0.0 - effect)
+        zero_here = x_zero > 0
+        zero_in = zero_here & (p0 >= alpha)
+        x_in[zero_in] = x_zero[zero_in]
+        # a rejected point beyond the group means (widened until the test rejects)
+        g_end = gmin if side < 0 else gmax
+        step = np.maximum(side * (g_end - effect), 0.0) + 1e-6 * scale + np.finfo(np.float64).tiny
+        x_out = np.maximum(x_in, 0.0) + step
+        todo = ~unbounded & ~degenerate
+        for _ in range(_MAX_WIDENINGS):
+            still = todo & accepted(x_out)
+            if not np.any(still):
+                break
+            step = np.where(still, 2.0 * step, step)
+            x_out = np.where(still, x_in + step, x_out)
+        else:  # pragma: no cover - p_inf < alpha guarantees a rejection beyond the group means
+            unbounded |= todo & accepted(x_out)
+            todo &= ~unbounded
+        # tighter rejected points: the percentile bootstrap end, and 0 when it is rejected
+        x_boot = side * ((boot[0] if side < 0 else boot[1]) - effect)
+        use_boot = todo & (x_boot > x_in) & (x_boot < x_out) & ~accepted(np.where(x_boot > 0, x_boot, 0.0))
+        x_out = np.where(use_boot, x_boot, x_out)
+        zero_out = todo & zero_here & (p0 < alpha) & (x_zero < x_out)
+        x_out = np.where(zero_out, x_zero, x_out)
+        while True:
+            active = todo & (x_out - x_in > xtol)
+            mid = 0.5 * (x_in + x_out)
+            active &= (mid > x_in) & (mid < x_out)  # stop at float resolution
+            if not np.any(active):
+                break
+            ok = accepted(np.where(active, mid, x_in))
+            x_in = np.where(active & ok, mid, x_in)
+            x_out = np.where(active & ~ok, mid, x_out)
+        end = np.where(degenerate, effect, at(x_in))
+        end = np.where(todo, _snap_to_breakpoint(flips, sums, sizes, end, effect, p0, alpha, xtol), end)
+        end = np.where(unbounded, side * np.inf, end)
+        if side < 0:
+            lows = end
+        else:
+            highs = end
+    # 0 is accepted exactly when p0 >= alpha (only needed for a degenerate column)
+    keep0 = p0 >= alpha
+    lows = np.where(keep0, np.minimum(lows, 0.0), lows)
+    highs = np.where(keep0, np.maximum(highs, 0.0), highs)
+    return np.asarray(lows, dtype=np.float64), np.asarray(highs, dtype=np.float64)
 
 
 # --------------------------------------------------------------------------- paired test
@@ -306,7 +564,14 @@ class PairedResult:
 
     ``effect``: variant mean - baseline mean over queries (never sign-flipped).
     ``se``: SD of the group-bootstrap distribution (ddof=1).
-    ``ci_low``/``ci_high``: percentile interval at level ``1 - alpha``.
+    ``ci_low``/``ci_high``: the interval at level ``1 - alpha`` obtained by
+    inverting the group sign-flip test (``ci_method``): every shift delta for
+    which the test on ``d - delta``, with the same sign vectors as ``p_value``,
+    gives ``p >= alpha``. It excludes 0 exactly when ``p_value < alpha``. It is
+    ``(-inf, inf)`` when the test can never reject (e.g. 5 groups or fewer at
+    alpha 0.05: the smallest exact p is 2 / 2**G).
+    ``boot_ci_low``/``boot_ci_high``: percentile group-bootstrap interval
+    (secondary; it can disagree with ``p_value`` near the boundary).
     ``p_value``: two-sided group sign-flip p -- the one to report and adjust.
     ``p_exact``: whether ``p_value`` came from full enumeration.
     ``p_bootstrap``: ``min(1, 2 * min(share(theta* <= 0), share(theta* >= 0)))``
@@ -314,9 +579,9 @@ class PairedResult:
     i.e. roughly the level at which the percentile CI starts to exclude 0.
     For reference only: it is too small with few queries or groups.
     ``bootstrap_unreliable``: ``n_groups < MIN_RELIABLE_GROUPS`` (30).
-    A metric whose differences are all 0 gets effect 0, SE 0, CI [0, 0],
-    ``p_value = p_bootstrap = 1`` and ``p_exact = True``.
-    ``n_resamples``: bootstrap replicates used; ``alpha``: the CI's alpha.
+    A metric whose differences are all 0 gets effect 0, SE 0, both intervals
+    [0, 0], ``p_value = p_bootstrap = 1`` and ``p_exact = True``.
+    ``n_resamples``: bootstrap replicates used; ``alpha``: the intervals' alpha.
     Arrays are read-only.
     """
 
@@ -324,6 +589,8 @@ class PairedResult:
     se: FloatArray
     ci_low: FloatArray
     ci_high: FloatArray
+    boot_ci_low: FloatArray
+    boot_ci_high: FloatArray
     p_value: FloatArray
     p_exact: BoolArray
     p_bootstrap: FloatArray
@@ -332,10 +599,23 @@ class PairedResult:
     n_groups: int
     n_resamples: int = 0  # bootstrap replicates actually used (0 = not recorded)
     alpha: float = 0.05
+    ci_method: str = "signflip_inversion"
 
 
 def _freeze(a: npt.NDArray[np.generic]) -> None:
     a.setflags(write=False)
+
+
+def _signflip_rngs(seed: int, signflip_seeds: Sequence[int] | None, m: int) -> list[int]:
+    if signflip_seeds is None:
+        return [derive_seed(seed, "signflip", str(j)) for j in range(m)]
+    seeds = list(signflip_seeds)
+    if len(seeds) != m:
+        raise ComparisonError(f"signflip_seeds: expected one seed per metric column ({m}), got {len(seeds)}")
+    for j, s in enumerate(seeds):
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+            raise ComparisonError(f"signflip_seeds[{j}]: expected a non-negative int, got {s!r}")
+    return [int(s) for s in seeds]
 
 
 def paired_test(
@@ -347,6 +627,7 @@ def paired_test(
     seed: int = 0,
     alpha: float = 0.05,
     counts: Sequence[npt.NDArray[np.integer[npt.NBitBase]]] | None = None,
+    signflip_seeds: Sequence[int] | None = None,
 ) -> PairedResult:
     """Group bootstrap + group sign-flip comparison of ``variant`` vs ``baseline``.
 
@@ -358,6 +639,12 @@ def paired_test(
     split's G groups, shared by all variants and metrics; the number of
     bootstrap resamples is then their total row count. Otherwise the counts
     are drawn from ``np.random.default_rng(seed)``.
+    ``signflip_seeds``: one seed per column for its Monte Carlo sign vectors
+    (``np.random.default_rng(signflip_seeds[j])``); None means
+    ``derive_seed(seed, "signflip", str(j))`` for column j. A column's p-value
+    and interval depend only on its own data and seed, never on the other
+    columns. The interval of column j re-uses exactly the sign vectors of its
+    p-value (see docs/statistics.md).
     """
     base = _as_matrix(baseline, "baseline")
     var = _as_matrix(variant, "variant")
@@ -369,6 +656,7 @@ def paired_test(
         raise ComparisonError(f"alpha must be in (0, 1), got {alpha!r}")
     alpha = float(alpha)
     n, m = base.shape
+    flip_seeds = _signflip_rngs(seed, signflip_seeds, m)
     d = var - base
     if groups is None:
         sums, sizes = d, np.ones(n, dtype=np.int64)
@@ -378,7 +666,8 @@ def paired_test(
 
     effect = d.mean(axis=0)
     # one product per chunk gives numerators (m columns) and denominator (last column)
-    sums_sizes = np.column_stack([sums, sizes.astype(np.float64)])
+    sizes_f = sizes.astype(np.float64)
+    sums_sizes = np.column_stack([sums, sizes_f])
     chunks: Iterator[npt.NDArray[np.integer[npt.NBitBase]]] | Sequence[npt.NDArray[np.integer[npt.NBitBase]]]
     if counts is None:
         chunks = bootstrap_counts(n_groups, int(B), np.random.default_rng(seed))
@@ -393,26 +682,40 @@ def paired_test(
     n_boot = theta.shape[0]
 
     se = theta.std(axis=0, ddof=1) if n_boot > 1 else np.zeros(m)
-    lo, hi = np.percentile(theta, [100.0 * alpha / 2, 100.0 * (1 - alpha / 2)], axis=0)
+    boot_lo, boot_hi = np.percentile(theta, [100.0 * alpha / 2, 100.0 * (1 - alpha / 2)], axis=0)
     tol = TIE_RTOL * np.abs(sums).sum(axis=0) / n
     below = np.count_nonzero(theta <= tol, axis=0)
     above = np.count_nonzero(theta >= -tol, axis=0)
     p_boot = np.minimum(1.0, 2.0 * np.minimum(below, above) / n_boot)
 
-    p, exact = signflip_pvalue(sums, B=int(B), rng=np.random.default_rng(derive_seed(seed, "signflip")))
-    p_exact = np.full(m, exact)
-
     zero = np.all(d == 0, axis=0)
+    rngs = [None if zero[j] else np.random.default_rng(flip_seeds[j]) for j in range(m)]
+    flips = _draw_signflips(sums, sizes_f, int(B), rngs)
+    p = _pvalue_at(flips, sums, sizes_f, np.zeros(m))
+    p_exact = np.full(m, flips.exact)
+    lo, hi = np.zeros(m), np.zeros(m)
+    live = ~zero
+    if np.any(live):
+        sub = _SignFlips(
+            flips.t[:, live],
+            flips.w if flips.w.shape[1] == 1 else flips.w[:, live],
+            flips.exact,
+            flips.budget,
+        )
+        lo[live], hi[live] = _invert_signflip(
+            sub, sums[:, live], sizes_f, effect[live], p[live], (boot_lo[live], boot_hi[live]), alpha
+        )
+
     if np.any(zero):
         effect[zero] = 0.0
         se[zero] = 0.0
-        lo[zero] = 0.0
-        hi[zero] = 0.0
+        boot_lo[zero] = 0.0
+        boot_hi[zero] = 0.0
         p[zero] = 1.0
         p_boot[zero] = 1.0
         p_exact[zero] = True
 
-    arrays = (effect, se, lo, hi, p, p_exact, p_boot)
+    arrays = (effect, se, lo, hi, boot_lo, boot_hi, p, p_exact, p_boot)
     for a in arrays:
         _freeze(a)
     return PairedResult(
@@ -420,6 +723,8 @@ def paired_test(
         se=se,
         ci_low=lo,
         ci_high=hi,
+        boot_ci_low=boot_lo,
+        boot_ci_high=boot_hi,
         p_value=p,
         p_exact=p_exact,
         p_bootstrap=p_boot,
