@@ -1,57 +1,51 @@
-"""The Hydra application: compose the config, run one variant."""
+"""The Hydra application: compose the config, run one variant.
+
+A single run (``python -m rag_ablate ...``) that fails prints one line and exits 2
+for an error rag_ablate raises on purpose (a bad dataset, an unusable MLflow store);
+anything else exits 1 with Hydra's report. Inside a sweep the error is raised
+instead, so Hydra records the job as failed and the sweeper lists it at the end.
+"""
 
 from __future__ import annotations
 
-import re
 import sys
-from functools import cache
-from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from rag_ablate.config import register_configs
 from rag_ablate.errors import RagAblateError
+from rag_ablate.overrides import CONF_DIR, normalize_overrides, numeric_groups, register_resolvers
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-
-_NUMERIC = r"[0-9]+(?:\.[0-9]+)?"
-_OVERRIDE = re.compile(rf"^(?P<key>[A-Za-z_][\w/]*)=(?P<vals>{_NUMERIC}(?:,{_NUMERIC})*)$")
-
-
-@cache
-def numeric_groups(conf_dir: Path = CONF_DIR) -> frozenset[str]:
-    """Config groups with at least one option whose name is a number (e.g. ``chunk``)."""
-    found = set()
-    if conf_dir.is_dir():
-        for sub in conf_dir.iterdir():
-            if sub.is_dir() and any(p.stem.replace(".", "", 1).isdigit() for p in sub.glob("*.yaml")):
-                found.add(sub.name)
-    return frozenset(found)
-
-
-def normalize_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> list[str]:
-    """Quote bare numbers given to numeric config groups: ``chunk=256,512`` -> ``chunk='256','512'``."""
-    groups = numeric_groups(conf_dir)
-    out = []
-    for arg in args:
-        m = _OVERRIDE.match(arg)
-        if m and m.group("key") in groups:
-            arg = m.group("key") + "=" + ",".join(f"'{v}'" for v in m.group("vals").split(","))
-        out.append(arg)
-    return out
-
+__all__ = ["CONF_DIR", "main", "normalize_overrides", "numeric_groups"]
 
 register_configs()
+register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     from rag_ablate.runner import run_variant
 
+    hc = HydraConfig.get()
     try:
-        result = run_variant(cfg)
-    except RagAblateError as exc:
-        print(f"rag_ablate: error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    return result
+        return run_variant(cfg)
+    except Exception as exc:
+        if hc.mode == RunMode.MULTIRUN:
+            print(f"rag_ablate: job #{hc.job.num} failed: {one_line(exc)}", file=sys.stderr)
+            raise  # recorded by Hydra as a failed job; the sweeper reports it
+        if isinstance(exc, RagAblateError):
+            print(f"rag_ablate: error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        raise
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its type unless it is one of ours, and its first line."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if isinstance(exc, RagAblateError):
+        return first or type(exc).__name__
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -1,38 +1,146 @@
 """Content-addressed caches shared across variants and processes.
 
 A chunked corpus, a BM25 index and an embedding matrix are each computed once per
-distinct input and reused by every variant that needs the same thing: the key
-is a hash of exactly what the artefact depends on (corpus fingerprint, chunk
-settings, analyzer or model id and version). Writes are atomic (written under a
-temporary name, then renamed), so parallel jobs never read a half-written entry;
-when two jobs build the same entry at once, both results are identical and the
-second rename simply wins.
+distinct input and reused by every variant that needs the same thing. The key is
+a hash of everything that can change the artefact: the stage's effective settings
+and inputs, plus the code that computes it (this package's version, the Python
+version and a hash of the stage's own source files) and the versions of the
+libraries it calls. Each stage builds its key parts in one function
+(``chunk_key_parts``, ``bm25_key_parts``, ``passage_embedding_key_parts``,
+``query_embedding_key_parts``) from the helpers below: :func:`code_parts`,
+:func:`code_fingerprint`, :func:`library_versions`, :func:`bytes_fingerprint`,
+:func:`words_fingerprint` and :func:`file_fingerprint`. None of them imports a heavy
+library: versions come from the installed distributions' metadata, sources are read
+from disk. docs/architecture.md describes the stages.
 
-Layout: ``<root>/<kind>/<key>.<ext>`` plus ``<key>.meta.json`` holding the key's
-parts and the build time, for a person who wonders what an entry is.
+Layout: one folder per entry, ``<root>/<kind>/<key>/``, holding the data (``data.npy``,
+``data.json`` or a ``data/`` folder) and ``meta.json`` (the key's parts, the build
+time), for a person who wonders what an entry is. An entry is written in a hidden
+temporary folder next to it and renamed into place in one step, so a reader sees
+data and meta together or not at all; a build that raises removes its temporary
+folder. When two processes build the same entry at once, the first rename wins and
+the second process discards its own (identical) copy.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+META_FILE = "meta.json"
+_TMP_PREFIX = ".tmp-"
+_STALE_TMP_SECONDS = 24 * 3600  # temporary folders older than this were left by a killed process
+ABSENT = "absent"  # the version of a distribution that is not installed
+
 
 def content_key(kind: str, parts: Mapping[str, Any]) -> str:
-    """A stable hash of everything an artefact depends on."""
+    """A stable hash of everything an artefact depends on (key order does not matter)."""
     payload = json.dumps({"kind": kind, **parts}, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------- key parts
+
+
+def bytes_fingerprint(data: bytes) -> str:
+    """sha256 of ``data`` (hex, 16 characters): for word lists and other small resources."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def words_fingerprint(words: Iterable[str]) -> str:
+    """Fingerprint of a set of words (a stop-word list): independent of their order."""
+    return bytes_fingerprint("\n".join(sorted(set(words))).encode("utf-8"))
+
+
+_FILE_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def file_fingerprint(path: Path) -> str:
+    """sha256 of a file's content (hex, 16 characters); remembered per path, size and mtime."""
+    st = path.stat()
+    stamp = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    digest = _FILE_DIGESTS.get(stamp)
+    if digest is None:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        digest = _FILE_DIGESTS[stamp] = h.hexdigest()[:16]
+    return digest
+
+
+def _module_source(module: str) -> bytes:
+    """The source file of an importable module, read without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.has_location:
+        raise ValueError(f"module {module!r} has no source file to fingerprint")
+    return Path(spec.origin).read_bytes()
+
+
+def code_fingerprint(*modules: str) -> str:
+    """sha256 (hex, 16 characters) over the named modules' source files, in the given order.
+
+    The stage's own modules, e.g. ``code_fingerprint("rag_ablate.pipeline.chunking")``:
+    any edit to them changes every key built from this fingerprint, so nobody has to
+    remember to bump a version number.
+    """
+    if not modules:
+        raise ValueError("code_fingerprint needs at least one module name")
+    h = hashlib.sha256()
+    for name in modules:
+        source = _module_source(name)
+        h.update(f"{name}\0{len(source)}\0".encode())
+        h.update(source)
+    return h.hexdigest()[:16]
+
+
+def package_version() -> str:
+    """This package's version (read at call time)."""
+    import rag_ablate
+
+    return str(rag_ablate.__version__)
+
+
+def code_parts(*modules: str) -> dict[str, str]:
+    """The identity of the code that computes a stage: package, Python (major.minor) and source hash."""
+    return {
+        "package": package_version(),
+        "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+        "source": code_fingerprint(*modules),
+    }
+
+
+def _dist_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return ABSENT
+
+
+def library_versions(*dists: str) -> dict[str, str]:
+    """Installed versions of the named distributions (``"absent"`` when not installed).
+
+    Read from package metadata, so asking for ``torch`` does not import it.
+    """
+    return {d: _dist_version(d) for d in sorted(set(dists))}
+
+
+# --------------------------------------------------------------------------- cache
 
 
 @dataclass
@@ -51,9 +159,9 @@ class Cache:
     enabled: bool = True
     stats: dict[str, CacheStats] = field(default_factory=dict)
 
-    def _paths(self, kind: str, key: str, ext: str) -> tuple[Path, Path]:
-        folder = self.root / kind
-        return folder / f"{key}{ext}", folder / f"{key}.meta.json"
+    def entry(self, kind: str, parts: Mapping[str, Any]) -> Path:
+        """The folder of the entry ``parts`` would be stored in (it may not exist)."""
+        return self.root / kind / content_key(kind, parts)
 
     def _record(self, kind: str, hit: bool, seconds: float, stored: float) -> None:
         st = self.stats.setdefault(kind, CacheStats())
@@ -64,86 +172,141 @@ class Cache:
             st.build_seconds += seconds
         st.stored_build_seconds += stored
 
-    def _write_meta(self, meta: Path, parts: Mapping[str, Any], seconds: float) -> None:
-        _atomic_write_bytes(
-            meta,
-            json.dumps(
-                {"parts": dict(parts), "build_seconds": seconds, "created": time.time()},
-                default=str,
-                ensure_ascii=False,
-                indent=1,
-            ).encode("utf-8"),
-        )
+    def _present(self, entry: Path) -> bool:
+        return self.enabled and (entry / META_FILE).is_file()
 
-    def _stored_seconds(self, meta: Path) -> float:
+    def _hit(self, kind: str, entry: Path) -> None:
         try:
-            return float(json.loads(meta.read_text(encoding="utf-8")).get("build_seconds", 0.0))
-        except (OSError, ValueError):
-            return 0.0
+            meta = json.loads((entry / META_FILE).read_text(encoding="utf-8"))
+            stored = float(meta.get("build_seconds", 0.0))
+        except (OSError, ValueError, AttributeError):
+            stored = 0.0
+        self._record(kind, True, 0.0, stored)
+
+    def _new_tmp(self, entry: Path) -> Path:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_tmp(entry.parent)
+        return Path(tempfile.mkdtemp(dir=entry.parent, prefix=f"{_TMP_PREFIX}{entry.name}."))
+
+    def _publish(
+        self, kind: str, entry: Path, tmp: Path, parts: Mapping[str, Any], data: str, seconds: float
+    ) -> None:
+        """Add the meta to the finished ``tmp`` folder and rename it to ``entry`` (removing it on failure)."""
+        try:
+            meta = {
+                "kind": kind,
+                "key": entry.name,
+                "data": data,
+                "parts": dict(parts),
+                "build_seconds": seconds,
+                "created": time.time(),
+            }
+            text = json.dumps(meta, default=str, ensure_ascii=False, indent=1)
+            (tmp / META_FILE).write_text(text, encoding="utf-8")
+            for attempt in range(2):
+                try:
+                    os.rename(tmp, entry)  # fails when entry exists (a non-empty folder)
+                    break
+                except OSError:
+                    if (entry / META_FILE).is_file():
+                        break  # another process published the same entry first; its content is the same
+                    if attempt or not entry.exists():
+                        raise
+                    # a folder without meta was not written by this class (entries appear whole):
+                    # a leftover of an older layout or of a manual edit, so replace it
+                    shutil.rmtree(entry, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # a no-op after a successful rename
+
+    def _store(
+        self,
+        kind: str,
+        entry: Path,
+        parts: Mapping[str, Any],
+        data: str,
+        seconds: float,
+        write: Callable[[Path], None],
+    ) -> None:
+        tmp = self._new_tmp(entry)
+        try:
+            write(tmp / data)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._publish(kind, entry, tmp, parts, data, seconds)
 
     def array(self, kind: str, parts: Mapping[str, Any], build: Callable[[], np.ndarray]) -> np.ndarray:
         """A numpy array, loaded from the cache or built and stored."""
-        key = content_key(kind, parts)
-        path, meta = self._paths(kind, key, ".npy")
-        if self.enabled and path.is_file():
-            arr = np.asarray(np.load(path, allow_pickle=False))
-            self._record(kind, True, 0.0, self._stored_seconds(meta))
+        entry = self.entry(kind, parts)
+        if self._present(entry):
+            arr = np.asarray(np.load(entry / "data.npy", allow_pickle=False))
+            self._hit(kind, entry)
             return arr
         t0 = time.perf_counter()
         arr = build()
         seconds = time.perf_counter() - t0
         if self.enabled:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".npy")
-            with os.fdopen(fd, "wb") as f:
-                np.save(f, arr, allow_pickle=False)
-            os.replace(tmp, path)
-            self._write_meta(meta, parts, seconds)
+
+            def write(path: Path) -> None:
+                with path.open("wb") as f:
+                    np.save(f, arr, allow_pickle=False)
+
+            self._store(kind, entry, parts, "data.npy", seconds, write)
         self._record(kind, False, seconds, seconds)
         return arr
 
     def json(self, kind: str, parts: Mapping[str, Any], build: Callable[[], Any]) -> Any:
         """A JSON-serialisable value, loaded from the cache or built and stored."""
-        key = content_key(kind, parts)
-        path, meta = self._paths(kind, key, ".json")
-        if self.enabled and path.is_file():
-            value = json.loads(path.read_text(encoding="utf-8"))
-            self._record(kind, True, 0.0, self._stored_seconds(meta))
+        entry = self.entry(kind, parts)
+        if self._present(entry):
+            value = json.loads((entry / "data.json").read_text(encoding="utf-8"))
+            self._hit(kind, entry)
             return value
         t0 = time.perf_counter()
         value = build()
         seconds = time.perf_counter() - t0
         if self.enabled:
-            _atomic_write_bytes(path, json.dumps(value, ensure_ascii=False).encode("utf-8"))
-            self._write_meta(meta, parts, seconds)
+
+            def write(path: Path) -> None:
+                path.write_text(json.dumps(value, ensure_ascii=False), encoding="utf-8")
+
+            self._store(kind, entry, parts, "data.json", seconds, write)
         self._record(kind, False, seconds, seconds)
         return value
 
     def folder(self, kind: str, parts: Mapping[str, Any], build: Callable[[Path], None]) -> Path:
-        """A folder written by ``build(folder)``; returns where it lives (a temporary one when disabled)."""
-        key = content_key(kind, parts)
-        path, meta = self._paths(kind, key, "")
-        if self.enabled and path.is_dir():
-            self._record(kind, True, 0.0, self._stored_seconds(meta))
-            return path
-        if self.enabled:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{key}."))
-        else:  # a private temporary folder, removed when the process ends
+        """A folder written by ``build(folder)``; returns where it lives (a temporary one when disabled).
+
+        ``build`` receives an existing empty folder.
+        """
+        entry = self.entry(kind, parts)
+        if self._present(entry):
+            self._hit(kind, entry)
+            return entry / "data"
+        if not self.enabled:  # a private temporary folder, removed when the process ends
             tmp = Path(tempfile.mkdtemp(prefix=f"rag_ablate_{kind}_"))
             atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-        t0 = time.perf_counter()
-        build(tmp)
-        seconds = time.perf_counter() - t0
-        self._record(kind, False, seconds, seconds)
-        if not self.enabled:
+            t0 = time.perf_counter()
+            try:
+                build(tmp)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            seconds = time.perf_counter() - t0
+            self._record(kind, False, seconds, seconds)
             return tmp
+        tmp = self._new_tmp(entry)
+        t0 = time.perf_counter()
         try:
-            os.rename(tmp, path)
-        except OSError:  # built meanwhile by another job: theirs is identical
+            (tmp / "data").mkdir()
+            build(tmp / "data")
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-        self._write_meta(meta, parts, seconds)
-        return path
+            raise
+        seconds = time.perf_counter() - t0
+        self._publish(kind, entry, tmp, parts, "data", seconds)
+        self._record(kind, False, seconds, seconds)
+        return entry / "data"
 
     def metrics(self) -> dict[str, float]:
         """Per-kind hits, misses and build seconds, as run metrics."""
@@ -155,9 +318,10 @@ class Cache:
         return out
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def _remove_stale_tmp(folder: Path) -> None:
+    """Remove temporary folders that a killed process left behind (older than a day)."""
+    now = time.time()
+    for p in folder.glob(f"{_TMP_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            if now - p.stat().st_mtime > _STALE_TMP_SECONDS:
+                shutil.rmtree(p, ignore_errors=True)

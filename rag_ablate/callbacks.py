@@ -1,27 +1,48 @@
-"""Sweep-wide steps, run by Hydra in the driver process of a multirun.
+"""The sweep's own steps, run by the ablation sweeper in the driver process.
 
-``on_multirun_start`` creates the MLflow store and the sweep's parent run before
-any job starts (two jobs creating one sqlite store at once crash) and leaves its
-id in ``<sweep dir>/sweep.json`` for the jobs. ``on_multirun_end`` reads what the
-jobs wrote to disk (they may have run in other processes or machines), prints
-the per-variant table and logs it to the parent run.
+The sweeper (``hydra_plugins/rag_ablate_sweeper``) first validates every job of
+the plan (:func:`rag_ablate.ablation.check_plan`), then calls:
+
+* :func:`start_sweep`, before any job: opens the MLflow store (an unusable one
+  fails here, before anything is spent or created), creates the sweep folder with
+  ``plan.json``, the sweep's parent run, and ``sweep.json`` with its id for the
+  jobs (two jobs creating one sqlite store at once would crash);
+* :func:`finish_sweep`, after the launcher returns: checks every job's outcome,
+  reads what the jobs wrote to disk (they may have run in other processes or
+  machines), prints the per-variant table, runs the comparison over the jobs
+  that finished, logs to the parent run and ends it (``FAILED`` when anything
+  failed), writes ``failures.json`` and returns the sweep's exit code.
+
+Nothing is left to Hydra's callbacks: Hydra calls them before the sweeper has
+validated the plan and turns their exceptions into warnings.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
+from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig
 
 from rag_ablate import compare, tracking
-from rag_ablate.config import RunConfig, to_settings
-from rag_ablate.guard import confounded_variants
+from rag_ablate.ablation import Plan, write_plan
+from rag_ablate.app import one_line
+from rag_ablate.config import to_settings
+from rag_ablate.errors import TrackingError
+from rag_ablate.layout import FAILURES_FILE, SUMMARY_FILE, SWEEP_FILE, SWEEP_SUMMARY_MD, VARIANT_FILE
 from rag_ablate.report import markdown_table, print_table, ui_hint
-from rag_ablate.runner import SUMMARY_FILE, SWEEP_FILE, resolve_tracking, variant_label
+from rag_ablate.runner import variant_label
+
+# exit codes of a sweep
+EXIT_FAILED = 1  # a job, the comparison, the MLflow logging or the regression gate failed
+EXIT_INVALID = 2  # nothing ran: the plan, a job's config or the MLflow store is unusable
 
 
 def _sweep_dir(config: DictConfig) -> Path:
@@ -37,86 +58,171 @@ def read_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
     found = []
     for path in sweep_dir.glob(f"*/{SUMMARY_FILE}"):
         data = json.loads(path.read_text(encoding="utf-8"))
-        variant = path.parent / "variant.json"
+        variant = path.parent / VARIANT_FILE
         num = json.loads(variant.read_text(encoding="utf-8")).get("job_num", 0) if variant.is_file() else 0
         found.append((num, data))
     return [d for _, d in sorted(found, key=lambda t: t[0])]
 
 
-def run_comparison(s: RunConfig, sweep_dir: Path) -> compare.Comparison:
-    """Compare the sweep's variants from what the jobs wrote, print it, write comparison.json/.md."""
-    variants = compare.load_sweep_dir(sweep_dir)
-    c = compare.compare(
-        variants,
-        baseline=s.compare.baseline,
-        metrics=s.compare.metrics,
-        splits=s.compare.splits,
-        B=s.compare.B,
-        seed=s.seed,
-        alpha=s.compare.alpha,
-        flip_threshold=s.compare.flip_threshold,
-    )
-    c.confounded = confounded_variants(variants, c.baseline)
-    compare.write_outputs(c, sweep_dir)
-    print()
-    print(compare.format_terminal(c))
-    return c
+@dataclass
+class Failure:
+    """One thing of a sweep that failed: a job, or a sweep-wide step."""
+
+    step: str  # job | launch | comparison | tracking
+    what: str  # the job's label, or the step
+    error: str  # one line: why
+    job: int | None = None  # the job number, for a job
+    detail: str = ""  # the traceback, kept in failures.json
+
+    def line(self) -> str:
+        where = f"job #{self.job} {self.what}" if self.job is not None else self.what
+        return f"{where}: {self.error}"
 
 
-class SweepCallback(Callback):
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        s = to_settings(config)
-        if s.ablation.dry_run:
-            return
-        sweep_dir = _sweep_dir(config)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        output_root = (_cwd(config) / s.paths.output_root).resolve()
-        info: dict[str, Any] = {"overrides": list(config.hydra.overrides.task)}
-        if s.tracking.enabled:
-            uri, artifacts = resolve_tracking(s, output_root)
-            experiment_id = tracking.ensure_experiment(uri, s.tracking.experiment, artifacts)
-            name = "sweep " + variant_label(list(config.hydra.overrides.task))
-            tags = tracking.base_tags(_cwd(config))
-            tags["sweep.dir"] = str(sweep_dir.resolve())
-            tags["ablation.mode"] = s.ablation.mode
+def _failure(step: str, what: str, exc: BaseException, job: int | None = None) -> Failure:
+    detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return Failure(step, what, one_line(exc), job, detail)
+
+
+def job_failures(plan: Plan, returns: Sequence[JobReturn]) -> list[Failure]:
+    """The jobs that did not complete, from the launcher's JobReturns (in job order)."""
+    out = []
+    for i, job in enumerate(plan.jobs):
+        ret = returns[i] if i < len(returns) else None
+        if ret is None:
+            out.append(Failure("job", job.label, "did not run (the launcher returned no result)", job.index))
+        elif ret.status == JobStatus.FAILED:
+            exc = getattr(ret, "_return_value", None)  # `return_value` would raise it
+            if isinstance(exc, BaseException):
+                out.append(_failure("job", job.label, exc, job.index))
+            else:
+                out.append(Failure("job", job.label, "failed", job.index))
+        elif ret.status != JobStatus.COMPLETED:
+            out.append(Failure("job", job.label, f"did not finish (status {ret.status.name})", job.index))
+    return out
+
+
+def start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
+    """Open the MLflow store, create the sweep folder, plan and parent run; the sweep's handle.
+
+    An unusable store raises TrackingError before the sweep folder is created.
+    """
+    s = to_settings(config)
+    sweep_dir = _sweep_dir(config)
+    output_root = (_cwd(config) / s.paths.output_root).resolve()
+    info: dict[str, Any] = {"overrides": list(config.hydra.overrides.task), "jobs": len(plan.jobs)}
+    experiment_id = None
+    if s.tracking.enabled:
+        uri, artifacts = tracking.resolve(s.tracking, output_root)
+        experiment_id = tracking.open_store(
+            uri, s.tracking.experiment, artifacts, create_folder=s.tracking.uri is None
+        )
+    write_plan(plan, sweep_dir, config)
+    if experiment_id is not None:
+        name = "sweep " + variant_label(list(config.hydra.overrides.task))
+        tags = tracking.base_tags(_cwd(config))
+        tags["sweep.dir"] = str(sweep_dir.resolve())
+        tags["ablation.mode"] = s.ablation.mode
+        try:
             parent = tracking.start_parent(uri, experiment_id, name, tags)
-            info.update(parent_run_id=parent, experiment_id=experiment_id, tracking_uri=uri)
-        (sweep_dir / SWEEP_FILE).write_text(json.dumps(info, indent=1), encoding="utf-8")
+        except Exception as exc:
+            why = one_line(exc)
+            raise TrackingError(f"MLflow store {uri}: cannot create the sweep's run: {why}") from exc
+        info.update(parent_run_id=parent, experiment_id=experiment_id, tracking_uri=uri)
+    (sweep_dir / SWEEP_FILE).write_text(json.dumps(info, indent=1), encoding="utf-8")
+    return info
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        s = to_settings(config)
-        if s.ablation.dry_run:
-            return
-        sweep_dir = _sweep_dir(config)
-        summaries = read_summaries(sweep_dir)
-        print_table(summaries, s.metrics.summary)
-        (sweep_dir / "summary.md").write_text(markdown_table(summaries, s.metrics.summary), encoding="utf-8")
-        print(f"\nsweep folder: {sweep_dir}")
-        info_path = sweep_dir / SWEEP_FILE
-        info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
-        failures: list[str] = []
-        outputs = [sweep_dir / "summary.md", info_path]
-        cmp = None
-        if s.compare.enabled and len(summaries) > 1:
-            cmp = run_comparison(s, sweep_dir)
-            outputs += [sweep_dir / compare.COMPARISON_JSON, sweep_dir / compare.COMPARISON_MD]
-            failures = compare.gate(cmp, s.compare.fail_on)
-        if "parent_run_id" in info:
-            uri, run_id = info["tracking_uri"], info["parent_run_id"]
-            tracking.log_artifacts(uri, run_id, outputs)
-            tracking.log_metrics(uri, run_id, {"sweep/n_variants": float(len(summaries))})
-            if cmp is not None:
-                for summary in summaries:
-                    if summary.get("run_id") and summary["label"] in cmp.variants:
-                        tracking.log_metrics(
-                            uri, summary["run_id"], compare.delta_metrics(cmp, summary["label"])
-                        )
-            tracking.end_run(uri, run_id, "FAILED" if failures else "FINISHED")
+
+def _write_failures(sweep_dir: Path, failures: list[Failure]) -> Path:
+    path = sweep_dir / FAILURES_FILE
+    data = {"failed": bool(failures), "failures": [asdict(f) for f in failures]}
+    path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
+    return path
+
+
+def finish_sweep(
+    config: DictConfig,
+    plan: Plan,
+    returns: Sequence[JobReturn],
+    launch_error: BaseException | None = None,
+) -> int:
+    """Everything after the jobs; returns the sweep's exit code (0, or EXIT_FAILED).
+
+    Whatever failed, the table and the comparison of the jobs that finished are
+    still written and logged; each failure is one line on stderr and one entry,
+    with its traceback, in ``failures.json``.
+    """
+    s = to_settings(config)
+    sweep_dir = _sweep_dir(config)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    failures = job_failures(plan, returns)
+    if launch_error is not None:
+        failures.insert(0, _failure("launch", "launcher", launch_error))
+
+    summaries = read_summaries(sweep_dir)
+    print_table(summaries, s.metrics.summary)
+    (sweep_dir / SWEEP_SUMMARY_MD).write_text(markdown_table(summaries, s.metrics.summary), encoding="utf-8")
+    print(f"\nsweep folder: {sweep_dir}")
+    info_path = sweep_dir / SWEEP_FILE
+    info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+
+    gate_failures: list[str] = []
+    compared = False
+    baseline_failed = s.compare.baseline is None and any(
+        f.job == job.index for f in failures for job in plan.jobs if job.role == "baseline"
+    )
+    if s.compare.enabled and len(plan.jobs) > 1:
+        if baseline_failed:
+            failures.append(Failure("comparison", "comparison", "not run: the baseline job failed"))
+        elif len(summaries) > 1:
+            print()
+            try:
+                done = compare.run_comparison(sweep_dir, s.compare, seed=s.seed, log=True)
+                gate_failures = list(done.failures)
+                compared = True
+            except Exception as exc:
+                failures.append(_failure("comparison", "comparison", exc))
+        else:
+            n = len(summaries)
+            failures.append(
+                Failure("comparison", "comparison", f"not run: {n} of {len(plan.jobs)} job(s) finished")
+            )
+
+    failures_path = _write_failures(sweep_dir, failures)
+    if "parent_run_id" in info:
+        uri, run_id = info["tracking_uri"], info["parent_run_id"]
+        try:
+            tracking.log_artifacts(uri, run_id, [sweep_dir / SWEEP_SUMMARY_MD, info_path, failures_path])
+            tracking.log_metrics(
+                uri,
+                run_id,
+                {
+                    "sweep/n_variants": float(len(summaries)),
+                    "sweep/n_failed_jobs": float(sum(1 for f in failures if f.step == "job")),
+                },
+            )
+            tracking.end_run(uri, run_id, "FAILED" if failures or gate_failures else "FINISHED")
+        except Exception as exc:
+            failures.append(_failure("tracking", f"MLflow logging to {uri}", exc))
+            _write_failures(sweep_dir, failures)
+            with contextlib.suppress(Exception):  # the store is gone: the failure above says so
+                tracking.end_run(uri, run_id, "FAILED")
+        else:
             print(ui_hint(uri))
-        if cmp is not None:
-            print(f"comparison: {sweep_dir / compare.COMPARISON_MD}  (again: rag-ablate compare {sweep_dir})")
-        if failures:
-            print("\nregression gate FAILED:", file=sys.stderr)
-            for f in failures:
-                print(f"  {f}", file=sys.stderr)
-            sys.exit(1)
+    if compared:
+        print(f"comparison: {sweep_dir / compare.COMPARISON_MD}  (again: rag-ablate compare {sweep_dir})")
+
+    if failures:
+        print(
+            f"\nsweep FAILED: {len(failures)} problem(s); details in {failures_path}",
+            file=sys.stderr,
+        )
+        for f in failures:
+            print(f"  {f.line()}", file=sys.stderr)
+    if gate_failures:
+        print("\nregression gate FAILED:", file=sys.stderr)
+        for g in gate_failures:
+            print(f"  {g}", file=sys.stderr)
+    elif compared and s.compare.fail_on:
+        print(f"regression gate passed ({len(s.compare.fail_on)} rule(s))")
+    return EXIT_FAILED if failures or gate_failures else 0

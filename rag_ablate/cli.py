@@ -133,52 +133,24 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from rag_ablate import compare, tracking
+    from rag_ablate import compare
+    from rag_ablate.config import CompareConfig
 
-    source = Path(args.source)
-    if source.is_dir():
-        variants = compare.load_sweep_dir(source)
-        out_dir = source
-        parent_id = None
-        uri = args.tracking_uri
-    else:
-        uri = args.tracking_uri or f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
-        parent_id = args.source
-        variants = compare.load_mlflow_parent(uri, parent_id)
-        out_dir = Path(args.out) if args.out else Path.cwd() / "outputs" / "comparisons" / parent_id
-    seed = args.seed
-    if seed is None:
-        seed = int(variants[0].config.get("seed", 0))
-    metrics = args.metrics.split(",") if args.metrics else list(compare.DEFAULT_METRICS)
-    splits = args.splits.split(",") if args.splits else ["dev", "holdout"]
-    c = compare.compare(
-        variants,
+    source = compare.load_source(args.source, args.tracking_uri, Path(args.out) if args.out else None)
+    settings = CompareConfig(
         baseline=args.baseline,
-        metrics=metrics,
-        splits=splits,
+        metrics=args.metrics.split(",") if args.metrics else list(compare.DEFAULT_METRICS),
+        splits=args.splits.split(",") if args.splits else ["dev", "holdout"],
         B=args.B,
-        seed=seed,
         alpha=args.alpha,
         flip_threshold=args.flip_threshold,
+        fail_on=list(args.fail_on or []),
     )
-    if args.guard:
-        from rag_ablate.guard import confounded_variants
-
-        c.confounded = confounded_variants(variants, c.baseline)
-    paths = compare.write_outputs(c, out_dir)
-    failures = compare.gate(c, args.fail_on or [])
-    print(compare.format_terminal(c))
-    print(f"\nwritten: {', '.join(str(p) for p in paths)}")
-    if parent_id is not None and uri is not None:
-        tracking.log_artifacts(uri, parent_id, paths)
-    if failures:
-        print("\nregression gate FAILED:", file=sys.stderr)
-        for f in failures:
-            print(f"  {f}", file=sys.stderr)
-        return 1
-    if args.fail_on:
-        print(f"regression gate passed ({len(args.fail_on)} rule(s))")
-    return 0
+    # a run id: the comparison goes to its parent run and the effects to the child runs, as after a sweep
+    log = not Path(args.source).is_dir()
+    run = compare.run_comparison(source, settings, seed=args.seed, guard=args.guard, log=log)
+    print(f"\nwritten: {', '.join(str(p) for p in run.paths)}")
+    return compare.gate_report(run, len(settings.fail_on))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -226,22 +198,31 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-guard", dest="guard", action="store_false", help="skip the confounding check")
     c.set_defaults(func=cmd_compare)
 
-    from rag_ablate.importers import FORMATS
+    from rag_ablate.importers import IMPORTERS, doc_units
 
+    formats = IMPORTERS.names()
     im = sub.add_parser(
         "import",
-        help="convert a public dataset (SQuAD, BEIR, ClapNQ) into a dataset folder",
-        description="Import SOURCE in FORMAT into OUT_DIR (corpus.jsonl, queries.jsonl), group "
-        "near-duplicates, assign splits, validate, and report what could not be mapped.",
+        help=f"convert a public dataset ({', '.join(formats)}) into a dataset folder",
+        description="Import SOURCE in FORMAT into OUT_DIR (corpus.jsonl, queries.jsonl), group\n"
+        "near-duplicates, assign splits, validate, and report what was mapped and what could not be.",
+        epilog="formats:\n" + "\n".join(f"  {name:<8} {IMPORTERS.get(name).summary}" for name in formats),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    im.add_argument("format", choices=FORMATS, help="source format")
+    im.add_argument("format", choices=formats, help="source format: %(choices)s")
     im.add_argument("source", help="the source file or folder")
     im.add_argument("out_dir", help="the dataset folder to write")
     im.add_argument(
         "--doc-unit",
         default="context",
-        choices=["context", "article"],
-        help="squad: one document per context (default) or per article",
+        choices=doc_units(),
+        help="what becomes one document: "
+        + "; ".join(
+            f"{name}: {', '.join(IMPORTERS.get(name).doc_units)}"
+            for name in formats
+            if len(IMPORTERS.get(name).doc_units) > 1
+        )
+        + " (default context)",
     )
     im.add_argument("--holdout-share", type=float, default=0.3, help="target holdout share (default 0.3)")
     im.add_argument("--seed", type=int, default=0, help="seed of grouping and split assignment")

@@ -5,7 +5,7 @@
 is merged into a typed node: a misspelt key or a string where a number belongs
 fails at composition time, naming the key.
 
-One group per ablation axis: ``dataset``, ``chunk``, ``retrieval``, ``rerank``,
+One group per ablation axis: ``system``, ``dataset``, ``chunk``, ``retrieval``, ``rerank``,
 ``router``, ``tracking``, plus ``experiment`` for named studies. Each dataclass
 field carries one comment saying what it means.
 """
@@ -22,9 +22,15 @@ from rag_ablate.errors import ConfigError
 
 
 @dataclass
+class SystemConfig:
+    name: str = "local"  # the system under test: local (rag_ablate's own pipeline); see rag_ablate.systems
+    # a later remote system (e.g. http) adds its settings here: base_url, timeout, headers, ...
+
+
+@dataclass
 class DatasetConfig:
     name: str = "sample"  # label used in run names and tags
-    path: str | None = None  # dataset folder (DATASET_FORMAT.md); null = embedded sample
+    path: str | None = None  # dataset folder (docs/dataset-format.md); null = embedded sample
     holdout_share: float = 0.3  # target share of queries in holdout when splits are assigned
     group_threshold: float = 0.7  # char 4-gram Jaccard at which queries count as near-duplicates
 
@@ -126,6 +132,7 @@ COMPARE_METRICS = (
     "intent_top1",
     "context_tokens_at_5",
     "latency_ms",
+    "error_rate",
 )
 
 
@@ -156,6 +163,7 @@ class PathsConfig:
 
 @dataclass
 class RunConfig:
+    system: SystemConfig = field(default_factory=SystemConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
@@ -194,8 +202,27 @@ def to_settings(cfg: DictConfig) -> RunConfig:
     return settings
 
 
+def check_names(s: RunConfig) -> None:
+    """Every pluggable name in ``s`` must be registered; UnknownNameError lists the valid ones.
+
+    Runs when the config is composed, so a misspelt ``retrieval=bm52`` or
+    ``rerank.encoder=minlm`` fails before any job starts.
+    """
+    from rag_ablate.pipeline.stages import FUSIONS, RERANKERS, RETRIEVERS, ROUTERS, check_encoder
+    from rag_ablate.systems import SYSTEMS
+
+    SYSTEMS.check(s.system.name)
+    RETRIEVERS.check(s.retrieval.method)
+    FUSIONS.check(s.retrieval.hybrid.fusion)
+    RERANKERS.check(s.rerank.method)
+    ROUTERS.check(s.router.method)
+    check_encoder("retrieval.dense.encoder", s.retrieval.dense.encoder)
+    check_encoder("rerank.encoder", s.rerank.encoder)
+
+
 def validate(s: RunConfig) -> None:
-    """Checks that a schema cannot express (ranges and combinations)."""
+    """Checks that a schema cannot express (registered names, ranges and combinations)."""
+    check_names(s)
     c = s.chunk
     if c.size < 1:
         raise ConfigError(f"chunk.size must be >= 1, got {c.size}")

@@ -1,4 +1,4 @@
-"""The dataset contract (DATASET_FORMAT.md): load, validate, group, split.
+"""The dataset contract (docs/dataset-format.md): load, validate, group, split.
 
 A dataset is a folder with ``corpus.jsonl``, ``queries.jsonl`` and optionally
 ``intents.jsonl``. :func:`load_dataset` reads all three, checks every rule of the

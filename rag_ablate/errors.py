@@ -21,7 +21,7 @@ class RagAblateError(Exception):
 
 
 class DatasetError(RagAblateError):
-    """A dataset file breaks the contract in DATASET_FORMAT.md.
+    """A dataset file breaks the contract in docs/dataset-format.md.
 
     ``file``, ``line`` (1-based, or None for file-level problems) and ``field``
     say exactly where.

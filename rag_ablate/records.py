@@ -19,7 +19,7 @@ import numpy as np
 
 from rag_ablate.dataset import SPLITS, Dataset, Document, Query
 from rag_ablate.metrics import context_tokens, evidence_recall, intent_top1, retrieval_metrics
-from rag_ablate.target import Trace
+from rag_ablate.systems import Trace
 
 Record = dict[str, Any]
 RECORDS_FILE = "records.jsonl"
@@ -46,15 +46,19 @@ def score_record(
     *,
     routed: bool,
 ) -> dict[str, float | None]:
-    """Per-query metric values of one record. Failed queries get no values."""
-    if rec["status"] != "ok":
-        return {}
+    """Per-query metric values of one record.
+
+    A failed query gets no quality values, only ``latency_ms`` (its time until
+    it failed), so latency percentiles include slow failures.
+    """
     out: dict[str, float | None] = {}
-    if routed and query.intent_l2 is not None:
-        out["intent_top1"] = intent_top1(query.intent_l2, rec.get("intent_pred"))
     timings = rec.get("timings_ms") or {}
     if "total" in timings:
         out["latency_ms"] = float(timings["total"])
+    if rec["status"] != "ok":
+        return out
+    if routed and query.intent_l2 is not None:
+        out["intent_top1"] = intent_top1(query.intent_l2, rec.get("intent_pred"))
     if query.kind == "no_rag":
         return out
     retrieved = rec.get("retrieved") or []
@@ -71,6 +75,27 @@ def score_record(
     return out
 
 
+def scored(
+    rec: Record,
+    query: Query,
+    docs: Mapping[str, Document],
+    ks: Sequence[int],
+    *,
+    routed: bool,
+) -> Record:
+    """``rec`` with its ``metrics``; a crash while scoring makes the query failed, not the run.
+
+    The failed record keeps its trace and latency; ``error`` says ``scoring failed: ...``.
+    """
+    try:
+        return {**rec, "metrics": score_record(rec, query, docs, ks, routed=routed)}
+    except Exception as exc:  # a bad trace (unknown doc id, broken offsets, ...) fails one query only
+        failed = {**rec, "status": "failed", "error": f"scoring failed: {type(exc).__name__}: {exc}"}
+        total = (rec.get("timings_ms") or {}).get("total")
+        failed["metrics"] = {} if total is None else {"latency_ms": float(total)}
+        return failed
+
+
 def write_records(path: Path, records: Iterable[Record]) -> None:
     with path.open("w", encoding="utf-8") as f:
         for rec in records:
@@ -85,10 +110,7 @@ def read_records(path: Path) -> list[Record]:
 def rescore(records: Sequence[Record], dataset: Dataset, ks: Sequence[int], routed: bool) -> list[Record]:
     """Recompute every record's metrics from its trace (records on disk suffice)."""
     by_id = {q.query_id: q for q in dataset.queries}
-    return [
-        {**r, "metrics": score_record(r, by_id[r["query_id"]], dataset.documents, ks, routed=routed)}
-        for r in records
-    ]
+    return [scored(r, by_id[r["query_id"]], dataset.documents, ks, routed=routed) for r in records]
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -99,7 +121,10 @@ def aggregate(records: Sequence[Record]) -> dict[str, float]:
     """Split-prefixed means and counts: ``dev/recall_at_5``, ``holdout/n_failed``, ``all/...``.
 
     Means run over the queries that have a value (answerable ones for retrieval
-    metrics); failed queries count in ``n_failed`` and ``error_rate`` only.
+    metrics); failed queries count in ``n_failed`` and ``error_rate``, and in
+    ``latency_ms`` (timed until they failed), never in the quality metrics. A
+    metric no query has a value for (intent accuracy when every routed query
+    failed) is absent, not 0.
     """
     out: dict[str, float] = {}
     for split in (*SPLITS, "all"):

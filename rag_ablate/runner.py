@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -26,15 +26,19 @@ from rag_ablate.cache import Cache
 from rag_ablate.config import RUNTIME_KEYS, RunConfig, to_settings
 from rag_ablate.dataset import Dataset, load_dataset
 from rag_ablate.export import write_trec
+from rag_ablate.layout import (
+    CONFIG_FILE,
+    INTENTS_JSON,
+    INTENTS_MD,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    SWEEP_FILE,
+    VARIANT_FILE,
+)
 from rag_ablate.metrics import intent_report
-from rag_ablate.records import RECORDS_FILE, Record, aggregate, make_record, score_record, write_records
+from rag_ablate.records import RECORDS_FILE, Record, aggregate, make_record, scored, write_records
 from rag_ablate.report import print_table, ui_hint
-from rag_ablate.target import Target, Trace
-from rag_ablate.target.local import LocalTarget
-
-SWEEP_FILE = "sweep.json"
-SUMMARY_FILE = "summary.json"
-VARIANT_FILE = "variant.json"
+from rag_ablate.systems import SYSTEMS, System, Trace
 
 
 @lru_cache(maxsize=4)
@@ -75,20 +79,28 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def evaluate(
-    target: Target, dataset: Dataset, ks: list[int], *, progress: bool = False, label: str = ""
+    target: System, dataset: Dataset, ks: list[int], *, progress: bool = False, label: str = ""
 ) -> list[Record]:
-    """Run every query through the target and score it. A query that raises is
-    recorded with status ``failed`` and its error, never dropped or scored as a miss."""
+    """Run every query through the target and score it.
+
+    A query that raises is recorded with status ``failed`` and its error, never
+    dropped or scored as a miss; so is a query whose scoring raises. Every query
+    keeps its elapsed time (``timings_ms["total"]``, the record's ``latency_ms``):
+    a failure is timed until it failed, so a timeout cannot improve p95. A
+    system's own ``total`` is kept when it reports one.
+    """
     records = []
     bar = tqdm(dataset.queries, desc=f"querying [{label}]", unit="q", disable=not progress, leave=False)
     for q in bar:
+        t0 = time.perf_counter()
         try:
             trace = target.run(q)
         except Exception as exc:
             trace = Trace(q.query_id, status="failed", error=f"{type(exc).__name__}: {exc}")
+        elapsed_ms = (time.perf_counter() - t0) * 1000
+        trace.timings_ms.setdefault("total", elapsed_ms)
         rec = make_record(q, trace)
-        rec["metrics"] = score_record(rec, q, dataset.documents, ks, routed=target.routes_intents)
-        records.append(rec)
+        records.append(scored(rec, q, dataset.documents, ks, routed=target.routes_intents))
     return records
 
 
@@ -112,10 +124,13 @@ def run_variant(cfg: DictConfig) -> float | None:
         "mode": s.ablation.mode if entry else "none",
     }
 
+    # the MLflow store is opened before anything is spent: an unusable one fails at once
+    store = _open_store(s, output_root, Path(hc.sweep.dir) if multirun else None)
+
     t_start = time.perf_counter()
     dataset = get_dataset(s)
     cache = Cache(Path(s.cache.dir) if s.cache.dir else output_root / "cache", enabled=s.cache.enabled)
-    target = LocalTarget(s, cache)
+    target = SYSTEMS.get(s.system.name)(s, cache)
     try:
         build_info = target.prepare(dataset)
         records = evaluate(target, dataset, s.metrics.ks, progress=s.progress, label=label)
@@ -130,12 +145,18 @@ def run_variant(cfg: DictConfig) -> float | None:
     write_trec(records, dataset, job_dir, label)
     metrics = aggregate(records)
     metrics["run/wall_seconds"] = wall
-    metrics["run/index_build_seconds"] = float(build_info["index.build_seconds"])
-    metrics["run/index_chunks"] = float(build_info["index.chunks"])
-    metrics["run/index_bytes"] = float(build_info["index.bytes"])
+    # whatever numeric facts the system reported (index size, build time, ...) as run/<key>
+    metrics.update(
+        {
+            "run/" + key.replace(".", "_"): float(value)
+            for key, value in build_info.items()
+            if isinstance(value, int | float) and not isinstance(value, bool)
+        }
+    )
     metrics.update(cache.metrics())
 
-    if target.routes_intents:
+    # intent accuracy needs a routed query that did not fail; without one it is absent, not an error
+    if target.routes_intents and any(r["intent_gold"] is not None and r["status"] == "ok" for r in records):
         by_id = {q.query_id: q for q in dataset.queries}
         report = intent_report(
             [
@@ -144,14 +165,14 @@ def run_variant(cfg: DictConfig) -> float | None:
                 if r["intent_gold"] is not None and r["status"] == "ok"
             ]
         )
-        (job_dir / "intents.md").write_text(report.to_markdown(), encoding="utf-8")
-        (job_dir / "intents.json").write_text(
+        (job_dir / INTENTS_MD).write_text(report.to_markdown(), encoding="utf-8")
+        (job_dir / INTENTS_JSON).write_text(
             json.dumps(report.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8"
         )
 
-    (job_dir / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True), encoding="utf-8")
+    (job_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=1, sort_keys=True), encoding="utf-8")
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    (job_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
+    (job_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
     variant = {
         "label": label,
         "overrides": overrides,
@@ -165,19 +186,9 @@ def run_variant(cfg: DictConfig) -> float | None:
     (job_dir / VARIANT_FILE).write_text(json.dumps(variant, ensure_ascii=False, indent=1), encoding="utf-8")
 
     run_id = None
-    if s.tracking.enabled:
+    if store is not None:
         run_id = _log_to_mlflow(
-            ablation,
-            s,
-            cwd,
-            output_root,
-            job_dir,
-            label,
-            choices,
-            dataset,
-            build_info,
-            metrics,
-            Path(hc.sweep.dir) if multirun else None,
+            store, ablation, s, cwd, job_dir, label, choices, dataset, build_info, metrics
         )
     summary = {
         "label": label,
@@ -192,38 +203,51 @@ def run_variant(cfg: DictConfig) -> float | None:
     if not multirun:
         print_table([summary], s.metrics.summary)
         print(f"\nrecords: {job_dir / RECORDS_FILE}")
-        if s.tracking.enabled:
-            print(ui_hint(resolve_tracking(s, output_root)[0]))
+        if store is not None:
+            print(ui_hint(store.uri))
     return metrics.get("holdout/recall_at_5")
 
 
 def resolve_tracking(s: RunConfig, output_root: Path) -> tuple[str, Path]:
-    uri = s.tracking.uri or tracking.default_uri(output_root)
-    artifacts = Path(s.tracking.artifact_root) if s.tracking.artifact_root else output_root / "mlartifacts"
-    return uri, artifacts
+    """The tracking URI and artifact root of a run (see :func:`rag_ablate.tracking.resolve`)."""
+    return tracking.resolve(s.tracking, output_root)
+
+
+@dataclass(frozen=True)
+class _Store:
+    uri: str
+    experiment_id: str
+    parent_run_id: str | None
+
+
+def _open_store(s: RunConfig, output_root: Path, sweep_dir: Path | None) -> _Store | None:
+    """Where this run logs: the sweep's parent run (opened by the sweep driver), or a
+    store opened here; None without tracking. Raises TrackingError for an unusable store."""
+    if not s.tracking.enabled:
+        return None
+    if sweep_dir is not None and (sweep_dir / SWEEP_FILE).is_file():
+        info = json.loads((sweep_dir / SWEEP_FILE).read_text(encoding="utf-8"))
+        if info.get("parent_run_id"):
+            return _Store(info["tracking_uri"], info["experiment_id"], info["parent_run_id"])
+    uri, artifacts = resolve_tracking(s, output_root)
+    experiment_id = tracking.open_store(
+        uri, s.tracking.experiment, artifacts, create_folder=s.tracking.uri is None
+    )
+    return _Store(uri, experiment_id, None)
 
 
 def _log_to_mlflow(
+    store: _Store,
     ablation: dict[str, Any],
     s: RunConfig,
     cwd: Path,
-    output_root: Path,
     job_dir: Path,
     label: str,
     choices: dict[str, str],
     dataset: Dataset,
     build_info: dict[str, Any],
     metrics: dict[str, float],
-    sweep_dir: Path | None,
 ) -> str:
-    uri, artifacts = resolve_tracking(s, output_root)
-    parent = None
-    experiment_id = None
-    if sweep_dir is not None and (sweep_dir / SWEEP_FILE).is_file():
-        info = json.loads((sweep_dir / SWEEP_FILE).read_text(encoding="utf-8"))
-        parent, experiment_id, uri = info["parent_run_id"], info["experiment_id"], info["tracking_uri"]
-    if experiment_id is None:
-        experiment_id = tracking.ensure_experiment(uri, s.tracking.experiment, artifacts)
     params = flatten(asdict(s))
     params.update(build_info)
     params["dataset.resolved_path"] = str(dataset.path)
@@ -240,12 +264,12 @@ def _log_to_mlflow(
     )
     tags["ablation.level"] = "baseline" if ablation["role"] == "baseline" else str(ablation["level"] or label)
     return tracking.log_run(
-        uri,
-        experiment_id,
+        store.uri,
+        store.experiment_id,
         label,
         params=params,
         metrics=metrics,
         tags=tags,
         artifacts_dir=job_dir,
-        parent_run_id=parent,
+        parent_run_id=store.parent_run_id,
     )

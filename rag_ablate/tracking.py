@@ -8,20 +8,96 @@ the sweep driver.
 
 from __future__ import annotations
 
+import os
 import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag_ablate import __version__
-from rag_ablate.errors import TrackingError
+from rag_ablate.errors import RagAblateError, TrackingError
+
+if TYPE_CHECKING:
+    from rag_ablate.config import TrackingConfig
 
 PARENT_TAG = "mlflow.parentRunId"
 _BATCH = 100  # MLflow accepts at most 100 params (and 100 tags) per log_batch
 
 
+SERVER_TIMEOUT = 5.0  # seconds to wait for an MLflow server before calling it unreachable
+
+
 def default_uri(output_root: Path) -> str:
     return f"sqlite:///{(output_root / 'mlflow.db').resolve()}"
+
+
+def resolve(settings: TrackingConfig, output_root: Path) -> tuple[str, Path]:
+    """The tracking URI and artifact root a run uses (defaults under ``output_root``)."""
+    uri = settings.uri or default_uri(output_root)
+    artifacts = Path(settings.artifact_root) if settings.artifact_root else output_root / "mlartifacts"
+    return uri, artifacts
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for other stores and in-memory ones)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = urllib.parse.unquote(uri[len("sqlite:///") :].split("?", 1)[0])
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def _check_sqlite(uri: str, db: Path, create_folder: bool) -> None:
+    folder = db.parent
+    # a relative path (sqlite:///outputs/mlflow.db) lives under the working folder, like the
+    # default store: its folders are made; an absolute one must point into an existing folder
+    if (create_folder or not db.is_absolute()) and not folder.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TrackingError(f"MLflow store {uri}: cannot create folder {folder}: {exc.strerror}") from exc
+    if folder.exists() and not folder.is_dir():
+        raise TrackingError(f"MLflow store {uri}: {folder} is not a folder")
+    if not folder.exists():
+        raise TrackingError(
+            f"MLflow store {uri}: folder {folder} does not exist "
+            "(create it, or leave tracking.uri unset to use <paths.output_root>/mlflow.db)"
+        )
+    if db.exists() and (not db.is_file() or not os.access(db, os.R_OK | os.W_OK)):
+        raise TrackingError(f"MLflow store {uri}: {db} is not a readable and writable file")
+    if not db.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        raise TrackingError(f"MLflow store {uri}: folder {folder} is not writable")
+
+
+def _check_server(uri: str, experiment: str) -> None:
+    query = urllib.parse.urlencode({"experiment_name": experiment})
+    url = f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name?{query}"
+    try:
+        with urllib.request.urlopen(url, timeout=SERVER_TIMEOUT):
+            pass
+    except urllib.error.HTTPError:
+        return  # it answered (404 for a new experiment, 401 without credentials): reachable
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise TrackingError(f"MLflow server {uri} is not reachable: {reason}") from exc
+
+
+def open_store(uri: str, experiment: str, artifact_root: Path, *, create_folder: bool = False) -> str:
+    """Check the store is usable, create it (and the experiment) if needed; the experiment id.
+
+    Fails at once, with a TrackingError saying why, for a sqlite file whose folder
+    is missing (created only for the default store, ``create_folder``, and for relative paths),
+    not writable or not a folder, and for a server that does not answer within
+    :data:`SERVER_TIMEOUT` seconds.
+    """
+    db = sqlite_path(uri)
+    if db is not None:
+        _check_sqlite(uri, db, create_folder)
+    elif uri.startswith(("http://", "https://")):
+        _check_server(uri, experiment)
+    return ensure_experiment(uri, experiment, artifact_root)
 
 
 def _client(uri: str) -> Any:
@@ -49,6 +125,11 @@ def ensure_experiment(uri: str, name: str, artifact_root: Path) -> str:
             return str(exp.experiment_id)
     except MlflowException as exc:
         raise TrackingError(f"MLflow store {uri} is not usable: {exc.message}") from exc
+    except RagAblateError:
+        raise
+    except Exception as exc:  # e.g. sqlalchemy or OS errors below MLflow
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise TrackingError(f"MLflow store {uri} is not usable: {type(exc).__name__}: {first}") from exc
 
 
 def git_commit(cwd: Path) -> str | None:

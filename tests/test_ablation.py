@@ -1,4 +1,5 @@
-"""One factor at a time: the job plan, study files, grid mode, dry run, tags and the guard."""
+"""One factor at a time: the job plan, study files, grid mode, dry run, tags and the guard;
+every job validated before any runs."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from rag_ablate.ablation import Plan, build_plan
+from rag_ablate.ablation import Plan, build_plan, check_plan
 from rag_ablate.app import CONF_DIR, normalize_overrides
-from rag_ablate.config import register_configs
+from rag_ablate.config import RunConfig, register_configs
 from rag_ablate.errors import ConfigError
 from tests.conftest import run_module
 
@@ -29,6 +30,21 @@ def plan_for(args: list[str]) -> Plan:
         cfg = compose("config", overrides=common, return_hydra_config=True)
         loader = GlobalHydra.instance().config_loader()
         return build_plan(cfg, args, OverridesParser.create(config_loader=loader))
+
+
+def checked(args: list[str]) -> tuple[Plan, list[RunConfig]]:
+    """Plan and validate as the sweeper does: every job composed by Hydra's config loader."""
+    args = normalize_overrides(args)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        parser = OverridesParser.create()
+        common = [o.input_line for o in parser.parse_overrides(args) if not o.is_sweep_override()]
+        cfg = compose("config", overrides=common, return_hydra_config=True)
+        loader = GlobalHydra.instance().config_loader()
+        plan = build_plan(cfg, args, OverridesParser.create(config_loader=loader))
+        jobs = check_plan(
+            plan, lambda ovs: loader.load_sweep_config(cfg, ovs), lambda g: loader.get_group_options(g)
+        )
+        return plan, jobs
 
 
 def labels(plan: Plan) -> list[str]:
@@ -107,9 +123,83 @@ def test_grid_mode_is_labelled() -> None:
     assert sorted(both.overrides) == sorted(["ablation.mode=grid", "chunk='256'", "router=nearest"])
 
 
-def test_unknown_factor_key() -> None:
-    with pytest.raises(ConfigError, match="neither a config group nor a setting"):
+def test_any_chunk_size_is_a_level() -> None:
+    plan, jobs = checked(["chunk=300,600"])
+    assert labels(plan) == ["baseline", "chunk=300", "chunk=600"]
+    assert plan.jobs[1].overrides == ["chunk='300'"]
+    assert [(s.chunk.size, s.chunk.overlap) for s in jobs] == [(512, 64), (300, 37), (600, 75)]
+    # range() gives sizes too
+    plan, jobs = checked(["chunk=range(256,1025,256)"])
+    assert labels(plan) == ["baseline", "chunk=256", "chunk=768", "chunk=1024"]
+    assert [s.chunk.size for s in jobs] == [512, 256, 768, 1024]
+    # a study may list sizes without a file too
+    plan, jobs = checked(["experiment=chunk_study", "chunk=100,512"])
+    assert [j.label for j in plan.jobs if j.factor == "chunk"] == ["chunk=100"]
+    assert jobs[1].chunk.size == 100
+
+
+def test_unknown_factor_key_suggests_the_nearest_setting() -> None:
+    with pytest.raises(ConfigError) as info:
         plan_for(["retrieval.topk=10,20"])
+    msg = str(info.value)
+    assert msg.startswith("unknown factor 'retrieval.topk' in retrieval.topk=10,20: not a config group")
+    assert "did you mean retrieval.top_k" in msg and "\n" not in msg
+    # a misspelt group gets the group
+    with pytest.raises(ConfigError, match=r"unknown factor 'retriever'.*did you mean retrieval"):
+        plan_for(["retriever=bm25,dense"])
+    # nothing close: the groups are listed
+    with pytest.raises(ConfigError, match="config groups: chunk, dataset, experiment, rerank"):
+        plan_for(["zzzzzz=1,2"])
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["retrieval=bm25,nope"],
+            "unknown level 'nope' of factor retrieval (retrieval=nope); valid: bm25, dense, hybrid",
+        ),
+        (
+            ["chunk.overlap=0,600"],
+            "invalid level chunk.overlap=600 of factor chunk.overlap: "
+            "chunk.overlap must be in [0, chunk.size=512), got 600",
+        ),
+        (
+            ["retrieval.top_k=5,abc"],
+            "invalid level retrieval.top_k=abc of factor retrieval.top_k: Error merging override "
+            "retrieval.top_k=abc: Value 'abc' of type 'str' could not be converted to Integer",
+        ),
+        (
+            ["system.name=local,nope"],
+            "invalid level system.name=nope of factor system.name: unknown system 'nope'; valid: local",
+        ),
+        (
+            ["chunk=256,512", "chunk.overlap=300"],
+            "invalid level chunk=256 of factor chunk: chunk.overlap must be in [0, chunk.size=256), got 300",
+        ),
+        (
+            ["chunk=256,512", "rerank.top_k=0", "rerank=biencoder"],
+            "invalid the baseline (the config every job starts from): rerank.top_k=0 must be in",
+        ),
+        (
+            ["chunk=256,512", "router=centroid,nearest", "ablation.mode=grid", "chunk.overlap=300"],
+            "invalid grid job chunk=256: chunk.overlap must be in [0, chunk.size=256), got 300",
+        ),
+    ],
+)
+def test_every_job_is_validated_before_any_runs(args: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        checked(args)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_missing_dataset_folder_is_caught_before_any_job(tmp_path: Path, tiny_dataset: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        checked([f"dataset.path={tiny_dataset},{tmp_path / 'missing'}"])
+    assert str(info.value) == (
+        f"invalid level dataset.path={tmp_path / 'missing'} of factor dataset.path: "
+        f"dataset folder not found: {tmp_path / 'missing'}"
+    )
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -159,3 +249,47 @@ def test_grid_sweep_tags_and_guard(tiny_dataset: Path, tmp_path: Path) -> None:
     )
     assert (runs["chunk=128"]["ablation.factor"], runs["chunk=128"]["ablation.level"]) == ("chunk", "128")
     assert runs["chunk=128,router=nearest"]["ablation.mode"] == "grid"
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (
+            ["retrieval.topk=5,10"],
+            "rag_ablate: error: unknown factor 'retrieval.topk' in retrieval.topk=5,10: not a config group "
+            "or setting; did you mean retrieval.top_k",
+        ),
+        (
+            ["retrieval=bm25,nope"],
+            "rag_ablate: error: unknown level 'nope' of factor retrieval (retrieval=nope); "
+            "valid: bm25, dense, hybrid",
+        ),
+        (
+            ["chunk.overlap=0,600"],
+            "rag_ablate: error: invalid level chunk.overlap=600 of factor chunk.overlap: "
+            "chunk.overlap must be in [0, chunk.size=512), got 600",
+        ),
+        (
+            ["chunk=256,0"],
+            "rag_ablate: error: chunk=0: a chunk size must be a whole number >= 1 "
+            "(presets: 128, 256, 512, 1024; any other size such as chunk=300 works too)",
+        ),
+    ],
+    ids=["misspelt-factor", "unknown-option", "invalid-level", "bad-size"],
+)
+def test_bad_sweep_stops_before_anything_with_one_line(args: list[str], line: str, tmp_path: Path) -> None:
+    proc = _run(["-m", *args, "progress=false"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith(line) and len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr and "Launching" not in proc.stdout + proc.stderr
+    # no sweep folder, no MLflow store (so no run) was created
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_bad_chunk_size_in_a_single_run(tmp_path: Path) -> None:
+    proc = _run(["chunk=-3", "tracking=none"], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "rag_ablate: error: chunk=-3: a chunk size must be a whole number >= 1 "
+        "(presets: 128, 256, 512, 1024; any other size such as chunk=300 works too)"
+    )
+    assert not (tmp_path / "outputs").exists()

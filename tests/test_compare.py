@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rag_ablate import compare, stats
 from rag_ablate.compare import VariantData
@@ -88,7 +90,9 @@ def test_rerun_gives_identical_numbers() -> None:
     b = compare.compare(variants, metrics=["hit_at_5", "latency_ms"], B=1000, seed=3).to_dict()
     assert a == b
     c = compare.compare(variants, metrics=["hit_at_5", "latency_ms"], B=1000, seed=4).to_dict()
-    assert [r["ci_low"] for r in a["rows"]] != [r["ci_low"] for r in c["rows"]]
+    # another seed draws other bootstrap resamples (the test-inverted CI may coincide: it snaps to data)
+    assert [r["se"] for r in a["rows"]] != [r["se"] for r in c["rows"]]
+    assert [r["boot_ci_low"] for r in a["rows"]] != [r["boot_ci_low"] for r in c["rows"]]
 
 
 def test_flips_list_the_queries_that_changed() -> None:
@@ -107,16 +111,6 @@ def test_flips_list_the_queries_that_changed() -> None:
     assert lat["improved"] == [] and len(lat["regressed"]) > 0
 
 
-def test_missing_values_pair_only_what_both_have() -> None:
-    variants, _, _ = _sweep(n=40)
-    variants[1].records[1]["status"] = "failed"
-    variants[1].records[1]["metrics"] = {}
-    c = compare.compare(variants, metrics=["hit_at_5"], B=500)
-    r = c.row(variants[1].records[1]["split"], "better", "hit_at_5")
-    total = sum(1 for x in variants[0].records if x["split"] == variants[1].records[1]["split"])
-    assert r is not None and r.n_queries == total - 1
-
-
 def test_disagreement_flag() -> None:
     n = 200
     splits = ["dev"] * 100 + ["holdout"] * 100
@@ -131,6 +125,7 @@ def test_disagreement_flag() -> None:
     assert c.row("dev", "v", "hit_at_5").verdict == "better"  # type: ignore[union-attr]
     assert c.row("holdout", "v", "hit_at_5").flag == "better on dev only"  # type: ignore[union-attr]
     assert "better on dev only" in compare.format_terminal(c)
+    assert "failed queries: none; no query left out of any pair" in compare.format_terminal(c)
 
 
 def test_gate() -> None:
@@ -193,14 +188,19 @@ def test_outputs_have_the_documented_columns(tmp_path: Path) -> None:
         "p_adjusted",
         "n_queries",
         "n_groups",
+        "se",
+        "boot_ci_low",
+        "boot_ci_high",
+        "n_failed_baseline",
+        "n_failed_variant",
     }
     assert data["rows"] and all(need <= set(r) for r in data["rows"])
+    assert {p["split"] for p in data["pairs"]} == {"dev", "holdout"}
+    assert all(p["n_failed_baseline"] == p["n_failed_variant"] == p["n_left_out"] == 0 for p in data["pairs"])
     md = paths[1].read_text()
     assert "| better | hit@5 |" in md and "Per-query flips" in md
-    assert (
-        compare.delta_metrics(c, "better")["delta/holdout/hit_at_5"]
-        == c.row("holdout", "better", "hit_at_5").effect
-    )  # type: ignore[union-attr]
+    row = c.row("holdout", "better", "hit_at_5")
+    assert row is not None and compare.delta_metrics(c, "better")["delta/holdout/hit_at_5"] == row.effect
 
 
 def test_guard_names_changed_factors() -> None:
@@ -223,3 +223,342 @@ def test_guard_names_changed_factors() -> None:
     assert confounded_variants(vs, "baseline") == {
         "chunk=256,retrieval.top_k=20": ["chunk", "retrieval.top_k"]
     }
+
+
+# --------------------------------------------------------------------------- failed queries (never vanish)
+
+
+def _fail(records: list[dict[str, Any]], ids: set[str], latency: float | None = None) -> None:
+    """Mark queries failed as the runner records them: no quality values, the time until failure."""
+    for r in records:
+        if r["query_id"] in ids:
+            r["status"] = "failed"
+            r["error"] = "TimeoutError: simulated"
+            r["metrics"] = {} if latency is None else {"latency_ms": latency}
+
+
+def _holdout12(recall_var: list[float]) -> list[VariantData]:
+    """12 holdout queries, one group each (2**12 <= B: exact sign-flip p), recall and latency."""
+    splits, groups = ["holdout"] * 12, [f"g{i}" for i in range(12)]
+    base = [1.0, 0.5, 0.0, 1.0, 1.0, 0.0, 0.5, 1.0, 0.0, 1.0, 0.5, 1.0]
+    lat = [10.0] * 12
+    return [
+        VariantData("baseline", _records({"recall_at_5": base, "latency_ms": lat}, splits, groups)),
+        VariantData("v", _records({"recall_at_5": recall_var, "latency_ms": lat}, splits, groups)),
+    ]
+
+
+def test_failed_queries_are_counted_compared_and_named() -> None:
+    variants = _holdout12([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0])
+    _fail(variants[1].records, {"q0", "q1", "q2", "q3"}, latency=5000.0)  # four timeouts in the variant
+    _fail(variants[0].records, {"q11"}, latency=10.0)  # one failure in the baseline
+    c = compare.compare(
+        variants, metrics=["recall_at_5", "error_rate", "latency_ms"], splits=["holdout"], B=5000
+    )
+
+    pair = c.pair("holdout", "v")
+    assert pair is not None
+    assert (pair.n_failed_baseline, pair.n_failed_variant) == (1, 4)
+    assert (pair.left_failed_baseline, pair.left_failed_variant, pair.n_ok_both) == (1, 4, 7)
+
+    # quality means run over the 7 queries ok on both sides (q4..q10)
+    recall = c.row("holdout", "v", "recall_at_5")
+    assert recall is not None and recall.n_queries == 7
+    assert recall.baseline_mean == pytest.approx((1 + 0 + 0.5 + 1 + 0 + 1 + 0.5) / 7)
+    assert recall.variant_mean == pytest.approx((1 + 0 + 0.5 + 1 + 1 + 1 + 1) / 7)
+    assert (recall.n_failed_baseline, recall.n_failed_variant) == (1, 4)
+
+    # error_rate: 0/1 per query, all 12 queries; 4 fail only in the variant, 1 only in the baseline
+    err = c.row("holdout", "v", "error_rate")
+    assert err is not None and err.direction == "lower" and err.n_queries == 12
+    assert err.baseline_mean == pytest.approx(1 / 12) and err.variant_mean == pytest.approx(4 / 12)
+    assert err.effect == pytest.approx(3 / 12)
+    # exact sign-flip p by hand: group sums +1 (x4), -1 (x1), 0 (x7), T = 3; with a = the four +1 groups'
+    # signed sum, |T*| = |a - e| >= 3 for a = +-4 (any e: 2 * 2 vectors) and a = +-2 with e against a
+    # (4 + 4 vectors): 12 of the 2**5 sign patterns
+    assert err.p_exact and err.p_value == pytest.approx(12 / 32)
+    assert err.ci_low <= err.effect <= err.ci_high
+
+    # latency: every query, failures timed until they failed (a timeout cannot make the variant faster)
+    lat = c.row("holdout", "v", "latency_ms")
+    assert lat is not None and lat.n_queries == 12
+    assert lat.variant_mean == pytest.approx((4 * 5000 + 8 * 10) / 12) and lat.effect > 0
+
+    text = compare.format_terminal(c)
+    assert "holdout, v: failed 1/12 in baseline, 4/12 in variant" in text
+    assert "left out 5 (1 failed in baseline, 4 failed in variant)" in text
+    md = compare.format_markdown(c)
+    assert "| holdout | v | 12 | 1/12 | 4/12 | 7 | 5 (1 failed in baseline, 4 failed in variant) |" in md
+
+
+def test_error_rate_is_compared_by_default() -> None:
+    assert "error_rate" in compare.DEFAULT_METRICS
+    from rag_ablate.config import CompareConfig
+    from rag_ablate.metrics import REGISTRY
+
+    assert "error_rate" in CompareConfig().metrics
+    spec = REGISTRY["error_rate"]
+    assert spec.direction == "lower" and spec.binary and not spec.takes_k
+
+
+def test_a_variant_whose_queries_all_failed_shows_rows_that_say_so() -> None:
+    variants = _holdout12([1.0] * 12)
+    _fail(variants[1].records, {f"q{i}" for i in range(12)}, latency=30000.0)
+    c = compare.compare(
+        variants, metrics=["recall_at_5", "error_rate", "latency_ms"], splits=["holdout"], B=5000
+    )
+    recall = c.row("holdout", "v", "recall_at_5")
+    assert recall is not None and not recall.tested and recall.note == "all 12 failed in variant"
+    assert not recall.significant and recall.verdict == ""
+    err = c.row("holdout", "v", "error_rate")
+    assert err is not None and err.effect == 1.0 and err.verdict == "worse"
+    assert err.p_value == pytest.approx(2 / 2**12)  # exact: all 12 groups must share a sign
+    text = compare.format_terminal(c)
+    assert "all 12 failed in variant" in text
+    data = c.to_dict()
+    row = next(r for r in data["rows"] if r["metric"] == "recall_at_5")
+    assert row["effect"] is None and row["note"] == "all 12 failed in variant"  # JSON has no NaN
+    # a gate on the untestable metric fails: a broken variant does not pass by producing no numbers
+    failures = compare.gate(c, ["holdout/recall_at_5<-0.02"])
+    assert len(failures) == 1 and "could not be tested (all 12 failed in variant)" in failures[0]
+    # MLflow gets the effects that exist; an untestable metric logs nothing rather than NaN
+    assert set(compare.delta_metrics(c, "v")) == {
+        "delta/holdout/error_rate",
+        "p_adj/holdout/error_rate",
+        "delta/holdout/latency_ms",
+        "p_adj/holdout/latency_ms",
+    }
+
+
+def test_failed_in_both_and_missing_records_are_counted_apart() -> None:
+    variants = _holdout12([1.0] * 12)
+    _fail(variants[0].records, {"q0", "q1"})
+    _fail(variants[1].records, {"q1"})
+    variants[1].records = [r for r in variants[1].records if r["query_id"] != "q2"]  # no record
+    c = compare.compare(variants, metrics=["recall_at_5", "error_rate"], splits=["holdout"], B=5000)
+    pair = c.pair("holdout", "v")
+    assert pair is not None
+    assert pair.left_out_text() == "3 (1 failed in baseline, 1 failed in both, 1 no record on one side)"
+    assert c.row("holdout", "v", "recall_at_5").n_queries == 9  # type: ignore[union-attr]
+    # error_rate runs over the queries with a record on both sides
+    assert c.row("holdout", "v", "error_rate").n_queries == 11  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- seeds
+
+
+def test_adding_a_variant_leaves_the_other_rows_unchanged() -> None:
+    variants, _, _ = _sweep(n=120)  # 20 and 40 groups: Monte Carlo sign-flip p at B=1000
+    base, better, same = variants
+    keys = ("effect", "ci_low", "ci_high", "boot_ci_low", "boot_ci_high", "se", "p_value", "p_exact")
+    metrics = ["hit_at_5", "latency_ms", "error_rate"]
+
+    def numbers(c: compare.Comparison) -> dict[tuple[str, str, str], tuple[Any, ...]]:
+        return {
+            (r.split, r.variant, r.metric): tuple(getattr(r, k) for k in keys)
+            for r in c.rows
+            if r.variant == "better"
+        }
+
+    two = numbers(compare.compare([base, better], metrics=metrics, B=1000, seed=7))
+    three = numbers(compare.compare([base, better, same], metrics=metrics, B=1000, seed=7))
+    reordered = numbers(compare.compare([base, same, better], metrics=metrics, B=1000, seed=7))
+    assert two == three == reordered
+    assert not all(v[7] for v in two.values())  # some p are Monte Carlo, so the seeds matter
+
+
+# --------------------------------------------------------------------------- the confounding guard
+
+
+def test_guard_counts_a_key_set_inside_a_changed_group() -> None:
+    from rag_ablate.guard import changed_factors
+
+    base = {"retrieval": {"method": "bm25", "top_k": 10, "hybrid": {"fusion": "rrf"}}, "seed": 0}
+    hybrid = {"retrieval": {"method": "hybrid", "top_k": 10, "hybrid": {"fusion": "rrf"}}, "seed": 0}
+    hybrid20 = {"retrieval": {"method": "hybrid", "top_k": 20, "hybrid": {"fusion": "rrf"}}, "seed": 0}
+    bc, hc = {"retrieval": "bm25"}, {"retrieval": "hybrid"}
+    # grid mode: retrieval=hybrid with retrieval.top_k=20 is two factors, not one
+    assert changed_factors(
+        base,
+        hybrid20,
+        bc,
+        hc,
+        ["retrieval=bm25", "retrieval.top_k=10"],
+        ["retrieval=hybrid", "retrieval.top_k=20"],
+    ) == ["retrieval", "retrieval.top_k"]
+    # the group's own values (a preset with another top_k) stay one factor
+    assert changed_factors(base, hybrid20, bc, hc, [], ["retrieval=hybrid"]) == ["retrieval"]
+    # an override that leaves the value as the baseline has it changes nothing
+    assert changed_factors(
+        base, hybrid, bc, hc, ["retrieval.top_k=10"], ["retrieval=hybrid", "retrieval.top_k=10"]
+    ) == ["retrieval"]
+    vs = [
+        VariantData(
+            "baseline",
+            [],
+            config=base,
+            overrides=["retrieval=bm25", "retrieval.top_k=10"],
+            info={"choices": bc},
+        ),
+        VariantData(
+            "retrieval=hybrid,retrieval.top_k=20",
+            [],
+            config=hybrid20,
+            overrides=["retrieval=hybrid", "retrieval.top_k=20"],
+            info={"choices": hc},
+        ),
+    ]
+    assert confounded_variants(vs, "baseline") == {
+        "retrieval=hybrid,retrieval.top_k=20": ["retrieval", "retrieval.top_k"]
+    }
+
+
+def _fp(corpus: str, queries: str) -> dict[str, Any]:
+    return {"corpus_fingerprint": corpus * 64, "queries_fingerprint": queries * 64}
+
+
+def test_guard_compares_the_data_by_fingerprint() -> None:
+    from rag_ablate.guard import check
+
+    cfg = {"dataset": {"name": "sample", "path": None}, "chunk": {"size": 512}}
+    moved = {"dataset": {"name": "copy", "path": "/elsewhere"}, "chunk": {"size": 512}}
+    vs = [
+        VariantData("baseline", [], config=cfg, info=_fp("a", "b")),
+        VariantData("same data elsewhere", [], config=moved, info=_fp("a", "b")),
+        VariantData("other queries", [], config=cfg, info=_fp("a", "c")),
+        VariantData("other corpus", [], config=cfg, info=_fp("d", "b")),
+    ]
+    found = check(vs, "baseline")
+    # the same files under another path and name: the fingerprints match, nothing changed
+    assert found["same data elsewhere"].differences == [] and not found["same data elsewhere"].confounded
+    # another query set with an identical config is a confound by itself, named as such
+    assert found["other queries"].confounded
+    assert found["other queries"].differences == ["query set (fingerprint bbbbbbbbbbbb vs cccccccccccc)"]
+    assert found["other corpus"].differences == ["corpus (fingerprint aaaaaaaaaaaa vs dddddddddddd)"]
+
+
+def test_guard_reports_an_unreadable_config_as_unchecked() -> None:
+    from rag_ablate.guard import check, unchecked_variants
+
+    cfg = {"chunk": {"size": 512}}
+    vs = [
+        VariantData("baseline", [], config=cfg),
+        VariantData("ok", [], config={"chunk": {"size": 256}}),
+        VariantData("lost", [], config=None, config_problem="config.yaml missing"),
+    ]
+    assert unchecked_variants(vs, "baseline") == {"lost": "config.yaml missing"}
+    assert check(vs, "baseline")["ok"].factors == ["chunk.size"]
+    vs[0] = VariantData("baseline", [], config=None, config_problem="config.yaml unreadable (bad yaml)")
+    assert unchecked_variants(vs, "baseline") == {
+        "ok": "the baseline's config.yaml unreadable (bad yaml)",
+        "lost": "the baseline's config.yaml unreadable (bad yaml)",
+    }
+
+
+def _write_job(
+    sweep_dir: Path,
+    num: int,
+    label: str,
+    records: list[dict[str, Any]],
+    config: str | None,
+    info: dict[str, Any],
+) -> None:
+    job = sweep_dir / str(num)
+    job.mkdir(parents=True)
+    (job / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    (job / "variant.json").write_text(json.dumps({"label": label, "job_num": num, **info}), encoding="utf-8")
+    if config is not None:
+        (job / "config.yaml").write_text(config, encoding="utf-8")
+
+
+def test_run_comparison_on_a_sweep_folder(tmp_path: Path) -> None:
+    """The one sequence both the sweep's end and `rag-ablate compare` run, on files as jobs write them."""
+    from rag_ablate.config import CompareConfig
+
+    variants, _, _ = _sweep(n=60)
+    base, better, same = variants
+    _fail(same.records, {"q0", "q3"}, latency=900.0)
+    fp = _fp("a", "b")
+    _write_job(
+        tmp_path, 0, "baseline", base.records, "seed: 3\nchunk:\n  size: 512\n", {"role": "baseline", **fp}
+    )
+    _write_job(tmp_path, 1, "better", better.records, "seed: 3\nchunk:\n  size: 256\n", fp)
+    _write_job(tmp_path, 2, "same", same.records, "seed: 3\nchunk: [unclosed\n", fp)
+    printed: list[str] = []
+    settings = CompareConfig(metrics=["hit_at_5", "error_rate"], B=500, fail_on=["holdout/error_rate>0.5"])
+    run = compare.run_comparison(tmp_path, settings, echo=printed.append)
+    c = run.comparison
+    assert c.seed == 3  # the sweep's own seed
+    assert list(c.unchecked) == ["same"] and c.unchecked["same"].startswith("config.yaml unreadable (")
+    assert c.confounded == {}
+    assert run.failures == []
+    assert [p.name for p in run.paths] == ["comparison.json", "comparison.md"]
+    data = json.loads((tmp_path / "comparison.json").read_text())
+    assert set(data["unchecked"]) == {"same"}
+    pair = next(p for p in data["pairs"] if p["variant"] == "same" and p["n_failed_variant"])
+    assert pair["left_failed_variant"] >= 1
+    assert "UNCHECKED: config.yaml unreadable" in printed[0]
+    assert "UNCHECKED" in (tmp_path / "comparison.md").read_text()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["ok", "fail_base", "fail_var", "fail_both", "no_record"]), min_size=1, max_size=14
+    )
+)
+def test_every_query_is_accounted_for(fates: list[str]) -> None:
+    """Whatever fails where, no query vanishes: each is compared or counted as left out, with its reason."""
+    n = len(fates)
+    splits, groups = ["holdout"] * n, [f"g{i // 2}" for i in range(n)]
+    variants = [
+        VariantData(
+            "baseline", _records({"recall_at_5": [1.0] * n, "latency_ms": [5.0] * n}, splits, groups)
+        ),
+        VariantData("v", _records({"recall_at_5": [0.0] * n, "latency_ms": [7.0] * n}, splits, groups)),
+    ]
+    ids = [f"q{i}" for i in range(n)]
+    _fail(
+        variants[0].records,
+        {q for q, f in zip(ids, fates, strict=True) if f in ("fail_base", "fail_both")},
+        5.0,
+    )
+    _fail(
+        variants[1].records,
+        {q for q, f in zip(ids, fates, strict=True) if f in ("fail_var", "fail_both")},
+        7.0,
+    )
+    gone = {q for q, f in zip(ids, fates, strict=True) if f == "no_record"}
+    variants[1].records = [r for r in variants[1].records if r["query_id"] not in gone]
+    metrics = ["recall_at_5", "error_rate", "latency_ms"]
+    c = compare.compare(variants, metrics=metrics, splits=["holdout"], B=200)
+
+    pair = c.pair("holdout", "v")
+    assert pair is not None and pair.n_queries == n
+    assert pair.n_ok_both + pair.n_left_out == n
+    assert (
+        pair.left_failed_baseline,
+        pair.left_failed_variant,
+        pair.left_failed_both,
+        pair.left_no_record,
+    ) == (
+        fates.count("fail_base"),
+        fates.count("fail_var"),
+        fates.count("fail_both"),
+        fates.count("no_record"),
+    )
+    by_metric = {r.metric: r for r in c.rows}
+    assert set(by_metric) == set(metrics)  # a row for every metric, tested or saying why not
+    recall = by_metric["recall_at_5"]
+    assert recall.n_queries == fates.count("ok") and recall.tested == (fates.count("ok") > 0)
+    if set(fates) == {"no_record"}:
+        assert recall.note == "no record in variant"
+    elif set(fates) == {"fail_var"}:
+        assert recall.note == f"all {n} failed in variant"
+    with_record = n - fates.count("no_record")
+    for m in ("error_rate", "latency_ms"):  # failures count here
+        assert by_metric[m].n_queries == with_record and by_metric[m].tested == (with_record > 0)
+    if with_record:
+        err = by_metric["error_rate"]
+        diff = fates.count("fail_var") - fates.count("fail_base")
+        assert err.effect == pytest.approx(diff / with_record)

@@ -1,4 +1,4 @@
-"""Every config composes into the typed schema; numeric groups work as typed."""
+"""Every config composes into the typed schema; numeric groups work as typed, any chunk size."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from omegaconf import DictConfig
 
 from rag_ablate.app import CONF_DIR, normalize_overrides, numeric_groups
 from rag_ablate.config import RunConfig, register_configs, to_settings
 from rag_ablate.errors import ConfigError
+from rag_ablate.overrides import preset_options
 
 register_configs()
 
@@ -24,9 +27,9 @@ NEEDS_VALUE = {
 }
 
 
-def _compose(overrides: list[str]) -> DictConfig:
+def _compose(overrides: list[str], hydra: bool = False) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=normalize_overrides(overrides))
+        return compose("config", overrides=normalize_overrides(overrides), return_hydra_config=hydra)
 
 
 def test_default_config_composes() -> None:
@@ -88,10 +91,51 @@ def test_range_checks(override: str, match: str) -> None:
         to_settings(_compose(override.split()))
 
 
-def test_unknown_group_option_lists_choices() -> None:
-    with pytest.raises(Exception, match="Available options") as info:
-        _compose(["chunk=300"])
-    assert "256" in str(info.value)
+def test_any_chunk_size_composes_with_the_presets_overlap_rule() -> None:
+    # the presets: overlap is one eighth of the size
+    for option in preset_options("chunk"):
+        s = to_settings(_compose([f"chunk={option}"]))
+        assert s.chunk.overlap * 8 == s.chunk.size == int(option)
+    # a size without a file gets the same rule, rounded down
+    s = to_settings(_compose(["chunk=300"]))
+    assert (s.chunk.size, s.chunk.overlap) == (300, 37)
+    s = to_settings(_compose(["chunk=7"]))
+    assert (s.chunk.size, s.chunk.overlap) == (7, 0)
+    # the group choice is the size, as for a preset
+    assert _compose(["chunk=300"], hydra=True).hydra.runtime.choices.chunk == "300"
+    # an explicit overlap still wins, and a preset written with a leading zero is the preset
+    s = to_settings(_compose(["chunk=300", "chunk.overlap=50"]))
+    assert (s.chunk.size, s.chunk.overlap) == (300, 50)
+    assert normalize_overrides(["chunk=0256"]) == ["chunk='256'"]
+    assert normalize_overrides(["chunk=300,'600'"]) == ["chunk='300','600'"]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(min_value=1, max_value=1_000_000))
+def test_every_positive_size_is_a_valid_chunking(size: int) -> None:
+    s = to_settings(_compose([f"chunk={size}"]))
+    assert s.chunk.size == size and 0 <= s.chunk.overlap < size and s.chunk.overlap == size // 8
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "12.5", "1e3", "big", "300,0"])
+def test_bad_chunk_size_is_one_clear_line(value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        normalize_overrides([f"chunk={value}"])
+    msg = str(info.value)
+    assert "\n" not in msg and "whole number >= 1" in msg
+    assert "presets: 128, 256, 512, 1024" in msg
+    bad = value.split(",")[-1]
+    assert msg.startswith(f"chunk={bad}:")
+
+
+def test_folder_names_get_a_random_suffix() -> None:
+    a = _compose([], hydra=True).hydra
+    b = _compose([], hydra=True).hydra
+    assert str(a.sweep.dir) != str(b.sweep.dir) and str(a.run.dir) != str(b.run.dir)
+    # fixed once per config: every read (and every job of a sweep) sees the same name
+    assert str(a.sweep.dir) == str(a.sweep.dir)
+    stamp, suffix = Path(str(a.sweep.dir)).name.rsplit("_", 1)
+    assert len(suffix) == 6 and int(suffix, 16) >= 0 and len(stamp) == len("2026-11-30_10-00-00")
 
 
 def test_conf_dir_is_the_checkout_conf() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from rag_ablate.dataset import load_dataset
 from rag_ablate.records import aggregate, read_records, rescore
-from tests.conftest import run_module
+from tests.conftest import run_module, write_dataset
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -212,3 +212,205 @@ def test_compare_cli_on_sweep_folder_and_parent_run(sweep: dict[str, Any], tmp_p
     assert proc.returncode == 0, proc.stderr
     by_id = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
     assert by_id["rows"] == before["rows"]
+
+
+# --- sweeps that fail: every failure is reported, what succeeded is kept -------------
+
+
+def _client_for(uri: str) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _client(out: Path) -> Any:
+    return _client_for(f"sqlite:///{out / 'mlflow.db'}")
+
+
+@pytest.fixture(scope="module")
+def failing_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """chunk sizes without a preset file, plus one level whose job fails at run time
+    (its cache folder is a file): baseline, chunk=300, chunk=600, cache.dir=<file>."""
+    cwd = tmp_path_factory.mktemp("failing")
+    data = write_dataset(cwd / "tiny")
+    not_a_folder = cwd / "not_a_folder"
+    not_a_folder.write_text("", encoding="utf-8")
+    proc = run_cli(
+        [
+            "-m",
+            f"dataset.path={data}",
+            "chunk=300,600",
+            f"cache.dir=null,{not_a_folder}",  # null is the baseline's value: one job, which fails
+            "progress=false",
+            "compare.B=500",
+        ],
+        cwd,
+    )
+    sweep_dirs = list((cwd / "outputs" / "multirun").iterdir())
+    assert len(sweep_dirs) == 1, proc.stderr[-3000:]
+    return {"cwd": cwd, "out": cwd / "outputs", "proc": proc, "dir": sweep_dirs[0], "bad": not_a_folder}
+
+
+@pytest.mark.slow
+def test_any_chunk_size_sweeps_like_a_preset(failing_sweep: dict[str, Any]) -> None:
+    client = _client(failing_sweep["out"])
+    exp = client.get_experiment_by_name("rag_ablate")
+    assert exp is not None
+    runs = {
+        r.info.run_name: r
+        for r in client.search_runs([exp.experiment_id], "tags.`rag_ablate.kind` = 'variant'")
+    }
+    assert set(runs) == {"baseline", "chunk=300", "chunk=600"}  # the failed job logged nothing
+    for size, overlap in ((300, 37), (600, 75)):
+        run = runs[f"chunk={size}"]
+        assert run.info.status == "FINISHED"
+        assert run.data.params["chunk.size"] == str(size) and run.data.params["chunk.overlap"] == str(overlap)
+        assert run.data.tags["choice.chunk"] == str(size)
+        assert (run.data.tags["ablation.factor"], run.data.tags["ablation.level"]) == ("chunk", str(size))
+    assert runs["baseline"].data.params["chunk.size"] == "512"
+
+
+@pytest.mark.slow
+def test_failed_job_fails_the_sweep_and_the_rest_is_kept(failing_sweep: dict[str, Any]) -> None:
+    proc, sweep_dir = failing_sweep["proc"], failing_sweep["dir"]
+    assert proc.returncode == 1
+    label = f"cache.dir={failing_sweep['bad']}"
+    lines = proc.stderr.splitlines()
+    i = lines.index(
+        f"sweep FAILED: 1 problem(s); details in {sweep_dir.relative_to(failing_sweep['cwd'])}/failures.json"
+    )
+    assert lines[i + 1].startswith(f"  job #3 {label}: NotADirectoryError: ")
+    failures = json.loads((sweep_dir / "failures.json").read_text())
+    assert failures["failed"] is True and len(failures["failures"]) == 1
+    entry = failures["failures"][0]
+    assert (entry["step"], entry["job"], entry["what"]) == ("job", 3, label)
+    assert "Traceback" in entry["detail"]
+
+    # the jobs that finished are compared and logged
+    data = json.loads((sweep_dir / "comparison.json").read_text())
+    assert data["baseline"] == "baseline" and data["variants"] == ["chunk=300", "chunk=600"]
+    assert "comparison against baseline" in proc.stdout
+    for job in ("0", "1", "2"):
+        assert (sweep_dir / job / "records.jsonl").is_file()
+    client = _client(failing_sweep["out"])
+    exp = client.get_experiment_by_name("rag_ablate")
+    assert exp is not None
+    parent = client.search_runs([exp.experiment_id], "tags.`rag_ablate.kind` = 'sweep'")[0]
+    assert parent.info.status == "FAILED"
+    assert (
+        parent.data.metrics["sweep/n_failed_jobs"] == 1.0 and parent.data.metrics["sweep/n_variants"] == 3.0
+    )
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"failures.json", "comparison.json", "summary.md"} <= arts
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_unusable_tracking_store_stops_the_sweep_before_any_job(tiny_dataset: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "missing" / "x.db"
+    proc = run_cli(
+        ["-m", "chunk=256,512", f"tracking.uri=sqlite:///{missing}", f"dataset.path={tiny_dataset}"], tmp_path
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"rag_ablate: error: MLflow store sqlite:///{missing}: folder {missing.parent} does not exist "
+        "(create it, or leave tracking.uri unset to use <paths.output_root>/mlflow.db)"
+    )
+    assert not (tmp_path / "outputs").exists() and not missing.parent.exists()
+
+    url = f"http://127.0.0.1:{_free_port()}"
+    proc = run_cli(["-m", "chunk=256,512", f"tracking.uri={url}", f"dataset.path={tiny_dataset}"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith(f"rag_ablate: error: MLflow server {url} is not reachable: ")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_unusable_tracking_store_fails_a_single_run(tiny_dataset: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "missing" / "x.db"
+    proc = run_cli([f"tracking.uri=sqlite:///{missing}", f"dataset.path={tiny_dataset}"], tmp_path)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    assert not list((tmp_path / "outputs").rglob("records.jsonl"))
+
+
+@pytest.mark.slow
+def test_failed_comparison_fails_the_sweep(tiny_dataset: Path, tmp_path: Path) -> None:
+    proc = run_cli(
+        [
+            "-m",
+            f"dataset.path={tiny_dataset}",
+            "chunk=256,512",
+            "compare.baseline=nope",
+            "tracking=none",
+            "progress=false",
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert any(ln.startswith("sweep FAILED: 1 problem(s)") for ln in lines)
+    assert any(ln.startswith("  comparison: ") and "nope" in ln for ln in lines), proc.stderr[-2000:]
+    sweep_dir = next((tmp_path / "outputs" / "multirun").iterdir())
+    assert (sweep_dir / "summary.md").is_file() and (sweep_dir / "1" / "records.jsonl").is_file()
+    assert json.loads((sweep_dir / "failures.json").read_text())["failures"][0]["step"] == "comparison"
+
+
+@pytest.mark.slow
+def test_sweeps_started_together_get_their_own_folders(tiny_dataset: Path, tmp_path: Path) -> None:
+    import os
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    args = [sys.executable, "-m", "rag_ablate", "-m", "chunk=512", f"dataset.path={tiny_dataset}"]
+    args += ["tracking=none", "progress=false"]
+    procs = [
+        subprocess.Popen(
+            args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    sweep_dirs = sorted((tmp_path / "outputs" / "multirun").iterdir())
+    assert len(sweep_dirs) == 2
+    for d in sweep_dirs:
+        # each sweep's one job wrote into its own folder
+        assert (d / "0" / "records.jsonl").is_file() and (d / "plan.json").is_file()
+        assert json.loads((d / "failures.json").read_text()) == {"failed": False, "failures": []}
+
+
+def test_sqlite_store_is_checked_before_mlflow_touches_it(tmp_path: Path) -> None:
+    from rag_ablate import tracking
+    from rag_ablate.errors import TrackingError
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("", encoding="utf-8")
+    with pytest.raises(
+        TrackingError, match=f"^MLflow store sqlite:///{a_file}/x.db: {a_file} is not a folder$"
+    ):
+        tracking.open_store(f"sqlite:///{a_file}/x.db", "rag_ablate", tmp_path / "art")
+    with pytest.raises(TrackingError, match="does not exist"):
+        tracking.open_store(f"sqlite:///{tmp_path}/new/x.db", "rag_ablate", tmp_path / "art")
+    assert not (tmp_path / "new").exists()
+    # the default store (under paths.output_root) gets its folder created
+    exp_id = tracking.open_store(
+        f"sqlite:///{tmp_path}/new/x.db", "rag_ablate", tmp_path / "art", create_folder=True
+    )
+    assert (tmp_path / "new" / "x.db").is_file()
+    assert _client_for(f"sqlite:///{tmp_path}/new/x.db").get_experiment(exp_id).name == "rag_ablate"
+
+
+def test_relative_sqlite_store_gets_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tracking.uri=sqlite:///outputs/mlflow.db`` on a fresh checkout works like the default."""
+    from rag_ablate import tracking
+
+    monkeypatch.chdir(tmp_path)
+    tracking.open_store("sqlite:///outputs/mlflow.db", "rag_ablate", tmp_path / "art")
+    assert (tmp_path / "outputs" / "mlflow.db").is_file()

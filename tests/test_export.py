@@ -10,7 +10,7 @@ from rag_ablate.config import RunConfig
 from rag_ablate.dataset import load_dataset
 from rag_ablate.export import trec_run_lines, write_trec
 from rag_ablate.runner import evaluate
-from rag_ablate.target.local import LocalTarget
+from rag_ablate.systems.local import LocalSystem
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:unsafe cast from uint64 to int64:numba.core.errors.NumbaTypeSafetyWarning"
@@ -23,7 +23,7 @@ def _records(tiny_dataset: Path) -> tuple[list[dict], object]:
     s.progress = False
     s.chunk.size, s.chunk.overlap = 12, 3  # several chunks per document: duplicates to de-duplicate
     s.chunk.unit = "token"
-    target = LocalTarget(s)
+    target = LocalSystem(s)
     target.prepare(ds)
     return evaluate(target, ds, [1, 3, 5, 10]), ds
 

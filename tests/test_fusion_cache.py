@@ -69,8 +69,11 @@ def test_cache_hits_misses_and_atomic_files(tmp_path: Path) -> None:
     c = cache.array("emb", {"m": 2}, build)
     assert len(calls) == 2 and np.array_equal(a, b) and np.array_equal(a, c)
     assert cache.stats["emb"].hits == 1 and cache.stats["emb"].misses == 2
-    files = sorted(p.name for p in (tmp_path / "emb").iterdir())
-    assert len([f for f in files if f.endswith(".npy")]) == 2 and not any(f.startswith(".") for f in files)
+    # one folder per entry, named by its key, holding the data and its meta; no temporary leftovers
+    entries = sorted(p.name for p in (tmp_path / "emb").iterdir())
+    assert entries == sorted(content_key("emb", {"m": m}) for m in (1, 2))
+    for name in entries:
+        assert sorted(p.name for p in (tmp_path / "emb" / name).iterdir()) == ["data.npy", "meta.json"]
     # another process (a new Cache on the same folder) reuses the entry
     other = Cache(tmp_path)
     other.json("chunks", {"x": 1}, lambda: [1, 2])

@@ -21,6 +21,7 @@ from rag_ablate.metrics import (
     valid_metric_names,
 )
 from rag_ablate.metrics import registry as registry_module
+from rag_ablate.registry import Registry
 
 BUILTIN = {
     # base: (direction, binary, takes_k)
@@ -40,12 +41,15 @@ BUILTIN = {
 @pytest.fixture
 def scratch_registry() -> Iterator[None]:
     """Let a test register metrics without leaking them into other tests."""
-    saved = dict(registry_module._REGISTRY)
+    saved = registry_module._METRICS
+    scratch: Registry[MetricSpec] = Registry(saved.kind)
+    for base in saved.names():
+        scratch.add(base, saved.get(base))
+    registry_module._METRICS = scratch
     try:
         yield
     finally:
-        registry_module._REGISTRY.clear()
-        registry_module._REGISTRY.update(saved)
+        registry_module._METRICS = saved
 
 
 def test_builtin_metrics_are_registered() -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -9,17 +13,19 @@ import pytest
 
 from rag_ablate.config import RunConfig
 from rag_ablate.dataset import Dataset, Query, load_dataset
-from rag_ablate.records import aggregate
+from rag_ablate.records import aggregate, rescore
 from rag_ablate.runner import evaluate, variant_label
-from rag_ablate.target import Trace
-from rag_ablate.target.local import LocalTarget
+from rag_ablate.systems import Trace
+from rag_ablate.systems.local import LocalSystem
+from tests.conftest import QUERIES, run_module, write_dataset
 
 
 class FlakyTarget:
-    """The local pipeline, except that one query raises."""
+    """The local pipeline, except that the ``bad`` queries raise (after ``delay`` seconds)."""
 
-    def __init__(self, inner: LocalTarget, bad: str) -> None:
-        self.inner, self.bad = inner, bad
+    def __init__(self, inner: LocalSystem, bad: str | set[str], delay: float = 0.0) -> None:
+        self.inner, self.delay = inner, delay
+        self.bad = {bad} if isinstance(bad, str) else bad
 
     @property
     def routes_intents(self) -> bool:
@@ -28,8 +34,12 @@ class FlakyTarget:
     def prepare(self, dataset: Dataset) -> dict[str, Any]:
         return self.inner.prepare(dataset)
 
+    def close(self) -> None:
+        self.inner.close()
+
     def run(self, query: Query) -> Trace:
-        if query.query_id == self.bad:
+        if query.query_id in self.bad:
+            time.sleep(self.delay)
             raise TimeoutError("simulated timeout")
         return self.inner.run(query)
 
@@ -43,12 +53,13 @@ def _settings() -> RunConfig:
 
 def test_failed_query_is_recorded_not_dropped(tiny_dataset: Path) -> None:
     ds = load_dataset(tiny_dataset)
-    target = FlakyTarget(LocalTarget(_settings()), bad="q1")
+    target = FlakyTarget(LocalSystem(_settings()), bad="q1")
     target.prepare(ds)
     records = evaluate(target, ds, [1, 3, 5, 10])
     assert len(records) == len(ds.queries)
     bad = next(r for r in records if r["query_id"] == "q1")
-    assert bad["status"] == "failed" and "simulated timeout" in bad["error"] and bad["metrics"] == {}
+    assert bad["status"] == "failed" and "simulated timeout" in bad["error"]
+    assert set(bad["metrics"]) == {"latency_ms"}  # no quality value, only its time until it failed
     agg = aggregate(records)
     assert agg["all/n_failed"] == 1 and agg["all/error_rate"] == pytest.approx(1 / 8)
     # the failure is not averaged in as a miss: the mean runs over the 5 other answerable queries
@@ -58,7 +69,7 @@ def test_failed_query_is_recorded_not_dropped(tiny_dataset: Path) -> None:
 
 def test_unanswerable_and_no_rag_stay_out_of_retrieval_means(tiny_dataset: Path) -> None:
     ds = load_dataset(tiny_dataset)
-    target = LocalTarget(_settings())
+    target = LocalSystem(_settings())
     target.prepare(ds)
     records = {r["query_id"]: r for r in evaluate(target, ds, [1, 5])}
     assert "recall_at_5" not in records["q5"]["metrics"]  # unanswerable
@@ -76,3 +87,111 @@ def test_variant_label() -> None:
         variant_label(["chunk='256'", "progress=false", "tracking=none", "paths.output_root=/x"])
         == "chunk=256"
     )
+
+
+def test_a_failed_query_keeps_its_time_so_a_timeout_cannot_improve_p95(tiny_dataset: Path) -> None:
+    ds = load_dataset(tiny_dataset)
+    target = FlakyTarget(LocalSystem(_settings()), bad="q2", delay=0.2)
+    target.prepare(ds)
+    records = {r["query_id"]: r for r in evaluate(target, ds, [1, 5])}
+    slow = records["q2"]
+    assert slow["status"] == "failed"
+    assert slow["timings_ms"]["total"] >= 200 and slow["metrics"]["latency_ms"] == slow["timings_ms"]["total"]
+    ok = [r["metrics"]["latency_ms"] for r in records.values() if r["status"] == "ok"]
+    assert len(ok) == 7 and max(ok) < 200
+    agg = aggregate(list(records.values()))
+    # p95 over all 8 queries lies between the slowest ok query and the failure; without it, it would drop
+    assert max(ok) < agg["all/latency_ms_p95"] <= slow["metrics"]["latency_ms"]
+    assert agg["all/latency_ms"] == pytest.approx((sum(ok) + slow["metrics"]["latency_ms"]) / 8)
+
+
+class BadTraceTarget(FlakyTarget):
+    """Returns, for the ``bad`` queries, a trace citing a document the corpus does not have."""
+
+    def run(self, query: Query) -> Trace:
+        trace = self.inner.run(query)
+        if query.query_id in self.bad:
+            trace.retrieved[0] = replace(trace.retrieved[0], doc_id="NO_SUCH_DOC")
+        return trace
+
+
+def test_a_crash_while_scoring_fails_that_query_not_the_run(tiny_dataset: Path) -> None:
+    ds = load_dataset(tiny_dataset)
+    target = BadTraceTarget(LocalSystem(_settings()), bad="q3")
+    target.prepare(ds)
+    records = {r["query_id"]: r for r in evaluate(target, ds, [1, 5])}
+    bad = records["q3"]
+    assert bad["status"] == "failed" and bad["error"].startswith("scoring failed: KeyError")
+    assert "NO_SUCH_DOC" in bad["error"] and set(bad["metrics"]) == {"latency_ms"}
+    assert bad["retrieved"][0]["doc_id"] == "NO_SUCH_DOC"  # the trace is kept for inspection
+    assert all(r["status"] == "ok" for q, r in records.items() if q != "q3")
+    assert aggregate(list(records.values()))["all/n_failed"] == 1
+    # rescoring from disk treats the bad record the same way
+    again = {
+        r["query_id"]: r for r in rescore([{**r, "status": "ok"} for r in records.values()], ds, [1, 5], True)
+    }
+    assert again["q3"]["status"] == "failed" and again["q1"]["metrics"] == records["q1"]["metrics"]
+
+
+def test_every_routed_query_failed_leaves_intent_metrics_absent(tiny_dataset: Path) -> None:
+    ds = load_dataset(tiny_dataset)
+    target = FlakyTarget(LocalSystem(_settings()), bad={q.query_id for q in ds.queries})
+    target.prepare(ds)
+    agg = aggregate(evaluate(target, ds, [1, 5]))
+    assert agg["all/error_rate"] == 1.0 and agg["all/n_failed"] == 8
+    assert not any(k.endswith("/intent_top1") or k.endswith("/recall_at_5") for k in agg)  # absent, not 0
+    assert "all/latency_ms_p95" in agg
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_variant_fails_every_query(tmp_path: Path) -> None:
+    """A rerank service that refuses every connection: the run finishes, the comparison says what failed."""
+    answerable = [q for q in QUERIES if q.get("answerable", True) and "relevant" in q]
+    dataset = write_dataset(tmp_path / "data", queries=answerable)  # every query retrieves, so reranks
+    url = f"http://127.0.0.1:{_closed_port()}/rerank"
+    proc = run_module(
+        "rag_ablate",
+        [
+            "-m",
+            "rerank=none,http",
+            f"rerank.url={url}",
+            f"dataset.path={dataset}",
+            "tracking=none",
+            "progress=false",
+            "compare.B=1000",
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = next((tmp_path / "outputs" / "multirun").iterdir())
+    job = next(
+        p.parent
+        for p in sweep_dir.glob("*/variant.json")
+        if json.loads(p.read_text())["label"] == "rerank=http"
+    )
+    records = [json.loads(line) for line in (job / "records.jsonl").read_text().splitlines()]
+    assert len(records) == len(answerable)
+    assert all(r["status"] == "failed" and "RerankError" in r["error"] for r in records)
+    assert all(r["metrics"]["latency_ms"] > 0 for r in records)  # timed until the failure
+    metrics = json.loads((job / "metrics.json").read_text())
+    assert metrics["all/error_rate"] == 1.0 and metrics["all/n_failed"] == len(answerable)
+    assert not [k for k in metrics if k.endswith("intent_top1")]  # absent: no traceback, no 0
+    assert not (job / "intents.md").exists()
+
+    data = json.loads((sweep_dir / "comparison.json").read_text())
+    for split in ("dev", "holdout"):
+        n = sum(1 for r in records if r["split"] == split)
+        rows = {r["metric"]: r for r in data["rows"] if r["split"] == split}
+        err = rows["error_rate"]
+        assert (err["baseline_mean"], err["variant_mean"], err["n_queries"]) == (0.0, 1.0, n)
+        for metric in ("recall_at_5", "ndcg_at_10", "intent_top1"):
+            assert rows[metric]["note"] == f"all {n} failed in variant" and rows[metric]["effect"] is None
+        pair = next(p for p in data["pairs"] if p["split"] == split)
+        assert (pair["n_failed_variant"], pair["left_failed_variant"], pair["n_ok_both"]) == (n, n, 0)
+    assert "all" in proc.stdout and "failed in variant" in proc.stdout and "left out" in proc.stdout

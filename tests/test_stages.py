@@ -12,7 +12,7 @@ from rag_ablate.cache import Cache
 from rag_ablate.config import RunConfig
 from rag_ablate.dataset import load_dataset
 from rag_ablate.runner import evaluate
-from rag_ablate.target.local import LocalTarget
+from rag_ablate.systems.local import LocalSystem
 from tests.conftest import run_module
 
 
@@ -29,7 +29,7 @@ def _settings(**retrieval: Any) -> RunConfig:
 def test_dense_and_hybrid_runs_record_stage_timings(tiny_dataset: Path, tmp_path: Path, method: str) -> None:
     ds = load_dataset(tiny_dataset)
     s = _settings(method=method)
-    target = LocalTarget(s, Cache(tmp_path / "cache"))
+    target = LocalSystem(s, Cache(tmp_path / "cache"))
     info = target.prepare(ds)
     assert info["retrieval.dense.encoder_resolved"] == "minilm"  # English corpus
     records = evaluate(target, ds, [1, 5])
@@ -45,7 +45,7 @@ def test_biencoder_rerank_keeps_top_k_of_candidates(tiny_dataset: Path, tmp_path
     ds = load_dataset(tiny_dataset)
     s = _settings(method="bm25")
     s.rerank.method, s.rerank.candidates, s.rerank.top_k = "biencoder", 8, 2
-    target = LocalTarget(s, Cache(tmp_path / "cache"))
+    target = LocalSystem(s, Cache(tmp_path / "cache"))
     target.prepare(ds)
     records = evaluate(target, ds, [1, 2])
     for r in records:
@@ -57,12 +57,31 @@ def test_biencoder_rerank_keeps_top_k_of_candidates(tiny_dataset: Path, tmp_path
     assert "rerank" in q1["timings_ms"] and "encode" in q1["timings_ms"]
 
 
+def test_an_encoder_shared_by_two_stages_is_charged_once(tiny_dataset: Path, tmp_path: Path) -> None:
+    ds = load_dataset(tiny_dataset)
+    s = _settings(method="dense")
+    s.rerank.method, s.rerank.candidates, s.rerank.top_k = "biencoder", 8, 2
+    s.rerank.encoder = "minilm"  # what dense's "auto" resolves to on an English corpus
+    cache = Cache(tmp_path / "cache")
+    target = LocalSystem(s, cache)
+    info = target.prepare(ds)
+    assert info["retrieval.dense.encoder_resolved"] == info["rerank.encoder_resolved"] == "minilm"
+    assert cache.stats["embeddings"].misses == 1 and cache.stats["embeddings"].hits == 0
+    share = target.embeddings("minilm").queries.encode_ms
+    assert share > 0
+    q1 = evaluate(target, ds, [1, 2])[0]
+    assert q1["timings_ms"]["encode"] == pytest.approx(share)  # not twice
+    t = q1["timings_ms"]
+    stages = t["route"] + t["dense"] + t["rerank"] + t["encode"]
+    assert stages <= t["total"] + 1e-6
+
+
 def test_cold_and_warm_report_the_same_encode_cost(tiny_dataset: Path, tmp_path: Path) -> None:
     ds = load_dataset(tiny_dataset)
     encode = []
     for _ in range(2):
         cache = Cache(tmp_path / "cache")
-        target = LocalTarget(_settings(method="dense"), cache)
+        target = LocalSystem(_settings(method="dense"), cache)
         target.prepare(ds)
         encode.append(evaluate(target, ds, [1])[0]["timings_ms"]["encode"])
     assert cache.stats["embeddings"].hits == 1 and cache.stats["query_embeddings"].hits == 1

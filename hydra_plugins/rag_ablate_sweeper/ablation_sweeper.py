@@ -5,14 +5,24 @@ breaks dataclasses with string annotations.
 
 Hydra finds this module through the ``hydra_plugins`` namespace package and the
 ConfigStore entry ``hydra/sweeper: ablation``, which ``conf/config.yaml`` selects.
+
+A sweep, in order: plan the jobs; compose and validate every job's config as the
+launcher will (a bad factor or level stops here with one line and exit 2, before
+any folder or MLflow run exists); print the plan; open the MLflow store, create
+the sweep folder and parent run (an unusable store stops here, exit 2); launch
+the jobs; check every job's outcome and finish (table, comparison, logging);
+exit 1 when a job or step failed, listing each failure on one line.
 """
 
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn
+from hydra.errors import HydraException
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
@@ -27,6 +37,13 @@ class AblationSweeperConf:
 ConfigStore.instance().store(
     group="hydra/sweeper", name="ablation", node=AblationSweeperConf, provider="rag_ablate"
 )
+
+
+def _stop(exc: BaseException, code: int) -> NoReturn:
+    from rag_ablate.app import one_line
+
+    print(f"rag_ablate: error: {one_line(exc)}", file=sys.stderr)
+    sys.exit(code)
 
 
 class AblationSweeper(Sweeper):
@@ -48,15 +65,42 @@ class AblationSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        from rag_ablate.ablation import build_plan, format_plan, write_plan
+        from rag_ablate.ablation import build_plan, check_plan, format_plan
+        from rag_ablate.callbacks import EXIT_INVALID, finish_sweep, start_sweep
+        from rag_ablate.errors import RagAblateError
 
         if self.config is None or self.launcher is None or self.hydra_context is None:
             raise RuntimeError("setup() must run before sweep()")
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        plan = build_plan(self.config, arguments, parser)
+        config = self.config
+        # resolve the sweep folder's name (time, random suffix) once, before any job's
+        # config is composed: Hydra copies resolved values from this config to the jobs'
+        str(config.hydra.sweep.dir)
+        loader = self.hydra_context.config_loader
+        parser = OverridesParser.create(config_loader=loader)
+        try:
+            plan = build_plan(config, arguments, parser)
+            check_plan(
+                plan,
+                lambda overrides: loader.load_sweep_config(config, overrides),
+                lambda group: list(loader.get_group_options(group)),
+            )
+        except (RagAblateError, HydraException) as exc:
+            _stop(exc, EXIT_INVALID)
         print(format_plan(plan))
         if plan.dry_run:
             return []
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        write_plan(plan, sweep_dir, self.config)
-        return [self.launcher.launch([job.overrides for job in plan.jobs], initial_job_idx=0)]
+        try:
+            start_sweep(config, plan)
+        except RagAblateError as exc:
+            _stop(exc, EXIT_INVALID)
+
+        returns: Sequence[JobReturn] = []
+        launch_error: BaseException | None = None
+        try:
+            returns = self.launcher.launch([job.overrides for job in plan.jobs], initial_job_idx=0)
+        except Exception as exc:  # a launcher's own failure: still finish what ran
+            launch_error = exc
+        code = finish_sweep(config, plan, returns, launch_error)
+        if code:
+            sys.exit(code)
+        return [returns]

@@ -1,4 +1,4 @@
-"""Per-query metrics and the metric registry (see docs in METRICS.md).
+"""Per-query metrics and the metric registry (definitions: docs/metrics.md).
 
 Importing this package registers the built-in metrics. Canonical names are
 ``recall_at_5`` / ``intent_top1`` everywhere; ``display_name`` gives ``recall@5``

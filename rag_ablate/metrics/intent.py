@@ -1,4 +1,4 @@
-"""Intent routing accuracy (METRICS.md, "Intent").
+"""Intent routing accuracy (docs/metrics.md, "Intent").
 
 ``intent_top1`` is 1 when the predicted leaf intent equals the gold
 ``intent_l2`` (exact string comparison), else 0; a missing prediction (``None``)

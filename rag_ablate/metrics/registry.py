@@ -27,12 +27,12 @@ Errors:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Literal
 
 from rag_ablate.errors import ConfigError, UnknownNameError
+from rag_ablate.registry import Registry
 
 __all__ = [
     "REGISTRY",
@@ -93,9 +93,29 @@ class MetricSpec:
         return f"{self.base}_at_<k>" if self.takes_k else self.base
 
 
-_REGISTRY: dict[str, MetricSpec] = {}
+# the storage: the project's generic name registry, keyed by base name
+_METRICS: Registry[MetricSpec] = Registry(_KIND)
 
-REGISTRY: Mapping[str, MetricSpec] = MappingProxyType(_REGISTRY)
+
+class _ReadOnlyView(Mapping[str, MetricSpec]):
+    """A read-only mapping over whatever ``_METRICS`` currently is."""
+
+    def __getitem__(self, base: str) -> MetricSpec:
+        if base not in _METRICS:
+            raise KeyError(base)
+        return _METRICS.get(base)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_METRICS.names())
+
+    def __len__(self) -> int:
+        return len(_METRICS)
+
+    def __repr__(self) -> str:
+        return f"REGISTRY({', '.join(_METRICS.names())})"
+
+
+REGISTRY: Mapping[str, MetricSpec] = _ReadOnlyView()
 """Read-only view of all registered metrics, keyed by base. Add with ``register``."""
 
 
@@ -103,22 +123,26 @@ def register(spec: MetricSpec) -> None:
     """Add a metric. Registering a base that already exists raises ``ValueError``."""
     if not isinstance(spec, MetricSpec):
         raise TypeError(f"register() takes a MetricSpec, got {type(spec).__name__}")
-    if spec.base in _REGISTRY:
+    if spec.base in _METRICS:
         raise ValueError(f"metric {spec.base!r} is already registered")
-    _REGISTRY[spec.base] = spec
+    _METRICS.add(spec.base, spec)
 
 
 def valid_metric_names() -> list[str]:
     """Every registered metric as it would be typed, sorted (``recall_at_<k>``, ...)."""
-    return sorted(spec.typed_name for spec in _REGISTRY.values())
+    return sorted(_METRICS.get(base).typed_name for base in _METRICS.names())
 
 
 def _unknown(name: str) -> UnknownNameError:
     return UnknownNameError(_KIND, name, valid_metric_names())
 
 
+def _lookup(base: object) -> MetricSpec | None:
+    return _METRICS.get(base) if isinstance(base, str) and base in _METRICS else None
+
+
 def _spec_of(base: str) -> MetricSpec:
-    spec = _REGISTRY.get(base) if isinstance(base, str) else None
+    spec = _lookup(base)
     if spec is None:
         raise _unknown(str(base))
     return spec
@@ -157,7 +181,7 @@ def parse_metric_name(name: str) -> tuple[MetricSpec, int | None]:
     """
     if not isinstance(name, str):
         raise _unknown(repr(name))
-    spec = _REGISTRY.get(name)
+    spec = _lookup(name)
     if spec is not None:
         if spec.takes_k:  # "recall" alone: the cutoff is missing
             raise _unknown(name)
@@ -165,7 +189,7 @@ def parse_metric_name(name: str) -> tuple[MetricSpec, int | None]:
     match = _AT_K_RE.fullmatch(name)
     if match is None:
         raise _unknown(name)
-    spec = _REGISTRY.get(match["base"])
+    spec = _lookup(match["base"])
     if spec is None or not spec.takes_k:
         raise _unknown(name)
     digits = match["k"]
@@ -239,6 +263,16 @@ def _register_builtins() -> None:
         )
     )
     register(MetricSpec("latency_ms", "lower", False, False, "end-to-end latency in milliseconds"))
+    register(
+        MetricSpec(
+            "error_rate",
+            "lower",
+            True,
+            False,
+            "1 if the query failed (the system raised, timed out or returned an error, or scoring it "
+            "failed), else 0; its mean is the share of failed queries",
+        )
+    )
 
 
 _register_builtins()

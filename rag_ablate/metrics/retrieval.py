@@ -1,4 +1,4 @@
-"""Per-query retrieval metrics (METRICS.md, "Retrieval").
+"""Per-query retrieval metrics (docs/metrics.md, "Retrieval").
 
 Document level: the ranked list is de-duplicated keeping the first occurrence,
 and only the first k *unique* documents count. ``R`` is the set of documents with

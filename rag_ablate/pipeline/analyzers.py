@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
+import sys
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path
+from typing import Any
 
-from rag_ablate.errors import UnknownNameError
+from rag_ablate.cache import file_fingerprint, library_versions, words_fingerprint
+from rag_ablate.errors import ConfigError, UnknownNameError
 
 Analyzer = Callable[[str], list[str]]
 
@@ -132,3 +137,36 @@ def get_analyzer(name: str) -> Analyzer:
         return ANALYZERS[name]
     except KeyError:
         raise UnknownNameError("analyzer", name, [*ANALYZERS, "auto"]) from None
+
+
+def jieba_dictionary() -> Path:
+    """The dictionary file jieba segments with: one set by ``jieba.set_dictionary``, else its bundled one.
+
+    Found without importing jieba when nothing has imported it yet.
+    """
+    loaded = sys.modules.get("jieba")
+    custom = getattr(getattr(loaded, "dt", None), "dictionary", None)
+    if custom:
+        return Path(custom)
+    spec = importlib.util.find_spec("jieba")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("analyzer 'zh' needs jieba: pip install jieba")
+    return Path(next(iter(spec.submodule_search_locations))) / "dict.txt"
+
+
+def analyzer_key_parts(name: str) -> dict[str, Any]:
+    """What an analyzer's tokens depend on besides this module's source: its stop words
+    (a hash of the list), and for ``zh`` the jieba dictionary (a hash of its content) and
+    jieba's version. Part of the BM25 cache key.
+    """
+    get_analyzer(name)  # an unknown name raises, listing the valid ones
+    if name == "en":
+        return {"name": name, "stopwords": words_fingerprint(EN_STOPWORDS)}
+    if name == "zh":
+        return {
+            "name": name,
+            "stopwords": words_fingerprint(ZH_STOPWORDS),
+            "dictionary": file_fingerprint(jieba_dictionary()),
+            "libraries": library_versions("jieba"),
+        }
+    return {"name": name}

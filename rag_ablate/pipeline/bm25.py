@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag_ablate.pipeline.analyzers import Analyzer
+from rag_ablate.cache import code_parts, library_versions
+from rag_ablate.pipeline.analyzers import Analyzer, analyzer_key_parts
+
+if TYPE_CHECKING:
+    from rag_ablate.config import BM25Config
 
 Hit = tuple[int, float]  # (chunk index, score)
 
@@ -98,3 +104,30 @@ class BM25Retriever:
     def search(self, query: str, k: int) -> list[Hit]:
         s = self.scores(query)
         return [(i, float(s[i])) for i in top_k_indices(s, self.tiebreak, k)]
+
+
+# libraries whose versions can change an index: bm25s builds it with numpy and scipy.sparse
+BM25_LIBRARIES = ("bm25s", "numpy", "scipy")
+
+
+def bm25_key_parts(
+    settings: BM25Config, analyzer: str, chunks: Mapping[str, Any], include_title: bool
+) -> dict[str, Any]:
+    """The cache key parts of the ``bm25`` stage: everything an index depends on.
+
+    The chunks' key parts (corpus, chunking, its code), whether titles are indexed, every
+    BM25 setting with ``analyzer`` resolved (``auto`` shares the entry of what it resolves
+    to) and expanded to its stop words, dictionary and library version, the code (package
+    and Python versions, a hash of analyzers.py and bm25.py) and the versions of bm25s,
+    numpy and scipy.
+    """
+    if analyzer == "auto":
+        raise ValueError("resolve analyzer 'auto' to a language before keying")
+    return {
+        "chunks": dict(chunks),
+        "include_title": include_title,
+        **asdict(settings),
+        "analyzer": analyzer_key_parts(analyzer),
+        "code": code_parts("rag_ablate.pipeline.analyzers", "rag_ablate.pipeline.bm25"),
+        "libraries": library_versions(*BM25_LIBRARIES),
+    }

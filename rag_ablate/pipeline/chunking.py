@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
+from rag_ablate.cache import code_parts
 from rag_ablate.dataset import Document
 from rag_ablate.metrics.text import is_cjk_text
+
+if TYPE_CHECKING:
+    from rag_ablate.config import ChunkConfig
 
 # characters after which a chunk may end (sentence or clause boundaries, line breaks)
 _BOUNDARY = frozenset("。！？；!?;\n")
@@ -104,3 +109,26 @@ def chunk_corpus(
     for d in docs:
         chunks.extend(chunk_document(d, size, overlap, unit, snap))
     return chunks, unit
+
+
+# chunk settings that change the indexed text but not where chunks start and end
+# (the BM25 and embedding keys hold them)
+_TEXT_ONLY_SETTINGS = ("include_title",)
+
+
+def chunk_key_parts(settings: ChunkConfig, corpus_fingerprint: str, unit: str) -> dict[str, Any]:
+    """The cache key parts of the ``chunks`` stage: everything chunk boundaries depend on.
+
+    Every chunk setting except ``include_title`` (with ``unit`` replaced by the resolved
+    ``char`` or ``token``, so ``auto`` shares the entry of what it resolves to), the corpus
+    fingerprint, and the code: package and Python versions and a hash of this module.
+    """
+    if unit not in ("char", "token"):
+        raise ValueError(f"unit must be resolved to 'char' or 'token' before keying, got {unit!r}")
+    chosen = {k: v for k, v in asdict(settings).items() if k not in _TEXT_ONLY_SETTINGS}
+    return {
+        "corpus": corpus_fingerprint,
+        **chosen,
+        "unit": unit,
+        "code": code_parts("rag_ablate.pipeline.chunking"),
+    }

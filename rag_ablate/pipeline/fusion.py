@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rag_ablate.errors import ConfigError, UnknownNameError
+from rag_ablate.errors import ConfigError
+from rag_ablate.pipeline.stages import FUSIONS, Hits, Run
 
-Run = Sequence[tuple[int, float]]
-FUSIONS = ("rrf", "weighted")
+__all__ = ["FUSIONS", "fuse", "rrf", "weighted"]
 
 
 def _sorted(scores: dict[int, float], tiebreak: np.ndarray, k: int) -> list[tuple[int, float]]:
@@ -53,6 +53,20 @@ def weighted(
     return _sorted(scores, tiebreak, k)
 
 
+@FUSIONS.register("rrf")
+def _rrf(
+    runs: Sequence[Run], tiebreak: np.ndarray, k: int, *, rrf_k: float, weights: Sequence[float]
+) -> Hits:
+    return rrf(runs, tiebreak, k, rrf_k)
+
+
+@FUSIONS.register("weighted")
+def _weighted(
+    runs: Sequence[Run], tiebreak: np.ndarray, k: int, *, rrf_k: float, weights: Sequence[float]
+) -> Hits:
+    return weighted(runs, weights, tiebreak, k)
+
+
 def fuse(
     method: str,
     runs: Sequence[Run],
@@ -62,8 +76,5 @@ def fuse(
     rrf_k: float = 60.0,
     weights: Sequence[float] | None = None,
 ) -> list[tuple[int, float]]:
-    if method == "rrf":
-        return rrf(runs, tiebreak, k, rrf_k)
-    if method == "weighted":
-        return weighted(runs, weights or [1.0] * len(runs), tiebreak, k)
-    raise UnknownNameError("fusion", method, FUSIONS)
+    """Fuse ``runs`` with the fusion registered as ``method`` (equal weights by default)."""
+    return FUSIONS.get(method)(runs, tiebreak, k, rrf_k=rrf_k, weights=weights or [1.0] * len(runs))

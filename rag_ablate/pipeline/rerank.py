@@ -11,8 +11,12 @@ with equal scores ordered by the lower index (so results are deterministic).
 * :class:`CrossEncoderReranker` (``cross_encoder``) scores (query, passage)
   pairs with a local sentence-transformers ``CrossEncoder`` folder, on CPU,
   never downloading anything. Its scores are the model's raw logits.
-* ``biencoder`` is built by the pipeline from its dense encoder;
-  :func:`make_reranker` builds the others from the ``rerank`` config group.
+* ``biencoder`` re-scores with the cosine of an encoder's embeddings (from the
+  cache), so it is built by the pipeline (:class:`BiEncoderStage`);
+  :func:`make_reranker` builds the others from their settings.
+
+Each ``rerank.method`` is registered in :data:`RERANKERS` as a factory of a
+pipeline stage (:class:`~rag_ablate.pipeline.stages.RerankStage`).
 
 Runtime failures raise :class:`RerankError`; bad settings raise ``ConfigError``.
 """
@@ -23,7 +27,7 @@ import inspect
 import math
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -31,12 +35,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import httpx
 import numpy as np
 
-from rag_ablate.errors import ConfigError, RagAblateError, UnknownNameError
+from rag_ablate.errors import ConfigError, RagAblateError
+from rag_ablate.pipeline.stages import RERANKERS, Embedded, Hits, QueryState, Resources, resolve_encoder
 
 if TYPE_CHECKING:
     from sentence_transformers import CrossEncoder
 
-RERANKERS = ("none", "biencoder", "cross_encoder", "http")
+    from rag_ablate.config import RunConfig
 
 EXCERPT_CHARS = 300  # characters of a response body quoted in error messages
 MAX_WAIT_SECONDS = 5.0  # cap on one wait between retries (backoff or Retry-After)
@@ -358,25 +363,120 @@ class CrossEncoderReranker:
         return _best(((i, float(s)) for i, s in enumerate(scores)), top_k)
 
 
+# rerankers of passage texts that make_reranker builds from keyword settings
+_PASSAGE_RERANKERS: dict[str, type[HttpReranker] | type[CrossEncoderReranker]] = {
+    "http": HttpReranker,
+    "cross_encoder": CrossEncoderReranker,
+}
+
+
 def make_reranker(method: str, **kwargs: Any) -> Reranker | None:
     """Build the reranker named ``method`` (see :data:`RERANKERS`) from its settings.
 
     ``none`` gives None. ``biencoder`` is built by the pipeline from its dense
     encoder, so asking for it here is a ConfigError.
     """
+    RERANKERS.check(method)
     if method == "none":
         return None
-    if method == "biencoder":
-        raise ConfigError("the biencoder reranker is built by the pipeline from its encoder")
-    factories: dict[str, type[HttpReranker] | type[CrossEncoderReranker]] = {
-        "http": HttpReranker,
-        "cross_encoder": CrossEncoderReranker,
-    }
-    factory = factories.get(method)
+    factory = _PASSAGE_RERANKERS.get(method)
     if factory is None:
-        raise UnknownNameError("reranker", method, RERANKERS)
+        raise ConfigError(f"the {method} reranker is built by the pipeline from its encoder")
     try:
         inspect.signature(factory).bind(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"rerank={method}: {exc}") from exc
     return factory(**kwargs)
+
+
+# --------------------------------------------------------------------------- pipeline stages
+
+
+@RERANKERS.register("none")
+def no_reranker(settings: RunConfig) -> None:
+    """``rerank=none``: the retriever's top ``retrieval.top_k`` is the final list."""
+    return None
+
+
+class PassageRerankStage:
+    """Hands the candidates' texts to a :class:`Reranker` built at prepare time."""
+
+    def __init__(self, build: Callable[[], Reranker]) -> None:
+        self._build = build
+        self.reranker: Reranker | None = None
+        self.texts: list[str] = []
+
+    def prepare(self, res: Resources) -> dict[str, Any]:
+        self.texts = res.texts()
+        self.reranker = self._build()
+        return {}
+
+    def rerank(self, state: QueryState, hits: Hits, top_k: int) -> Hits:
+        if self.reranker is None:
+            raise RuntimeError("the reranker is used before prepare()")
+        if not hits:
+            return []
+        idx = [i for i, _ in hits]
+        ranked = self.reranker.rerank(state.query.query, [self.texts[i] for i in idx], top_k)
+        return [(idx[j], float(score)) for j, score in ranked]
+
+    def close(self) -> None:
+        close = getattr(self.reranker, "close", None)
+        if callable(close):
+            close()
+
+
+@RERANKERS.register("http")
+def http_stage(settings: RunConfig) -> PassageRerankStage:
+    """``rerank=http``: a rerank service at ``rerank.url``."""
+    rr = settings.rerank
+    if not rr.url:
+        raise ConfigError("rerank=http needs rerank.url")
+    url = rr.url
+    return PassageRerankStage(
+        lambda: HttpReranker(url, model=rr.model, timeout=rr.timeout, api_key_env=rr.api_key_env)
+    )
+
+
+@RERANKERS.register("cross_encoder")
+def cross_encoder_stage(settings: RunConfig) -> PassageRerankStage:
+    """``rerank=cross_encoder``: a local CrossEncoder folder at ``rerank.model_path``."""
+    path = settings.rerank.model_path
+    if not path:
+        raise ConfigError("rerank=cross_encoder needs rerank.model_path (a local CrossEncoder folder)")
+    return PassageRerankStage(lambda: CrossEncoderReranker(path))
+
+
+@RERANKERS.register("biencoder")
+class BiEncoderStage:
+    """``rerank=biencoder``: re-scores candidates by the cosine of ``rerank.encoder`` embeddings.
+
+    Ties go to the lower ``tiebreak``; the query's share of encoding is charged
+    once even when the dense retriever uses the same encoder.
+    """
+
+    def __init__(self, settings: RunConfig) -> None:
+        self.encoder = settings.rerank.encoder
+        self.passages = np.zeros((0, 0), dtype=np.float32)
+        self.queries: Embedded | None = None
+        self.tiebreak = np.zeros(0, dtype=np.int64)
+
+    def prepare(self, res: Resources) -> dict[str, Any]:
+        name = resolve_encoder(self.encoder, res.language)
+        emb = res.embeddings(name)
+        self.passages, self.queries, self.tiebreak = emb.passages, emb.queries, res.tiebreak
+        return {"rerank.encoder_resolved": name, "rerank.model_id": emb.model_id}
+
+    def rerank(self, state: QueryState, hits: Hits, top_k: int) -> Hits:
+        if self.queries is None:
+            raise RuntimeError("the biencoder reranker is used before prepare()")
+        state.charge_encoding(self.queries)
+        if not hits:
+            return []
+        idx = [i for i, _ in hits]
+        scores = self.passages[idx] @ self.queries.get(state.query.query_id)
+        order = sorted(range(len(idx)), key=lambda j: (-float(scores[j]), int(self.tiebreak[idx[j]])))
+        return [(idx[j], float(scores[j])) for j in order[:top_k]]
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -17,12 +17,17 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import sparse
 
 from rag_ablate.dataset import Intent
 from rag_ablate.errors import UnknownNameError
+from rag_ablate.pipeline.stages import ROUTERS
+
+if TYPE_CHECKING:
+    from rag_ablate.config import RunConfig
 
 _DROP = re.compile(r"[\s\W_]+", re.UNICODE)
 
@@ -79,3 +84,21 @@ class IntentRouter:
         if best[j] <= 0:
             return None, 0.0
         return self.labels[j], float(best[j])
+
+
+@ROUTERS.register("centroid")
+def centroid_router(settings: RunConfig, intents: Sequence[Intent]) -> IntentRouter:
+    """``router=centroid``: one TF-IDF profile per intent."""
+    return IntentRouter(intents, settings.router.ngram, "centroid")
+
+
+@ROUTERS.register("nearest")
+def nearest_router(settings: RunConfig, intents: Sequence[Intent]) -> IntentRouter:
+    """``router=nearest``: an intent scores its most similar description or example."""
+    return IntentRouter(intents, settings.router.ngram, "nearest")
+
+
+@ROUTERS.register("none")
+def no_router(settings: RunConfig, intents: Sequence[Intent]) -> None:
+    """``router=none``: no intent prediction (intent metrics are skipped)."""
+    return None

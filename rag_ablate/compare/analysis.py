@@ -1,0 +1,372 @@
+"""The statistics glue: per split, per variant against the baseline, per metric.
+
+Which queries enter a metric's comparison:
+
+* quality metrics (retrieval, evidence, intent, context tokens) run over the
+  queries that are ``ok`` on both sides and have a value on both; a query that
+  failed on either side is left out of them and counted, by why, in the split's
+  :class:`~rag_ablate.compare.model.Pair`;
+* ``error_rate`` is the per-query 0/1 "failed" indicator (lower is better), over
+  every query with a record on both sides, so failures are compared with the
+  same test, interval and adjustment as any metric;
+* ``latency_ms`` runs over every query with a latency on both sides, failed
+  ones included (a query keeps its time until failure), so a timeout cannot
+  make a variant look faster.
+
+A metric that applies but has no paired query (every query failed in the
+variant, say) becomes a row with a ``note`` and no numbers, never a silent gap.
+
+Seeds: one bootstrap draw per split and group set (derived from the run seed,
+the split and the groups), shared by every variant and metric; each sign-flip
+test gets its own seed derived from (seed, split, variant, metric), so adding
+or removing a variant never changes another variant's numbers. See
+docs/statistics.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rag_ablate import stats
+from rag_ablate.compare.load import pick_baseline
+from rag_ablate.compare.model import Comparison, Flip, Flips, Pair, Row, VariantData
+from rag_ablate.config import COMPARE_METRICS
+from rag_ablate.errors import ComparisonError
+from rag_ablate.metrics import direction_of, parse_metric_name
+from rag_ablate.records import Record
+
+DEFAULT_METRICS = COMPARE_METRICS
+ERROR_RATE = "error_rate"
+LATENCY = "latency_ms"
+#: metrics compared over failed queries too
+USES_FAILED = frozenset({ERROR_RATE, LATENCY})
+#: continuous metrics without a natural [0, 1] scale: flips are judged by relative change
+UNBOUNDED = frozenset({"latency_ms", "context_tokens"})
+
+
+def failed(rec: Mapping[str, Any]) -> bool:
+    return bool(rec.get("status", "ok") != "ok")
+
+
+def value(rec: Mapping[str, Any], metric: str) -> float | None:
+    """A record's value of ``metric`` as the comparison uses it (None: no value)."""
+    if metric == ERROR_RATE:
+        return 1.0 if failed(rec) else 0.0
+    v = (rec.get("metrics") or {}).get(metric)
+    if metric == LATENCY and v is None:
+        v = (rec.get("timings_ms") or {}).get("total")
+    if v is None or (failed(rec) and metric not in USES_FAILED):
+        return None
+    x = float(v)
+    return x if math.isfinite(x) else None
+
+
+class _CountCache:
+    """One bootstrap draw per split and group set, shared by every variant and metric."""
+
+    def __init__(self, B: int, seed: int) -> None:
+        self.B, self.seed = B, seed
+        self._cache: dict[tuple[str, str], list[npt.NDArray[np.integer[Any]]]] = {}
+
+    def get(self, split: str, groups: Sequence[str]) -> list[npt.NDArray[np.integer[Any]]]:
+        uniq = sorted(set(groups))
+        digest = hashlib.sha256("\x1f".join(uniq).encode("utf-8")).hexdigest()[:16]
+        key = (split, digest)
+        if key not in self._cache:
+            rng = np.random.default_rng(stats.derive_seed(self.seed, split, digest))
+            self._cache[key] = list(stats.bootstrap_counts(len(uniq), self.B, rng))
+        return self._cache[key]
+
+
+def _by_id(records: Sequence[Record], split: str) -> dict[str, Record]:
+    return {r["query_id"]: r for r in records if r["split"] == split}
+
+
+def _pair(split: str, variant: str, base: Mapping[str, Record], var: Mapping[str, Record]) -> Pair:
+    ids = list(base) + [q for q in var if q not in base]
+    fb = fv = both = no_record = ok = 0
+    for q in ids:
+        b, v = base.get(q), var.get(q)
+        if b is None or v is None:
+            no_record += 1
+        elif failed(b) and failed(v):
+            both += 1
+        elif failed(b):
+            fb += 1
+        elif failed(v):
+            fv += 1
+        else:
+            ok += 1
+    return Pair(
+        split=split,
+        variant=variant,
+        n_queries=len(ids),
+        n_baseline=len(base),
+        n_variant=len(var),
+        n_failed_baseline=sum(1 for r in base.values() if failed(r)),
+        n_failed_variant=sum(1 for r in var.values() if failed(r)),
+        n_ok_both=ok,
+        left_failed_baseline=fb,
+        left_failed_variant=fv,
+        left_failed_both=both,
+        left_no_record=no_record,
+    )
+
+
+def _untested_note(metric: str, base: Mapping[str, Record], var: Mapping[str, Record]) -> str:
+    """Why a metric has no paired query, in a few words.
+
+    Counted over the queries the metric applies to (a value on either side);
+    when it applies to none that could be seen (everything failed), over all.
+    """
+    ids = [
+        q
+        for q in (*base, *(q for q in var if q not in base))
+        if _has(base, q, metric) or _has(var, q, metric)
+    ]
+    if not ids:
+        ids = list(base) + [q for q in var if q not in base]
+    n = len(ids)
+    missing = sum(1 for q in ids if q not in base or q not in var)
+    in_var = sum(1 for q in ids if q in var and failed(var[q]))
+    in_base = sum(1 for q in ids if q in base and failed(base[q]))
+    if missing == n:
+        if all(q not in var for q in ids):
+            return "no record in variant"
+        if all(q not in base for q in ids):
+            return "no record in baseline"
+        return "no record on one side"
+    if in_var == n and in_base == n:
+        return f"all {n} failed in both"
+    if in_var == n:
+        return f"all {n} failed in variant"
+    if in_base == n:
+        return f"all {n} failed in baseline"
+    return f"none of {n} ok on both sides"
+
+
+def _has(by_id: Mapping[str, Record], q: str, metric: str) -> bool:
+    return q in by_id and value(by_id[q], metric) is not None
+
+
+def _nan_row(split: str, variant: str, metric: str, pair: Pair, note: str) -> Row:
+    nan = math.nan
+    return Row(
+        split=split,
+        variant=variant,
+        metric=metric,
+        direction=direction_of(metric),
+        baseline_mean=nan,
+        variant_mean=nan,
+        effect=nan,
+        ci_low=nan,
+        ci_high=nan,
+        se=nan,
+        p_value=nan,
+        p_exact=False,
+        p_bootstrap=nan,
+        bootstrap_unreliable=True,
+        n_queries=0,
+        n_groups=0,
+        n_failed_baseline=pair.n_failed_baseline,
+        n_failed_variant=pair.n_failed_variant,
+        note=note,
+    )
+
+
+def compare(
+    variants: Sequence[VariantData],
+    *,
+    baseline: str | None = None,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    splits: Sequence[str] = ("dev", "holdout"),
+    B: int = 10_000,
+    seed: int = 0,
+    alpha: float = 0.05,
+    flip_threshold: float = 0.2,
+) -> Comparison:
+    """Compare every variant with the baseline. See the module docstring."""
+    for m in metrics:
+        parse_metric_name(m)  # unknown names fail with the valid ones
+    base, notes = pick_baseline(variants, baseline)
+    others = [v for v in variants if v is not base]
+    if not others:
+        raise ComparisonError("a comparison needs at least one variant besides the baseline")
+    counts = _CountCache(B, seed)
+    rows: list[Row] = []
+    pairs: list[Pair] = []
+    flips: Flips = {}
+    for split in splits:
+        base_by_id = _by_id(base.records, split)
+        if not base_by_id:
+            notes.append(f"the baseline has no queries in split '{split}'")
+            continue
+        for var in others:
+            var_by_id = _by_id(var.records, split)
+            pair = _pair(split, var.label, base_by_id, var_by_id)
+            pairs.append(pair)
+            # metrics measured on the same queries are tested together, on one shared draw
+            by_subset: dict[tuple[str, ...], list[str]] = {}
+            for m in metrics:
+                qids = tuple(
+                    q
+                    for q, br in base_by_id.items()
+                    if q in var_by_id and value(br, m) is not None and value(var_by_id[q], m) is not None
+                )
+                if qids:
+                    by_subset.setdefault(qids, []).append(m)
+                    continue
+                applies = any(value(r, m) is not None for r in (*base_by_id.values(), *var_by_id.values()))
+                if applies or pair.n_ok_both == 0:
+                    rows.append(_nan_row(split, var.label, m, pair, _untested_note(m, base_by_id, var_by_id)))
+            for qids, ms in by_subset.items():
+                b = np.array([[value(base_by_id[q], m) for m in ms] for q in qids], dtype=np.float64)
+                v = np.array([[value(var_by_id[q], m) for m in ms] for q in qids], dtype=np.float64)
+                groups = [str(base_by_id[q]["group"]) for q in qids]
+                res = stats.paired_test(
+                    b,
+                    v,
+                    np.array(groups),
+                    B=B,
+                    seed=seed,
+                    alpha=alpha,
+                    counts=counts.get(split, groups),
+                    signflip_seeds=[stats.derive_seed(seed, split, var.label, m) for m in ms],
+                )
+                for j, m in enumerate(ms):
+                    rows.append(
+                        Row(
+                            split=split,
+                            variant=var.label,
+                            metric=m,
+                            direction=direction_of(m),
+                            baseline_mean=float(b[:, j].mean()),
+                            variant_mean=float(v[:, j].mean()),
+                            effect=float(res.effect[j]),
+                            ci_low=float(res.ci_low[j]),
+                            ci_high=float(res.ci_high[j]),
+                            se=float(res.se[j]),
+                            p_value=float(res.p_value[j]),
+                            p_exact=bool(res.p_exact[j]),
+                            p_bootstrap=float(res.p_bootstrap[j]),
+                            bootstrap_unreliable=res.bootstrap_unreliable,
+                            n_queries=res.n_queries,
+                            n_groups=res.n_groups,
+                            boot_ci_low=float(res.boot_ci_low[j]),
+                            boot_ci_high=float(res.boot_ci_high[j]),
+                            n_failed_baseline=pair.n_failed_baseline,
+                            n_failed_variant=pair.n_failed_variant,
+                        )
+                    )
+                    _add_flips(flips, var.label, m, split, qids, b[:, j], v[:, j], base_by_id, flip_threshold)
+    order = {(s, v, m): i for i, (s, v, m) in enumerate(_keys(splits, [o.label for o in others], metrics))}
+    rows.sort(key=lambda r: order[(r.split, r.variant, r.metric)])
+    _adjust(rows, alpha)
+    _flag_disagreements(rows)
+    return Comparison(
+        baseline=base.label,
+        variants=[v.label for v in others],
+        metrics=list(metrics),
+        splits=list(splits),
+        B=B,
+        seed=seed,
+        alpha=alpha,
+        rows=rows,
+        flips=flips,
+        pairs=pairs,
+        notes=notes,
+    )
+
+
+def _keys(
+    splits: Sequence[str], variants: Sequence[str], metrics: Sequence[str]
+) -> list[tuple[str, str, str]]:
+    return [(s, v, m) for s in splits for v in variants for m in metrics]
+
+
+def _add_flips(
+    flips: Flips,
+    variant: str,
+    metric: str,
+    split: str,
+    qids: Sequence[str],
+    b: npt.NDArray[np.float64],
+    v: npt.NDArray[np.float64],
+    base_by_id: Mapping[str, Record],
+    threshold: float,
+) -> None:
+    spec, _ = parse_metric_name(metric)
+    lower = direction_of(metric) == "lower"
+    relative = spec.base in UNBOUNDED
+    improved: list[Flip] = []
+    regressed: list[Flip] = []
+    for q, bv, vv in zip(qids, b, v, strict=True):
+        d = float(vv - bv)
+        if spec.binary:
+            changed = d != 0
+        elif relative:
+            changed = abs(d) > threshold * max(abs(float(bv)), abs(float(vv)))
+        else:
+            changed = abs(d) > threshold
+        if not changed:
+            continue
+        f = Flip(q, str(base_by_id[q].get("query", "")), float(bv), float(vv))
+        (improved if (d < 0) == lower else regressed).append(f)
+    flips.setdefault(variant, {}).setdefault(metric, {})[split] = {
+        "improved": improved,
+        "regressed": regressed,
+    }
+
+
+def _adjust(rows: list[Row], alpha: float) -> None:
+    """Holm on holdout, BH on dev, each over the split's tested variants x metrics."""
+    for split in {r.split for r in rows}:
+        family = [r for r in rows if r.split == split and r.tested]
+        if not family:
+            continue
+        p = np.array([r.p_value for r in family])
+        if split == "holdout":
+            adj, how = stats.holm(p), "holm"
+        else:
+            adj, how = stats.benjamini_hochberg(p), "bh"
+        for r, a in zip(family, adj, strict=True):
+            r.p_adjusted = float(a)
+            r.adjustment = how
+            r.significant = bool(a < alpha) and r.effect != 0
+            if r.significant:
+                better = (r.effect > 0) == (r.direction == "higher")
+                r.verdict = "better" if better else "worse"
+
+
+def _flag_disagreements(rows: list[Row]) -> None:
+    """Flag a variant x metric whose dev and holdout verdicts disagree."""
+    by_key: dict[tuple[str, str], dict[str, Row]] = {}
+    for r in rows:
+        by_key.setdefault((r.variant, r.metric), {})[r.split] = r
+    for pair in by_key.values():
+        dev, hold = pair.get("dev"), pair.get("holdout")
+        if dev is None or hold is None or not dev.tested or not hold.tested or dev.verdict == hold.verdict:
+            continue
+        if dev.verdict and hold.verdict:
+            flag = "dev and holdout conflict"
+        elif dev.verdict:
+            flag = f"{dev.verdict} on dev only"
+        else:
+            flag = f"{hold.verdict} on holdout only"
+        dev.flag = hold.flag = flag
+
+
+def delta_metrics(c: Comparison, variant: str) -> dict[str, float]:
+    """A child run's effects as MLflow metrics: ``delta/holdout/recall_at_5`` and its adjusted p."""
+    out = {}
+    for r in c.rows:
+        if r.variant == variant and r.tested:
+            out[f"delta/{r.split}/{r.metric}"] = r.effect
+            out[f"p_adj/{r.split}/{r.metric}"] = r.p_adjusted
+    return out

@@ -1,0 +1,114 @@
+"""Finding the variants: a sweep folder on disk, or a sweep's parent run in MLflow.
+
+Each job leaves ``records.jsonl``, ``variant.json`` and ``config.yaml`` (names in
+:mod:`rag_ablate.layout`) in its folder and as artifacts of its child run; the
+comparison reads only these, never anything held in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rag_ablate.compare.model import VariantData
+from rag_ablate.errors import ComparisonError
+from rag_ablate.layout import CONFIG_FILE, RECORDS_FILE, SUMMARY_FILE, VARIANT_FILE
+from rag_ablate.records import read_records
+
+
+def read_config(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """A job's resolved config, or None and why it could not be read."""
+    if not path.is_file():
+        return None, f"{CONFIG_FILE} missing"
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, f"{CONFIG_FILE} unreadable ({first})"
+    if not isinstance(data, dict):
+        return None, f"{CONFIG_FILE} is not a mapping"
+    return data, ""
+
+
+def _variant(
+    info: dict[str, Any], records_path: Path, config_path: Path | None, run_id: str | None, source: str
+) -> VariantData:
+    config, problem = (None, f"{CONFIG_FILE} missing") if config_path is None else read_config(config_path)
+    return VariantData(
+        label=str(info["label"]),
+        records=read_records(records_path),
+        config=config,
+        overrides=[str(o) for o in info.get("overrides", [])],
+        run_id=run_id,
+        source=source,
+        info=info,
+        config_problem=problem,
+    )
+
+
+def load_sweep_dir(sweep_dir: Path) -> list[VariantData]:
+    """The variants of a sweep folder, in job order."""
+    if not sweep_dir.is_dir():
+        raise ComparisonError(f"not a folder: {sweep_dir}")
+    found = []
+    for rec_path in sorted(sweep_dir.glob(f"*/{RECORDS_FILE}")):
+        job = rec_path.parent
+        variant_path = job / VARIANT_FILE
+        if not variant_path.is_file():
+            continue
+        info = json.loads(variant_path.read_text(encoding="utf-8"))
+        summary_path = job / SUMMARY_FILE
+        run_id = None
+        if summary_path.is_file():
+            run_id = json.loads(summary_path.read_text(encoding="utf-8")).get("run_id")
+        found.append(
+            (int(info.get("job_num", 0)), _variant(info, rec_path, job / CONFIG_FILE, run_id, str(job)))
+        )
+    if not found:
+        raise ComparisonError(f"no finished variants (job folders with {RECORDS_FILE}) in {sweep_dir}")
+    return [v for _, v in sorted(found, key=lambda t: t[0])]
+
+
+def load_mlflow_parent(uri: str, parent_run_id: str) -> list[VariantData]:
+    """The variants of a sweep's parent run, from its child runs' artifacts."""
+    from rag_ablate import tracking
+
+    children = tracking.child_runs(uri, parent_run_id)
+    if not children:
+        raise ComparisonError(f"run {parent_run_id} has no child runs in {uri}")
+    out = []
+    for run_id, name in children:
+        tmp = Path(tempfile.mkdtemp(prefix="rag_ablate_cmp_"))
+        files = tracking.download(uri, run_id, [RECORDS_FILE, VARIANT_FILE, CONFIG_FILE], tmp)
+        if RECORDS_FILE not in files:
+            raise ComparisonError(f"child run {run_id} ({name}) has no {RECORDS_FILE} artifact")
+        info = json.loads(files[VARIANT_FILE].read_text(encoding="utf-8")) if VARIANT_FILE in files else {}
+        info.setdefault("label", name)
+        v = _variant(info, files[RECORDS_FILE], files.get(CONFIG_FILE), run_id, f"mlflow run {run_id}")
+        out.append((int(info.get("job_num", 0)), v))
+    return [v for _, v in sorted(out, key=lambda t: t[0])]
+
+
+def pick_baseline(variants: Sequence[VariantData], baseline: str | None) -> tuple[VariantData, list[str]]:
+    """The baseline: named, else the variant labelled or tagged baseline, else the first job."""
+    labels = [v.label for v in variants]
+    notes: list[str] = []
+    if baseline is not None:
+        for v in variants:
+            if v.label == baseline:
+                return v, notes
+        raise ComparisonError(
+            f"baseline '{baseline}' is not a variant of this sweep; variants: {', '.join(labels)}"
+        )
+    for v in variants:
+        if v.label == "baseline" or v.info.get("role") == "baseline":
+            return v, notes
+    notes.append(
+        f"no variant is marked baseline; using the first job, '{variants[0].label}' (see --baseline)"
+    )
+    return variants[0], notes

@@ -1,0 +1,204 @@
+"""The comparison as a terminal table, ``comparison.md`` and ``comparison.json``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rag_ablate.compare.model import Comparison, Pair, Row
+from rag_ablate.layout import COMPARISON_JSON, COMPARISON_MD
+from rag_ablate.metrics import display_name
+
+WHICH_QUERIES = (
+    "quality metrics compare the queries ok on both sides; error_rate every query with a record on both "
+    "sides; latency_ms every query with a latency, failed ones included (timed until they failed)"
+)
+
+
+def _num(v: float) -> str:
+    if not math.isfinite(v):
+        return "-"
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3f}"
+
+
+def _signed(v: float) -> str:
+    return f"{v:+.1f}" if abs(v) >= 100 else f"{v:+.3f}"
+
+
+def _p(v: float) -> str:
+    return "-" if not math.isfinite(v) else ("<0.001" if v < 0.001 else f"{v:.3f}")
+
+
+def _cell(r: Row | None, groups: bool) -> list[str]:
+    width = 5 if groups else 4
+    if r is None:
+        return ["-"] * width
+    if not r.tested:
+        return [r.note, *(["-"] * (width - 1))]
+    mark = {"better": " +", "worse": " -"}.get(r.verdict, "")
+    cells = [
+        f"{_num(r.baseline_mean)} -> {_num(r.variant_mean)}",
+        f"{_signed(r.effect)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}]",
+        _p(r.p_value) + ("" if r.p_exact else "~"),
+        _p(r.p_adjusted) + mark,
+    ]
+    return [*cells, str(r.n_groups)] if groups else cells
+
+
+def guard_flag(c: Comparison, variant: str) -> str:
+    """The guard's verdict on a variant as a table flag ('' when it found one factor)."""
+    parts = []
+    if variant in c.confounded:
+        parts.append("CONFOUNDED: " + ", ".join(c.confounded[variant]))
+    if variant in c.unchecked:
+        parts.append("UNCHECKED: " + c.unchecked[variant])
+    return "; ".join(parts)
+
+
+def table_rows(c: Comparison, groups: bool = True) -> tuple[list[str], list[list[str]]]:
+    """Rows of variant x metric with dev and holdout side by side (``groups``: a column of group counts)."""
+    headers = ["variant", "metric"]
+    for s in c.splits:
+        headers += [f"{s} base -> var", f"{s} effect [95% CI]", f"{s} p", f"{s} p_adj"]
+        headers += [f"{s} groups"] if groups else []
+    headers.append("flag")
+    rows = []
+    for v in c.variants:
+        for m in c.metrics:
+            cells = [v, display_name(m)]
+            flag = ""
+            for s in c.splits:
+                r = c.row(s, v, m)
+                cells += _cell(r, groups)
+                flag = flag or (r.flag if r else "")
+            guard = guard_flag(c, v)
+            if guard:
+                flag = f"{flag}; {guard}" if flag else guard
+            if any(x != "-" for x in cells[2:]):
+                rows.append([*cells, flag])
+    return headers, rows
+
+
+def pair_line(p: Pair) -> str:
+    """``dev, chunk=256: failed 0/40 in baseline, 3/40 in variant; ...``."""
+    return (
+        f"{p.split}, {p.variant}: failed {p.n_failed_baseline}/{p.n_baseline} in baseline, "
+        f"{p.n_failed_variant}/{p.n_variant} in variant; quality metrics compare {p.n_ok_both} of "
+        f"{p.n_queries} queries, left out {p.left_out_text()}"
+    )
+
+
+def format_terminal(c: Comparison) -> str:
+    from rag_ablate.report import format_table
+
+    headers, rows = table_rows(c, groups=False)
+    tested = [r for r in c.rows if r.tested]
+    sizes = ", ".join(
+        f"{s} {max(r.n_queries for r in tested if r.split == s)} queries in "
+        f"{max(r.n_groups for r in tested if r.split == s)} groups"
+        for s in c.splits
+        if any(r.split == s for r in tested)
+    )
+    sizes = f"{sizes}; " if sizes else ""
+    lines = [
+        f"comparison against baseline '{c.baseline}' ({sizes}effect = variant - baseline; 95% CI by "
+        f"inverting the group sign-flip test that gives p (~ Monte Carlo); p_adj: Holm on holdout, BH on "
+        f"dev; + better / - worse at alpha {c.alpha}; bootstrap B={c.B} SE and interval in comparison.json)",
+        format_table(headers, rows),
+    ]
+    if c.metrics:
+        first = c.metrics[0]
+        for v in c.variants:
+            by_split = c.flips.get(v, {}).get(first, {})
+            parts = [
+                f"{s}: {len(k['improved'])} improved, {len(k['regressed'])} regressed"
+                for s, k in by_split.items()
+            ]
+            if parts:
+                lines.append(
+                    f"per-query flips of {v} on {display_name(first)}: {'; '.join(parts)} (comparison.md)"
+                )
+    with_failures = [p for p in c.pairs if p.n_left_out or p.n_failed_baseline or p.n_failed_variant]
+    if with_failures:
+        lines.append(f"failed and left-out queries ({WHICH_QUERIES}):")
+        lines += [f"  {pair_line(p)}" for p in with_failures]
+    elif c.pairs:
+        lines.append("failed queries: none; no query left out of any pair")
+    for v, factors in c.confounded.items():
+        lines.append(f"CONFOUNDED: {v} differs from the baseline in: {', '.join(factors)}")
+    for v, why in c.unchecked.items():
+        lines.append(f"UNCHECKED: {v} was not checked for confounding: {why}")
+    for n in c.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def format_markdown(c: Comparison, max_flips: int = 10) -> str:
+    headers, rows = table_rows(c)
+    out = [
+        f"# Comparison against `{c.baseline}`",
+        "",
+        "Paired and group-aware, per split. Effect = variant mean - baseline mean; the 95% CI inverts the "
+        "group sign-flip test (the shifts it does not reject) and p comes from the same test; the group "
+        f"bootstrap (B = {c.B}, seed {c.seed}) gives the SE and a percentile interval (`se`, `boot_ci_low`, "
+        "`boot_ci_high` in comparison.json). p_adj is Holm over variants x metrics on holdout and "
+        f"Benjamini-Hochberg on dev. `+` significantly better, `-` significantly worse at alpha {c.alpha} "
+        "(by the metric's direction); `~` marks a Monte Carlo p.",
+        "",
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+        *("| " + " | ".join(_md_cell(x) for x in r) + " |" for r in rows),
+        "",
+        "## Queries compared",
+        "",
+        f"Failed queries never vanish: {WHICH_QUERIES}. `error_rate` is compared like any metric.",
+        "",
+        "| split | variant | queries | failed in baseline | failed in variant | ok on both "
+        "| left out (why) |",
+        "|---|---|---:|---:|---:|---:|---|",
+        *(
+            f"| {p.split} | {_md_cell(p.variant)} | {p.n_queries} | {p.n_failed_baseline}/{p.n_baseline} | "
+            f"{p.n_failed_variant}/{p.n_variant} | {p.n_ok_both} | {p.left_out_text()} |"
+            for p in c.pairs
+        ),
+        "",
+    ]
+    if c.confounded or c.unchecked:
+        out += ["## Confounding guard", ""]
+        out += [f"- **{v}** CONFOUNDED, differs in: {', '.join(f)}" for v, f in c.confounded.items()]
+        out += [f"- **{v}** UNCHECKED: {why}" for v, why in c.unchecked.items()]
+        out.append("")
+    if c.notes:
+        out += ["## Notes", "", *(f"- {n}" for n in c.notes), ""]
+    out += ["## Per-query flips", ""]
+    for v, by_metric in c.flips.items():
+        for m, by_split in by_metric.items():
+            for s, kinds in by_split.items():
+                imp, reg = kinds["improved"], kinds["regressed"]
+                if not imp and not reg:
+                    continue
+                out.append(f"### {v} · {display_name(m)} · {s}: {len(imp)} improved, {len(reg)} regressed")
+                out.append("")
+                for label, fl in (("improved", imp), ("regressed", reg)):
+                    for f in fl[:max_flips]:
+                        out.append(
+                            f"- {label}: `{f.query_id}` {_num(f.baseline)} -> {_num(f.variant)}  {f.query}"
+                        )
+                    if len(fl) > max_flips:
+                        out.append(f"- ... {len(fl) - max_flips} more {label} (comparison.json has all)")
+                out.append("")
+    return "\n".join(out)
+
+
+def write_outputs(c: Comparison, out_dir: Path) -> list[Path]:
+    """``comparison.json`` and ``comparison.md`` in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    j, md = out_dir / COMPARISON_JSON, out_dir / COMPARISON_MD
+    j.write_text(json.dumps(c.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
+    md.write_text(format_markdown(c), encoding="utf-8")
+    return [j, md]

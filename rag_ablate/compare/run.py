@@ -1,0 +1,128 @@
+"""The comparison step as one sequence, shared by the sweep's end and ``rag-ablate compare``.
+
+load the variants -> compare -> confounding guard -> write comparison.json/.md ->
+regression gate -> print the table -> (optionally) log to MLflow: the files to
+the sweep's parent run, each variant's effects to its child run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rag_ablate.compare.analysis import compare, delta_metrics
+from rag_ablate.compare.gate import gate
+from rag_ablate.compare.load import load_mlflow_parent, load_sweep_dir
+from rag_ablate.compare.model import Comparison, VariantData
+from rag_ablate.compare.render import format_terminal, write_outputs
+from rag_ablate.config import CompareConfig
+from rag_ablate.guard import check
+from rag_ablate.layout import SWEEP_FILE
+
+
+@dataclass
+class Source:
+    """Where the variants came from and where the comparison goes."""
+
+    variants: list[VariantData]
+    out_dir: Path
+    tracking_uri: str | None = None
+    parent_run_id: str | None = None
+
+
+@dataclass
+class ComparisonRun:
+    comparison: Comparison
+    source: Source
+    paths: list[Path]  # comparison.json, comparison.md
+    failures: list[str]  # regression gate messages; empty: passed
+
+
+def load_source(source: str | Path, tracking_uri: str | None = None, out_dir: Path | None = None) -> Source:
+    """A sweep folder (its ``sweep.json`` names the MLflow parent run), or an MLflow parent run id."""
+    path = Path(source)
+    if path.is_dir():
+        info_path = path / SWEEP_FILE
+        info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+        return Source(
+            load_sweep_dir(path),
+            out_dir or path,
+            tracking_uri or info.get("tracking_uri"),
+            info.get("parent_run_id"),
+        )
+    from rag_ablate import tracking
+
+    uri = tracking_uri or tracking.default_uri(Path.cwd() / "outputs")
+    run_id = str(source)
+    return Source(
+        load_mlflow_parent(uri, run_id),
+        out_dir or Path.cwd() / "outputs" / "comparisons" / run_id,
+        uri,
+        run_id,
+    )
+
+
+def _default_seed(variants: Sequence[VariantData]) -> int:
+    for v in variants:
+        if v.config is not None and isinstance(v.config.get("seed"), int):
+            return int(v.config["seed"])
+    return 0
+
+
+def run_comparison(
+    source: str | Path | Source,
+    settings: CompareConfig,
+    *,
+    seed: int | None = None,
+    guard: bool = True,
+    log: bool = False,
+    echo: Callable[[str], None] = print,
+) -> ComparisonRun:
+    """Run the whole comparison step; see the module docstring.
+
+    ``source``: a sweep folder, an MLflow parent run id, or a loaded :class:`Source`.
+    ``seed``: default the sweep's own ``seed``. ``guard``: run the confounding
+    guard. ``log``: log to the sweep's MLflow runs (when the source names them).
+    The gate's messages are returned, not printed (see :func:`gate_report`).
+    """
+    src = source if isinstance(source, Source) else load_source(source)
+    c = compare(
+        src.variants,
+        baseline=settings.baseline,
+        metrics=settings.metrics,
+        splits=settings.splits,
+        B=settings.B,
+        seed=_default_seed(src.variants) if seed is None else seed,
+        alpha=settings.alpha,
+        flip_threshold=settings.flip_threshold,
+    )
+    if guard:
+        findings = check(src.variants, c.baseline)
+        c.confounded = {label: f.differences for label, f in findings.items() if f.confounded}
+        c.unchecked = {label: f.unchecked for label, f in findings.items() if f.unchecked}
+    paths = write_outputs(c, src.out_dir)
+    failures = gate(c, settings.fail_on)
+    echo(format_terminal(c))
+    if log and src.tracking_uri and src.parent_run_id:
+        from rag_ablate import tracking
+
+        tracking.log_artifacts(src.tracking_uri, src.parent_run_id, paths)
+        for v in src.variants:
+            if v.run_id and v.label in c.variants:
+                tracking.log_metrics(src.tracking_uri, v.run_id, delta_metrics(c, v.label))
+    return ComparisonRun(c, src, paths, failures)
+
+
+def gate_report(run: ComparisonRun, n_rules: int) -> int:
+    """Print the gate's outcome (failures to stderr); 1 when it failed, else 0."""
+    if run.failures:
+        print("\nregression gate FAILED:", file=sys.stderr)
+        for f in run.failures:
+            print(f"  {f}", file=sys.stderr)
+        return 1
+    if n_rules:
+        print(f"regression gate passed ({n_rules} rule(s))")
+    return 0

@@ -1,0 +1,197 @@
+"""The pluggable stages of the local pipeline, and one registry per kind.
+
+    RETRIEVERS   ``retrieval.method``       factory(settings) -> Retriever
+    FUSIONS      ``retrieval.hybrid.fusion`` fusion(runs, tiebreak, k, rrf_k=, weights=) -> hits
+    RERANKERS    ``rerank.method``          factory(settings) -> RerankStage, or None for "none"
+    ENCODERS     ``*.encoder``              loader(configured name) -> Encoder
+    ROUTERS      ``router.method``          factory(settings, intents) -> Router, or None for "none"
+
+Each implementation registers itself with a decorator in its own module
+(``@RETRIEVERS.register("bm25")``). The registries' providers are every module
+of :mod:`rag_ablate.pipeline` and its subpackages (retrievers live in
+:mod:`rag_ablate.pipeline.retrievers`), found on disk and imported on the first
+lookup, so a new stage is a new module plus its ``conf/<group>/<name>.yaml``;
+nothing else names it. Pipeline modules import heavy libraries (torch,
+sentence-transformers) only inside functions, so a lookup stays cheap.
+
+Stages get what the local system has built (chunks, the BM25 index,
+embeddings, all from the cache) through :class:`Resources`; per query they
+write their timings into :class:`QueryState`. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import os
+import pkgutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from rag_ablate import pipeline as _package
+from rag_ablate.registry import Registry
+
+if TYPE_CHECKING:
+    from rag_ablate.config import RunConfig
+    from rag_ablate.dataset import Intent, Query
+    from rag_ablate.pipeline.bm25 import BM25Retriever
+    from rag_ablate.pipeline.chunking import Chunk
+    from rag_ablate.pipeline.encoders import Encoder
+
+Hits = list[tuple[int, float]]  # (chunk index, score), best first
+Run = Sequence[tuple[int, float]]
+
+AUTO = "auto"  # an encoder setting resolved from the corpus language
+
+
+def _modules(name: str, path: Sequence[str]) -> Iterator[str]:
+    """Modules of a package and of its subpackages, found on disk without importing them."""
+    for m in pkgutil.iter_modules(path):
+        if m.name.startswith("_") or m.name == "stages":
+            continue
+        yield f"{name}.{m.name}"
+        if m.ispkg:
+            yield from _modules(f"{name}.{m.name}", [os.path.join(p, m.name) for p in path])
+
+
+PIPELINE_MODULES: tuple[str, ...] = tuple(_modules(_package.__name__, list(_package.__path__)))
+
+
+class Embedded:
+    """One encoder's query vectors, and each query's share of the encoding time."""
+
+    def __init__(self, vectors: dict[str, np.ndarray], encode_ms: float) -> None:
+        self.vectors = vectors
+        self.encode_ms = encode_ms
+
+    def get(self, query_id: str) -> np.ndarray:
+        try:
+            return self.vectors[query_id]
+        except KeyError:
+            raise RuntimeError(f"no query embedding for {query_id}") from None
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """Passage rows (one per chunk) and query vectors of one encoder."""
+
+    passages: np.ndarray
+    queries: Embedded
+    model_id: str
+
+
+class Resources(Protocol):
+    """What the local system offers its stages once the corpus is chunked."""
+
+    chunks: list[Chunk]
+    tiebreak: np.ndarray  # per chunk: its position in (doc_id, chunk number) order, breaks score ties
+    language: str  # "zh" or "en", detected from the corpus
+
+    def texts(self) -> list[str]:
+        """Each chunk's indexed text (title prefixed when chunk.include_title)."""
+        ...
+
+    def bm25_index(self) -> tuple[BM25Retriever, str]:
+        """The BM25 index over the chunks and the analyzer it uses."""
+        ...
+
+    def embeddings(self, encoder: str) -> Embeddings:
+        """Passage and query embeddings of a resolved encoder name (built once per name)."""
+        ...
+
+
+@dataclass
+class QueryState:
+    """One query on its way through the stages."""
+
+    query: Query
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
+    encoded: dict[int, float] = field(default_factory=dict)  # per query-vector set: encode ms, counted once
+
+    def charge_encoding(self, vectors: Embedded) -> None:
+        """Count this query's share of encoding ``vectors`` (once, however many stages use them)."""
+        self.encoded[id(vectors)] = vectors.encode_ms
+
+    def timed(self, stage: str, start: float) -> None:
+        """Record ``stage`` as having run from ``start`` (a perf_counter value) until now."""
+        self.timings[stage] = (time.perf_counter() - start) * 1000
+
+
+class Retriever(Protocol):
+    """A first-stage retriever (``retrieval.method``)."""
+
+    def prepare(self, res: Resources) -> dict[str, Any]:
+        """Build or load the index; return facts worth logging (resolved settings)."""
+        ...
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the index in memory (0 before prepare)."""
+        ...
+
+    def search(self, state: QueryState, k: int) -> Hits:
+        """The ``k`` best chunks for ``state.query``, recording this stage's timing."""
+        ...
+
+
+class RerankStage(Protocol):
+    """A second stage that re-scores the first stage's candidates (``rerank.method``)."""
+
+    def prepare(self, res: Resources) -> dict[str, Any]: ...
+
+    def rerank(self, state: QueryState, hits: Hits, top_k: int) -> Hits: ...
+
+    def close(self) -> None: ...
+
+
+class Fusion(Protocol):
+    """Fuses ranked runs into one list of ``k`` (``retrieval.hybrid.fusion``)."""
+
+    def __call__(
+        self, runs: Sequence[Run], tiebreak: np.ndarray, k: int, *, rrf_k: float, weights: Sequence[float]
+    ) -> Hits: ...
+
+
+class Router(Protocol):
+    """Predicts a query's leaf intent (``router.method``)."""
+
+    def route(self, query: str) -> tuple[str | None, float]: ...
+
+
+RetrieverFactory = Callable[["RunConfig"], Retriever]
+RerankerFactory = Callable[["RunConfig"], RerankStage | None]
+RouterFactory = Callable[["RunConfig", Sequence["Intent"]], Router | None]
+EncoderLoader = Callable[[str], "Encoder"]
+
+RETRIEVERS: Registry[RetrieverFactory] = Registry("retriever", providers=PIPELINE_MODULES)
+FUSIONS: Registry[Fusion] = Registry("fusion", providers=PIPELINE_MODULES)
+RERANKERS: Registry[RerankerFactory] = Registry("reranker", providers=PIPELINE_MODULES)
+ENCODERS: Registry[EncoderLoader] = Registry("encoder", providers=PIPELINE_MODULES)
+ROUTERS: Registry[RouterFactory] = Registry("router", providers=PIPELINE_MODULES)
+
+ST_PREFIX = "st:"
+ST_ENCODER = "st:<folder>"  # registry name of the family "st:/path/to/model"
+
+
+def encoder_key(name: str) -> str:
+    """The registry name of a configured encoder: ``st:/a/b`` -> ``st:<folder>``."""
+    return ST_ENCODER if name.startswith(ST_PREFIX) else name
+
+
+def check_encoder(setting: str, name: str) -> None:
+    """Raise UnknownNameError unless ``name`` is ``auto`` or a registered encoder."""
+    if name != AUTO and encoder_key(name) not in ENCODERS:
+        from rag_ablate.errors import UnknownNameError
+
+        raise UnknownNameError(f"encoder ({setting})", name, [AUTO, *ENCODERS.names()])
+
+
+def resolve_encoder(configured: str, language: str) -> str:
+    """``auto`` becomes the default encoder of the corpus language; other names stay."""
+    if configured != AUTO:
+        return configured
+    from rag_ablate.pipeline.encoders import default_encoder
+
+    return default_encoder(language)

@@ -1,0 +1,190 @@
+"""The contract every system under test follows.
+
+A system turns one query into one :class:`Trace`. The built-in ``local`` system
+runs rag_ablate's own pipeline; any other system (a user's RAG service behind
+HTTP, say) produces the same traces, so everything downstream (records,
+metrics, MLflow, comparison) is shared. See docs/architecture.md.
+
+Fields a system cannot fill stay ``None`` (or empty): a retrieval-only system
+has no ``answer``; a system without a router has no ``intents``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+
+from rag_ablate.dataset import Dataset, Query
+
+if TYPE_CHECKING:
+    from rag_ablate.cache import Cache
+    from rag_ablate.config import RunConfig
+
+Status = Literal["ok", "failed"]
+
+
+@dataclass(frozen=True)
+class RetrievedChunk:
+    rank: int  # 1-based
+    chunk_id: str
+    doc_id: str
+    start: int  # [start, end) in the document text
+    end: int
+    score: float
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RetrievedChunk:
+        return cls(
+            int(d["rank"]),
+            str(d["chunk_id"]),
+            str(d["doc_id"]),
+            int(d["start"]),
+            int(d["end"]),
+            float(d["score"]),
+        )
+
+
+@dataclass(frozen=True)
+class Citation:
+    """What an answer cites: a chunk (passage) id or a document id, optionally a span.
+
+    ``start``/``end`` are character offsets ``[start, end)`` into the document's text.
+    """
+
+    doc_id: str | None = None
+    chunk_id: str | None = None
+    start: int | None = None
+    end: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.doc_id is None and self.chunk_id is None:
+            raise ValueError("a citation needs a doc_id or a chunk_id")
+        if (self.start is None) != (self.end is None):
+            raise ValueError("a citation's start and end are given together or not at all")
+        if self.start is not None and self.end is not None and not 0 <= self.start <= self.end:
+            raise ValueError(
+                f"a citation's span must satisfy 0 <= start <= end, got [{self.start}, {self.end})"
+            )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Citation:
+        def opt_int(key: str) -> int | None:
+            v = d.get(key)
+            return None if v is None else int(v)
+
+        def opt_str(key: str) -> str | None:
+            v = d.get(key)
+            return None if v is None else str(v)
+
+        return cls(opt_str("doc_id"), opt_str("chunk_id"), opt_int("start"), opt_int("end"))
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """Tokens a system spent on one query (None when it does not say)."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    embedding_tokens: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TokenUsage:
+        return cls(**{k: None if d.get(k) is None else int(d[k]) for k in TOKEN_USAGE_FIELDS})
+
+
+TOKEN_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens", "embedding_tokens")
+
+
+def first_intent(intents: list[str]) -> str | None:
+    """The predicted intent of a raw intent list: its first non-empty code."""
+    return next((code for code in intents if code and code.strip()), None)
+
+
+@dataclass
+class Trace:
+    """What the system did for one query; the raw material of every metric.
+
+    ``intents`` is the raw list a system reports (a router may return several);
+    ``intent_pred``, when not set, is its first non-empty code.
+    ``timings_ms`` holds per-stage timings (``total`` is the query's latency);
+    ``ttft_ms`` is the time to the first answer token of a streaming system.
+    """
+
+    query_id: str
+    status: Status = "ok"
+    error: str | None = None
+    retrieved: list[RetrievedChunk] = field(default_factory=list)
+    intent_pred: str | None = None
+    intent_score: float | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    intents: list[str] = field(default_factory=list)
+    answer: str | None = None
+    citations: list[Citation] = field(default_factory=list)
+    usage: TokenUsage | None = None
+    ttft_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in get_args(Status):
+            raise ValueError(f"a trace's status is one of {get_args(Status)}, got {self.status!r}")
+
+    @property
+    def predicted_intent(self) -> str | None:
+        """``intent_pred`` if set, else the first non-empty code of ``intents``."""
+        return self.intent_pred if self.intent_pred is not None else first_intent(self.intents)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["intent_pred"] = self.predicted_intent
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Trace:
+        """A trace from :meth:`to_dict` output or a record (other record keys are ignored)."""
+        usage = d.get("usage")
+        score = d.get("intent_score")
+        ttft = d.get("ttft_ms")
+        return cls(
+            query_id=str(d["query_id"]),
+            status=d.get("status", "ok"),
+            error=d.get("error"),
+            retrieved=[RetrievedChunk.from_dict(r) for r in d.get("retrieved") or []],
+            intent_pred=d.get("intent_pred"),
+            intent_score=None if score is None else float(score),
+            timings_ms={str(k): float(v) for k, v in (d.get("timings_ms") or {}).items()},
+            intents=[str(i) for i in d.get("intents") or []],
+            answer=d.get("answer"),
+            citations=[Citation.from_dict(c) for c in d.get("citations") or []],
+            usage=None if usage is None else TokenUsage.from_dict(usage),
+            ttft_ms=None if ttft is None else float(ttft),
+        )
+
+
+class System(Protocol):
+    """A system under test."""
+
+    def prepare(self, dataset: Dataset) -> dict[str, Any]:
+        """Build what the system needs (indexes, connections); return facts worth logging.
+
+        Every value is logged as a run parameter; numeric values are also logged
+        as ``run/<key>`` metrics (dots become underscores).
+        """
+        ...
+
+    def run(self, query: Query) -> Trace:
+        """Answer one query. May raise; the runner records a raise as a failed query."""
+        ...
+
+    def close(self) -> None:
+        """Release what :meth:`prepare` acquired (clients, connections)."""
+        ...
+
+    @property
+    def routes_intents(self) -> bool:
+        """True when the system predicts intents (intent metrics are then computed)."""
+        ...
+
+
+# How a registered system is built: ``SYSTEMS.get(name)(settings, cache)``.
+SystemFactory = Callable[["RunConfig", "Cache"], System]

@@ -1,0 +1,223 @@
+"""The built-in pipeline as a system (``system=local``): chunk, index, route, retrieve, fuse, rerank.
+
+Everything expensive (chunks, BM25 index, passage and query embeddings) comes
+from the content-addressed cache, so a ``rerank.top_k`` sweep encodes the corpus
+once and a ``chunk`` sweep once per chunking.
+
+The stages come from the registries in :mod:`rag_ablate.pipeline.stages`
+(``retrieval.method`` from RETRIEVERS, ``rerank.method`` from RERANKERS,
+``router.method`` from ROUTERS); this module offers them the cached chunks,
+BM25 index and embeddings (:class:`~rag_ablate.pipeline.stages.Resources`) and
+never branches on a stage's name.
+
+Stage timings per query (milliseconds): ``route``, ``encode`` (the query's share
+of encoding its embedding, measured when it was computed, so cold and warm runs
+report the same cost; an encoder used by two stages counts once), ``bm25``,
+``dense``, ``fuse``, ``rerank`` and ``total``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_ablate.cache import Cache
+from rag_ablate.config import RunConfig
+from rag_ablate.dataset import Dataset, Query
+from rag_ablate.metrics.text import is_cjk_text
+from rag_ablate.pipeline.analyzers import get_analyzer
+from rag_ablate.pipeline.bm25 import BM25Retriever, bm25_key_parts
+from rag_ablate.pipeline.chunking import Chunk, chunk_corpus, chunk_key_parts, detect_unit
+from rag_ablate.pipeline.stages import (
+    RERANKERS,
+    RETRIEVERS,
+    ROUTERS,
+    Embedded,
+    Embeddings,
+    QueryState,
+    RerankStage,
+    Retriever,
+    Router,
+)
+from rag_ablate.systems import SYSTEMS
+from rag_ablate.systems.base import RetrievedChunk, Trace
+
+
+@SYSTEMS.register("local")
+class LocalSystem:
+    """rag_ablate's own pipeline: a :class:`~rag_ablate.systems.base.System` and the stages' Resources."""
+
+    def __init__(self, settings: RunConfig, cache: Cache | None = None) -> None:
+        self.s = settings
+        self.cache = cache or Cache(Path("outputs") / "cache", enabled=False)
+        self.chunks: list[Chunk] = []
+        self.tiebreak = np.zeros(0, dtype=np.int64)
+        self.language = "en"
+        self._dataset: Dataset | None = None
+        self._chunk_parts: dict[str, Any] = {}
+        self._embeddings: dict[str, Embeddings] = {}  # per resolved encoder name
+        self.bm25: BM25Retriever | None = None
+        self.retriever: Retriever = RETRIEVERS.get(settings.retrieval.method)(settings)
+        self.reranker: RerankStage | None = RERANKERS.get(settings.rerank.method)(settings)
+        self.router: Router | None = None
+
+    @property
+    def routes_intents(self) -> bool:
+        return self.router is not None
+
+    # ------------------------------------------------------------------ build
+
+    def _chunk(self, dataset: Dataset) -> tuple[str, dict[str, Any]]:
+        c = self.s.chunk
+        docs = list(dataset.documents.values())
+        unit = c.unit if c.unit != "auto" else detect_unit(d.text for d in docs)
+        parts = chunk_key_parts(c, dataset.corpus_fingerprint, unit)
+
+        def build() -> list[list[Any]]:
+            chunks, _ = chunk_corpus(docs, c.size, c.overlap, unit, c.snap)
+            return [[ch.doc_id, ch.start, ch.end] for ch in chunks]
+
+        rows = self.cache.json("chunks", parts, build)
+        counters: dict[str, int] = {}
+        self.chunks = []
+        for doc_id, start, end in rows:
+            i = counters.get(doc_id, 0)
+            counters[doc_id] = i + 1
+            d = dataset.documents[doc_id]
+            self.chunks.append(Chunk(f"{doc_id}#{i}", doc_id, start, end, d.text[start:end], d.title))
+        order = sorted(range(len(self.chunks)), key=lambda j: (self.chunks[j].doc_id, j))
+        self.tiebreak = np.empty(len(self.chunks), dtype=np.int64)
+        self.tiebreak[order] = np.arange(len(self.chunks))
+        return unit, parts
+
+    def _texts(self) -> list[str]:
+        return [ch.index_text(self.s.chunk.include_title) for ch in self.chunks]
+
+    def _bm25(self, chunk_parts: dict[str, Any], language: str) -> tuple[str, int]:
+        b = self.s.retrieval.bm25
+        analyzer_name = b.analyzer if b.analyzer != "auto" else language
+        analyzer = get_analyzer(analyzer_name)
+        parts = bm25_key_parts(b, analyzer_name, chunk_parts, self.s.chunk.include_title)
+        texts = self._texts()
+        keys = [(ch.doc_id, int(ch.chunk_id.rsplit("#", 1)[1])) for ch in self.chunks]
+
+        def build(folder: Path) -> None:
+            BM25Retriever(
+                texts, keys, analyzer, k1=b.k1, b=b.b, method=b.method, show_progress=self.s.progress
+            ).save(folder)
+
+        folder = self.cache.folder("bm25", parts, build)
+        self.bm25 = BM25Retriever.load(folder, keys, analyzer)
+        return analyzer_name, self.bm25.nbytes
+
+    def _embed(
+        self, dataset: Dataset, chunk_parts: dict[str, Any], encoder_name: str
+    ) -> tuple[np.ndarray, Embedded, str]:
+        """Passage and query embeddings of one encoder, from the cache when present."""
+        from rag_ablate.pipeline.encoders import (
+            load_encoder,
+            passage_embedding_key_parts,
+            query_embedding_key_parts,
+        )
+
+        enc = load_encoder(encoder_name)
+        bs = self.s.retrieval.dense.batch_size
+        texts = self._texts()
+        passages = self.cache.array(
+            "embeddings",
+            passage_embedding_key_parts(enc.settings, chunk_parts, self.s.chunk.include_title, bs),
+            lambda: enc.encode_passages(texts, batch_size=bs, progress=self.s.progress),
+        )
+        queries = [q.query for q in dataset.queries]
+        qparts = query_embedding_key_parts(enc.settings, queries, bs)
+        before = self.cache.stats.get("query_embeddings")
+        stored_before = before.stored_build_seconds if before else 0.0
+        qmat = self.cache.array(
+            "query_embeddings",
+            qparts,
+            lambda: enc.encode_queries(queries, batch_size=bs, progress=self.s.progress),
+        )
+        stored = self.cache.stats["query_embeddings"].stored_build_seconds - stored_before
+        vectors = {q.query_id: qmat[i] for i, q in enumerate(dataset.queries)}
+        return passages, Embedded(vectors, 1000.0 * stored / max(1, len(queries))), enc.model_id
+
+    # ------------------------------------------------------------------ resources for the stages
+
+    def texts(self) -> list[str]:
+        return self._texts()
+
+    def bm25_index(self) -> tuple[BM25Retriever, str]:
+        analyzer, _ = self._bm25(self._chunk_parts, self.language)
+        if self.bm25 is None:
+            raise RuntimeError("the BM25 index was not built")
+        return self.bm25, analyzer
+
+    def embeddings(self, encoder: str) -> Embeddings:
+        if encoder not in self._embeddings:
+            if self._dataset is None:
+                raise RuntimeError("embeddings are asked for before prepare()")
+            passages, queries, model_id = self._embed(self._dataset, self._chunk_parts, encoder)
+            self._embeddings[encoder] = Embeddings(passages, queries, model_id)
+        return self._embeddings[encoder]
+
+    # ------------------------------------------------------------------ system contract
+
+    def prepare(self, dataset: Dataset) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self._dataset = dataset
+        unit, self._chunk_parts = self._chunk(dataset)
+        self.language = (
+            "zh"
+            if unit == "char" or is_cjk_text(next(iter(dataset.documents.values())).text[:2000])
+            else "en"
+        )
+        info: dict[str, Any] = {
+            "chunk.unit_resolved": unit,
+            "dataset.language": self.language,
+            "index.chunks": len(self.chunks),
+        }
+        info.update(self.retriever.prepare(self))
+        if self.reranker is not None:
+            info.update(self.reranker.prepare(self))
+        if dataset.intents:
+            self.router = ROUTERS.get(self.s.router.method)(self.s, list(dataset.intents.values()))
+        info["index.build_seconds"] = round(time.perf_counter() - t0, 4)
+        info["index.bytes"] = self.retriever.nbytes
+        return info
+
+    def close(self) -> None:
+        """Release connections (an HTTP reranker's client)."""
+        if self.reranker is not None:
+            self.reranker.close()
+
+    def _depth(self) -> int:
+        """Candidates asked of the retriever: the reranker's when there is one."""
+        return self.s.rerank.candidates if self.reranker is not None else self.s.retrieval.top_k
+
+    def run(self, query: Query) -> Trace:
+        trace = Trace(query.query_id)
+        state = QueryState(query)
+        t_start = time.perf_counter()
+        if self.router is not None:
+            intent, trace.intent_score = self.router.route(query.query)
+            trace.intents = [intent] if intent is not None else []
+            trace.intent_pred = intent
+        state.timed("route", t_start)
+        hits = self.retriever.search(state, self._depth())
+        if self.reranker is not None:
+            t = time.perf_counter()
+            hits = self.reranker.rerank(state, hits, self.s.rerank.top_k)
+            state.timed("rerank", t)
+        timings = state.timings
+        encode_ms = sum(state.encoded.values())
+        if encode_ms:
+            timings["encode"] = encode_ms
+        for rank, (i, score) in enumerate(hits, start=1):
+            c = self.chunks[i]
+            trace.retrieved.append(RetrievedChunk(rank, c.chunk_id, c.doc_id, c.start, c.end, float(score)))
+        timings["total"] = (time.perf_counter() - t_start) * 1000 + encode_ms
+        trace.timings_ms = timings
+        return trace
