@@ -2,7 +2,8 @@
 
 Before Hydra parses the command line, values of numeric config groups are quoted
 and chunk sizes without a preset file are registered (:mod:`rag_ablate.overrides`),
-so ``python -m rag_ablate -m chunk=300,600`` works exactly as typed.
+so ``python -m rag_ablate -m chunk=300,600`` works exactly as typed; ``resume=DIR``
+becomes the folder's own command line (:mod:`rag_ablate.resume`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import sys
 
 from rag_ablate.errors import ConfigError
 from rag_ablate.overrides import normalize_overrides
+from rag_ablate.resume import rewrite_argv
 
 if __name__ == "__main__":
     try:
-        sys.argv[1:] = normalize_overrides(sys.argv[1:])
+        sys.argv[1:] = normalize_overrides(rewrite_argv(sys.argv[1:]))
     except ConfigError as exc:
         print(f"rag_ablate: error: {exc}", file=sys.stderr)
         sys.exit(2)

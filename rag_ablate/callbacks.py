@@ -31,12 +31,20 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig
 
-from rag_ablate import compare, tracking
+from rag_ablate import compare, mlflow_traces, mlflow_ui, tracking
 from rag_ablate.ablation import Plan, write_plan
 from rag_ablate.app import one_line
-from rag_ablate.config import to_settings
+from rag_ablate.compare.model import Comparison
+from rag_ablate.config import RunConfig, redact_override, to_settings
 from rag_ablate.errors import TrackingError
-from rag_ablate.layout import FAILURES_FILE, SUMMARY_FILE, SWEEP_FILE, SWEEP_SUMMARY_MD, VARIANT_FILE
+from rag_ablate.layout import (
+    FAILURES_FILE,
+    PLAN_FILE,
+    SUMMARY_FILE,
+    SWEEP_FILE,
+    SWEEP_SUMMARY_MD,
+    VARIANT_FILE,
+)
 from rag_ablate.report import markdown_table, print_table, ui_hint
 from rag_ablate.runner import variant_label
 
@@ -68,7 +76,7 @@ def read_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
 class Failure:
     """One thing of a sweep that failed: a job, or a sweep-wide step."""
 
-    step: str  # job | launch | comparison | tracking
+    step: str  # job | launch | comparison | report | tracking
     what: str  # the job's label, or the step
     error: str  # one line: why
     job: int | None = None  # the job number, for a job
@@ -106,11 +114,18 @@ def start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
     """Open the MLflow store, create the sweep folder, plan and parent run; the sweep's handle.
 
     An unusable store raises TrackingError before the sweep folder is created.
+    With ``resume=`` the existing sweep folder and parent run are reused instead
+    (:func:`rag_ablate.resume.reopen_sweep`).
     """
     s = to_settings(config)
     sweep_dir = _sweep_dir(config)
+    if s.resume:
+        from rag_ablate.resume import reopen_sweep
+
+        return reopen_sweep(sweep_dir, plan)
     output_root = (_cwd(config) / s.paths.output_root).resolve()
-    info: dict[str, Any] = {"overrides": list(config.hydra.overrides.task), "jobs": len(plan.jobs)}
+    overrides = [redact_override(o) for o in config.hydra.overrides.task]  # no header values (API keys)
+    info: dict[str, Any] = {"overrides": overrides, "jobs": len(plan.jobs)}
     experiment_id = None
     if s.tracking.enabled:
         uri, artifacts = tracking.resolve(s.tracking, output_root)
@@ -138,6 +153,41 @@ def _write_failures(sweep_dir: Path, failures: list[Failure]) -> Path:
     data = {"failed": bool(failures), "failures": [asdict(f) for f in failures]}
     path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
     return path
+
+
+def _publish_ui(
+    s: RunConfig,
+    sweep_dir: Path,
+    info: dict[str, Any],
+    summaries: Sequence[dict[str, Any]],
+    comparison: Comparison | None,
+    failures: Sequence[Failure],
+) -> str:
+    """What the MLflow UI shows without setup (:mod:`rag_ablate.mlflow_ui`): the sweep run's
+    verdict table and summary table, each variant's one-line verdict and headline effects,
+    and a saved runs view; returns the link that opens that view."""
+    uri, run_id, experiment_id = info["tracking_uri"], info["parent_run_id"], info["experiment_id"]
+    quality = mlflow_ui.quality_metric(s.metrics.summary)
+    plan_path = sweep_dir / PLAN_FILE
+    factors = json.loads(plan_path.read_text(encoding="utf-8")).get("factors") if plan_path.is_file() else []
+    baseline_name = mlflow_ui.baseline_run_name(factors or [])
+    failed = [f.line() for f in failures]
+    tracking.set_description(
+        uri, run_id, mlflow_ui.sweep_description(comparison, summaries, quality, baseline_name, failed=failed)
+    )
+    tracking.log_table(uri, run_id, mlflow_ui.summary_table(comparison, summaries, quality), "verdict.json")
+    for summ in summaries:
+        child = summ.get("run_id")
+        if not child or comparison is None:
+            continue
+        if summ["label"] == comparison.baseline:
+            tracking.set_description(uri, child, mlflow_ui.BASELINE_DESCRIPTION)
+        elif summ["label"] in comparison.variants:
+            label = str(summ["label"])
+            tracking.log_metrics(uri, child, mlflow_ui.headline_deltas(comparison, label, quality))
+            tracking.set_description(uri, child, mlflow_ui.child_description(comparison, label, quality))
+    key = tracking.save_view(uri, experiment_id, run_id, mlflow_ui.view_state(run_id, quality))
+    return mlflow_ui.runs_link(mlflow_ui.ui_base(uri), experiment_id, key)
 
 
 def finish_sweep(
@@ -168,6 +218,7 @@ def finish_sweep(
 
     gate_failures: list[str] = []
     compared = False
+    comparison = None
     baseline_failed = s.compare.baseline is None and any(
         f.job == job.index for f in failures for job in plan.jobs if job.role == "baseline"
     )
@@ -179,9 +230,18 @@ def finish_sweep(
             try:
                 done = compare.run_comparison(sweep_dir, s.compare, seed=s.seed, log=True)
                 gate_failures = list(done.failures)
+                comparison = done.comparison
                 compared = True
             except Exception as exc:
                 failures.append(_failure("comparison", "comparison", exc))
+            if compared:
+                try:  # trade-off, plots and report.html; a failure here loses nothing else
+                    from rag_ablate.html_report import write_report
+
+                    report = write_report(sweep_dir, s.compare, source=done.source, seed=s.seed, log=True)
+                    print(f"report: {report.html}")
+                except Exception as exc:
+                    failures.append(_failure("report", "HTML report", exc))
         else:
             n = len(summaries)
             failures.append(
@@ -201,6 +261,11 @@ def finish_sweep(
                     "sweep/n_failed_jobs": float(sum(1 for f in failures if f.step == "job")),
                 },
             )
+            link = _publish_ui(s, sweep_dir, info, summaries, comparison, failures)
+            baseline = comparison.baseline if comparison is not None else None
+            trace_links = mlflow_traces.sweep_links(  # per-query compare views, when traces exist
+                uri, info["experiment_id"], summaries, baseline, mlflow_ui.ui_base(uri)
+            )
             tracking.end_run(uri, run_id, "FAILED" if failures or gate_failures else "FINISHED")
         except Exception as exc:
             failures.append(_failure("tracking", f"MLflow logging to {uri}", exc))
@@ -208,7 +273,9 @@ def finish_sweep(
             with contextlib.suppress(Exception):  # the store is gone: the failure above says so
                 tracking.end_run(uri, run_id, "FAILED")
         else:
-            print(ui_hint(uri))
+            print(ui_hint(uri, link))
+            for line in trace_links:
+                print(line)
     if compared:
         print(f"comparison: {sweep_dir / compare.COMPARISON_MD}  (again: rag-ablate compare {sweep_dir})")
 

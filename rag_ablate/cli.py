@@ -3,7 +3,9 @@
     rag-ablate validate DATASET_DIR   check a dataset folder, print its summary
     rag-ablate import FMT SRC OUT     convert SQuAD / BEIR / ClapNQ into a dataset folder
     rag-ablate compare SWEEP          test each variant against the baseline (+ regression gate)
+    rag-ablate report SWEEP           quality vs cost and a self-contained report.html of a sweep
     rag-ablate ui [--uri URI]         open the MLflow UI on 127.0.0.1
+    rag-ablate serve [overrides...]   serve the built-in pipeline over HTTP (POST /rag/eval, /rag/chat)
 
 Runs and sweeps are ``python -m rag_ablate [-m] overrides...``.
 """
@@ -112,6 +114,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
         print(f"no MLflow store at {uri}; run `python -m rag_ablate` first", file=sys.stderr)
         return 1
+    # light enough for a laptop: one worker, and no job-execution workers (MLflow's default
+    # starts several processes for GenAI jobs this tool never submits)
     cmd = [
         sys.executable,
         "-m",
@@ -123,13 +127,33 @@ def cmd_ui(args: argparse.Namespace) -> int:
         "127.0.0.1",
         "--port",
         str(args.port),
+        "--workers",
+        "1",
     ]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     print(f"MLflow UI on http://127.0.0.1:{args.port}  (store: {uri}; Ctrl-C stops it)")
+    link = _latest_sweep_link(uri, args.experiment, args.port)
+    if link:
+        print(f"latest sweep, its variants ranked by the headline metric: {link}")
     if args.dry_run:
-        print(" ".join(cmd))
+        print("MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false " + " ".join(cmd))
         return 0
     # become the MLflow server: a signal to this process (Ctrl-C, SIGTERM) reaches it directly
-    os.execv(sys.executable, cmd)
+    os.execve(sys.executable, cmd, env)
+
+
+def _latest_sweep_link(uri: str, experiment: str, port: int) -> str | None:
+    """The runs view of the latest sweep in ``experiment`` (None when there is none or the store fails)."""
+    from rag_ablate import mlflow_ui, tracking
+
+    try:
+        found = tracking.latest_sweep_view(uri, experiment)
+    except Exception:  # the link is a convenience; the UI starts regardless
+        return None
+    if found is None:
+        return None
+    experiment_id, key = found
+    return mlflow_ui.runs_link(mlflow_ui.ui_base(uri, port), experiment_id, key)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -145,12 +169,56 @@ def cmd_compare(args: argparse.Namespace) -> int:
         alpha=args.alpha,
         flip_threshold=args.flip_threshold,
         fail_on=list(args.fail_on or []),
+        quality_metric=args.quality_metric,
+        cost_metric=args.cost_metric,
+        quality_bar=args.quality_bar,
     )
     # a run id: the comparison goes to its parent run and the effects to the child runs, as after a sweep
     log = not Path(args.source).is_dir()
     run = compare.run_comparison(source, settings, seed=args.seed, guard=args.guard, log=log)
-    print(f"\nwritten: {', '.join(str(p) for p in run.paths)}")
+    from rag_ablate.html_report import write_report
+
+    report = write_report(run.source.out_dir, settings, source=run.source, seed=args.seed, log=log)
+    print(f"\nwritten: {', '.join(str(p) for p in [*run.paths, *report.paths])}")
     return compare.gate_report(run, len(settings.fail_on))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rag_ablate.config import CompareConfig
+    from rag_ablate.html_report import write_report
+
+    settings = CompareConfig(
+        B=args.B,
+        quality_metric=args.quality_metric,
+        cost_metric=args.cost_metric,
+        quality_bar=args.quality_bar,
+    )
+    report = write_report(Path(args.sweep_dir), settings, seed=args.seed)
+    print(f"written: {', '.join(str(p) for p in report.paths)}")
+    return 0
+
+
+def _tradeoff_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quality-metric",
+        default="auto",
+        help="quality axis (default auto: an answer metric, else recall_at_5)",
+    )
+    parser.add_argument(
+        "--cost-metric",
+        default="auto",
+        help="cost axis, e.g. latency_p95_ms, context_tokens, usd_per_1k (default auto: money when priced, "
+        "else p95 latency, else context tokens)",
+    )
+    parser.add_argument(
+        "--quality-bar", type=float, help="iso-quality view: cheapest variant whose CI bound clears this"
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rag_ablate.serve import serve
+
+    return serve(list(args.overrides), host=args.host, port=args.port)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,7 +264,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tracking-uri", help="MLflow URI for a run id (default: sqlite:///outputs/mlflow.db)")
     c.add_argument("--out", help="where to write the outputs for a run id (default outputs/comparisons/<id>)")
     c.add_argument("--no-guard", dest="guard", action="store_false", help="skip the confounding check")
+    _tradeoff_args(c)
     c.set_defaults(func=cmd_compare)
+
+    r = sub.add_parser(
+        "report",
+        help="write report.html (plan, comparison, quality vs cost, intents, recall@k, flips) for a sweep",
+        description="Rebuild a sweep folder's trade-off (tradeoff.json/.md, quality_vs_cost.png) and its "
+        "self-contained report.html from the files the sweep and its comparison wrote.",
+    )
+    r.add_argument("sweep_dir", help="a sweep folder with comparison.json (outputs/multirun/<time>)")
+    r.add_argument(
+        "--B", type=int, default=10_000, help="bootstrap resamples of the intervals (default 10000)"
+    )
+    r.add_argument("--seed", type=int, help="seed (default: the comparison's)")
+    _tradeoff_args(r)
+    r.set_defaults(func=cmd_report)
 
     from rag_ablate.importers import IMPORTERS, doc_units
 
@@ -234,8 +317,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--uri", help="tracking URI (default: sqlite:///outputs/mlflow.db under the current folder)"
     )
     u.add_argument("--port", type=int, default=5000, help="port (default 5000)")
+    u.add_argument(
+        "--experiment",
+        default="rag_ablate",
+        help="experiment whose latest sweep is linked (default rag_ablate)",
+    )
     u.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     u.set_defaults(func=cmd_ui)
+
+    sv = sub.add_parser(
+        "serve",
+        help="serve the built-in pipeline over HTTP: POST /rag/eval (JSON) and POST /rag/chat (SSE)",
+        description="Serve one configuration of the built-in pipeline (Hydra overrides as for a run, "
+        "e.g. chunk=256 retrieval=hybrid) as the reference service that system=http evaluates.",
+    )
+    sv.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m rag_ablate")
+    sv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default %(default)s)")
+    sv.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
+    sv.set_defaults(func=cmd_serve)
     return p
 
 

@@ -13,6 +13,7 @@ field carries one comment saying what it means.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -22,9 +23,44 @@ from rag_ablate.errors import ConfigError
 
 
 @dataclass
+class HttpResponseConfig:
+    """Where system=http finds each field in a response: dotted paths (``data.hits``, ``items.0.id``).
+
+    ``retrieved``, ``intents`` and ``timings`` are read from the JSON of ``system.eval_path``;
+    ``doc_id`` .. ``text`` inside each retrieved item; ``delta`` .. ``usage`` from the JSON data
+    of each event of ``system.chat_path``. A null path means the service does not report it.
+    """
+
+    retrieved: str = "retrieved"  # the list of retrieved items (an empty list is a miss, not an error)
+    doc_id: str = "doc_id"  # an item's document id (required)
+    chunk_id: str | None = "chunk_id"  # an item's chunk id; missing = <doc_id>#<rank-1>
+    start: str | None = "start"  # an item's [start, end) character offsets in the document
+    end: str | None = "end"  # missing offsets: located from `text` in the document, else the whole document
+    score: str | None = "score"  # an item's score; missing = 0
+    text: str | None = "text"  # an item's text
+    intents: str | None = "intentLeafIds"  # intent codes; the first non-empty one is the prediction
+    timings: str | None = "timings_ms"  # the service's own stage timings, kept as service.<stage>
+    delta: str = "delta"  # a content event's piece of answer text
+    done: str = "done"  # true on the end event
+    citations: str | None = "citations"  # the end event's citations: ids or {doc_id, chunk_id, start, end}
+    usage: str | None = "usage"  # the end event's token usage {prompt_tokens, completion_tokens, ...}
+
+
+@dataclass
 class SystemConfig:
-    name: str = "local"  # the system under test: local (rag_ablate's own pipeline); see rag_ablate.systems
-    # a later remote system (e.g. http) adds its settings here: base_url, timeout, headers, ...
+    name: str = "local"  # the system under test: local (rag_ablate's own pipeline) | http; rag_ablate.systems
+    base_url: str | None = None  # http: the service's root URL, e.g. http://127.0.0.1:8000 (required)
+    eval_path: str = "/rag/eval"  # http: the JSON endpoint (retrieved evidence and intents)
+    chat_path: str | None = "/rag/chat"  # http: the server-sent-events answer endpoint; null = no answers
+    headers: dict[str, str] = field(default_factory=dict)  # http: request headers; values never logged
+    body: dict[str, Any] = field(default_factory=dict)  # http: request body template; {} = the wire format
+    response: HttpResponseConfig = field(default_factory=HttpResponseConfig)  # http: response mappings
+    concurrency: int = 8  # http: queries in flight at once (each sends its eval and chat requests together)
+    timeout_s: float = 30.0  # http: connect and read timeout of each request, seconds
+    retries: int = 3  # http: resends on connect errors, 5xx and 429 (exponential backoff with jitter)
+    backoff_s: float = 0.5  # http: first backoff delay, seconds; doubles per retry (Retry-After wins)
+    backoff_max_s: float = 30.0  # http: the longest wait between two tries, Retry-After included
+    max_error_rate: float = 1.0  # a run whose share of failed queries is above this fails (1.0 = never)
 
 
 @dataclass
@@ -110,6 +146,20 @@ class TrackingConfig:
     uri: str | None = None  # MLflow tracking URI; null = sqlite:///<paths.output_root>/mlflow.db
     experiment: str = "rag_ablate"  # MLflow experiment name
     artifact_root: str | None = None  # null = <paths.output_root>/mlartifacts
+    traces: str = "20"  # per-query MLflow traces: none | N (the first N queries of each split) | all
+
+
+@dataclass
+class ModelPrice:
+    prompt: float = 0.0  # USD per 1M prompt (input) tokens
+    completion: float = 0.0  # USD per 1M completion (output) tokens
+    embedding: float = 0.0  # USD per 1M embedding tokens
+
+
+@dataclass
+class CostConfig:
+    model: str | None = None  # the entry of `prices` the system's tokens are billed at; null = no money
+    prices: dict[str, ModelPrice] = field(default_factory=dict)  # model name -> USD per 1M tokens
 
 
 @dataclass
@@ -120,9 +170,35 @@ class MetricsConfig:
     )
 
 
+# how system=http talks to the service (not what the service is): runtime settings
+HTTP_RUNTIME_KEYS = (
+    "system.headers",
+    "system.concurrency",
+    "system.timeout_s",
+    "system.retries",
+    "system.backoff_s",
+    "system.backoff_max_s",
+    "system.max_error_rate",
+)
+# config keys whose values are secrets: never logged, stored or printed (see redact)
+SECRET_KEYS = ("system.headers",)
+REDACTED = "***"
+
 # settings that say how to run, not what the system under test is: never a factor
 # of an ablation, left out of run names and of the confounding guard
-RUNTIME_KEYS = ("progress", "paths", "tracking", "hydra", "metrics.summary", "compare", "ablation", "cache")
+RUNTIME_KEYS = (
+    "progress",
+    "paths",
+    "tracking",
+    "hydra",
+    "metrics.summary",
+    "compare",
+    "ablation",
+    "cache",
+    "cost",
+    "resume",
+    *HTTP_RUNTIME_KEYS,
+)
 
 COMPARE_METRICS = (
     "recall_at_5",
@@ -132,6 +208,8 @@ COMPARE_METRICS = (
     "intent_top1",
     "context_tokens_at_5",
     "latency_ms",
+    "latency_p50_ms",
+    "latency_p95_ms",
     "error_rate",
 )
 
@@ -147,6 +225,9 @@ class CompareConfig:
     flip_threshold: float = 0.2  # a continuous metric "flips" when it moves more than this (relative for
     # latency and token counts)
     fail_on: list[str] = field(default_factory=list)  # gate rules, e.g. "holdout/recall_at_5<-0.02"
+    quality_metric: str = "auto"  # quality-vs-cost y axis; auto = an answer metric if any, else recall_at_5
+    cost_metric: str = "auto"  # x axis; auto = usd_per_1k if priced, else latency_p95_ms, else context_tokens
+    quality_bar: float | None = None  # iso-quality view: cheapest variant whose CI bound clears it, e.g. 0.85
 
 
 @dataclass
@@ -174,9 +255,11 @@ class RunConfig:
     compare: CompareConfig = field(default_factory=CompareConfig)
     ablation: AblationConfig = field(default_factory=AblationConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = 0  # seeds splits, grouping and the comparison's resampling
     progress: bool = True  # show progress bars
+    resume: str | None = None  # a run or sweep folder to finish: reruns its missing and failed queries
 
 
 def register_configs() -> None:
@@ -220,9 +303,62 @@ def check_names(s: RunConfig) -> None:
     check_encoder("rerank.encoder", s.rerank.encoder)
 
 
+def redact(values: Any, prefix: str = "") -> Any:
+    """``values`` (a config as plain containers, or flattened ``{dotted.key: value}``) with
+    every value under :data:`SECRET_KEYS` replaced by ``***``; header names stay visible."""
+    if isinstance(values, dict):
+        out: dict[Any, Any] = {}
+        for k, v in values.items():
+            key = f"{prefix}{k}"
+            secret = any(key.startswith(s + ".") for s in SECRET_KEYS)
+            out[k] = REDACTED if secret and v is not None else redact(v, key + ".")
+        return out
+    return values
+
+
+def redact_override(override: str) -> str:
+    """A command-line override with its value replaced by ``***`` when it sets a secret
+    (``+system.headers.Authorization=...``; Hydra has resolved ``${oc.env:...}`` in it already)."""
+    key = override.lstrip("+~").split("=", 1)[0]
+    secret = any(key == s or key.startswith(s + ".") for s in SECRET_KEYS)
+    return f"{override.split('=', 1)[0]}={REDACTED}" if secret and "=" in override else override
+
+
+def validate_system(s: SystemConfig) -> None:
+    """Ranges of the system settings; system=http needs its base_url."""
+    if not 0.0 <= s.max_error_rate <= 1.0:
+        raise ConfigError(f"system.max_error_rate must be in [0, 1], got {s.max_error_rate}")
+    if s.name != "http":
+        return
+    if not s.base_url:
+        raise ConfigError(
+            "system=http needs system.base_url, the service's root URL, "
+            "e.g. system.base_url=http://127.0.0.1:8000"
+        )
+    if not s.base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"system.base_url must start with http:// or https://, got '{s.base_url}'")
+    for key, path in (("eval_path", s.eval_path), ("chat_path", s.chat_path)):
+        if path is not None and not path.startswith("/"):
+            raise ConfigError(f"system.{key} must start with '/', got '{path}'")
+    if s.concurrency < 1:
+        raise ConfigError(f"system.concurrency must be >= 1, got {s.concurrency}")
+    if s.timeout_s <= 0:
+        raise ConfigError(f"system.timeout_s must be > 0, got {s.timeout_s}")
+    if s.retries < 0:
+        raise ConfigError(f"system.retries must be >= 0, got {s.retries}")
+    if s.backoff_s < 0 or s.backoff_max_s < 0:
+        raise ConfigError(
+            f"system.backoff_s and system.backoff_max_s must be >= 0, got {s.backoff_s}, {s.backoff_max_s}"
+        )
+
+
 def validate(s: RunConfig) -> None:
     """Checks that a schema cannot express (registered names, ranges and combinations)."""
     check_names(s)
+    from rag_ablate.mlflow_traces import parse_setting
+
+    parse_setting(s.tracking.traces)  # none | a number of queries per split | all
+    validate_system(s.system)
     c = s.chunk
     if c.size < 1:
         raise ConfigError(f"chunk.size must be >= 1, got {c.size}")
@@ -242,10 +378,16 @@ def validate(s: RunConfig) -> None:
         raise ConfigError(f"retrieval.hybrid.weight must be in [0, 1], got {s.retrieval.hybrid.weight}")
     if s.ablation.mode not in ("ofat", "grid"):
         raise ConfigError(f"ablation.mode must be ofat or grid, got '{s.ablation.mode}'")
+    if s.cost.model is not None and s.cost.model not in s.cost.prices:
+        known = ", ".join(sorted(s.cost.prices)) or "none (add them under cost.prices)"
+        raise ConfigError(f"cost.model '{s.cost.model}' has no price in cost.prices; known: {known}")
     if s.compare.B < 100:
         raise ConfigError(f"compare.B must be >= 100, got {s.compare.B}")
     if not 0.0 < s.compare.alpha < 1.0:
         raise ConfigError(f"compare.alpha must be in (0, 1), got {s.compare.alpha}")
+    from rag_ablate.tradeoff import check_settings
+
+    check_settings(s.compare)
     if not set(s.compare.splits) <= {"dev", "holdout"}:
         raise ConfigError(f"compare.splits must be among dev, holdout, got {s.compare.splits}")
     if not 0.0 < s.dataset.holdout_share < 1.0:

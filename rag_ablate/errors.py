@@ -8,6 +8,7 @@ fix. Nothing user-facing is an ``assert`` or a bare traceback.
     ├── ConfigError                a config value or combination is invalid
     ├── UnknownNameError           a name not in a registry (lists the valid names)
     ├── TrackingError              MLflow store / run problems
+    ├── ErrorRateError             a run's share of failed queries is above system.max_error_rate
     └── ComparisonError            the comparison step cannot be computed
 """
 
@@ -67,6 +68,10 @@ class UnknownNameError(RagAblateError, KeyError):
 
 class TrackingError(RagAblateError):
     """MLflow could not be reached or used as configured."""
+
+
+class ErrorRateError(RagAblateError):
+    """A run finished, was logged and marked FAILED: too many of its queries failed."""
 
 
 class ComparisonError(RagAblateError):

@@ -16,6 +16,7 @@ METRICS_FILE = "metrics.json"  # aggregate metrics, as logged to MLflow
 CONFIG_FILE = "config.yaml"  # the resolved config of the job
 INTENTS_MD = "intents.md"  # per-intent accuracy, worst first
 INTENTS_JSON = "intents.json"
+RUN_FILE = "run.json"  # written when the job starts: its MLflow run id and config, for resume=
 
 # a sweep folder
 PLAN_FILE = "plan.json"  # the ablation plan: every job, what it changes

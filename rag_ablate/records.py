@@ -5,24 +5,36 @@ A record is one JSON line per query in ``records.jsonl``: the query's identity
 doc ids, offsets and scores; predicted intent; status; stage timings) and the
 per-query metric values. :func:`score_record` computes the values from the
 record's own fields plus the dataset, so every number can be recomputed from disk.
+
+While a job runs, :class:`RecordWriter` appends each record as its query completes
+(flushed at once, fsync'd about every second), so an interrupted run keeps its
+finished queries and ``resume=`` reruns only the rest; the reader ignores a
+half-written last line. When the job ends, :func:`write_records` rewrites the file
+atomically with exactly one final record per query, in dataset order.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rag_ablate.dataset import SPLITS, Dataset, Document, Query
+from rag_ablate.errors import RagAblateError
+from rag_ablate.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
 from rag_ablate.metrics import context_tokens, evidence_recall, intent_top1, retrieval_metrics
 from rag_ablate.systems import Trace
 
 Record = dict[str, Any]
-RECORDS_FILE = "records.jsonl"
+FSYNC_SECONDS = 1.0  # RecordWriter: at most this long between fsyncs (each record is flushed at once)
 
 
 def make_record(query: Query, trace: Trace) -> Record:
@@ -97,14 +109,137 @@ def scored(
 
 
 def write_records(path: Path, records: Iterable[Record]) -> None:
-    with path.open("w", encoding="utf-8") as f:
+    """Write ``records`` as the whole of ``path``, atomically (a temporary file, fsync'd, renamed)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+class RecordsError(RagAblateError):
+    """A records file has a line that is not a record (anywhere but a half-written last line)."""
+
+
+@dataclass
+class RecordsScan:
+    """What :func:`scan_records` found in a records file."""
+
+    records: list[Record]
+    good_bytes: int  # length of the valid prefix (every complete line)
+    torn_tail: bool  # the last line was half-written (no newline, not a complete record): ignored
+
+
+def scan_records(path: Path) -> RecordsScan:
+    """Read a records file written by :class:`RecordWriter` (or :func:`write_records`).
+
+    Lines end with a newline once they are complete. A last line without one that is
+    not a complete JSON object is what a process killed mid-write leaves: it is
+    ignored (``torn_tail``), never read as data. A last line that is a complete
+    object only lacks its newline and is kept. Blank lines are skipped. Any other
+    line that is not a JSON object raises :class:`RecordsError` naming file and line.
+    """
+    data = path.read_bytes()
+    records: list[Record] = []
+    pos, lineno = 0, 0
+    torn = False
+    while pos < len(data):
+        lineno += 1
+        end = data.find(b"\n", pos)
+        last = end < 0
+        raw = data[pos:] if last else data[pos:end]
+        nxt = len(data) if last else end + 1
+        if raw.strip():
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                if last:
+                    torn = True
+                    break
+                excerpt = raw[:80].decode("utf-8", errors="replace")
+                raise RecordsError(f"{path}:{lineno}: not a JSON record ({exc}): {excerpt!r}") from exc
+            if not isinstance(rec, dict) or "query_id" not in rec:
+                if last:
+                    torn = True
+                    break
+                raise RecordsError(f"{path}:{lineno}: not a record (a JSON object with a query_id)")
+            records.append(rec)
+        pos = nxt
+    return RecordsScan(records, pos, torn)
 
 
 def read_records(path: Path) -> list[Record]:
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """Every record of ``path`` in file order (a half-written last line is ignored, see
+    :func:`scan_records`). While a run is in progress, or after it was interrupted, a
+    query can have several records: :func:`final_records` keeps the last one of each."""
+    return scan_records(path).records
+
+
+def final_records(records: Iterable[Record]) -> dict[str, Record]:
+    """The last record of each query id (a later attempt supersedes an earlier one)."""
+    out: dict[str, Record] = {}
+    for rec in records:
+        out.pop(rec["query_id"], None)  # keep completion order of the final attempts
+        out[rec["query_id"]] = rec
+    return out
+
+
+class RecordWriter:
+    """Appends records to a file as they complete: each is written and flushed at once
+    (a killed process loses at most the line it was writing), and fsync'd at most every
+    ``fsync_every`` seconds and when closed (an OS crash loses at most that window).
+
+    Opening repairs the file's end first: a half-written last line is cut off, and a
+    complete last record without its newline gets one, so appended lines stay whole.
+    Thread-safe: a concurrent runner may call :meth:`write` from several threads.
+    """
+
+    def __init__(self, path: Path, *, fsync_every: float = FSYNC_SECONDS) -> None:
+        self.path = path
+        self.fsync_every = fsync_every
+        self.written = 0
+        self.fsyncs = 0
+        self._lock = threading.Lock()
+        if path.is_file():
+            scan = scan_records(path)
+            size = path.stat().st_size
+            if scan.good_bytes < size:  # torn tail: cut it off
+                with path.open("r+b") as f:
+                    f.truncate(scan.good_bytes)
+            elif size and not path.read_bytes().endswith(b"\n"):
+                with path.open("ab") as f:
+                    f.write(b"\n")
+        self._f = path.open("a", encoding="utf-8")
+        self._last_sync = time.monotonic()
+
+    def write(self, rec: Record) -> None:
+        line = json.dumps(rec, ensure_ascii=False) + "\n"
+        with self._lock:
+            self._f.write(line)
+            self._f.flush()
+            self.written += 1
+            now = time.monotonic()
+            if now - self._last_sync >= self.fsync_every:
+                os.fsync(self._f.fileno())
+                self.fsyncs += 1
+                self._last_sync = now
+
+    def close(self) -> None:
+        with self._lock:
+            if self._f.closed:
+                return
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self.fsyncs += 1
+            self._f.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def rescore(records: Sequence[Record], dataset: Dataset, ks: Sequence[int], routed: bool) -> list[Record]:
@@ -125,8 +260,14 @@ def aggregate(records: Sequence[Record]) -> dict[str, float]:
     ``latency_ms`` (timed until they failed), never in the quality metrics. A
     metric no query has a value for (intent accuracy when every routed query
     failed) is absent, not 0.
+
+    Each failure status the run has (``timeout``, ``http_error``, ... see
+    :data:`rag_ablate.systems.base.Status`) gets ``n_status_<status>`` and ``error_rate_<status>``
+    in every split; a streaming system's time to first token gets ``ttft_ms_p50``/``_p95``
+    (over the queries that got a first token).
     """
     out: dict[str, float] = {}
+    failure_statuses = sorted({str(r["status"]) for r in records if r["status"] != "ok"})
     for split in (*SPLITS, "all"):
         rows = [r for r in records if split == "all" or r["split"] == split]
         p = f"{split}/"
@@ -136,6 +277,14 @@ def aggregate(records: Sequence[Record]) -> dict[str, float]:
         failed = sum(1 for r in rows if r["status"] != "ok")
         out[p + "n_failed"] = float(failed)
         out[p + "error_rate"] = failed / len(rows) if rows else 0.0
+        for status in failure_statuses:
+            n_status = sum(1 for r in rows if r["status"] == status)
+            out[p + f"n_status_{status}"] = float(n_status)
+            out[p + f"error_rate_{status}"] = n_status / len(rows) if rows else 0.0
+        ttft = [float(r["ttft_ms"]) for r in rows if r.get("ttft_ms") is not None]
+        if ttft:
+            out[p + "ttft_ms_p50"] = _percentile(ttft, 50)
+            out[p + "ttft_ms_p95"] = _percentile(ttft, 95)
         values: dict[str, list[float]] = {}
         for r in rows:
             for name, v in (r.get("metrics") or {}).items():

@@ -27,14 +27,32 @@ def _fmt(v: float | None) -> str:
 def summary_rows(
     summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]
 ) -> tuple[list[str], list[list[str]]]:
-    """One row per variant; each metric cell reads ``dev / holdout``."""
-    headers = ["variant", *(display_name(c) for c in columns), "p95 ms", "failed"]
+    """One row per variant; each metric cell reads ``dev / holdout``.
+
+    Then the end-to-end time per query (p50 / p95 ms, all splits), the time to first
+    token (a column only when a variant streams answers) and the failed queries with
+    their count per status (``2 (timeout 1, http_error 1)``).
+    """
+    streams = any("all/ttft_ms_p50" in s["metrics"] for s in summaries)
+    headers = ["variant", *(display_name(c) for c in columns), "ms p50 / p95"]
+    headers += ["ttft ms p50 / p95"] if streams else []
+    headers += ["failed"]
     rows = []
     for s in summaries:
         m = s["metrics"]
         row = [str(s["label"])]
         row += [f"{_fmt(m.get(f'dev/{c}'))} / {_fmt(m.get(f'holdout/{c}'))}" for c in columns]
-        row += [_fmt(m.get("all/latency_ms_p95")), str(int(m.get("all/n_failed", 0)))]
+        p95 = m.get("cost/latency_p95_ms", m.get("all/latency_ms_p95"))
+        row += [f"{_fmt(m.get('all/latency_ms_p50'))} / {_fmt(p95)}"]
+        if streams:
+            row += [f"{_fmt(m.get('all/ttft_ms_p50'))} / {_fmt(m.get('all/ttft_ms_p95'))}"]
+        by_status = [
+            f"{k.removeprefix('all/n_status_')} {int(v)}"
+            for k, v in sorted(m.items())
+            if k.startswith("all/n_status_") and v
+        ]
+        failed = str(int(m.get("all/n_failed", 0)))
+        row += [f"{failed} ({', '.join(by_status)})" if by_status else failed]
         rows.append(row)
     return headers, rows
 
@@ -53,10 +71,15 @@ def markdown_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str
     return "\n".join(out) + "\n"
 
 
-def ui_hint(uri: str) -> str:
-    """Where to look next: the command that opens the MLflow UI on this store."""
+def ui_hint(uri: str, link: str | None = None) -> str:
+    """Where to look next: the command that opens the MLflow UI on this store (and, for a
+    sweep, the link to its variants ranked by the headline metric)."""
     if not uri.startswith("sqlite:"):
-        return f"MLflow: {uri}"
-    default = f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
-    cmd = "rag-ablate ui" if uri == default else f"rag-ablate ui --uri {shlex.quote(uri)}"
-    return f"MLflow UI: {cmd}   (serves http://127.0.0.1:5000)"
+        hint = f"MLflow: {uri}"
+    else:
+        default = f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
+        cmd = "rag-ablate ui" if uri == default else f"rag-ablate ui --uri {shlex.quote(uri)}"
+        hint = f"MLflow UI: {cmd}   (serves http://127.0.0.1:5000)"
+    if link:
+        hint += f"\nthis sweep's variants, ranked by the headline metric: {link}"
+    return hint

@@ -4,12 +4,19 @@ Everything a job produces lands in its Hydra output folder first (records.jsonl,
 summary.json, intents.md, variant.json, config.yaml); MLflow gets a copy. The
 sweep-wide steps (summary table, comparison) read these files back, so they work
 whatever launcher ran the jobs.
+
+A job creates its MLflow run when it starts (RUNNING; its id in ``run.json``) and
+appends each record to records.jsonl as its query completes, so ``resume=`` can
+finish an interrupted job in the same folder and run (:mod:`rag_ablate.resume`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -20,25 +27,35 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from rag_ablate import tracking
+from rag_ablate import cost, mlflow_traces, mlflow_ui, resume, tracking
 from rag_ablate.ablation import job_entry
 from rag_ablate.cache import Cache
-from rag_ablate.config import RUNTIME_KEYS, RunConfig, to_settings
-from rag_ablate.dataset import Dataset, load_dataset
+from rag_ablate.config import RUNTIME_KEYS, RunConfig, redact, redact_override, to_settings
+from rag_ablate.dataset import SPLITS, Dataset, Query, load_dataset
+from rag_ablate.errors import ConfigError, ErrorRateError
 from rag_ablate.export import write_trec
 from rag_ablate.layout import (
     CONFIG_FILE,
     INTENTS_JSON,
     INTENTS_MD,
     METRICS_FILE,
+    PLAN_FILE,
     SUMMARY_FILE,
     SWEEP_FILE,
     VARIANT_FILE,
 )
 from rag_ablate.metrics import intent_report
-from rag_ablate.records import RECORDS_FILE, Record, aggregate, make_record, scored, write_records
+from rag_ablate.records import (
+    RECORDS_FILE,
+    Record,
+    RecordWriter,
+    aggregate,
+    make_record,
+    scored,
+    write_records,
+)
 from rag_ablate.report import print_table, ui_hint
-from rag_ablate.systems import SYSTEMS, System, Trace
+from rag_ablate.systems import SYSTEMS, System, Trace, batch_runner
 
 
 @lru_cache(maxsize=4)
@@ -79,31 +96,113 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def evaluate(
-    target: System, dataset: Dataset, ks: list[int], *, progress: bool = False, label: str = ""
+    target: System,
+    dataset: Dataset,
+    ks: list[int],
+    *,
+    progress: bool = False,
+    label: str = "",
+    queries: Sequence[Query] | None = None,
+    on_record: Callable[[Record], None] | None = None,
 ) -> list[Record]:
-    """Run every query through the target and score it.
+    """Run every query (or only ``queries``) through the target and score it.
 
     A query that raises is recorded with status ``failed`` and its error, never
     dropped or scored as a miss; so is a query whose scoring raises. Every query
     keeps its elapsed time (``timings_ms["total"]``, the record's ``latency_ms``):
     a failure is timed until it failed, so a timeout cannot improve p95. A
     system's own ``total`` is kept when it reports one.
+
+    ``on_record`` gets each scored record as soon as its query completes (the job's
+    :class:`~rag_ablate.records.RecordWriter` appends it to ``records.jsonl``).
     """
-    records = []
-    bar = tqdm(dataset.queries, desc=f"querying [{label}]", unit="q", disable=not progress, leave=False)
-    for q in bar:
-        t0 = time.perf_counter()
+    todo = dataset.queries if queries is None else queries
+    done: dict[str, Record] = {}
+    bar = RunProgress(target, len(todo), label, enabled=progress)
+
+    def finish(q: Query, trace: Trace) -> None:
+        """One query is final: score it, hand it on, count it (a repeat report is ignored)."""
+        if q.query_id in done:
+            return
+        rec = scored(make_record(q, trace), q, dataset.documents, ks, routed=target.routes_intents)
+        done[q.query_id] = rec
+        if on_record is not None:
+            on_record(rec)
+        bar.update(rec["status"])
+
+    run_many = batch_runner(target)
+    try:
+        if run_many is not None:
+            # the system runs the queries itself (system=http: concurrently) and reports each when done
+            t_batch = time.perf_counter()
+            try:
+                run_many(todo, finish)
+            except Exception as exc:  # queries it never reported are failed, never dropped
+                error = f"{type(exc).__name__}: {exc}"
+                total = {"total": (time.perf_counter() - t_batch) * 1000}
+                for q in todo:
+                    if q.query_id not in done:
+                        finish(q, Trace(q.query_id, status="failed", error=error, timings_ms=dict(total)))
+        else:
+            for q in todo:
+                t0 = time.perf_counter()
+                try:
+                    trace = target.run(q)
+                except Exception as exc:
+                    trace = Trace(q.query_id, status="failed", error=f"{type(exc).__name__}: {exc}")
+                elapsed_ms = (time.perf_counter() - t0) * 1000
+                trace.timings_ms.setdefault("total", elapsed_ms)
+                finish(q, trace)
+    finally:
+        bar.close()
+    return [done[q.query_id] for q in todo if q.query_id in done]  # in dataset order
+
+
+class RunProgress:
+    """The querying progress bar: queries done, live ok and failed counts, requests per second.
+
+    Requests come from the system's ``requests_sent`` counter when it has one
+    (system=http counts retries too); otherwise the rate is queries per second.
+    """
+
+    def __init__(self, target: System, total: int, label: str, *, enabled: bool) -> None:
+        self.target = target
+        self.ok = 0
+        self.failed = 0
+        self.t0 = time.perf_counter()
+        self.bar = tqdm(total=total, desc=f"querying [{label}]", unit="q", disable=not enabled, leave=False)
+
+    def update(self, status: str) -> None:
+        if status == "ok":
+            self.ok += 1
+        else:
+            self.failed += 1
+        sent = getattr(self.target, "requests_sent", None)
+        count = sent if isinstance(sent, int) else self.ok + self.failed
+        rate = count / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.set_postfix({"ok": self.ok, "failed": self.failed, "req/s": f"{rate:.1f}"}, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _ends_run_on_error(fn: Callable[[DictConfig], float | None]) -> Callable[[DictConfig], float | None]:
+    """A job that raises ends the MLflow run it started (FAILED, or KILLED on Ctrl-C)."""
+
+    @functools.wraps(fn)
+    def wrapper(cfg: DictConfig) -> float | None:
         try:
-            trace = target.run(q)
-        except Exception as exc:
-            trace = Trace(q.query_id, status="failed", error=f"{type(exc).__name__}: {exc}")
-        elapsed_ms = (time.perf_counter() - t0) * 1000
-        trace.timings_ms.setdefault("total", elapsed_ms)
-        rec = make_record(q, trace)
-        records.append(scored(rec, q, dataset.documents, ks, routed=target.routes_intents))
-    return records
+            return fn(cfg)
+        except BaseException as exc:
+            status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+            resume.end_interrupted(Path(HydraConfig.get().runtime.output_dir), status)
+            raise
+
+    return wrapper
 
 
+@_ends_run_on_error
 def run_variant(cfg: DictConfig) -> float | None:
     s = to_settings(cfg)
     hc = HydraConfig.get()
@@ -126,16 +225,41 @@ def run_variant(cfg: DictConfig) -> float | None:
 
     # the MLflow store is opened before anything is spent: an unusable one fails at once
     store = _open_store(s, output_root, Path(hc.sweep.dir) if multirun else None)
+    # resume=: what an earlier attempt left (its run, its ok records); a changed config is refused
+    prior = resume.load_job(job_dir, s) if s.resume else resume.JobState()
+    if prior.finished:
+        print(f"{label}: finished earlier with every query ok, nothing to resume ({job_dir})")
+        earlier = prior.summary.get("metrics", {}).get("holdout/recall_at_5")
+        return None if earlier is None else float(earlier)
+    run_id = _start_run(store, s, job_dir, label, prior)
 
     t_start = time.perf_counter()
+    started_ns = time.time_ns()  # wall clock: the per-query traces replay their timings from here
     dataset = get_dataset(s)
+    kept = resume.kept_records(job_dir, {q.query_id for q in dataset.queries}) if s.resume else {}
+    if not s.resume:
+        (job_dir / RECORDS_FILE).unlink(missing_ok=True)
     cache = Cache(Path(s.cache.dir) if s.cache.dir else output_root / "cache", enabled=s.cache.enabled)
     target = SYSTEMS.get(s.system.name)(s, cache)
     try:
         build_info = target.prepare(dataset)
-        records = evaluate(target, dataset, s.metrics.ks, progress=s.progress, label=label)
+        # each record is appended to records.jsonl as its query completes (resume= keeps them)
+        with RecordWriter(job_dir / RECORDS_FILE) as writer:
+            todo = [q for q in dataset.queries if q.query_id not in kept]
+            new = evaluate(
+                target,
+                dataset,
+                s.metrics.ks,
+                progress=s.progress,
+                label=label,
+                queries=todo,
+                on_record=writer.write,
+            )
     finally:
         target.close()
+    # one final record per query, in dataset order (write_records below rewrites the file so)
+    latest = {**kept, **{r["query_id"]: r for r in new}}
+    records = [latest[q.query_id] for q in dataset.queries]
 
     n_failed = sum(1 for r in records if r["status"] != "ok")
     wall = time.perf_counter() - t_start
@@ -154,6 +278,11 @@ def run_variant(cfg: DictConfig) -> float | None:
         }
     )
     metrics.update(cache.metrics())
+    metrics.update(cost.cache_hit_rates(metrics))
+    # cost from per-query values (percentiles of end-to-end and stage times, tokens, money)
+    price = s.cost.prices.get(s.cost.model) if s.cost.model else None
+    metrics.update(cost.run_cost_metrics(records, SPLITS, price=price))
+    metrics.update(mlflow_ui.headline_metrics(metrics, mlflow_ui.quality_metric(s.metrics.summary)))
 
     # intent accuracy needs a routed query that did not fail; without one it is absent, not an error
     if target.routes_intents and any(r["intent_gold"] is not None and r["status"] == "ok" for r in records):
@@ -171,11 +300,11 @@ def run_variant(cfg: DictConfig) -> float | None:
         )
 
     (job_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=1, sort_keys=True), encoding="utf-8")
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = redact(OmegaConf.to_container(cfg, resolve=True))  # header values never stored
     (job_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
     variant = {
         "label": label,
-        "overrides": overrides,
+        "overrides": [redact_override(o) for o in overrides],
         "choices": choices,
         "job_num": hc.job.num if multirun else 0,
         **ablation,
@@ -185,14 +314,30 @@ def run_variant(cfg: DictConfig) -> float | None:
     }
     (job_dir / VARIANT_FILE).write_text(json.dumps(variant, ensure_ascii=False, indent=1), encoding="utf-8")
 
-    run_id = None
+    # too many failed queries: everything is still written and logged, then the run is FAILED
+    error_rate = metrics.get("all/error_rate", 0.0)
+    too_many_failed = error_rate > s.system.max_error_rate
+    n_traces = 0
     if store is not None:
         run_id = _log_to_mlflow(
-            store, ablation, s, cwd, job_dir, label, choices, dataset, build_info, metrics
+            store,
+            ablation,
+            s,
+            cwd,
+            job_dir,
+            label,
+            choices,
+            dataset,
+            build_info,
+            metrics,
+            run_id=run_id,
+            final_status="FAILED" if too_many_failed else "FINISHED",
         )
+        n_traces = _log_traces(store, run_id, s, records, dataset, started_ns)
     summary = {
         "label": label,
         "run_id": run_id,
+        "traces": n_traces,  # per-query MLflow traces logged
         "metrics": metrics,
         "n_failed": n_failed,
         "build": build_info,
@@ -205,7 +350,40 @@ def run_variant(cfg: DictConfig) -> float | None:
         print(f"\nrecords: {job_dir / RECORDS_FILE}")
         if store is not None:
             print(ui_hint(store.uri))
+    if too_many_failed:
+        statuses = ", ".join(
+            f"{k.removeprefix('all/n_status_')} {int(v)}"
+            for k, v in sorted(metrics.items())
+            if k.startswith("all/n_status_")
+        )
+        raise ErrorRateError(
+            f"{label}: {n_failed} of {len(records)} queries failed ({statuses}); error rate "
+            f"{error_rate:.3f} > system.max_error_rate={s.system.max_error_rate} (run marked FAILED; "
+            f"records: {job_dir / RECORDS_FILE})"
+        )
     return metrics.get("holdout/recall_at_5")
+
+
+def _start_run(
+    store: _Store | None, s: RunConfig, job_dir: Path, label: str, prior: resume.JobState
+) -> str | None:
+    """Create the job's MLflow run (RUNNING) when it starts, or reopen the run of the
+    attempt being resumed; the run id (and the config) go to the job's ``run.json``."""
+    run_id = None
+    if store is not None:
+        if prior.run_id and prior.tracking_uri not in (None, store.uri):
+            raise ConfigError(
+                f"resume: the run of {job_dir} ({prior.run_id}) is tracked in {prior.tracking_uri}, "
+                f"not in {store.uri}; resume it with the same tracking settings"
+            )
+        if prior.run_id:
+            tracking.reopen_run(store.uri, prior.run_id)
+            run_id = prior.run_id
+        else:
+            run_id = tracking.start_run(store.uri, store.experiment_id, label, store.parent_run_id)
+    uri = store.uri if store is not None else prior.tracking_uri
+    resume.write_run_file(job_dir, s, run_id or prior.run_id, uri)
+    return run_id
 
 
 def resolve_tracking(s: RunConfig, output_root: Path) -> tuple[str, Path]:
@@ -236,6 +414,33 @@ def _open_store(s: RunConfig, output_root: Path, sweep_dir: Path | None) -> _Sto
     return _Store(uri, experiment_id, None)
 
 
+def _log_traces(
+    store: _Store, run_id: str, s: RunConfig, records: list[Record], dataset: Dataset, started_ns: int
+) -> int:
+    """Per-query traces under the run (rag_ablate.mlflow_traces), once the scores are on disk.
+
+    Traces are a view of records.jsonl: a failure here is reported, the run is kept.
+    """
+    per_split = mlflow_traces.parse_setting(s.tracking.traces)
+    if per_split == 0:
+        return 0
+    try:
+        return mlflow_traces.log_traces(
+            store.uri,
+            store.experiment_id,
+            run_id,
+            records,
+            dataset,
+            per_split=per_split,
+            metrics=s.compare.metrics,
+            start_ns=started_ns,
+            seed=s.seed,
+        )
+    except Exception as exc:
+        print(f"per-query MLflow traces not logged: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 0
+
+
 def _log_to_mlflow(
     store: _Store,
     ablation: dict[str, Any],
@@ -247,11 +452,27 @@ def _log_to_mlflow(
     dataset: Dataset,
     build_info: dict[str, Any],
     metrics: dict[str, float],
+    run_id: str | None = None,
+    final_status: str = "FINISHED",
 ) -> str:
-    params = flatten(asdict(s))
-    params.update(build_info)
+    params = redact(flatten(asdict(s)))  # header values (API keys) never reach MLflow
+    params.pop("resume", None)  # how this attempt was started, not what the run is
     params["dataset.resolved_path"] = str(dataset.path)
     tags = tracking.base_tags(cwd)
+    # params are inputs only: what the system reported (index size, build time, ...) is an output,
+    # numbers as run/ metrics (run_variant), the rest (resolved unit, language) as build.* tags
+    tags.update(
+        {
+            f"build.{k}": str(v)
+            for k, v in build_info.items()
+            if not (isinstance(v, int | float) and not isinstance(v, bool))
+        }
+    )
+    if ablation["role"] == "baseline":  # say what the baseline is: "baseline (chunk=512)"
+        plan_path = job_dir.parent / PLAN_FILE
+        if plan_path.is_file():
+            factors = json.loads(plan_path.read_text(encoding="utf-8")).get("factors") or []
+            tags["mlflow.runName"] = mlflow_ui.baseline_run_name(factors)
     tags.update({f"choice.{k}": v for k, v in choices.items()})
     tags["dataset.name"] = dataset.name
     tags["dataset.corpus_fingerprint"] = dataset.corpus_fingerprint
@@ -268,8 +489,11 @@ def _log_to_mlflow(
         store.experiment_id,
         label,
         params=params,
-        metrics=metrics,
+        # per split only the metrics the tables and the comparison use; the full grid is in metrics.json
+        metrics=mlflow_ui.mlflow_metrics(metrics, [*s.metrics.summary, *s.compare.metrics]),
         tags=tags,
         artifacts_dir=job_dir,
         parent_run_id=store.parent_run_id,
+        run_id=run_id,
+        final_status=final_status,
     )

@@ -61,6 +61,7 @@ __all__ = [
     "TIE_RTOL",
     "Direction",
     "PairedResult",
+    "QuantileResult",
     "benjamini_hochberg",
     "bootstrap_counts",
     "derive_seed",
@@ -68,8 +69,10 @@ __all__ = [
     "holm",
     "improved",
     "linearized_se",
+    "paired_quantile_test",
     "paired_test",
     "signflip_pvalue",
+    "weighted_percentiles",
 ]
 
 Direction = Literal["higher", "lower"]
@@ -789,3 +792,115 @@ def benjamini_hochberg(
     out = np.empty(k)
     out[order] = adj_sorted
     return out
+
+
+# --------------------------------------------------------------------------- quantiles
+
+
+@dataclass(frozen=True)
+class QuantileResult:
+    """A paired comparison of one percentile (e.g. p95 latency) of one split.
+
+    ``effect`` = the variant's q-th percentile minus the baseline's, both over the
+    same paired queries (numpy's linear interpolation). ``ci_low``/``ci_high``: the
+    group-bootstrap percentile interval of that difference; ``p_value``: two-sided
+    bootstrap p, ``(1 + #{effect* on the far side of 0}) * 2 / (B + 1)`` capped at 1.
+    """
+
+    q: float
+    baseline: float
+    variant: float
+    effect: float
+    ci_low: float
+    ci_high: float
+    se: float
+    p_value: float
+    n_queries: int
+    n_groups: int
+    bootstrap_unreliable: bool
+
+
+def weighted_percentiles(
+    sorted_x: FloatArray, weights: npt.NDArray[np.integer[npt.NBitBase]], q: float
+) -> FloatArray:
+    """Per row of ``weights`` (r, n): ``np.percentile(np.repeat(sorted_x, w), q)`` without repeating.
+
+    ``sorted_x`` is ascending; a row's expanded sample has ``N = sum(w)`` values, its
+    percentile sits at position ``h = (N - 1) q / 100`` and interpolates linearly
+    between the order statistics at ``floor(h)`` and ``floor(h) + 1``.
+    """
+    w = np.asarray(weights, dtype=np.int64)
+    cum = np.cumsum(w, axis=1)
+    total = cum[:, -1]
+    if np.any(total < 1):
+        raise ComparisonError("weighted_percentiles: a row has no weight")
+    h = (total - 1) * (q / 100.0)
+    lo = np.floor(h).astype(np.int64)
+    hi = np.minimum(lo + 1, total - 1)
+    # the order statistic k (0-based) of a row is x[j] for the first j with cum[j] > k
+    j_lo = (cum <= lo[:, None]).sum(axis=1)
+    j_hi = (cum <= hi[:, None]).sum(axis=1)
+    x_lo, x_hi = sorted_x[j_lo], sorted_x[j_hi]
+    return np.asarray(x_lo + (h - lo) * (x_hi - x_lo), dtype=np.float64)
+
+
+def paired_quantile_test(
+    baseline: npt.ArrayLike,
+    variant: npt.ArrayLike,
+    groups: npt.ArrayLike,
+    q: float,
+    *,
+    B: int = 10_000,
+    seed: int = 0,
+    alpha: float = 0.05,
+    counts: Sequence[npt.NDArray[np.integer[npt.NBitBase]]] | None = None,
+) -> QuantileResult:
+    """Difference of the q-th percentile (variant - baseline) with a group-bootstrap interval.
+
+    Each bootstrap resample draws groups with replacement (the count vectors of
+    :func:`bootstrap_counts`; pass ``counts`` to share the draw the comparison
+    uses for the means) and recomputes both percentiles over the resampled
+    queries, paired: a query enters both sides with its group's count. A
+    percentile is not a sum over groups, so there is no sign-flip test here; the
+    interval and p come from the bootstrap alone and are flagged unreliable below
+    :data:`MIN_RELIABLE_GROUPS` groups.
+    """
+    b = np.asarray(baseline, dtype=np.float64).reshape(-1)
+    v = np.asarray(variant, dtype=np.float64).reshape(-1)
+    n = b.shape[0]
+    if v.shape[0] != n:
+        raise ComparisonError(f"baseline has {n} values, variant {v.shape[0]}")
+    if not (np.all(np.isfinite(b)) and np.all(np.isfinite(v))):
+        raise ComparisonError("paired_quantile_test: NaN or inf value")
+    if not 0.0 <= q <= 100.0:
+        raise ComparisonError(f"q must be in [0, 100], got {q}")
+    codes, n_groups = _factorise(groups, n)
+    if counts is None:
+        counts = list(bootstrap_counts(n_groups, B, np.random.default_rng(seed)))
+    _check_counts(counts, n_groups)
+    ob, ov = np.argsort(b, kind="stable"), np.argsort(v, kind="stable")
+    sb, sv = b[ob], v[ov]
+    cb, cv = codes[ob], codes[ov]
+    effects = []
+    for chunk in counts:
+        c = np.asarray(chunk)
+        effects.append(weighted_percentiles(sv, c[:, cv], q) - weighted_percentiles(sb, c[:, cb], q))
+    eff = np.concatenate(effects)
+    n_boot = eff.shape[0]
+    qb, qv = float(np.percentile(b, q)), float(np.percentile(v, q))
+    low, high = np.percentile(eff, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    below, above = int(np.sum(eff <= 0)), int(np.sum(eff >= 0))
+    p = 1.0 if below == n_boot and above == n_boot else min(1.0, 2 * (1 + min(below, above)) / (n_boot + 1))
+    return QuantileResult(
+        q=float(q),
+        baseline=qb,
+        variant=qv,
+        effect=qv - qb,
+        ci_low=float(low),
+        ci_high=float(high),
+        se=float(np.std(eff, ddof=1)) if n_boot > 1 else float("nan"),
+        p_value=p,
+        n_queries=n,
+        n_groups=n_groups,
+        bootstrap_unreliable=n_groups < MIN_RELIABLE_GROUPS,
+    )

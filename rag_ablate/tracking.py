@@ -168,18 +168,33 @@ def log_run(
     tags: Mapping[str, str],
     artifacts_dir: Path | None,
     parent_run_id: str | None = None,
+    run_id: str | None = None,
+    final_status: str = "FINISHED",
 ) -> str:
-    """One finished variant as one run: params, metrics (one batch call), tags, artifacts."""
-    from mlflow.entities import Metric, Param
+    """One finished variant as one run: params, metrics (one batch call), tags, artifacts.
+
+    The run ends ``final_status`` once everything is logged (``FAILED`` for a run whose
+    error rate is above ``system.max_error_rate``: all it has is still logged).
+
+    With ``run_id`` (the run :func:`start_run` created when the job started) that run
+    is completed instead of a new one; params it already has keep their values.
+    """
+    from mlflow.entities import Metric, Param, RunTag
 
     client = _client(uri)
     all_tags = {"rag_ablate.kind": "variant", **tags}
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id
-    run = client.create_run(experiment_id, run_name=name, tags=all_tags)
-    run_id = str(run.info.run_id)
+    have: set[str] = set()
+    if run_id is None:
+        run_id = str(client.create_run(experiment_id, run_name=name, tags=all_tags).info.run_id)
+    else:
+        have = set(client.get_run(run_id).data.params)
+        tlist = [RunTag(k, v) for k, v in sorted(all_tags.items())]
+        for i in range(0, len(tlist), _BATCH):
+            client.log_batch(run_id, tags=tlist[i : i + _BATCH])
     try:
-        plist = [Param(k, _param_value(v)) for k, v in sorted(params.items())]
+        plist = [Param(k, _param_value(v)) for k, v in sorted(params.items()) if k not in have]
         for i in range(0, len(plist), _BATCH):
             client.log_batch(run_id, params=plist[i : i + _BATCH])
         ts = _now_ms()
@@ -191,8 +206,33 @@ def log_run(
     except Exception:
         client.set_terminated(run_id, status="FAILED")
         raise
-    client.set_terminated(run_id, status="FINISHED")
+    client.set_terminated(run_id, status=final_status)
     return run_id
+
+
+def start_run(uri: str, experiment_id: str, name: str, parent_run_id: str | None = None) -> str:
+    """Create a variant's run when its job starts (status RUNNING); :func:`log_run` completes it."""
+    tags = {"rag_ablate.kind": "variant"}
+    if parent_run_id:
+        tags[PARENT_TAG] = parent_run_id
+    return str(_client(uri).create_run(experiment_id, run_name=name, tags=tags).info.run_id)
+
+
+def run_status(uri: str, run_id: str) -> str:
+    """A run's status: RUNNING, FINISHED, FAILED, KILLED or SCHEDULED."""
+    return str(_client(uri).get_run(run_id).info.status)
+
+
+def reopen_run(uri: str, run_id: str) -> None:
+    """Set an interrupted, failed or finished run back to RUNNING (``resume=``)."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(uri)
+    try:
+        client.get_run(run_id)
+        client.update_run(run_id, status="RUNNING")
+    except MlflowException as exc:
+        raise TrackingError(f"cannot resume MLflow run {run_id} in {uri}: {exc.message}") from exc
 
 
 def log_artifacts(uri: str, run_id: str, paths: list[Path]) -> None:
@@ -255,3 +295,53 @@ def _now_ms() -> int:
     import time
 
     return int(time.time() * 1000)
+
+
+# --------------------------------------------------------------------------- UI: descriptions, views, tables
+
+
+def set_description(uri: str, run_id: str, text: str) -> None:
+    """A run's description (the ``mlflow.note.content`` tag the UI shows above its details)."""
+    from rag_ablate.mlflow_ui import NOTE_TAG
+
+    _client(uri).set_tag(run_id, NOTE_TAG, text)
+
+
+def save_view(uri: str, experiment_id: str, parent_run_id: str, state: Mapping[str, Any]) -> str:
+    """Store a runs-table view as an experiment tag the UI opens by its key; the key.
+
+    The sweep run gets the key as its ``rag_ablate.ui_view`` tag, so ``rag-ablate ui``
+    can print the link of the latest sweep.
+    """
+    import json
+
+    from rag_ablate.mlflow_ui import VIEW_KEY_TAG, VIEW_TAG_PREFIX, view_key
+
+    key = view_key(state)
+    client = _client(uri)
+    client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, json.dumps(dict(state)))
+    client.set_tag(parent_run_id, VIEW_KEY_TAG, key)
+    return key
+
+
+def log_table(uri: str, run_id: str, columns: Mapping[str, list[Any]], artifact_file: str) -> None:
+    """A table (column name -> values) as a run's table artifact (``mlflow.log_table``)."""
+    _client(uri).log_table(run_id, data=dict(columns), artifact_file=artifact_file)
+
+
+def latest_sweep_view(uri: str, experiment: str) -> tuple[str, str | None] | None:
+    """(experiment id, view key of its latest sweep run or None); None without the experiment."""
+    client = _client(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    from rag_ablate.mlflow_ui import VIEW_KEY_TAG
+
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string="tags.`rag_ablate.kind` = 'sweep'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    key = runs[0].data.tags.get(VIEW_KEY_TAG) if runs else None
+    return str(exp.experiment_id), key

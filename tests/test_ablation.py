@@ -148,7 +148,7 @@ def test_unknown_factor_key_suggests_the_nearest_setting() -> None:
     with pytest.raises(ConfigError, match=r"unknown factor 'retriever'.*did you mean retrieval"):
         plan_for(["retriever=bm25,dense"])
     # nothing close: the groups are listed
-    with pytest.raises(ConfigError, match="config groups: chunk, dataset, experiment, rerank"):
+    with pytest.raises(ConfigError, match="config groups: chunk, cost, dataset, experiment, rerank"):
         plan_for(["zzzzzz=1,2"])
 
 
@@ -171,7 +171,7 @@ def test_unknown_factor_key_suggests_the_nearest_setting() -> None:
         ),
         (
             ["system.name=local,nope"],
-            "invalid level system.name=nope of factor system.name: unknown system 'nope'; valid: local",
+            "invalid level system.name=nope of factor system.name: unknown system 'nope'; valid: http, local",
         ),
         (
             ["chunk=256,512", "chunk.overlap=300"],
@@ -243,10 +243,9 @@ def test_grid_sweep_tags_and_guard(tiny_dataset: Path, tmp_path: Path) -> None:
         for r in client.search_runs([exp.experiment_id])
         if r.data.tags.get("rag_ablate.kind") == "variant"
     }
-    assert set(runs) == {"baseline", "chunk=128", "router=nearest", "chunk=128,router=nearest"}
-    assert (
-        runs["baseline"]["ablation.factor"] == "baseline" and runs["baseline"]["ablation.role"] == "baseline"
-    )
+    base = "baseline (chunk=512, router=centroid)"  # the baseline's run name says what it is
+    assert set(runs) == {base, "chunk=128", "router=nearest", "chunk=128,router=nearest"}
+    assert runs[base]["ablation.factor"] == "baseline" and runs[base]["ablation.role"] == "baseline"
     assert (runs["chunk=128"]["ablation.factor"], runs["chunk=128"]["ablation.level"]) == ("chunk", "128")
     assert runs["chunk=128,router=nearest"]["ablation.mode"] == "grid"
 

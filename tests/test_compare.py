@@ -95,6 +95,16 @@ def test_rerun_gives_identical_numbers() -> None:
     assert [r["boot_ci_low"] for r in a["rows"]] != [r["boot_ci_low"] for r in c["rows"]]
 
 
+def test_metric_names_as_typed_in_tables_are_accepted() -> None:
+    """``--metrics hit@5`` (the terminal spelling) compares the same values as ``hit_at_5``."""
+    variants, _, _ = _sweep()
+    typed = compare.compare(variants, metrics=["hit@5"], B=500, seed=2).to_dict()
+    canonical = compare.compare(variants, metrics=["hit_at_5"], B=500, seed=2).to_dict()
+    assert typed["metrics"] == ["hit_at_5"]
+    assert typed["rows"] == canonical["rows"] and len(typed["rows"]) == 4
+    assert all(r["n_queries"] > 0 for r in typed["rows"])
+
+
 def test_flips_list_the_queries_that_changed() -> None:
     variants, _, _ = _sweep()
     c = compare.compare(variants, metrics=["hit_at_5", "latency_ms"], B=500)

@@ -24,6 +24,7 @@ NEEDS_VALUE = {
     ("rerank", "http"): ["rerank.url=http://127.0.0.1:1/rerank"],
     ("dataset", "custom"): ["dataset.path=/tmp/x"],
     ("tracking", "server"): ["tracking.uri=http://127.0.0.1:1"],
+    ("system", "http"): ["system.base_url=http://127.0.0.1:1"],
 }
 
 

@@ -72,7 +72,7 @@ def _run(script: str) -> str:
 
 
 def test_builtin_names_per_kind() -> None:
-    assert set(SYSTEMS) == {"local"}
+    assert set(SYSTEMS) == {"local", "http"}
     assert set(RETRIEVERS) == {"bm25", "dense", "hybrid"}
     assert set(FUSIONS) == {"rrf", "weighted"}
     assert set(RERANKERS) == {"none", "biencoder", "cross_encoder", "http"}
@@ -112,7 +112,7 @@ def test_every_metric_is_documented() -> None:
 @pytest.mark.parametrize(
     ("override", "kind", "valid"),
     [
-        ("system.name=remote", "system", ["local"]),
+        ("system.name=remote", "system", ["http", "local"]),
         ("retrieval.method=bm52", "retriever", ["bm25", "dense", "hybrid"]),
         ("retrieval.hybrid.fusion=borda", "fusion", ["rrf", "weighted"]),
         ("rerank.method=colbert", "reranker", ["biencoder", "cross_encoder", "http", "none"]),
@@ -230,7 +230,7 @@ def test_a_new_retriever_needs_only_its_module() -> None:
 
 
 def test_unknown_system_lists_the_valid_ones() -> None:
-    with pytest.raises(UnknownNameError, match="unknown system 'remote'; valid: local"):
+    with pytest.raises(UnknownNameError, match="unknown system 'remote'; valid: http, local"):
         SYSTEMS.get("remote")
 
 

@@ -38,7 +38,7 @@ from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import Comparison, Flip, Flips, Pair, Row, VariantData
 from rag_ablate.config import COMPARE_METRICS
 from rag_ablate.errors import ComparisonError
-from rag_ablate.metrics import direction_of, parse_metric_name
+from rag_ablate.metrics import direction_of, metric_name, parse_metric_name
 from rag_ablate.records import Record
 
 DEFAULT_METRICS = COMPARE_METRICS
@@ -48,6 +48,13 @@ LATENCY = "latency_ms"
 USES_FAILED = frozenset({ERROR_RATE, LATENCY})
 #: continuous metrics without a natural [0, 1] scale: flips are judged by relative change
 UNBOUNDED = frozenset({"latency_ms", "context_tokens"})
+#: percentiles of latency compared as statistics of the split (not per-query means): metric -> q
+QUANTILES = {"latency_p50_ms": 50.0, "latency_p95_ms": 95.0}
+
+
+def per_query(metric: str) -> str:
+    """The per-query value a metric is computed from (``latency_ms`` for a latency percentile)."""
+    return LATENCY if metric in QUANTILES else metric
 
 
 def failed(rec: Mapping[str, Any]) -> bool:
@@ -192,8 +199,8 @@ def compare(
     flip_threshold: float = 0.2,
 ) -> Comparison:
     """Compare every variant with the baseline. See the module docstring."""
-    for m in metrics:
-        parse_metric_name(m)  # unknown names fail with the valid ones
+    # canonical names (recall@5 -> recall_at_5); unknown names fail with the valid ones
+    metrics = [metric_name(spec.base, k) for spec, k in map(parse_metric_name, metrics)]
     base, notes = pick_baseline(variants, baseline)
     others = [v for v in variants if v is not base]
     if not others:
@@ -214,17 +221,26 @@ def compare(
             # metrics measured on the same queries are tested together, on one shared draw
             by_subset: dict[tuple[str, ...], list[str]] = {}
             for m in metrics:
+                src = per_query(m)
                 qids = tuple(
                     q
                     for q, br in base_by_id.items()
-                    if q in var_by_id and value(br, m) is not None and value(var_by_id[q], m) is not None
+                    if q in var_by_id and value(br, src) is not None and value(var_by_id[q], src) is not None
                 )
+                if qids and m in QUANTILES:
+                    rows.append(
+                        _quantile_row(split, var.label, m, qids, base_by_id, var_by_id, pair, counts, alpha)
+                    )
+                    continue
                 if qids:
                     by_subset.setdefault(qids, []).append(m)
                     continue
-                applies = any(value(r, m) is not None for r in (*base_by_id.values(), *var_by_id.values()))
+                applies = any(
+                    value(r, src) is not None for r in (*base_by_id.values(), *var_by_id.values())
+                )
                 if applies or pair.n_ok_both == 0:
-                    rows.append(_nan_row(split, var.label, m, pair, _untested_note(m, base_by_id, var_by_id)))
+                    note = _untested_note(src, base_by_id, var_by_id)
+                    rows.append(_nan_row(split, var.label, m, pair, note))
             for qids, ms in by_subset.items():
                 b = np.array([[value(base_by_id[q], m) for m in ms] for q in qids], dtype=np.float64)
                 v = np.array([[value(var_by_id[q], m) for m in ms] for q in qids], dtype=np.float64)
@@ -281,6 +297,49 @@ def compare(
         flips=flips,
         pairs=pairs,
         notes=notes,
+    )
+
+
+def _quantile_row(
+    split: str,
+    variant: str,
+    metric: str,
+    qids: Sequence[str],
+    base_by_id: Mapping[str, Record],
+    var_by_id: Mapping[str, Record],
+    pair: Pair,
+    counts: _CountCache,
+    alpha: float,
+) -> Row:
+    """A latency percentile: variant minus baseline over the paired queries, failed ones included,
+    its interval from the same group-bootstrap draw the means use (:func:`stats.paired_quantile_test`)."""
+    b = np.array([value(base_by_id[q], LATENCY) for q in qids], dtype=np.float64)
+    v = np.array([value(var_by_id[q], LATENCY) for q in qids], dtype=np.float64)
+    groups = [str(base_by_id[q]["group"]) for q in qids]
+    res = stats.paired_quantile_test(
+        b, v, np.array(groups), QUANTILES[metric], alpha=alpha, counts=counts.get(split, groups)
+    )
+    return Row(  # baseline_mean / variant_mean hold the two percentiles
+        split=split,
+        variant=variant,
+        metric=metric,
+        direction=direction_of(metric),
+        baseline_mean=res.baseline,
+        variant_mean=res.variant,
+        effect=res.effect,
+        ci_low=res.ci_low,
+        ci_high=res.ci_high,
+        se=res.se,
+        p_value=res.p_value,
+        p_exact=False,
+        p_bootstrap=res.p_value,
+        bootstrap_unreliable=res.bootstrap_unreliable,
+        n_queries=res.n_queries,
+        n_groups=res.n_groups,
+        boot_ci_low=res.ci_low,
+        boot_ci_high=res.ci_high,
+        n_failed_baseline=pair.n_failed_baseline,
+        n_failed_variant=pair.n_failed_variant,
     )
 
 

@@ -263,6 +263,17 @@ def _register_builtins() -> None:
         )
     )
     register(MetricSpec("latency_ms", "lower", False, False, "end-to-end latency in milliseconds"))
+    for q in (50, 95):
+        register(
+            MetricSpec(
+                f"latency_p{q}_ms",
+                "lower",
+                False,
+                False,
+                f"{q}th percentile of end-to-end latency over a split's queries, failed ones included "
+                "(a statistic of the split: compared by a group bootstrap, not per query)",
+            )
+        )
     register(
         MetricSpec(
             "error_rate",

@@ -10,24 +10,34 @@ from __future__ import annotations
 
 from rag_ablate.registry import Registry
 from rag_ablate.systems.base import (
+    STATUSES,
+    BatchSystem,
     Citation,
+    OnDone,
     RetrievedChunk,
     Status,
     System,
     SystemFactory,
     TokenUsage,
     Trace,
+    batch_runner,
 )
 
-SYSTEMS: Registry[SystemFactory] = Registry("system", providers=("rag_ablate.systems.local",))
+SYSTEMS: Registry[SystemFactory] = Registry(
+    "system", providers=("rag_ablate.systems.local", "rag_ablate.systems.http")
+)
 
 __all__ = [
+    "STATUSES",
     "SYSTEMS",
+    "BatchSystem",
     "Citation",
+    "OnDone",
     "RetrievedChunk",
     "Status",
     "System",
     "SystemFactory",
     "TokenUsage",
     "Trace",
+    "batch_runner",
 ]

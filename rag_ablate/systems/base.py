@@ -11,7 +11,7 @@ has no ``answer``; a system without a router has no ``intents``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
@@ -21,7 +21,17 @@ if TYPE_CHECKING:
     from rag_ablate.cache import Cache
     from rag_ablate.config import RunConfig
 
-Status = Literal["ok", "failed"]
+# What became of one query. Everything but ``ok`` is a failure: excluded from quality
+# means, counted in ``n_failed``/``error_rate`` and in ``error_rate_<status>``.
+#   ok             the system answered (an empty retrieval list or a declining answer is ok)
+#   failed         the system raised, or its trace could not be scored
+#   timeout        a connect or read timeout (system=http)
+#   http_error     an HTTP error status after retries, or no connection at all (``http_status`` has the code)
+#   bad_response   the response did not match a configured mapping (``error`` names the path, with an excerpt)
+#   access_denied  401 or 403
+#   stream_cut     the answer stream ended without its end event (the partial answer is kept, not scored)
+Status = Literal["ok", "failed", "timeout", "http_error", "bad_response", "access_denied", "stream_cut"]
+STATUSES: tuple[str, ...] = get_args(Status)
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,9 @@ class Trace:
     ``intent_pred``, when not set, is its first non-empty code.
     ``timings_ms`` holds per-stage timings (``total`` is the query's latency);
     ``ttft_ms`` is the time to the first answer token of a streaming system.
+    ``http_status`` is the HTTP status that decided a remote query (the failing one, else
+    the evaluation call's; None for local systems and when no response came);
+    ``retries`` counts the requests that were sent again.
     """
 
     query_id: str
@@ -124,6 +137,8 @@ class Trace:
     citations: list[Citation] = field(default_factory=list)
     usage: TokenUsage | None = None
     ttft_ms: float | None = None
+    http_status: int | None = None
+    retries: int = 0
 
     def __post_init__(self) -> None:
         if self.status not in get_args(Status):
@@ -158,6 +173,8 @@ class Trace:
             citations=[Citation.from_dict(c) for c in d.get("citations") or []],
             usage=None if usage is None else TokenUsage.from_dict(usage),
             ttft_ms=None if ttft is None else float(ttft),
+            http_status=None if d.get("http_status") is None else int(d["http_status"]),
+            retries=int(d.get("retries") or 0),
         )
 
 
@@ -184,6 +201,33 @@ class System(Protocol):
     def routes_intents(self) -> bool:
         """True when the system predicts intents (intent metrics are then computed)."""
         ...
+
+
+# Called once per query as soon as its trace is final (from the thread that called run_many).
+OnDone = Callable[[Query, Trace], None]
+
+
+class BatchSystem(System, Protocol):
+    """A system that runs many queries itself (concurrently, say): the optional part of the contract.
+
+    When a system has ``run_many``, the runner calls it once with every query
+    instead of :meth:`System.run` per query, and records each query when
+    ``on_done`` reports it, in completion order.
+    """
+
+    def run_many(self, queries: Sequence[Query], on_done: OnDone) -> None:
+        """Run every query; call ``on_done(query, trace)`` exactly once per query as it completes.
+
+        A query that fails gets a trace with a failure status, never an exception;
+        each trace carries its own ``timings_ms["total"]``. Returns when all are done.
+        """
+        ...
+
+
+def batch_runner(system: System) -> Callable[[Sequence[Query], OnDone], None] | None:
+    """The system's ``run_many`` when it has one, else None (the runner then calls ``run``)."""
+    run_many = getattr(system, "run_many", None)
+    return run_many if callable(run_many) else None
 
 
 # How a registered system is built: ``SYSTEMS.get(name)(settings, cache)``.

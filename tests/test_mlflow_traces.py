@@ -1,0 +1,550 @@
+"""Per-query results where MLflow users look for them: one trace per query.
+
+After a small sweep with ``tracking.traces=all`` (the tiny dataset, tracking to a
+sqlite file in a temporary folder), everything is read back through MLflow's own
+API and checked against ``records.jsonl`` and ``queries.jsonl``: one trace per
+query under its variant's run, root inputs identical across variants, the
+retriever span's documents, span times equal to the recorded stage timings,
+feedback equal to the records' metric values, the gold documents as an
+expectation, the query set as the run's dataset input, the printed compare link
+and the run description's note on arrows. The batched writer is also checked
+against a trace built span by span with MLflow's public tracing API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_ablate import mlflow_traces as mt
+from rag_ablate.errors import ConfigError
+from rag_ablate.records import read_records
+from tests.conftest import DOCS, QUERIES, run_module, write_dataset
+
+COMPARED = ["recall_at_5", "ndcg_at_10", "mrr_at_10", "evidence_recall_at_5", "intent_top1", "latency_ms"]
+
+
+def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return run_module("rag_ablate", args, cwd)
+
+
+def _traces(uri: str, experiment_id: str, run_id: str) -> list[Any]:
+    from mlflow.tracing.client import TracingClient
+
+    client = TracingClient(uri)
+    out: list[Any] = []
+    token = None
+    while True:
+        page = client.search_traces(
+            locations=[experiment_id], run_id=run_id, max_results=100, page_token=token
+        )
+        out.extend(page)
+        token = page.token
+        if not token:
+            return [client.get_trace(t.info.trace_id) for t in out]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from mlflow.tracking import MlflowClient
+
+    cwd = tmp_path_factory.mktemp("traces")
+    data = write_dataset(cwd / "tiny")
+    proc = run_cli(
+        [
+            "-m",
+            f"dataset.path={data}",
+            "chunk=256,512",
+            "progress=false",
+            "compare.B=500",
+            "tracking.traces=all",
+            "compare.metrics=[" + ",".join(COMPARED) + "]",
+        ],
+        cwd,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    uri = f"sqlite:///{cwd / 'outputs' / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("rag_ablate")
+    assert exp is not None
+    runs = [
+        r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("rag_ablate.kind") == "variant"
+    ]
+    variants = {}
+    for run in runs:
+        label = run.data.tags["variant"]
+        job_dir = next(
+            Path(p).parent
+            for p in (cwd / "outputs" / "multirun").glob("*/*/summary.json")
+            if json.loads(Path(p).read_text(encoding="utf-8"))["run_id"] == run.info.run_id
+        )
+        variants[label] = {
+            "run": run,
+            "records": read_records(job_dir / "records.jsonl"),
+            "traces": _traces(uri, exp.experiment_id, run.info.run_id),
+        }
+    return {"cwd": cwd, "uri": uri, "client": client, "exp": exp, "variants": variants, "proc": proc}
+
+
+def _by_query(traces: list[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for t in traces:
+        root = next(s for s in t.data.spans if s.parent_id is None)
+        qid = root.inputs["query_id"]
+        assert qid not in out, f"two traces for {qid}"
+        out[qid] = t
+    return out
+
+
+@pytest.mark.slow
+def test_one_trace_per_query_under_its_run_with_identical_root_inputs(sweep: dict[str, Any]) -> None:
+    variants = sweep["variants"]
+    assert set(variants) == {"baseline", "chunk=256"}
+    roots: dict[str, dict[str, Any]] = {}
+    for label, v in variants.items():
+        by_q = _by_query(v["traces"])
+        assert sorted(by_q) == sorted(q["query_id"] for q in QUERIES), label
+        for qid, t in by_q.items():
+            assert t.info.trace_metadata["mlflow.sourceRun"] == v["run"].info.run_id
+            root = next(s for s in t.data.spans if s.parent_id is None)
+            roots.setdefault(qid, {})[label] = root.inputs
+    for qid, per_variant in roots.items():
+        query = next(q["query"] for q in QUERIES if q["query_id"] == qid)
+        assert per_variant["baseline"] == per_variant["chunk=256"] == {"query_id": qid, "query": query}
+
+
+@pytest.mark.slow
+def test_retriever_span_holds_the_retrieved_documents(sweep: dict[str, Any]) -> None:
+    from mlflow.entities import SpanType
+
+    texts = {d["doc_id"]: d["text"] for d in DOCS}
+    n_docs = 0
+    for v in sweep["variants"].values():
+        by_q = _by_query(v["traces"])
+        for rec in v["records"]:
+            spans = {s.name: s for s in by_q[rec["query_id"]].data.spans}
+            retrieve = spans["retrieve"]
+            assert retrieve.span_type == SpanType.RETRIEVER
+            got = retrieve.outputs
+            assert len(got) == len(rec["retrieved"])  # BM25 finds nothing for "do you ship to Mars"
+            n_docs += len(got)
+            for doc, r in zip(got, rec["retrieved"], strict=True):
+                assert doc["metadata"] == {
+                    k: r[k] for k in ("doc_id", "chunk_id", "start", "end", "score", "rank")
+                }
+                assert doc["page_content"] == texts[r["doc_id"]][r["start"] : r["end"]]
+                assert doc["id"] == r["chunk_id"]
+    assert n_docs >= len(QUERIES)
+
+
+@pytest.mark.slow
+def test_span_times_replay_the_recorded_stage_timings(sweep: dict[str, Any]) -> None:
+    for v in sweep["variants"].values():
+        by_q = _by_query(v["traces"])
+        previous_end = None
+        for rec in v["records"]:  # in the order the queries ran
+            spans = by_q[rec["query_id"]].data.spans
+            root = next(s for s in spans if s.parent_id is None)
+            timings = rec["timings_ms"]
+            assert root.end_time_ns - root.start_time_ns == pytest.approx(timings["total"] * 1e6, abs=2)
+            if previous_end is not None:  # queries one after another
+                assert root.start_time_ns == previous_end
+            previous_end = root.end_time_ns
+            children = sorted(
+                (s for s in spans if s.parent_id == root.span_id), key=lambda s: s.start_time_ns
+            )
+            assert [s.name for s in children] == ["route", "retrieve"]  # no reranker, no answers
+            retrieval_ms = sum(t for k, t in timings.items() if k not in ("route", "total"))
+            expected = {"route": timings["route"], "retrieve": retrieval_ms}
+            t = root.start_time_ns
+            for s in children:  # stage durations laid out one after another from the query's start
+                assert s.start_time_ns == t
+                assert s.end_time_ns - s.start_time_ns == pytest.approx(expected[s.name] * 1e6, abs=2)
+                t = s.end_time_ns
+
+
+@pytest.mark.slow
+def test_feedback_equals_the_records_metric_values(sweep: dict[str, Any]) -> None:
+    from mlflow.entities import AssessmentSourceType, Feedback
+
+    for v in sweep["variants"].values():
+        by_q = _by_query(v["traces"])
+        for rec in v["records"]:
+            feedback = {a.name: a for a in by_q[rec["query_id"]].info.assessments if isinstance(a, Feedback)}
+            expected = {m: rec["metrics"][m] for m in COMPARED if rec["metrics"].get(m) is not None}
+            assert {n: a.value for n, a in feedback.items()} == expected
+            assert "recall_at_5" in expected or rec["kind"] != "answerable"
+            for a in feedback.values():
+                assert a.source.source_type == AssessmentSourceType.CODE
+                assert a.metadata["direction"] == (
+                    "lower_is_better" if a.name == "latency_ms" else "higher_is_better"
+                )
+
+
+@pytest.mark.slow
+def test_expectation_holds_the_gold_documents(sweep: dict[str, Any]) -> None:
+    from mlflow.entities import Expectation
+
+    for v in sweep["variants"].values():
+        by_q = _by_query(v["traces"])
+        for q in QUERIES:
+            gold = [a for a in by_q[q["query_id"]].info.assessments if isinstance(a, Expectation)]
+            relevant = q.get("relevant") or {}
+            if not relevant:
+                assert gold == []
+                continue
+            assert [(a.name, a.value) for a in gold] == [
+                ("gold_doc_ids", sorted(relevant, key=lambda d: (-relevant[d], d)))
+            ]
+
+
+@pytest.mark.slow
+def test_query_set_is_the_runs_dataset_input(sweep: dict[str, Any]) -> None:
+    for v in sweep["variants"].values():
+        run = sweep["client"].get_run(v["run"].info.run_id)
+        inputs = run.inputs.dataset_inputs
+        assert len(inputs) == 1
+        ds = inputs[0]
+        assert {t.key: t.value for t in ds.tags}["mlflow.data.context"] == "evaluation"
+        profile = json.loads(ds.dataset.profile)
+        assert profile["num_rows"] == len(QUERIES)
+        schema = json.loads(ds.dataset.schema)["mlflow_colspec"]
+        assert {c["name"] for c in schema} >= {"query_id", "query", "split", "gold_doc_ids"}
+
+
+@pytest.mark.slow
+def test_sweep_prints_the_compare_link_and_notes_arrows(sweep: dict[str, Any]) -> None:
+    v = sweep["variants"]
+    exp_id = sweep["exp"].experiment_id
+    variant, baseline = v["chunk=256"]["run"].info.run_id, v["baseline"]["run"].info.run_id
+    link = (
+        f"http://127.0.0.1:5000/#/experiments/{exp_id}/evaluation-runs"
+        f"?selectedRunUuid={variant}&compareToRunUuid={baseline}"
+    )
+    assert link in sweep["proc"].stdout
+    note = sweep["client"].get_run(variant).data.tags["mlflow.note.content"]
+    assert mt.DESCRIPTION_NOTE in note and note.count(mt.DESCRIPTION_NOTE) == 1
+
+
+def test_traces_none_logs_no_trace(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    data = write_dataset(tmp_path / "tiny")
+    proc = run_cli([f"dataset.path={data}", "progress=false", "tracking.traces=none"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    uri = f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("rag_ablate")
+    assert exp is not None
+    (run,) = client.search_runs([exp.experiment_id])
+    assert _traces(uri, exp.experiment_id, run.info.run_id) == []
+    assert client.search_traces(locations=[exp.experiment_id]) == []
+    assert run.inputs.dataset_inputs == []
+    summary = json.loads(next((tmp_path / "outputs").rglob("summary.json")).read_text(encoding="utf-8"))
+    assert summary["traces"] == 0
+
+
+def test_a_bad_traces_setting_stops_before_running(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "tiny")
+    proc = run_cli([f"dataset.path={data}", "progress=false", "tracking.traces=lots"], tmp_path)
+    assert proc.returncode != 0
+    assert "tracking.traces" in proc.stderr and "'lots'" in proc.stderr
+    assert not list((tmp_path / "outputs").rglob("records.jsonl"))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("none", 0), ("all", None), ("ALL", None), ("25", 25), (7, 7), (0, 0), ("0", 0)],
+)
+def test_setting_values(value: object, expected: int | None) -> None:
+    assert mt.parse_setting(value) == expected
+
+
+@pytest.mark.parametrize("value", ["-1", -3, "some", "2.5", True])
+def test_setting_rejects(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"tracking\.traces"):
+        mt.parse_setting(value)
+
+
+def test_selection_takes_the_first_n_of_each_split_in_order() -> None:
+    records = [{"query_id": f"q{i}", "split": "dev" if i % 3 else "holdout"} for i in range(10)]
+    chosen = mt.select(records, 2)
+    assert [r["query_id"] for _, r in chosen] == ["q0", "q1", "q2", "q3"]
+    assert [i for i, _ in chosen] == [0, 1, 2, 3]
+    assert mt.select(records, 0) == []
+    assert len(mt.select(records, None)) == 10
+
+
+def test_stage_layout_of_a_hybrid_reranked_answered_query() -> None:
+    timings = {
+        "route": 1.0,
+        "encode": 2.0,
+        "bm25": 3.0,
+        "dense": 4.0,
+        "fuse": 0.5,
+        "rerank": 6.0,
+        "generate": 7.0,
+    }
+    stages = mt.stage_layout({**timings, "total": 24.0}, answered=True)
+    assert [(s.name, s.start_ms, s.duration_ms) for s in stages] == [
+        ("route", 0.0, 1.0),
+        ("retrieve", 1.0, 9.5),
+        ("rerank", 10.5, 6.0),
+        ("generate", 16.5, 7.0),
+    ]
+    assert stages[1].parts == {"encode": 2.0, "bm25": 3.0, "dense": 4.0, "fuse": 0.5}
+    assert [s.name for s in mt.stage_layout(timings, answered=False)] == ["route", "retrieve", "rerank"]
+
+
+def test_stage_layout_of_an_http_system() -> None:
+    """Its eval call is the retrieval, its chat call the generation, both sent together
+    and timed from the query's start; the service's own timings (inside those calls)
+    are not laid out again."""
+    timings = {"eval": 40.0, "chat": 300.0, "service.retrieve": 12.0, "service.llm": 250.0, "total": 301.0}
+    stages = mt.stage_layout(timings, answered=True)
+    assert [(s.name, s.start_ms, s.duration_ms, s.parts) for s in stages] == [
+        ("retrieve", 0.0, 40.0, {"eval": 40.0}),
+        ("generate", 0.0, 300.0, {"chat": 300.0}),
+    ]
+    # a system whose calls ran one after another keeps them so
+    sequential = mt.stage_layout({**timings, "total": 345.0}, answered=True)
+    assert [(s.name, s.start_ms) for s in sequential] == [("retrieve", 0.0), ("generate", 40.0)]
+
+
+def test_lower_is_better_metrics() -> None:
+    assert [m for m in [*COMPARED, "context_tokens_at_5", "error_rate"] if mt.lower_is_better(m)] == [
+        "latency_ms",
+        "context_tokens_at_5",
+        "error_rate",
+    ]
+
+
+def _shape(trace: Any) -> dict[str, Any]:
+    """What a user sees of a trace, without ids and clock times."""
+    spans = sorted(trace.data.spans, key=lambda s: s.start_time_ns)
+    root = spans[0]
+    names = {s.span_id: s.name for s in spans}
+    info = trace.info
+    return {
+        "state": info.state,
+        "request_preview": json.loads(info.request_preview),
+        "response_preview": json.loads(info.response_preview),
+        "source_run": info.trace_metadata.get("mlflow.sourceRun"),
+        "trace_inputs": json.loads(info.trace_metadata["mlflow.traceInputs"]),
+        "name": info.tags.get("mlflow.traceName"),
+        "execution_ms": info.execution_duration,
+        "request_time": info.request_time,
+        "spans": [
+            (
+                s.name,
+                names.get(s.parent_id),
+                s.span_type,
+                s.inputs,
+                s.outputs,
+                s.start_time_ns - root.start_time_ns,
+                s.end_time_ns - root.start_time_ns,
+                s.status.status_code,
+            )
+            for s in spans
+        ],
+        "assessments": sorted(
+            (type(a).__name__, a.name, json.dumps(a.value), a.source.source_type, a.source.source_id)
+            for a in info.assessments
+        ),
+    }
+
+
+def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None:
+    """The same query logged both ways reads back the same (guards against MLflow changes)."""
+    import mlflow
+    from mlflow.entities import AssessmentSource, AssessmentSourceType, SpanType
+    from mlflow.tracing.client import TracingClient
+    from mlflow.tracking import MlflowClient
+
+    from rag_ablate.dataset import load_dataset
+
+    data = write_dataset(tmp_path / "tiny")
+    dataset = load_dataset(str(data), name="tiny", holdout_share=0.3, group_threshold=0.7, seed=0)
+    q = dataset.queries[1]
+    rec = {
+        "query_id": q.query_id,
+        "query": q.query,
+        "split": q.split,
+        "kind": q.kind,
+        "status": "ok",
+        "intent_pred": "K_returns",
+        "intent_score": 0.5,
+        "answer": None,
+        "timings_ms": {"route": 0.25, "bm25": 0.5, "total": 1.0},
+        "retrieved": [
+            {"rank": 1, "chunk_id": "FEES#0", "doc_id": "FEES", "start": 0, "end": 50, "score": 3.5},
+            {"rank": 2, "chunk_id": "RET#0", "doc_id": "RET", "start": 0, "end": 40, "score": 1.25},
+        ],
+        "metrics": {"recall_at_5": 1.0, "latency_ms": 1.0},
+    }
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
+    run_a, run_b = (client.create_run(exp).info.run_id for _ in range(2))
+    start = (time.time_ns() // 1_000_000) * 1_000_000
+
+    # span by span, with MLflow's public tracing API (which warns about its own type hints)
+    mlflow.set_tracking_uri(uri)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, spans = mt.build_trace(
+            rec,
+            q,
+            dataset,
+            experiment_id=exp,
+            run_id=run_a,
+            start_ns=start,
+            metrics=["recall_at_5", "latency_ms"],
+            rng=random.Random(0),
+        )
+        by_name = {s.name: s for s in spans}
+        root_src = by_name["query"]
+        root = client.start_trace(
+            "query",
+            span_type=SpanType.CHAIN,
+            inputs=root_src.inputs,
+            experiment_id=exp,
+            start_time_ns=root_src.start_time_ns,
+            run_id=run_a,
+        )
+        for name in ("route", "retrieve"):
+            src = by_name[name]
+            child = client.start_span(
+                name,
+                root.trace_id,
+                root.span_id,
+                span_type=src.span_type,
+                inputs=src.inputs,
+                start_time_ns=src.start_time_ns,
+            )
+            client.end_span(root.trace_id, child.span_id, outputs=src.outputs, end_time_ns=src.end_time_ns)
+        client.end_trace(root.trace_id, outputs=root_src.outputs, end_time_ns=root_src.end_time_ns)
+        mlflow.flush_trace_async_logging()
+        code = AssessmentSource(AssessmentSourceType.CODE, mt.SOURCE_ID)
+        for name in ("recall_at_5", "latency_ms"):
+            mlflow.log_feedback(trace_id=root.trace_id, name=name, value=rec["metrics"][name], source=code)
+        mlflow.log_expectation(trace_id=root.trace_id, name=mt.GOLD_NAME, value=["FEES", "RET"], source=code)
+    mlflow.set_tracking_uri(None)
+
+    # batched, as rag_ablate logs
+    mt.log_traces(
+        uri, exp, run_b, [rec], dataset, per_split=None, metrics=["recall_at_5", "latency_ms"], start_ns=start
+    )
+
+    (a,) = _traces(uri, exp, run_a)
+    (b,) = _traces(uri, exp, run_b)
+    sa, sb = _shape(a), _shape(b)
+    assert sb["source_run"] == run_b and sa["source_run"] == run_a
+    sa.pop("source_run"), sb.pop("source_run")
+    assert sb == sa
+    root = next(s for s in TracingClient(uri).get_trace(b.info.trace_id).data.spans if s.parent_id is None)
+    assert root.get_attribute("rag_ablate.split") == q.split
+
+    # logged again (a resumed run): still one trace per query
+    mt.log_traces(uri, exp, run_b, [rec], dataset, per_split=None, metrics=["recall_at_5"], start_ns=start)
+    (again,) = _traces(uri, exp, run_b)
+    assert [a.name for a in again.info.assessments if a.name != mt.GOLD_NAME] == ["recall_at_5"]
+
+
+def test_compare_link() -> None:
+    link = mt.compare_link("http://h:1/", "3", "RUN", "BASE")
+    assert link == "http://h:1/#/experiments/3/evaluation-runs?selectedRunUuid=RUN&compareToRunUuid=BASE"
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_compare_link_opens_the_query_by_query_view(sweep: dict[str, Any], tmp_path: Path) -> None:
+    """As a person would: serve the store, open the printed link in headless Chromium."""
+    import httpx
+
+    if not Path(CHROMIUM).is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{CHROMIUM} is missing in CI (.ci/run installs Debian's chromium)")
+        pytest.skip(f"{CHROMIUM} not installed (Debian: apt-get install chromium); the view check needs it")
+    port = _free_port()
+    log_path = tmp_path / "ui.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rag_ablate.cli", "ui", "--port", str(port)],
+            cwd=sweep["cwd"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # the server and its worker form one process group
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                        break
+                assert proc.poll() is None, log_path.read_text()
+                time.sleep(1)
+            else:
+                pytest.fail("the MLflow UI did not come up within 120 s")
+            link = re.search(
+                r"(http://127\.0\.0\.1:5000/#/experiments/\S+/evaluation-runs\?\S+)", sweep["proc"].stdout
+            )
+            assert link, sweep["proc"].stdout
+            url = link[1].replace(":5000/", f":{port}/")
+            out = subprocess.run(
+                [
+                    CHROMIUM,
+                    "--headless",
+                    "--disable-gpu",
+                    "--no-sandbox",
+                    f"--user-data-dir={tmp_path / 'profile'}",
+                    "--virtual-time-budget=30000",
+                    "--window-size=2800,1100",
+                    "--dump-dom",
+                    url,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=180,
+                check=False,
+            )
+            dom = out.stdout
+            # both runs named in the comparison header, every query's row, the feedback columns
+            assert "baseline (chunk=512)" in dom and "chunk=256" in dom
+            for q in QUERIES:
+                assert (
+                    f"&quot;query_id&quot;: &quot;{q['query_id']}&quot;" in dom
+                    or f'"query_id": "{q["query_id"]}"' in dom
+                )
+            for name in ("gold_doc_ids", "evidence_recall_at_5", "intent_top1", "latency_ms"):
+                assert name in dom, name
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                try:
+                    proc.wait(timeout=20)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue

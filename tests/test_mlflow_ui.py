@@ -1,0 +1,292 @@
+"""The MLflow UI answers "which variant is better and what does it cost" with no setup.
+
+After the README's sweep, read back through MLflow's API: the sweep run's verdict
+table and each variant's one-line verdict (run descriptions), the headline metrics,
+params that are inputs only, the baseline's run name, the summary table and the
+saved runs view. Then, as a person would: start ``rag-ablate ui``, open the printed
+link in headless Chromium and find the variants and the headline columns on the page.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from rag_ablate.cli import main
+from rag_ablate.mlflow_ui import baseline_run_name, headline_metrics, mlflow_metrics
+from rag_ablate.records import read_records
+from tests.conftest import run_module
+
+CHROMIUM = "/usr/bin/chromium"
+NOTE = "mlflow.note.content"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from mlflow.tracking import MlflowClient
+
+    cwd = tmp_path_factory.mktemp("ui_sweep")
+    proc = run_module("rag_ablate", ["-m", "chunk=256,512", "progress=false"], cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    uri = f"sqlite:///{cwd / 'outputs' / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("rag_ablate")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    parent = next(r for r in runs if r.data.tags.get("rag_ablate.kind") == "sweep")
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("rag_ablate.kind") == "variant"}
+    sweep_dir = Path(parent.data.tags["sweep.dir"])
+    comparison = json.loads((sweep_dir / "comparison.json").read_text(encoding="utf-8"))
+    return {
+        "cwd": cwd,
+        "uri": uri,
+        "client": client,
+        "experiment": exp,
+        "parent": parent,
+        "children": children,
+        "comparison": comparison,
+        "proc": proc,
+    }
+
+
+def _row(comparison: dict[str, Any], split: str, variant: str, metric: str) -> dict[str, Any]:
+    return next(
+        r for r in comparison["rows"] if (r["split"], r["variant"], r["metric"]) == (split, variant, metric)
+    )
+
+
+@pytest.mark.slow
+def test_baseline_run_name_says_what_it_is(sweep: dict[str, Any]) -> None:
+    assert set(sweep["children"]) == {"baseline (chunk=512)", "chunk=256"}
+    base = sweep["children"]["baseline (chunk=512)"]
+    assert base.data.tags["variant"] == "baseline"  # the label the comparison uses is unchanged
+
+
+@pytest.mark.slow
+def test_sweep_description_holds_the_verdict_table(sweep: dict[str, Any]) -> None:
+    text = sweep["parent"].data.tags[NOTE]
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| variant"))
+    for column in ("recall@5 dev", "recall@5 holdout", "Δ recall@5 holdout [95% CI]", "p95 ms holdout"):
+        assert column in header
+    row = next(line for line in lines if line.startswith("| chunk=256 |"))
+    effect = _row(sweep["comparison"], "holdout", "chunk=256", "recall_at_5")
+    assert f"{effect['effect']:+.3f} [{effect['ci_low']:+.3f}, {effect['ci_high']:+.3f}]" in row
+    assert any(line.startswith("| baseline (chunk=512) |") for line in lines)
+    assert "in-process with warm caches" in text and "Holm" in text
+
+
+@pytest.mark.slow
+def test_each_variant_has_a_one_line_verdict(sweep: dict[str, Any]) -> None:
+    # the verdict is the description's first line (per-query trace notes may follow)
+    child = sweep["children"]["chunk=256"].data.tags[NOTE].splitlines()[0]
+    assert child.startswith("vs baseline on holdout: recall@5 ")
+    p95 = _row(sweep["comparison"], "holdout", "chunk=256", "latency_p95_ms")
+    assert f"p95 latency ms {p95['effect']:+.3f}" in child
+    assert "baseline" in sweep["children"]["baseline (chunk=512)"].data.tags[NOTE]
+
+
+@pytest.mark.slow
+def test_headline_metrics_agree_with_records_and_comparison(sweep: dict[str, Any]) -> None:
+    client = sweep["client"]
+    for name, run in sweep["children"].items():
+        m = run.data.metrics
+        headline = sorted(k for k in m if k.startswith("headline/"))
+        assert {"headline/holdout_recall_at_5", "headline/dev_recall_at_5", "headline/cost_p95_ms"} <= set(
+            headline
+        )
+        assert len(headline) <= 10  # a handful, not the grid
+        assert m["headline/holdout_recall_at_5"] == pytest.approx(m["holdout/recall_at_5"], abs=1e-4)
+        # p95 from the per-query end-to-end times, failed queries included
+        records = read_records(Path(client.download_artifacts(run.info.run_id, "records.jsonl")))
+        p95 = np.percentile([r["timings_ms"]["total"] for r in records], 95)
+        assert m["cost/latency_p95_ms"] == pytest.approx(p95)
+        assert m["headline/cost_p95_ms"] == pytest.approx(p95, abs=1e-4)
+        assert "usd_per_1k" not in " ".join(m)  # the local pipeline has no price: no money, not 0
+        if name == "chunk=256":
+            effect = _row(sweep["comparison"], "holdout", "chunk=256", "recall_at_5")["effect"]
+            assert m["headline/delta_holdout_recall_at_5"] == pytest.approx(effect, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_params_are_inputs_and_outputs_are_metrics(sweep: dict[str, Any]) -> None:
+    client = sweep["client"]
+    for run in sweep["children"].values():
+        params, metrics = run.data.params, run.data.metrics
+        assert params["chunk.size"] in ("256", "512")
+        outputs = [
+            k for k in params if k.startswith("index.") or k in ("chunk.unit_resolved", "dataset.language")
+        ]
+        assert not outputs, outputs
+        for key in ("run/index_build_seconds", "run/index_bytes", "run/index_chunks", "run/cache_hit_rate"):
+            assert key in metrics, key
+        assert run.data.tags["build.dataset.language"] in ("en", "zh")  # the embedded sample is Chinese
+        # per split only what the tables and the comparison use; the whole grid is in metrics.json
+        assert not [k for k in metrics if k.startswith("all/")]
+        assert "dev/recall_at_5" in metrics and "dev/recall_at_1" not in metrics
+        full = json.loads(Path(client.download_artifacts(run.info.run_id, "metrics.json")).read_text())
+        assert "dev/recall_at_1" in full and "all/recall_at_5" in full
+
+
+@pytest.mark.slow
+def test_summary_table_and_saved_view_on_the_sweep_run(sweep: dict[str, Any]) -> None:
+    client, parent = sweep["client"], sweep["parent"]
+    table = json.loads(Path(client.download_artifacts(parent.info.run_id, "verdict.json")).read_text())
+    assert table["columns"][:2] == ["variant", "role"]
+    assert sorted(row[0] for row in table["data"]) == ["baseline", "chunk=256"]
+    key = parent.data.tags["rag_ablate.ui_view"]
+    exp = client.get_experiment(sweep["experiment"].experiment_id)
+    state = json.loads(exp.tags[f"mlflow.sharedViewState.{key}"])
+    assert parent.info.run_id in state["searchFilter"]
+    assert state["orderByKey"] == "metrics.`headline/holdout_recall_at_5`" and state["orderByAsc"] is False
+    assert state["chartsSearchFilter"] == "headline/"
+    link = f"#/experiments/{exp.experiment_id}/runs?viewStateShareKey={key}"
+    assert link in sweep["proc"].stdout
+
+
+def test_baseline_name_lists_the_factors_but_not_runtime_settings() -> None:
+    factors = [
+        {"key": "chunk", "default": "512"},
+        {"key": "retrieval", "default": "bm25"},
+        {"key": "cache.dir", "default": "null"},
+    ]
+    assert baseline_run_name(factors) == "baseline (chunk=512, retrieval=bm25)"
+    assert baseline_run_name([]) == "baseline"
+
+
+def test_mlflow_gets_the_configured_metrics_and_metrics_json_the_grid() -> None:
+    full = {
+        "dev/recall_at_5": 0.8,
+        "dev/recall_at_1": 0.5,
+        "holdout/recall_at_5": 0.7,
+        "holdout/n_failed": 0.0,
+        "all/recall_at_5": 0.75,
+        "holdout/cost/latency_p95_ms": 9.0,
+        "cost/latency_p95_ms": 8.0,
+        "run/index_bytes": 10.0,
+        "headline/holdout_recall_at_5": 0.7,
+    }
+    assert mlflow_metrics(full, ["recall_at_5"]) == {
+        k: v for k, v in full.items() if k not in ("dev/recall_at_1", "all/recall_at_5")
+    }
+    head = headline_metrics({**full, "all/error_rate": 0.0, "dev/recall_at_5": 0.123456}, "recall_at_5")
+    assert head == {
+        "headline/dev_recall_at_5": 0.1235,
+        "headline/holdout_recall_at_5": 0.7,
+        "headline/cost_p95_ms": 8.0,
+        "headline/error_rate": 0.0,
+    }
+
+
+def test_ui_starts_light(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rag_ablate import tracking
+
+    uri = tracking.default_uri(tmp_path)
+    tracking.ensure_experiment(uri, "rag_ablate", tmp_path / "art")
+    assert main(["ui", "--uri", uri, "--port", "5123", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in out and "--workers 1" in out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=20)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def chromium(url: str, profile: Path, *args: str) -> str:
+    """Headless Chromium on ``url`` (no GPU, no sandbox, its own profile); its stdout."""
+    proc = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=25000",  # the single-page app loads, then fetches the runs
+            "--window-size=1900,700",
+            *args,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_the_printed_link_opens_the_ranked_runs_view(sweep: dict[str, Any], tmp_path: Path) -> None:
+    if not Path(CHROMIUM).is_file() or shutil.which(CHROMIUM) is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{CHROMIUM} is missing in CI (.ci/run installs Debian's chromium)")
+        pytest.skip(
+            f"{CHROMIUM} not installed (Debian: apt-get install chromium); the UI check needs a browser"
+        )
+    port = _free_port()
+    log = (tmp_path / "ui.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rag_ablate.cli", "ui", "--port", str(port)],
+        cwd=sweep["cwd"],  # the default store: outputs/mlflow.db under the folder the sweep ran in
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # the server and its worker form one process group
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            assert proc.poll() is None, (tmp_path / "ui.log").read_text()
+            time.sleep(1)
+        else:
+            pytest.fail("the MLflow UI did not come up within 120 s")
+        printed = (tmp_path / "ui.log").read_text()
+        match = re.search(r"(http://127\.0\.0\.1:\d+/#/experiments/\S+/runs\?viewStateShareKey=\S+)", printed)
+        assert match, printed
+        dom = chromium(match[1], tmp_path / "profile", "--dump-dom")
+        for text in (
+            "baseline (chunk=512)",
+            "chunk=256",
+            "headline/holdout_recall_at_5",
+            "headline/delta_holdout_recall_at_5",
+            "headline/cost_p95_ms",
+        ):
+            assert text in dom, f"{text!r} not on the page"
+        # ranked by holdout recall@5, best first
+        m = {n: r.data.metrics["headline/holdout_recall_at_5"] for n, r in sweep["children"].items()}
+        best, other = sorted(m, key=lambda n: -m[n])
+        if m[best] != m[other]:
+            assert dom.index(f">{best}<") < dom.index(f">{other}<")
+        if os.environ.get("RAG_ABLATE_SCREENSHOT"):  # refresh docs/img/mlflow-ui.png by hand
+            chromium(match[1], tmp_path / "profile2", f"--screenshot={os.environ['RAG_ABLATE_SCREENSHOT']}")
+    finally:
+        _stop(proc)
+        log.close()
