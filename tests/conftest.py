@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +196,95 @@ def run_module(
         timeout=timeout,
         check=False,
     )
+
+
+# --------------------------------------------------------------------------- servers and a browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def require_chromium() -> Path:
+    """Debian's headless Chromium: skips without it locally, fails without it in CI."""
+    if not CHROMIUM.is_file():
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"{CHROMIUM} is missing in CI (.ci/run installs Debian's chromium)")
+        pytest.skip(f"{CHROMIUM} not installed (Debian: apt-get install chromium): this check needs it")
+    return CHROMIUM
+
+
+def chromium(url: str, profile: Path, *args: str, window: str = "1900,700", budget_ms: int = 25000) -> str:
+    """Headless Chromium on ``url`` (no GPU, no sandbox, its own profile); its stdout."""
+    proc = subprocess.run(
+        [
+            str(require_chromium()),
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            f"--user-data-dir={profile}",
+            f"--virtual-time-budget={budget_ms}",  # a single-page app loads, then fetches its data
+            f"--window-size={window}",
+            *args,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    return proc.stdout
+
+
+def stop_group(proc: subprocess.Popen[Any]) -> None:
+    """Stop a server started with ``start_new_session=True`` and every process of its group."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=20)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # stragglers that ignored SIGTERM
+
+
+@contextlib.contextmanager
+def mlflow_ui(log_path: Path, *, cwd: Path | None = None, uri: str | None = None) -> Iterator[int]:
+    """``rag-ablate ui`` on a free port, up and answering /health; yields the port.
+
+    The server and its workers form one process group, stopped as a whole afterwards,
+    so no worker outlives the test. Its output goes to ``log_path``.
+    """
+    import httpx
+
+    port = free_port()
+    args = [sys.executable, "-m", "rag_ablate.cli", "ui", "--port", str(port)]
+    if uri is not None:
+        args += ["--uri", uri]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(args, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                        break
+                assert proc.poll() is None, log_path.read_text()
+                time.sleep(1)
+            else:
+                pytest.fail("the MLflow UI did not come up within 120 s")
+            yield port
+        finally:
+            stop_group(proc)

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,7 +10,7 @@ import pytest
 
 from rag_ablate.app import CONF_DIR
 from rag_ablate.cli import build_parser, main
-from tests.conftest import QUERIES, write_dataset
+from tests.conftest import QUERIES, mlflow_ui, write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -66,58 +59,19 @@ def test_ui_without_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "no MLflow store" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_ui_serves_the_store_on_loopback(tmp_path: Path) -> None:
     from rag_ablate import tracking
 
     uri = tracking.default_uri(tmp_path)
     tracking.ensure_experiment(uri, "rag_ablate", tmp_path / "art")
-    port = _free_port()
-    log = (tmp_path / "ui.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rag_ablate.cli", "ui", "--uri", uri, "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # the server and its workers form one process group
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                r = httpx.get(
-                    f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name",
-                    params={"experiment_name": "rag_ablate"},
-                    timeout=5,
-                )
-                if r.status_code == 200:
-                    assert r.json()["experiment"]["name"] == "rag_ablate"
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, (tmp_path / "ui.log").read_text()
-            time.sleep(1)
-        else:
-            pytest.fail("the MLflow UI did not come up within 120 s")
-    finally:
-        # stop the whole group: mlflow's uvicorn and job workers must not outlive the test
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=20)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        time.sleep(1)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # stragglers that ignored SIGTERM
-        log.close()
+    with mlflow_ui(tmp_path / "ui.log", uri=uri) as port:
+        r = httpx.get(
+            f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name",
+            params={"experiment_name": "rag_ablate"},
+            timeout=5,
+        )
+        assert r.status_code == 200 and r.json()["experiment"]["name"] == "rag_ablate"
 
 
 def test_every_command_has_help_and_is_documented() -> None:

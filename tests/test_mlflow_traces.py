@@ -13,15 +13,10 @@ against a trace built span by span with MLflow's public tracing API.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import random
 import re
-import signal
-import socket
 import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -32,7 +27,7 @@ import pytest
 from rag_ablate import mlflow_traces as mt
 from rag_ablate.errors import ConfigError
 from rag_ablate.records import read_records
-from tests.conftest import DOCS, QUERIES, run_module, write_dataset
+from tests.conftest import DOCS, QUERIES, chromium, mlflow_ui, require_chromium, run_module, write_dataset
 
 COMPARED = ["recall_at_5", "ndcg_at_10", "mrr_at_10", "evidence_recall_at_5", "intent_top1", "latency_ms"]
 
@@ -469,82 +464,23 @@ def test_compare_link() -> None:
     assert link == "http://h:1/#/experiments/3/evaluation-runs?selectedRunUuid=RUN&compareToRunUuid=BASE"
 
 
-CHROMIUM = "/usr/bin/chromium"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_compare_link_opens_the_query_by_query_view(sweep: dict[str, Any], tmp_path: Path) -> None:
     """As a person would: serve the store, open the printed link in headless Chromium."""
-    import httpx
-
-    if not Path(CHROMIUM).is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{CHROMIUM} is missing in CI (.ci/run installs Debian's chromium)")
-        pytest.skip(f"{CHROMIUM} not installed (Debian: apt-get install chromium); the view check needs it")
-    port = _free_port()
-    log_path = tmp_path / "ui.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rag_ablate.cli", "ui", "--port", str(port)],
-            cwd=sweep["cwd"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # the server and its worker form one process group
+    require_chromium()
+    with mlflow_ui(tmp_path / "ui.log", cwd=sweep["cwd"]) as port:
+        link = re.search(
+            r"(http://127\.0\.0\.1:5000/#/experiments/\S+/evaluation-runs\?\S+)", sweep["proc"].stdout
         )
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                        break
-                assert proc.poll() is None, log_path.read_text()
-                time.sleep(1)
-            else:
-                pytest.fail("the MLflow UI did not come up within 120 s")
-            link = re.search(
-                r"(http://127\.0\.0\.1:5000/#/experiments/\S+/evaluation-runs\?\S+)", sweep["proc"].stdout
+        assert link, sweep["proc"].stdout
+        url = link[1].replace(":5000/", f":{port}/")
+        dom = chromium(url, tmp_path / "profile", "--dump-dom", window="2800,1100", budget_ms=30000)
+        # both runs named in the comparison header, every query's row, the feedback columns
+        assert "baseline (chunk=512)" in dom and "chunk=256" in dom
+        for q in QUERIES:
+            assert (
+                f"&quot;query_id&quot;: &quot;{q['query_id']}&quot;" in dom
+                or f'"query_id": "{q["query_id"]}"' in dom
             )
-            assert link, sweep["proc"].stdout
-            url = link[1].replace(":5000/", f":{port}/")
-            out = subprocess.run(
-                [
-                    CHROMIUM,
-                    "--headless",
-                    "--disable-gpu",
-                    "--no-sandbox",
-                    f"--user-data-dir={tmp_path / 'profile'}",
-                    "--virtual-time-budget=30000",
-                    "--window-size=2800,1100",
-                    "--dump-dom",
-                    url,
-                ],
-                capture_output=True,
-                text=True,
-                timeout=180,
-                check=False,
-            )
-            dom = out.stdout
-            # both runs named in the comparison header, every query's row, the feedback columns
-            assert "baseline (chunk=512)" in dom and "chunk=256" in dom
-            for q in QUERIES:
-                assert (
-                    f"&quot;query_id&quot;: &quot;{q['query_id']}&quot;" in dom
-                    or f'"query_id": "{q["query_id"]}"' in dom
-                )
-            for name in ("gold_doc_ids", "evidence_recall_at_5", "intent_top1", "latency_ms"):
-                assert name in dom, name
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-                try:
-                    proc.wait(timeout=20)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+        for name in ("gold_doc_ids", "evidence_recall_at_5", "intent_top1", "latency_ms"):
+            assert name in dom, name

@@ -9,29 +9,21 @@ link in headless Chromium and find the variants and the headline columns on the 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
-import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
 from rag_ablate.cli import main
 from rag_ablate.mlflow_ui import baseline_run_name, headline_metrics, mlflow_metrics
 from rag_ablate.records import read_records
-from tests.conftest import run_module
+from tests.conftest import chromium, mlflow_ui, require_chromium, run_module
 
-CHROMIUM = "/usr/bin/chromium"
 NOTE = "mlflow.note.content"
 
 
@@ -208,66 +200,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=20)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def chromium(url: str, profile: Path, *args: str) -> str:
-    """Headless Chromium on ``url`` (no GPU, no sandbox, its own profile); its stdout."""
-    proc = subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--disable-gpu",
-            "--no-sandbox",
-            f"--user-data-dir={profile}",
-            "--virtual-time-budget=25000",  # the single-page app loads, then fetches the runs
-            "--window-size=1900,700",
-            *args,
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    return proc.stdout
-
-
 @pytest.mark.slow
 def test_the_printed_link_opens_the_ranked_runs_view(sweep: dict[str, Any], tmp_path: Path) -> None:
-    if not Path(CHROMIUM).is_file() or shutil.which(CHROMIUM) is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{CHROMIUM} is missing in CI (.ci/run installs Debian's chromium)")
-        pytest.skip(
-            f"{CHROMIUM} not installed (Debian: apt-get install chromium); the UI check needs a browser"
-        )
-    port = _free_port()
-    log = (tmp_path / "ui.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rag_ablate.cli", "ui", "--port", str(port)],
-        cwd=sweep["cwd"],  # the default store: outputs/mlflow.db under the folder the sweep ran in
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # the server and its worker form one process group
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            assert proc.poll() is None, (tmp_path / "ui.log").read_text()
-            time.sleep(1)
-        else:
-            pytest.fail("the MLflow UI did not come up within 120 s")
+    require_chromium()
+    # the default store: outputs/mlflow.db under the folder the sweep ran in
+    with mlflow_ui(tmp_path / "ui.log", cwd=sweep["cwd"]):
         printed = (tmp_path / "ui.log").read_text()
         match = re.search(r"(http://127\.0\.0\.1:\d+/#/experiments/\S+/runs\?viewStateShareKey=\S+)", printed)
         assert match, printed
@@ -287,6 +224,3 @@ def test_the_printed_link_opens_the_ranked_runs_view(sweep: dict[str, Any], tmp_
             assert dom.index(f">{best}<") < dom.index(f">{other}<")
         if os.environ.get("RAG_ABLATE_SCREENSHOT"):  # refresh docs/img/mlflow-ui.png by hand
             chromium(match[1], tmp_path / "profile2", f"--screenshot={os.environ['RAG_ABLATE_SCREENSHOT']}")
-    finally:
-        _stop(proc)
-        log.close()
