@@ -129,6 +129,27 @@ class RerankConfig:
 
 
 @dataclass
+class GeneratorConfig:
+    name: str = "none"  # none (retrieval only) | extractive (no model); rag_ablate.generators
+    max_chunks: int = 3  # extractive: read the sentences of this many top chunks
+    max_sentences: int = 2  # extractive: quote at most this many sentences, each with its [n]
+    min_support: float = 0.4  # extractive: refuse unless a sentence holds more than this share of query terms
+    refusal_zh: str = "文档中没有找到这个问题的答案。"  # extractive: the answer when nothing is supported
+    refusal_en: str = "The documents do not answer this question."  # the same for non-Chinese queries
+    base_url: str | None = None  # openai: the API root, e.g. http://127.0.0.1:8080/v1 (+ /chat/completions)
+    model: str | None = None  # openai: the model name sent with each request (and the cost.prices key)
+    api_key_env: str | None = None  # openai: NAME of the environment variable holding the key; null = none
+    temperature: float = 0.0  # openai: sampling temperature
+    max_tokens: int = 512  # openai: the longest answer, in the model's tokens
+    timeout_s: float = 60.0  # openai: seconds per request (connect, and between two streamed chunks)
+    retries: int = 3  # openai: tries after the first on 429, 5xx and connect errors
+    backoff_s: float = 1.0  # openai: first retry delay, doubling per retry (Retry-After wins)
+    backoff_max_s: float = 30.0  # openai: the longest wait between two tries, Retry-After included
+    prompt_en: str = ""  # openai: prompt for English queries; {question} and {contexts} are filled in
+    prompt_zh: str = ""  # openai: prompt for Chinese queries (the same placeholders)
+
+
+@dataclass
 class CacheConfig:
     enabled: bool = True  # reuse chunks, BM25 indexes and embeddings across variants and runs
     dir: str | None = None  # null = <paths.output_root>/cache
@@ -162,12 +183,37 @@ class CostConfig:
     prices: dict[str, ModelPrice] = field(default_factory=dict)  # model name -> USD per 1M tokens
 
 
+# phrases that mark an answer as a refusal (docs/metrics.md "Answers"), Chinese and English
+DEFAULT_REFUSAL_PHRASES = (
+    "没有找到",
+    "无法回答",
+    "无法找到",
+    "未找到",
+    "没有相关信息",
+    "不知道",
+    "do not answer",
+    "does not answer",
+    "cannot answer",
+    "can't answer",
+    "could not find",
+    "couldn't find",
+    "no information",
+    "don't know",
+    "do not know",
+    "not able to answer",
+)
+
+
 @dataclass
 class MetricsConfig:
     ks: list[int] = field(default_factory=lambda: [1, 3, 5, 10])  # cut-offs of the @k metrics
     summary: list[str] = field(  # columns of the end-of-run table
         default_factory=lambda: ["recall_at_5", "ndcg_at_10", "evidence_recall_at_5", "intent_top1"]
     )
+    refusal_phrases: list[str] = field(  # an answer containing one of these (case-insensitive) refuses
+        default_factory=lambda: list(DEFAULT_REFUSAL_PHRASES)
+    )
+    citation_support: float = 0.5  # a cited chunk supports its sentence above this share of overlap
 
 
 # how system=http talks to the service (not what the service is): runtime settings
@@ -179,6 +225,14 @@ HTTP_RUNTIME_KEYS = (
     "system.backoff_s",
     "system.backoff_max_s",
     "system.max_error_rate",
+)
+# how generator=openai reaches its endpoint (not what answers): runtime settings
+GENERATOR_RUNTIME_KEYS = (
+    "generator.api_key_env",
+    "generator.timeout_s",
+    "generator.retries",
+    "generator.backoff_s",
+    "generator.backoff_max_s",
 )
 # config keys whose values are secrets: never logged, stored or printed (see redact)
 SECRET_KEYS = ("system.headers",)
@@ -198,6 +252,7 @@ RUNTIME_KEYS = (
     "cost",
     "resume",
     *HTTP_RUNTIME_KEYS,
+    *GENERATOR_RUNTIME_KEYS,
 )
 
 COMPARE_METRICS = (
@@ -211,6 +266,13 @@ COMPARE_METRICS = (
     "latency_p50_ms",
     "latency_p95_ms",
     "error_rate",
+    # answer metrics (docs/metrics.md "Answers"): rows only when some variant has answers
+    "token_f1",
+    "exact_match",
+    "correct_refusal",
+    "over_refusal",
+    "citation_precision",
+    "citation_coverage",
 )
 
 
@@ -249,6 +311,7 @@ class RunConfig:
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -291,6 +354,7 @@ def check_names(s: RunConfig) -> None:
     Runs when the config is composed, so a misspelt ``retrieval=bm52`` or
     ``rerank.encoder=minlm`` fails before any job starts.
     """
+    from rag_ablate.generators import GENERATORS
     from rag_ablate.pipeline.stages import FUSIONS, RERANKERS, RETRIEVERS, ROUTERS, check_encoder
     from rag_ablate.systems import SYSTEMS
 
@@ -299,6 +363,7 @@ def check_names(s: RunConfig) -> None:
     FUSIONS.check(s.retrieval.hybrid.fusion)
     RERANKERS.check(s.rerank.method)
     ROUTERS.check(s.router.method)
+    GENERATORS.check(s.generator.name)
     check_encoder("retrieval.dense.encoder", s.retrieval.dense.encoder)
     check_encoder("rerank.encoder", s.rerank.encoder)
 
@@ -359,6 +424,10 @@ def validate(s: RunConfig) -> None:
 
     parse_setting(s.tracking.traces)  # none | a number of queries per split | all
     validate_system(s.system)
+    if s.generator.name == "openai":  # base_url, model and both prompts, before any job starts
+        from rag_ablate.generators.openai import validate_openai
+
+        validate_openai(s.generator)
     c = s.chunk
     if c.size < 1:
         raise ConfigError(f"chunk.size must be >= 1, got {c.size}")
@@ -376,6 +445,16 @@ def validate(s: RunConfig) -> None:
         )
     if not 0.0 <= s.retrieval.hybrid.weight <= 1.0:
         raise ConfigError(f"retrieval.hybrid.weight must be in [0, 1], got {s.retrieval.hybrid.weight}")
+    g = s.generator
+    if g.max_chunks < 1 or g.max_sentences < 1:
+        raise ConfigError(
+            "generator.max_chunks and generator.max_sentences must be >= 1, "
+            f"got {g.max_chunks}, {g.max_sentences}"
+        )
+    if not 0.0 <= g.min_support < 1.0:
+        raise ConfigError(f"generator.min_support must be in [0, 1), got {g.min_support}")
+    if not 0.0 < s.metrics.citation_support <= 1.0:
+        raise ConfigError(f"metrics.citation_support must be in (0, 1], got {s.metrics.citation_support}")
     if s.ablation.mode not in ("ofat", "grid"):
         raise ConfigError(f"ablation.mode must be ofat or grid, got '{s.ablation.mode}'")
     if s.cost.model is not None and s.cost.model not in s.cost.prices:

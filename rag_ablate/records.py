@@ -31,6 +31,7 @@ from rag_ablate.dataset import SPLITS, Dataset, Document, Query
 from rag_ablate.errors import RagAblateError
 from rag_ablate.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
 from rag_ablate.metrics import context_tokens, evidence_recall, intent_top1, retrieval_metrics
+from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
 from rag_ablate.systems import Trace
 
 Record = dict[str, Any]
@@ -57,11 +58,14 @@ def score_record(
     ks: Sequence[int],
     *,
     routed: bool,
+    answers: AnswerScoring | None = None,
 ) -> dict[str, float | None]:
     """Per-query metric values of one record.
 
     A failed query gets no quality values, only ``latency_ms`` (its time until
-    it failed), so latency percentiles include slow failures.
+    it failed), so latency percentiles include slow failures. A record with an
+    ``answer`` also gets the answer metrics (:func:`rag_ablate.metrics.answers.answer_metrics`,
+    scored with ``answers``, default :class:`~rag_ablate.metrics.answers.AnswerScoring`).
     """
     out: dict[str, float | None] = {}
     timings = rec.get("timings_ms") or {}
@@ -71,6 +75,8 @@ def score_record(
         return out
     if routed and query.intent_l2 is not None:
         out["intent_top1"] = intent_top1(query.intent_l2, rec.get("intent_pred"))
+    if rec.get("answer") is not None:
+        out.update(answer_metrics(rec, query, docs, answers or AnswerScoring()))
     if query.kind == "no_rag":
         return out
     retrieved = rec.get("retrieved") or []
@@ -94,13 +100,14 @@ def scored(
     ks: Sequence[int],
     *,
     routed: bool,
+    answers: AnswerScoring | None = None,
 ) -> Record:
     """``rec`` with its ``metrics``; a crash while scoring makes the query failed, not the run.
 
     The failed record keeps its trace and latency; ``error`` says ``scoring failed: ...``.
     """
     try:
-        return {**rec, "metrics": score_record(rec, query, docs, ks, routed=routed)}
+        return {**rec, "metrics": score_record(rec, query, docs, ks, routed=routed, answers=answers)}
     except Exception as exc:  # a bad trace (unknown doc id, broken offsets, ...) fails one query only
         failed = {**rec, "status": "failed", "error": f"scoring failed: {type(exc).__name__}: {exc}"}
         total = (rec.get("timings_ms") or {}).get("total")
@@ -242,10 +249,19 @@ class RecordWriter:
         self.close()
 
 
-def rescore(records: Sequence[Record], dataset: Dataset, ks: Sequence[int], routed: bool) -> list[Record]:
+def rescore(
+    records: Sequence[Record],
+    dataset: Dataset,
+    ks: Sequence[int],
+    routed: bool,
+    answers: AnswerScoring | None = None,
+) -> list[Record]:
     """Recompute every record's metrics from its trace (records on disk suffice)."""
     by_id = {q.query_id: q for q in dataset.queries}
-    return [scored(r, by_id[r["query_id"]], dataset.documents, ks, routed=routed) for r in records]
+    return [
+        scored(r, by_id[r["query_id"]], dataset.documents, ks, routed=routed, answers=answers)
+        for r in records
+    ]
 
 
 def _percentile(values: Sequence[float], q: float) -> float:

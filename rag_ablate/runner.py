@@ -45,6 +45,7 @@ from rag_ablate.layout import (
     VARIANT_FILE,
 )
 from rag_ablate.metrics import intent_report
+from rag_ablate.metrics.answers import AnswerScoring
 from rag_ablate.records import (
     RECORDS_FILE,
     Record,
@@ -104,8 +105,9 @@ def evaluate(
     label: str = "",
     queries: Sequence[Query] | None = None,
     on_record: Callable[[Record], None] | None = None,
+    answers: AnswerScoring | None = None,
 ) -> list[Record]:
-    """Run every query (or only ``queries``) through the target and score it.
+    """Run every query (or only ``queries``) through the target and score it (answers with ``answers``).
 
     A query that raises is recorded with status ``failed`` and its error, never
     dropped or scored as a miss; so is a query whose scoring raises. Every query
@@ -124,7 +126,9 @@ def evaluate(
         """One query is final: score it, hand it on, count it (a repeat report is ignored)."""
         if q.query_id in done:
             return
-        rec = scored(make_record(q, trace), q, dataset.documents, ks, routed=target.routes_intents)
+        rec = scored(
+            make_record(q, trace), q, dataset.documents, ks, routed=target.routes_intents, answers=answers
+        )
         done[q.query_id] = rec
         if on_record is not None:
             on_record(rec)
@@ -254,6 +258,7 @@ def run_variant(cfg: DictConfig) -> float | None:
                 label=label,
                 queries=todo,
                 on_record=writer.write,
+                answers=AnswerScoring.from_config(s.metrics),
             )
     finally:
         target.close()
@@ -458,6 +463,10 @@ def _log_to_mlflow(
     params = redact(flatten(asdict(s)))  # header values (API keys) never reach MLflow
     params.pop("resume", None)  # how this attempt was started, not what the run is
     params["dataset.resolved_path"] = str(dataset.path)
+    if s.generator.name == "openai":  # the prompt's version: a hash of its templates
+        from rag_ablate.generators.openai import prompt_hash
+
+        params["generator.prompt_hash"] = prompt_hash(s.generator)
     tags = tracking.base_tags(cwd)
     # params are inputs only: what the system reported (index size, build time, ...) is an output,
     # numbers as run/ metrics (run_variant), the rest (resolved unit, language) as build.* tags

@@ -16,8 +16,9 @@ reads by default (README "Evaluate your own RAG service over HTTP"):
 
 ``POST /rag/chat``
     the same body; streams ``text/event-stream`` events ``data: {"delta": str}`` and then
-    ``data: {"done": true, "citations": [...], "usage": {...}}``. The answer is extractive
-    (see :func:`extractive_answer`), streamed a few characters per event with a short pause
+    ``data: {"done": true, "citations": [...], "usage": {...}}``. The answer is the configured
+    generator's (``generator=...``; with the default ``none``, the extractive answer of
+    :mod:`rag_ablate.generators.extractive`), streamed a few characters per event with a short pause
     between events, so time to first token and total time are real measurements.
 
 ``GET /health``
@@ -36,24 +37,26 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import signal
 import sys
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_ablate.errors import ConfigError
+from rag_ablate.metrics.answers import overlap_terms as overlap_terms  # re-exported
+from rag_ablate.metrics.answers import sentences as sentences  # re-exported
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from rag_ablate.config import RunConfig
     from rag_ablate.dataset import Dataset, Query
+    from rag_ablate.generators.base import Generation, Generator
     from rag_ablate.pipeline.chunking import Chunk
     from rag_ablate.systems.base import Trace
     from rag_ablate.systems.local import LocalSystem
@@ -64,8 +67,7 @@ HEALTH_PATH = "/health"
 
 PIECE_CHARS = 6  # characters per streamed delta event
 PIECE_DELAY_S = 0.004  # pause between two delta events
-ANSWER_CHUNKS = 3  # the extractive answer reads the sentences of this many top chunks
-ANSWER_SENTENCES = 2  # and quotes at most this many of them
+ANSWER_CHUNKS = 3  # generator=none: the extractive answer reads the sentences of this many top chunks
 USAGE_COUNT = "local"  # usage["count"]: token counts are rag_ablate's own count, not a model tokenizer's
 
 log = logging.getLogger("rag_ablate.serve")
@@ -178,27 +180,6 @@ def parse_request(raw: bytes) -> EvalRequest:
 
 # --------------------------------------------------------------------------- the extractive answer
 
-# a sentence: up to . ! ? followed by a space or the end (so "3.5" stays whole), a CJK stop, or a line end
-_SENTENCE = re.compile(r"\S.*?(?:[.!?]+(?=\s|$)|[。！？；]+|(?=\n)|$)", re.S)
-
-
-def sentences(text: str) -> list[str]:
-    """The sentences of ``text``, stripped, in order."""
-    return [m.group(0).strip() for m in _SENTENCE.finditer(text) if m.group(0).strip()]
-
-
-def overlap_terms(text: str, cjk: bool) -> set[str]:
-    """What overlap is counted in: characters (letters and digits) for Chinese; for English the
-    content words of the BM25 analyzer, a plural ``s`` dropped from words longer than three letters
-    (``items`` and ``item`` match)."""
-    from rag_ablate.pipeline.analyzers import ZH_STOPWORDS, analyze_en
-
-    if cjk:
-        return {ch for ch in text.lower() if ch.isalnum() and ch not in ZH_STOPWORDS}
-    return {
-        w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w for w in analyze_en(text)
-    }
-
 
 @dataclass(frozen=True)
 class Answer:
@@ -210,43 +191,17 @@ class Answer:
 
 
 def extractive_answer(query: str, chunks: list[Chunk]) -> Answer:
-    """The sentences of the top chunks that best overlap the query, each followed by its marker ``[n]``.
+    """``generator=extractive`` with its default settings (:mod:`rag_ablate.generators.extractive`)
+    over ``chunks``: the best-supported sentences of the top chunks, each followed by ``[n]``."""
+    from rag_ablate.generators.base import Context
+    from rag_ablate.generators.extractive import ExtractiveGenerator
 
-    The sentences of the first :data:`ANSWER_CHUNKS` chunks are scored by the share of the
-    query's terms they contain (:func:`overlap_terms`); the best :data:`ANSWER_SENTENCES` with
-    a share above zero are quoted, best first (ties: higher-ranked chunk, earlier sentence); a
-    sentence two overlapping chunks share counts once, for the higher-ranked chunk.
-    Markers number the cited chunks in order of first citation. Without any overlap the answer
-    says the documents do not cover the question and cites nothing.
-    """
-    from rag_ablate.metrics.text import is_cjk_text
-
-    context = chunks[:ANSWER_CHUNKS]
-    cjk = is_cjk_text(query) or any(is_cjk_text(c.text[:500]) for c in context[:1])
-    wanted = overlap_terms(query, cjk)
-    scored: list[tuple[float, int, int, str]] = []
-    seen: set[str] = set()  # overlapping chunks share sentences: each is quoted once, from the higher chunk
-    for rank, chunk in enumerate(context):
-        for pos, sentence in enumerate(sentences(chunk.text)):
-            if sentence in seen:
-                continue
-            seen.add(sentence)
-            share = len(wanted & overlap_terms(sentence, cjk)) / len(wanted) if wanted else 0.0
-            if share > 0:
-                scored.append((-share, rank, pos, sentence))
-    scored.sort()
-    if not scored:
-        decline = "文档中没有找到这个问题的答案。" if cjk else "The documents do not answer this question."
-        return Answer(decline, [], context)
-    cited: list[Chunk] = []
-    parts = []
-    for _, rank, _, sentence in scored[:ANSWER_SENTENCES]:
-        chunk = context[rank]
-        if chunk not in cited:
-            cited.append(chunk)
-        marker = f"[{cited.index(chunk) + 1}]"
-        parts.append(f"{sentence}{marker}" if cjk else f"{sentence} {marker}")
-    return Answer(("" if cjk else " ").join(parts), cited, context)
+    gen = ExtractiveGenerator()
+    contexts = [Context(n, c.chunk_id, c.doc_id, c.start, c.end, c.text) for n, c in enumerate(chunks, 1)]
+    out = gen.generate(query, contexts)
+    by_id = {c.chunk_id: c for c in chunks}
+    cited = [by_id[c.chunk_id] for c in out.citations if c.chunk_id is not None]
+    return Answer(out.answer, cited, chunks[: gen.max_chunks])
 
 
 def pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
@@ -277,6 +232,7 @@ class ReferenceService:
         self._by_chunk = {c.chunk_id: c for c in system.chunks}
         self._by_query = {q.query_id: q for q in dataset.queries}
         self._lock = threading.Lock()
+        self.generator = answer_generator(settings)
 
     @classmethod
     def start(cls, overrides: list[str], *, cwd: Path | None = None) -> ReferenceService:
@@ -384,28 +340,39 @@ class ReferenceService:
             "timings_ms": {**trace.timings_ms, "service": service_ms},
         }
 
-    def answer(self, req: EvalRequest, trace: Trace) -> tuple[Answer, dict[str, Any]]:
-        """The extractive answer of a traced request, and its done event."""
-        from rag_ablate.metrics.text import count_tokens
+    def answer(self, req: EvalRequest, trace: Trace) -> tuple[Generation, dict[str, Any]]:
+        """The configured generator's answer to a traced request, and its done event."""
+        from rag_ablate.generators.base import Context
 
-        chunks = [self._by_chunk[r.chunk_id] for r in trace.retrieved]
-        ans = extractive_answer(req.query, chunks)
-        prompt = count_tokens(req.query) + sum(count_tokens(c.text) for c in ans.context)
-        completion = count_tokens(ans.text)
+        contexts = [
+            Context(n, r.chunk_id, r.doc_id, r.start, r.end, self._by_chunk[r.chunk_id].text)
+            for n, r in enumerate(trace.retrieved, start=1)
+        ]
+        gen = self.generator.generate(req.query, contexts)
+        usage: dict[str, Any] = (
+            {} if gen.usage is None else {k: v for k, v in asdict(gen.usage).items() if v is not None}
+        )
+        if gen.usage_count is not None:
+            usage["count"] = gen.usage_count
         done = {
             "done": True,
             "citations": [
                 {"n": n, "doc_id": c.doc_id, "chunk_id": c.chunk_id, "start": c.start, "end": c.end}
-                for n, c in enumerate(ans.citations, start=1)
+                for n, c in enumerate(gen.citations, start=1)
             ],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-                "count": USAGE_COUNT,
-            },
+            "usage": usage,
         }
-        return ans, done
+        return gen, done
+
+
+def answer_generator(settings: RunConfig) -> Generator:
+    """The generator ``generator.name`` configures; ``none`` serves the extractive answer (the
+    chat endpoint always answers), with the ``generator`` group's extractive settings."""
+    from rag_ablate.generators import GENERATORS
+    from rag_ablate.generators.extractive import ExtractiveGenerator
+
+    gen = GENERATORS.get(settings.generator.name)(settings, None)
+    return gen if gen is not None else ExtractiveGenerator.from_config(settings.generator)
 
 
 # --------------------------------------------------------------------------- the ASGI app
@@ -444,10 +411,10 @@ def create_app(
         except RequestError as exc:
             return JSONResponse(exc.to_dict(), status_code=exc.status)
         ans, done = service.answer(req, trace)
-        request.state.detail = f"answer_chars={len(ans.text)} citations={len(ans.citations)}"
+        request.state.detail = f"answer_chars={len(ans.answer)} citations={len(ans.citations)}"
 
         async def events() -> AsyncIterator[bytes]:
-            for i, piece in enumerate(pieces(ans.text, piece_chars)):
+            for i, piece in enumerate(pieces(ans.answer, piece_chars)):
                 if i:
                     await asyncio.sleep(piece_delay_s)
                 yield sse_event({"delta": piece})

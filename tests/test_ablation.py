@@ -148,7 +148,7 @@ def test_unknown_factor_key_suggests_the_nearest_setting() -> None:
     with pytest.raises(ConfigError, match=r"unknown factor 'retriever'.*did you mean retrieval"):
         plan_for(["retriever=bm25,dense"])
     # nothing close: the groups are listed
-    with pytest.raises(ConfigError, match="config groups: chunk, cost, dataset, experiment, rerank"):
+    with pytest.raises(ConfigError, match="config groups: chunk, cost, dataset, experiment, generator, re"):
         plan_for(["zzzzzz=1,2"])
 
 

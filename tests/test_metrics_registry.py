@@ -152,19 +152,19 @@ def test_unknown_name_everywhere() -> None:
 
 
 def test_valid_names_follow_the_registry(scratch_registry: None) -> None:
-    assert "exact_match" not in valid_metric_names()
-    register(MetricSpec("exact_match", "higher", True, False, "exact match against a reference"))
-    register(MetricSpec("token_f1", "higher", False, False, "token F1 against a reference"))
-    assert "exact_match" in valid_metric_names()
+    assert "rouge_l" not in valid_metric_names()
+    register(MetricSpec("rouge_l", "higher", False, False, "ROUGE-L against a reference"))
+    register(MetricSpec("bleu", "higher", False, False, "BLEU against a reference"))
+    assert "rouge_l" in valid_metric_names()
     with pytest.raises(UnknownNameError) as info:
         parse_metric_name("nope")
-    assert "exact_match" in str(info.value) and "token_f1" in str(info.value)
-    assert parse_metric_name("exact_match") == (REGISTRY["exact_match"], None)
-    assert direction_of("dev/exact_match") == "higher"
+    assert "rouge_l" in str(info.value) and "bleu" in str(info.value)
+    assert parse_metric_name("rouge_l") == (REGISTRY["rouge_l"], None)
+    assert direction_of("dev/rouge_l") == "higher"
 
 
 def test_extended_registry_is_cleaned_up() -> None:
-    assert "exact_match" not in REGISTRY
+    assert "rouge_l" not in REGISTRY
 
 
 def test_duplicate_registration_raises(scratch_registry: None) -> None:

@@ -155,6 +155,11 @@ def _untested_note(metric: str, base: Mapping[str, Record], var: Mapping[str, Re
         return f"all {n} failed in variant"
     if in_base == n:
         return f"all {n} failed in baseline"
+    # an answer metric when only one side generates answers (generator=none vs extractive)
+    if not any(_has(base, q, metric) for q in ids):
+        return "no value in baseline"
+    if not any(_has(var, q, metric) for q in ids):
+        return "no value in variant"
     return f"none of {n} ok on both sides"
 
 

@@ -284,6 +284,31 @@ def _register_builtins() -> None:
             "failed), else 0; its mean is the share of failed queries",
         )
     )
+    # answers (docs/metrics.md "Answers"): computed when a record has an answer
+    for spec in (
+        MetricSpec("exact_match", "higher", True, False, "1 if the answer's tokens equal a reference's"),
+        MetricSpec(
+            "token_f1",
+            "higher",
+            False,
+            False,
+            "F1 of shared tokens (characters for Chinese, words otherwise), max over references",
+        ),
+        MetricSpec("refusal", "lower", True, False, "1 if the answer contains a refusal phrase"),
+        MetricSpec("correct_refusal", "higher", True, False, "unanswerable queries: 1 if the answer refuses"),
+        MetricSpec("over_refusal", "lower", True, False, "answerable queries: 1 if the answer refuses"),
+        MetricSpec(
+            "citation_precision", "higher", False, False, "citations that support their sentence / citations"
+        ),
+        MetricSpec(
+            "citation_coverage",
+            "higher",
+            False,
+            False,
+            "answer sentences with a supporting citation / sentences",
+        ),
+    ):
+        register(spec)
 
 
 _register_builtins()

@@ -136,6 +136,8 @@ class Trace:
     answer: str | None = None
     citations: list[Citation] = field(default_factory=list)
     usage: TokenUsage | None = None
+    usage_count: str | None = None  # "local": ``usage`` is rag_ablate's own token count, not the model's
+    cached: bool = False  # the answer was replayed from the model-call cache (time and tokens: the original)
     ttft_ms: float | None = None
     http_status: int | None = None
     retries: int = 0
@@ -172,6 +174,8 @@ class Trace:
             answer=d.get("answer"),
             citations=[Citation.from_dict(c) for c in d.get("citations") or []],
             usage=None if usage is None else TokenUsage.from_dict(usage),
+            usage_count=d.get("usage_count"),
+            cached=bool(d.get("cached") or False),
             ttft_ms=None if ttft is None else float(ttft),
             http_status=None if d.get("http_status") is None else int(d["http_status"]),
             retries=int(d.get("retries") or 0),

@@ -158,6 +158,18 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return max(0.0, when.timestamp() - current)
 
 
+def backoff_wait(
+    retries: int, retry_after: float | None, backoff_s: float, backoff_max_s: float, rng: random.Random
+) -> float:
+    """Seconds to wait before try ``retries + 1``: the response's Retry-After when it has one,
+    else ``backoff_s * 2**retries`` with jitter (a random 50-100% of it); capped at ``backoff_max_s``.
+
+    Shared by every client that retries 429/5xx (``system=http``, ``generator=openai``).
+    """
+    wait = retry_after if retry_after is not None else backoff_s * 2**retries * rng.uniform(0.5, 1.0)
+    return min(wait, backoff_max_s)
+
+
 # ---------------------------------------------------------------------- failures
 
 
@@ -336,10 +348,11 @@ class HttpSystem:
             except _Retry as r:
                 if call.retries >= self.cfg.retries:
                     raise r.failure from None
-                base = self.cfg.backoff_s * 2**call.retries
-                wait = r.retry_after if r.retry_after is not None else base * self._rng.uniform(0.5, 1.0)
+                wait = backoff_wait(
+                    call.retries, r.retry_after, self.cfg.backoff_s, self.cfg.backoff_max_s, self._rng
+                )
                 call.retries += 1
-                await asyncio.sleep(min(wait, self.cfg.backoff_max_s))
+                await asyncio.sleep(wait)
 
     # ------------------------------------------------------------------ eval (JSON)
 

@@ -13,7 +13,9 @@ never branches on a stage's name.
 Stage timings per query (milliseconds): ``route``, ``encode`` (the query's share
 of encoding its embedding, measured when it was computed, so cold and warm runs
 report the same cost; an encoder used by two stages counts once), ``bm25``,
-``dense``, ``fuse``, ``rerank`` and ``total``.
+``dense``, ``fuse``, ``rerank``, ``generate`` (when ``generator`` is not ``none``: the
+configured generator answers from the retrieved chunks, filling the trace's answer,
+citations and usage) and ``total``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import numpy as np
 from rag_ablate.cache import Cache
 from rag_ablate.config import RunConfig
 from rag_ablate.dataset import Dataset, Query
+from rag_ablate.generators import GENERATORS
+from rag_ablate.generators.base import Context, GenerationError, Generator
 from rag_ablate.metrics.text import is_cjk_text
 from rag_ablate.pipeline.analyzers import get_analyzer
 from rag_ablate.pipeline.bm25 import BM25Retriever, bm25_key_parts
@@ -63,6 +67,7 @@ class LocalSystem:
         self.retriever: Retriever = RETRIEVERS.get(settings.retrieval.method)(settings)
         self.reranker: RerankStage | None = RERANKERS.get(settings.rerank.method)(settings)
         self.router: Router | None = None
+        self.generator: Generator | None = GENERATORS.get(settings.generator.name)(settings, self.cache)
 
     @property
     def routes_intents(self) -> bool:
@@ -192,6 +197,9 @@ class LocalSystem:
         """Release connections (an HTTP reranker's client)."""
         if self.reranker is not None:
             self.reranker.close()
+        close_generator = getattr(self.generator, "close", None)  # a model endpoint's client
+        if close_generator is not None:
+            close_generator()
 
     def _depth(self) -> int:
         """Candidates asked of the retriever: the reranker's when there is one."""
@@ -218,6 +226,28 @@ class LocalSystem:
         for rank, (i, score) in enumerate(hits, start=1):
             c = self.chunks[i]
             trace.retrieved.append(RetrievedChunk(rank, c.chunk_id, c.doc_id, c.start, c.end, float(score)))
-        timings["total"] = (time.perf_counter() - t_start) * 1000 + encode_ms
+        replayed_ms = 0.0  # a cached model call: its original time minus the replay's
+        if self.generator is not None:
+            t = time.perf_counter()
+            contexts = [
+                Context(r.rank, r.chunk_id, r.doc_id, r.start, r.end, self.chunks[i].text)
+                for r, (i, _) in zip(trace.retrieved, hits, strict=True)
+            ]
+            try:
+                gen = self.generator.generate(query.query, contexts)
+            except GenerationError as exc:  # the model endpoint failed: keep the retrieval, say what
+                trace.status, trace.error, trace.http_status = exc.status, f"generate: {exc}", exc.http_status
+                timings["generate"] = (time.perf_counter() - t) * 1000
+                timings["total"] = (time.perf_counter() - t_start) * 1000 + encode_ms
+                trace.timings_ms = timings
+                return trace
+            timings["generate"] = (time.perf_counter() - t) * 1000
+            if gen.cached and gen.latency_ms is not None:  # a replayed model call reports the original time
+                replayed_ms = gen.latency_ms - timings["generate"]
+                timings["generate"] = gen.latency_ms
+            trace.cached = gen.cached
+            trace.answer, trace.citations, trace.usage = gen.answer, gen.citations, gen.usage
+            trace.usage_count, trace.ttft_ms = gen.usage_count, gen.ttft_ms
+        timings["total"] = (time.perf_counter() - t_start) * 1000 + encode_ms + replayed_ms
         trace.timings_ms = timings
         return trace

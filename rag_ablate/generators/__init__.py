@@ -1,0 +1,23 @@
+"""Answer generators behind one contract (:mod:`rag_ablate.generators.base`).
+
+``GENERATORS.get(settings.generator.name)(settings, cache)`` builds the generator the
+``generator`` config group names (``None`` for ``none``: retrieval only). Adding one means a
+module that registers its factory with ``@GENERATORS.register("<name>")``, listed in
+``providers`` below, plus ``conf/generator/<name>.yaml``.
+"""
+
+from __future__ import annotations
+
+from rag_ablate.generators.base import Context, Generation, Generator, GeneratorFactory
+from rag_ablate.registry import Registry
+
+GENERATORS: Registry[GeneratorFactory] = Registry(
+    "generator",
+    providers=(
+        "rag_ablate.generators.none",
+        "rag_ablate.generators.extractive",
+        "rag_ablate.generators.openai",
+    ),
+)
+
+__all__ = ["GENERATORS", "Context", "Generation", "Generator", "GeneratorFactory"]

@@ -1,0 +1,254 @@
+"""Deterministic answer metrics: exact match, token F1, refusals and citations (docs/metrics.md "Answers").
+
+Every function here reads text only (no model), so every answer metric runs offline.
+
+* :func:`answer_tokens`: one token per CJK character (letters and digits of other scripts form
+  one word token per run), lower-cased after NFKC; punctuation never counts. So Chinese is
+  compared character by character and English word by word, mixed text both ways at once.
+* :func:`exact_match`: 1 when the normalised answer equals a normalised reference.
+* :func:`token_f1`: the F1 of the answer's and a reference's token multisets, max over references.
+* :func:`is_refusal`: the answer contains one of the configured phrases (case-insensitive).
+* :func:`citation_scores`: precision and coverage of ``[n]`` citations under the lexical
+  support rule of :func:`supports`.
+
+Citation markers ``[n]`` are removed from an answer before it is compared with a reference.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rag_ablate.metrics.text import CJK_RANGES
+
+if TYPE_CHECKING:
+    from rag_ablate.config import MetricsConfig
+    from rag_ablate.dataset import Document, Query
+
+__all__ = [
+    "AnswerScoring",
+    "AnswerSentence",
+    "CitationScores",
+    "answer_metrics",
+    "answer_sentences",
+    "answer_tokens",
+    "citation_scores",
+    "exact_match",
+    "is_refusal",
+    "overlap_terms",
+    "sentences",
+    "strip_markers",
+    "supports",
+    "token_f1",
+]
+
+_CJK_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES)
+# one CJK letter/digit, or a run of other letters/digits (CJK punctuation is not \w, so it never counts)
+_ANSWER_TOKEN = re.compile(f"(?:(?![\\W_])[{_CJK_CLASS}])|[^\\W_{_CJK_CLASS}]+")
+_CJK_CHAR = re.compile(f"[{_CJK_CLASS}]")
+MARKER = re.compile(r"\[(\d+)\]")
+_LEADING_MARKERS = re.compile(r"^(?:\s*\[\d+\])+")
+# a sentence: up to . ! ? followed by a space or the end (so "3.5" stays whole), a CJK stop, or a line end
+_SENTENCE = re.compile(r"\S.*?(?:[.!?]+(?=\s|$)|[。！？；]+|(?=\n)|$)", re.S)
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of ``text``, stripped, in order."""
+    return [m.group(0).strip() for m in _SENTENCE.finditer(text) if m.group(0).strip()]
+
+
+def overlap_terms(text: str, cjk: bool) -> set[str]:
+    """What support is counted in: characters (letters and digits, stopwords dropped) for Chinese;
+    for English the content words of the BM25 analyzer, a plural ``s`` dropped from words longer than
+    three letters (``items`` and ``item`` match)."""
+    from rag_ablate.pipeline.analyzers import ZH_STOPWORDS, analyze_en
+
+    if cjk:
+        return {ch for ch in text.lower() if ch.isalnum() and ch not in ZH_STOPWORDS}
+    return {
+        w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w for w in analyze_en(text)
+    }
+
+
+def is_chinese(text: str) -> bool:
+    """True when the text has any CJK character (its overlap is then counted in characters)."""
+    return _CJK_CHAR.search(text) is not None
+
+
+def strip_markers(answer: str) -> str:
+    """``answer`` without its ``[n]`` citation markers."""
+    return MARKER.sub("", answer)
+
+
+def answer_tokens(text: str) -> list[str]:
+    """Tokens compared by exact match and token F1 (see the module docstring)."""
+    return _ANSWER_TOKEN.findall(unicodedata.normalize("NFKC", strip_markers(text)).lower())
+
+
+def exact_match(answer: str, references: Sequence[str]) -> float:
+    """1.0 when the answer's token sequence equals one reference's, else 0.0 (case, punctuation,
+    spacing and citation markers ignored)."""
+    tokens = answer_tokens(answer)
+    return float(any(tokens == answer_tokens(ref) for ref in references))
+
+
+def token_f1(answer: str, references: Sequence[str]) -> float:
+    """Max over references of the F1 of shared tokens (multiset overlap); 0.0 without references."""
+    pred = Counter(answer_tokens(answer))
+    best = 0.0
+    for ref in references:
+        gold = Counter(answer_tokens(ref))
+        common = sum((pred & gold).values())
+        if common == 0:
+            continue
+        precision = common / sum(pred.values())
+        recall = common / sum(gold.values())
+        best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+def is_refusal(answer: str, phrases: Sequence[str]) -> bool:
+    """True when the answer contains one of ``phrases`` (case-insensitive, after NFKC)."""
+    text = unicodedata.normalize("NFKC", answer).lower()
+    return any(unicodedata.normalize("NFKC", p).lower() in text for p in phrases if p.strip())
+
+
+@dataclass(frozen=True)
+class AnswerSentence:
+    """One sentence of an answer, without markers, and the citation numbers it carries."""
+
+    text: str
+    markers: tuple[int, ...]
+
+
+def answer_sentences(answer: str) -> list[AnswerSentence]:
+    """The answer's sentences with their ``[n]`` markers; markers that open a sentence (as in
+    ``"It is red. [1] It is big."``) belong to the sentence before them."""
+    out: list[tuple[str, list[int]]] = []
+    for raw in sentences(answer):
+        lead = _LEADING_MARKERS.match(raw)
+        if lead and out:
+            out[-1][1].extend(int(n) for n in MARKER.findall(lead.group(0)))
+            raw = raw[lead.end() :]
+        text = strip_markers(raw).strip()
+        markers = [int(n) for n in MARKER.findall(raw)]
+        if answer_tokens(text):
+            out.append((text, markers))
+        elif out:
+            out[-1][1].extend(markers)
+    return [AnswerSentence(text, tuple(dict.fromkeys(m))) for text, m in out]
+
+
+def supports(sentence: str, source: str, threshold: float) -> bool:
+    """The lexical support rule: ``source`` supports ``sentence`` when at least ``threshold`` of the
+    sentence's overlap terms (:func:`overlap_terms`, characters for Chinese) occur in the source."""
+    cjk = is_chinese(sentence)
+    terms = overlap_terms(sentence, cjk)
+    if not terms:
+        return False
+    return len(terms & overlap_terms(source, cjk)) / len(terms) >= threshold
+
+
+@dataclass(frozen=True)
+class CitationScores:
+    precision: float | None  # supporting (sentence, citation) pairs / all pairs; None without citations
+    coverage: float | None  # sentences with a supporting citation / sentences; None without sentences
+
+
+def citation_scores(answer: str, cited_texts: Sequence[str | None], threshold: float) -> CitationScores:
+    """Citation precision and coverage of ``answer``; ``cited_texts[n - 1]`` is the text marker
+    ``[n]`` cites (None or a marker beyond the list: a citation that supports nothing)."""
+    sents = answer_sentences(answer)
+    pairs = 0
+    good = 0
+    covered = 0
+    for s in sents:
+        any_good = False
+        for n in s.markers:
+            pairs += 1
+            source = cited_texts[n - 1] if 1 <= n <= len(cited_texts) else None
+            if source is not None and supports(s.text, source, threshold):
+                good += 1
+                any_good = True
+        covered += any_good
+    return CitationScores(
+        precision=good / pairs if pairs else None,
+        coverage=covered / len(sents) if sents else None,
+    )
+
+
+@dataclass(frozen=True)
+class AnswerScoring:
+    """How answers are scored: ``metrics.refusal_phrases`` and ``metrics.citation_support``."""
+
+    refusal_phrases: tuple[str, ...] | None = None  # None = the defaults of rag_ablate.config
+    citation_support: float = 0.5
+
+    @classmethod
+    def from_config(cls, m: MetricsConfig) -> AnswerScoring:
+        return cls(tuple(m.refusal_phrases), m.citation_support)
+
+    def phrases(self) -> tuple[str, ...]:
+        if self.refusal_phrases is not None:
+            return self.refusal_phrases
+        from rag_ablate.config import DEFAULT_REFUSAL_PHRASES
+
+        return DEFAULT_REFUSAL_PHRASES
+
+
+def cited_texts(
+    citations: Sequence[Mapping[str, Any]],
+    retrieved: Sequence[Mapping[str, Any]],
+    docs: Mapping[str, Document],
+) -> list[str | None]:
+    """The text each citation points at: its span of its document; a chunk id alone is looked up among
+    the retrieved chunks; a document id alone is the whole document; anything unknown is None."""
+    by_chunk = {r["chunk_id"]: r for r in retrieved}
+    out: list[str | None] = []
+    for c in citations:
+        doc_id, start, end = c.get("doc_id"), c.get("start"), c.get("end")
+        hit = by_chunk.get(c.get("chunk_id"))
+        if start is None and hit is not None:
+            doc_id, start, end = hit["doc_id"], hit["start"], hit["end"]
+        doc = docs.get(doc_id) if doc_id is not None else None
+        if doc is None:
+            out.append(None)
+        elif start is None or end is None:
+            out.append(doc.text)
+        else:
+            out.append(doc.text[int(start) : int(end)])
+    return out
+
+
+def answer_metrics(
+    rec: Mapping[str, Any], query: Query, docs: Mapping[str, Document], scoring: AnswerScoring
+) -> dict[str, float | None]:
+    """The answer metrics of one record with an ``answer`` (docs/metrics.md "Answers").
+
+    ``refusal`` on every query; ``correct_refusal`` on unanswerable queries, ``over_refusal`` on
+    answerable ones (a no_rag query gets neither); ``exact_match`` and ``token_f1`` on answerable
+    queries with reference answers; ``citation_precision`` (when the answer cites) and
+    ``citation_coverage`` on answers that do not refuse.
+    """
+    answer = str(rec["answer"])
+    refused = is_refusal(answer, scoring.phrases())
+    out: dict[str, float | None] = {"refusal": float(refused)}
+    if query.kind == "unanswerable":
+        out["correct_refusal"] = float(refused)
+    elif query.kind == "answerable":
+        out["over_refusal"] = float(refused)
+        if query.reference_answers:
+            out["exact_match"] = exact_match(answer, query.reference_answers)
+            out["token_f1"] = token_f1(answer, query.reference_answers)
+    if not refused:
+        texts = cited_texts(rec.get("citations") or [], rec.get("retrieved") or [], docs)
+        scores = citation_scores(answer, texts, scoring.citation_support)
+        if scores.precision is not None:
+            out["citation_precision"] = scores.precision
+        if scores.coverage is not None:
+            out["citation_coverage"] = scores.coverage
+    return out
