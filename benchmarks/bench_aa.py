@@ -31,6 +31,8 @@ except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from rag_ablate import stats
 
+from bench_stats import cpu_model  # benchmarks/ is on sys.path when a script here runs
+
 
 @dataclass
 class Tally:
@@ -81,16 +83,6 @@ def simulate(n_sim: int, n_groups: int, B: int, alpha: float, seed: int) -> Tall
         t.se_group.append(float(r.se[0]))
         t.se_query.append(float(stats.linearized_se(var - base)[0]))
     return t
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> None:

@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("source", help="a sweep folder (outputs/multirun/<time>) or an MLflow parent run id")
     c.add_argument("--baseline", help="label of the baseline variant (default: the one marked baseline)")
-    c.add_argument("--metrics", help="comma-separated metric names (default: %(default)s)", default=None)
+    c.add_argument("--metrics", help="comma-separated metric names (default: the default compare.metrics)")
     c.add_argument("--splits", help="comma-separated: dev,holdout (default both)")
     c.add_argument("--B", type=int, default=10_000, help="bootstrap resamples (default 10000)")
     c.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")

@@ -11,7 +11,7 @@ import pytest
 
 from rag_ablate.dataset import load_dataset
 from rag_ablate.records import aggregate, read_records, rescore
-from tests.conftest import run_module, write_dataset
+from tests.conftest import free_port, run_module, write_dataset
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -314,14 +314,6 @@ def test_failed_job_fails_the_sweep_and_the_rest_is_kept(failing_sweep: dict[str
     assert {"failures.json", "comparison.json", "summary.md"} <= arts
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_unusable_tracking_store_stops_the_sweep_before_any_job(tiny_dataset: Path, tmp_path: Path) -> None:
     missing = tmp_path / "missing" / "x.db"
     proc = run_cli(
@@ -334,7 +326,7 @@ def test_unusable_tracking_store_stops_the_sweep_before_any_job(tiny_dataset: Pa
     )
     assert not (tmp_path / "outputs").exists() and not missing.parent.exists()
 
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     proc = run_cli(["-m", "chunk=256,512", f"tracking.uri={url}", f"dataset.path={tiny_dataset}"], tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith(f"rag_ablate: error: MLflow server {url} is not reachable: ")

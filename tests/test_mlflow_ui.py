@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -192,12 +191,6 @@ def test_ui_starts_light(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["ui", "--uri", uri, "--port", "5123", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in out and "--workers 1" in out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ from rag_ablate.serve import (
     sentences,
 )
 from rag_ablate.systems.base import Trace
-from tests.conftest import DOCS, QUERIES, REPO, run_module, write_dataset
+from tests.conftest import DOCS, QUERIES, REPO, free_port, run_module, write_dataset
 
 TOPICS = ["billing", "login", "search", "upload", "export", "payment", "profile", "report"]
 # a long document, so chunk=256 and chunk=512 cut it differently
@@ -66,17 +65,10 @@ class Service:
         return [line for line in self.log.read_text(encoding="utf-8").splitlines() if marker in line]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def service(overrides: list[str], cwd: Path, name: str, ready_s: float = 240.0) -> Iterator[Service]:
     """``rag-ablate serve --port <free> overrides...`` in ``cwd``, until /health answers; stopped after."""
-    port = _free_port()
+    port = free_port()
     log = cwd / f"{name}.log"
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "rag_ablate.cli", "serve", "--port", str(port), *overrides]
@@ -320,7 +312,7 @@ def test_a_bad_override_fails_at_start_with_one_line(workdir: Path) -> None:
         (["retrieval=bm52"], "bm52"),
     ):
         done = subprocess.run(
-            [sys.executable, "-m", "rag_ablate.cli", "serve", "--port", str(_free_port()), *overrides],
+            [sys.executable, "-m", "rag_ablate.cli", "serve", "--port", str(free_port()), *overrides],
             cwd=workdir,
             env=env,
             capture_output=True,

@@ -50,7 +50,7 @@ from rag_ablate.generators import GENERATORS
 from rag_ablate.generators.base import Context, Generation, GenerationError
 from rag_ablate.metrics.text import count_tokens, is_cjk_text
 from rag_ablate.systems.base import Citation, TokenUsage
-from rag_ablate.systems.http import backoff_wait, excerpt, retry_after_seconds
+from rag_ablate.systems.http import backoff_wait, excerpt, retry_after_seconds, status_meaning
 
 if TYPE_CHECKING:
     from rag_ablate.cache import Cache
@@ -324,11 +324,9 @@ def _usage(raw: dict[str, Any]) -> dict[str, int | None]:
 
 def _status_error(url: str, response: httpx.Response, body: bytes) -> GenerationError | _Retry:
     code = response.status_code
-    detail = f"{url}: HTTP {code}; body: {excerpt(body)}"
-    if code in (401, 403):
-        return GenerationError("access_denied", detail, code)
-    error = GenerationError("http_error", detail, code)
-    if code == 429 or code >= 500:
+    status, retryable = status_meaning(code) or ("http_error", False)
+    error = GenerationError(status, f"{url}: HTTP {code}; body: {excerpt(body)}", code)
+    if retryable:
         return _Retry(error, retry_after_seconds(response.headers.get("retry-after")))
     return error
 

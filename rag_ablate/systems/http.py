@@ -208,16 +208,25 @@ def _transport_failure(what: str, exc: httpx.TransportError) -> _Failure | _Retr
     return _Failure("http_error", detail)
 
 
+def status_meaning(code: int) -> tuple[Status, bool] | None:
+    """What an HTTP status means for a query: None for 2xx, else its failure status and whether
+    sending the request again may help (429 and 5xx). Shared by every HTTP client here."""
+    if 200 <= code < 300:
+        return None
+    if code in (401, 403):
+        return "access_denied", False
+    return "http_error", code == 429 or code >= 500
+
+
 def _status_failure(what: str, response: httpx.Response, body: bytes) -> _Failure | _Retry | None:
     """None for a 2xx response, else what its status means."""
     code = response.status_code
-    if 200 <= code < 300:
+    meaning = status_meaning(code)
+    if meaning is None:
         return None
-    detail = f"{what}: HTTP {code}; body: {excerpt(body)}"
-    if code in (401, 403):
-        return _Failure("access_denied", detail, code)
-    failure = _Failure("http_error", detail, code)
-    if code == 429 or code >= 500:
+    status, retryable = meaning
+    failure = _Failure(status, f"{what}: HTTP {code}; body: {excerpt(body)}", code)
+    if retryable:
         return _Retry(failure, retry_after_seconds(response.headers.get("retry-after")))
     return failure
 
