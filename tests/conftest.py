@@ -14,6 +14,9 @@ from typing import Any
 
 import pytest
 
+from tests.fake_llm import FakeLLM
+from tests.fake_llm import serve as serve_fake_llm
+
 DOCS: list[dict[str, Any]] = [
     {
         "doc_id": "RET",
@@ -288,3 +291,11 @@ def mlflow_ui(log_path: Path, *, cwd: Path | None = None, uri: str | None = None
             yield port
         finally:
             stop_group(proc)
+
+
+@pytest.fixture
+def fake_llm() -> Iterator[FakeLLM]:
+    """A deterministic OpenAI-compatible chat server on 127.0.0.1 (tests/fake_llm.py); ``.url`` is the API
+    root to use as ``base_url``; set ``.respond`` to choose what it answers."""
+    with serve_fake_llm() as state:
+        yield state

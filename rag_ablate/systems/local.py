@@ -20,6 +20,7 @@ citations and usage) and ``total``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from rag_ablate.pipeline.stages import (
     Router,
 )
 from rag_ablate.systems import SYSTEMS
-from rag_ablate.systems.base import RetrievedChunk, Trace
+from rag_ablate.systems.base import RetrievedChunk, TokenUsage, Trace
 
 
 @SYSTEMS.register("local")
@@ -147,7 +148,9 @@ class LocalSystem:
         )
         stored = self.cache.stats["query_embeddings"].stored_build_seconds - stored_before
         vectors = {q.query_id: qmat[i] for i, q in enumerate(dataset.queries)}
-        return passages, Embedded(vectors, 1000.0 * stored / max(1, len(queries))), enc.model_id
+        counts = enc.count_tokens(queries, query=True)  # each query's embedding tokens (usage)
+        tokens = {q.query_id: counts[i] for i, q in enumerate(dataset.queries)}
+        return passages, Embedded(vectors, 1000.0 * stored / max(1, len(queries)), tokens), enc.model_id
 
     # ------------------------------------------------------------------ resources for the stages
 
@@ -248,6 +251,9 @@ class LocalSystem:
             trace.cached = gen.cached
             trace.answer, trace.citations, trace.usage = gen.answer, gen.citations, gen.usage
             trace.usage_count, trace.ttft_ms = gen.usage_count, gen.ttft_ms
+        if state.embedding_tokens:  # the query's embedding tokens (dense retrieval, bi-encoder rerank)
+            usage = trace.usage or TokenUsage()
+            trace.usage = dataclasses.replace(usage, embedding_tokens=sum(state.embedding_tokens.values()))
         timings["total"] = (time.perf_counter() - t_start) * 1000 + encode_ms + replayed_ms
         trace.timings_ms = timings
         return trace
