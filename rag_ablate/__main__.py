@@ -20,6 +20,10 @@ if __name__ == "__main__":
     except ConfigError as exc:
         print(f"rag_ablate: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    from rag_ablate.app import main
+    try:
+        from rag_ablate.app import main
 
-    main()
+        main()
+    except KeyboardInterrupt:  # before a run or sweep exists (they handle their own Ctrl-C)
+        print("\nrag_ablate: interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(130)

@@ -2,12 +2,14 @@
 
 A single run (``python -m rag_ablate ...``) that fails prints one line and exits 2
 for an error rag_ablate raises on purpose (a bad dataset, an unusable MLflow store);
-anything else exits 1 with Hydra's report. Inside a sweep the error is raised
+anything else exits 1 with Hydra's report. Ctrl-C prints one line with the resume
+command and exits 130 (the run is marked KILLED). Inside a sweep the error is raised
 instead, so Hydra records the job as failed and the sweeper lists it at the end.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import hydra
@@ -32,6 +34,16 @@ def main(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     try:
         return run_variant(cfg)
+    except KeyboardInterrupt:
+        if hc.mode == RunMode.MULTIRUN:
+            raise  # the sweeper ends the sweep's runs and says how to resume
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(
+            "\nrag_ablate: interrupted (Ctrl-C); the MLflow run is marked KILLED; resume with: "
+            f"python -m rag_ablate resume={hc.runtime.output_dir}",
+            file=sys.stderr,
+        )
+        sys.exit(130)
     except Exception as exc:
         if hc.mode == RunMode.MULTIRUN:
             print(f"rag_ablate: job #{hc.job.num} failed: {one_line(exc)}", file=sys.stderr)

@@ -11,7 +11,9 @@ the plan (:func:`rag_ablate.ablation.check_plan`), then calls:
   reads what the jobs wrote to disk (they may have run in other processes or
   machines), prints the per-variant table, runs the comparison over the jobs
   that finished, logs to the parent run and ends it (``FAILED`` when anything
-  failed), writes ``failures.json`` and returns the sweep's exit code.
+  failed), writes ``failures.json`` and returns the sweep's exit code;
+* :func:`interrupt_sweep`, when Ctrl-C stops the sweep: ends its MLflow runs
+  ``KILLED``, writes ``failures.json`` and says in one line how to resume.
 
 Nothing is left to Hydra's callbacks: Hydra calls them before the sweeper has
 validated the plan and turns their exceptions into warnings.
@@ -51,6 +53,7 @@ from rag_ablate.runner import variant_label
 # exit codes of a sweep
 EXIT_FAILED = 1  # a job, the comparison, the MLflow logging or the regression gate failed
 EXIT_INVALID = 2  # nothing ran: the plan, a job's config or the MLflow store is unusable
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
 
 
 def _sweep_dir(config: DictConfig) -> Path:
@@ -293,3 +296,34 @@ def finish_sweep(
     elif compared and s.compare.fail_on:
         print(f"regression gate passed ({len(s.compare.fail_on)} rule(s))")
     return EXIT_FAILED if failures or gate_failures else 0
+
+
+def interrupt_sweep(config: DictConfig, plan: Plan) -> str:
+    """Ctrl-C stopped the sweep: end its parent run and every child still RUNNING as ``KILLED``,
+    record the interruption in ``failures.json``; the one line to print.
+
+    Jobs that finished keep their runs and records; ``resume=<sweep folder>`` runs the rest.
+    """
+    sweep_dir = _sweep_dir(config)
+    finished = len(read_summaries(sweep_dir)) if sweep_dir.is_dir() else 0
+    info_path = sweep_dir / SWEEP_FILE
+    info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+    killed = 0
+    if "parent_run_id" in info:
+        uri, parent = info["tracking_uri"], info["parent_run_id"]
+        with contextlib.suppress(Exception):  # best effort: the store may be what hung
+            for run_id, _ in tracking.child_runs(uri, parent):
+                if tracking.run_status(uri, run_id) == "RUNNING":
+                    tracking.end_run(uri, run_id, "KILLED")
+                    killed += 1
+            if tracking.run_status(uri, parent) == "RUNNING":
+                tracking.end_run(uri, parent, "KILLED")
+                killed += 1
+    if sweep_dir.is_dir():
+        what = f"interrupted (Ctrl-C) after {finished} of {len(plan.jobs)} job(s) finished"
+        _write_failures(sweep_dir, [Failure("interrupted", "sweep", what)])
+    runs = f"; {killed} MLflow run(s) marked KILLED" if killed else ""
+    return (
+        f"rag_ablate: interrupted: {finished} of {len(plan.jobs)} job(s) finished{runs}; "
+        f"resume with: python -m rag_ablate resume={sweep_dir}"
+    )

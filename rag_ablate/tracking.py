@@ -8,12 +8,15 @@ the sweep driver.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +31,74 @@ _BATCH = 100  # MLflow accepts at most 100 params (and 100 tags) per log_batch
 
 
 SERVER_TIMEOUT = 5.0  # seconds to wait for an MLflow server before calling it unreachable
+
+# Which process owns a RUNNING run: "<host>:<pid>:<process start time>". When a store is opened,
+# RUNNING runs whose owner process on this host is gone (a SIGKILL, a power cut) are marked KILLED
+# with ORPHAN_TAG saying so; runs owned by live processes (a concurrent sweep) or by other hosts
+# (a cluster's workers) are left alone.
+OWNER_TAG = "rag_ablate.process"
+ORPHAN_TAG = "rag_ablate.orphaned"
+
+
+def _proc_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot (Linux ``/proc``); "" when unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return ""
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else ""  # field 22 of stat; fields here start at field 3
+
+
+def owner_tag() -> str:
+    """This process as an :data:`OWNER_TAG` value."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_proc_start(pid)}"
+
+
+def owner_gone(owner: str) -> bool:
+    """True when ``owner`` (an :data:`OWNER_TAG` value) is a process of this host that has ended.
+
+    A pid that is alive but started at another time is a reused pid: the owner is gone too.
+    Another host's process cannot be checked from here: never gone.
+    """
+    host, _, rest = owner.partition(":")
+    pid_text, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if start and Path("/proc").is_dir():
+        return _proc_start(pid) != start
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, someone else's
+        return False
+    return False
+
+
+def mark_orphans(uri: str, experiment_id: str) -> list[str]:
+    """End (KILLED) the experiment's RUNNING runs whose owner process is gone; their ids.
+
+    ``resume=`` on the run's folder reopens such a run and completes it.
+    """
+    client = _client(uri)
+    runs = client.search_runs(
+        [experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000
+    )
+    marked: list[str] = []
+    for run in runs:
+        owner = run.data.tags.get(OWNER_TAG)
+        if not owner or not owner_gone(owner):
+            continue
+        run_id = str(run.info.run_id)
+        client.set_tag(
+            run_id, ORPHAN_TAG, f"its process ({owner}) ended without finishing it; resume= completes it"
+        )
+        client.set_terminated(run_id, status="KILLED")
+        marked.append(run_id)
+    return marked
 
 
 def default_uri(output_root: Path) -> str:
@@ -95,9 +166,39 @@ def open_store(uri: str, experiment: str, artifact_root: Path, *, create_folder:
     db = sqlite_path(uri)
     if db is not None:
         _check_sqlite(uri, db, create_folder)
-    elif uri.startswith(("http://", "https://")):
-        _check_server(uri, experiment)
-    return ensure_experiment(uri, experiment, artifact_root)
+        # two processes creating one sqlite store at once race on its tables (the second fails
+        # with "table ... already exists"): whoever opens it holds a lock file beside it meanwhile
+        with _file_lock(db.with_name(db.name + ".lock")):
+            experiment_id = ensure_experiment(uri, experiment, artifact_root)
+    else:
+        if uri.startswith(("http://", "https://")):
+            _check_server(uri, experiment)
+        experiment_id = ensure_experiment(uri, experiment, artifact_root)
+    try:
+        orphans = mark_orphans(uri, experiment_id)
+    except Exception as exc:  # best effort: never stops a run
+        orphans = []
+        print(f"rag_ablate: warning: could not look for orphaned runs in {uri}: {exc}", file=sys.stderr)
+    if orphans:
+        print(
+            f"rag_ablate: marked {len(orphans)} orphaned run(s) KILLED in {uri} (their process is gone; "
+            f"tag {ORPHAN_TAG}): {', '.join(orphans)}",
+            file=sys.stderr,
+        )
+    return experiment_id
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (created if absent) for the ``with`` block."""
+    import fcntl
+
+    with path.open("a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _client(uri: str) -> Any:
@@ -154,7 +255,8 @@ def base_tags(cwd: Path) -> dict[str, str]:
 
 
 def start_parent(uri: str, experiment_id: str, name: str, tags: Mapping[str, str]) -> str:
-    run = _client(uri).create_run(experiment_id, run_name=name, tags={"rag_ablate.kind": "sweep", **tags})
+    tags = {"rag_ablate.kind": "sweep", **tags, OWNER_TAG: owner_tag()}
+    run = _client(uri).create_run(experiment_id, run_name=name, tags=tags)
     return str(run.info.run_id)
 
 
@@ -182,7 +284,7 @@ def log_run(
     from mlflow.entities import Metric, Param, RunTag
 
     client = _client(uri)
-    all_tags = {"rag_ablate.kind": "variant", **tags}
+    all_tags = {"rag_ablate.kind": "variant", **tags, OWNER_TAG: owner_tag()}
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id
     have: set[str] = set()
@@ -212,7 +314,7 @@ def log_run(
 
 def start_run(uri: str, experiment_id: str, name: str, parent_run_id: str | None = None) -> str:
     """Create a variant's run when its job starts (status RUNNING); :func:`log_run` completes it."""
-    tags = {"rag_ablate.kind": "variant"}
+    tags = {"rag_ablate.kind": "variant", OWNER_TAG: owner_tag()}
     if parent_run_id:
         tags[PARENT_TAG] = parent_run_id
     return str(_client(uri).create_run(experiment_id, run_name=name, tags=tags).info.run_id)
@@ -230,6 +332,7 @@ def reopen_run(uri: str, run_id: str) -> None:
     client = _client(uri)
     try:
         client.get_run(run_id)
+        client.set_tag(run_id, OWNER_TAG, owner_tag())  # this process owns it now
         client.update_run(run_id, status="RUNNING")
     except MlflowException as exc:
         raise TrackingError(f"cannot resume MLflow run {run_id} in {uri}: {exc.message}") from exc

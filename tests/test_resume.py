@@ -423,6 +423,18 @@ def test_kill_a_sweep_then_resume_finishes_it_in_the_same_folder_and_runs(
     child = json.loads((records.parent / RUN_FILE).read_text(encoding="utf-8"))["run_id"]
     client = MlflowClient(tracking_uri=info["tracking_uri"])
     assert client.get_run(info["parent_run_id"]).info.status == "RUNNING"
+    assert client.get_run(child).info.status == "RUNNING"
+
+    # the next time rag_ablate opens that store, the runs whose process is gone are marked
+    from rag_ablate import tracking
+
+    experiment = client.get_run(child).info.experiment_id
+    orphans = tracking.mark_orphans(info["tracking_uri"], experiment)
+    assert sorted(orphans) == sorted([info["parent_run_id"], child])
+    for run_id in orphans:
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED"
+        assert "ended without finishing it" in run.data.tags[tracking.ORPHAN_TAG]
 
     out = run_module("rag_ablate", [f"resume={sweep}"], work)
     assert out.returncode == 0, out.stderr
@@ -442,6 +454,85 @@ def test_kill_a_sweep_then_resume_finishes_it_in_the_same_folder_and_runs(
     assert _quality(job_metrics) == _quality(reference)
     final = read_records(records)
     assert len(final) == len({r["query_id"] for r in final}) == N_QUERIES
+
+
+def test_ctrl_c_ends_a_single_run_with_one_line_and_a_killed_run(server: RerankServer, work: Path) -> None:
+    server.state.delay = DELAY
+    root = work / "interrupted_run"
+    proc = _start([*_args(server), "paths.output_root=interrupted_run"], work)
+    deadline = time.monotonic() + 120
+    job = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        job = _only(root / "runs")
+        records = None if job is None else job / RECORDS_FILE
+        if records is not None and records.is_file() and records.read_bytes().count(b"\n") >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None and job is not None, "the run ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    prefix = "rag_ablate: interrupted (Ctrl-C); the MLflow run is marked KILLED; resume with: "
+    assert last.startswith(prefix + "python -m rag_ablate resume=")
+    assert Path(last.split("resume=")[-1]).resolve() == job.resolve()
+    run = json.loads((job / RUN_FILE).read_text(encoding="utf-8"))
+    assert MlflowClient(tracking_uri=run["tracking_uri"]).get_run(run["run_id"]).info.status == "KILLED"
+
+
+def test_ctrl_c_ends_a_sweep_with_one_line_and_killed_runs_then_resume_finishes_it(
+    server: RerankServer, work: Path
+) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group) mid-sweep: no traceback, one line naming the
+    resume command, exit 130, no run left RUNNING; resume= completes the sweep."""
+    server.state.delay = DELAY
+    root = work / "interrupted"
+    args = ["-m", *[a for a in _args(server) if a != "rerank=http"], "rerank=none,http"]
+    proc = _start([*args, "paths.output_root=interrupted"], work)
+
+    def variant_records() -> Path | None:
+        s = _only(root / "multirun")
+        return None if s is None else s / "1" / RECORDS_FILE
+
+    deadline = time.monotonic() + 120
+    path = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        path = variant_records()
+        if path is not None and path.is_file() and path.read_bytes().count(b"\n") >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None and path is not None, "the sweep ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    sweep = path.parent.parent
+    assert last.startswith("rag_ablate: interrupted: 1 of 2 job(s) finished")
+    assert last.endswith(f"resume with: python -m rag_ablate resume={sweep.relative_to(work)}")
+    info = json.loads((sweep / SWEEP_FILE).read_text(encoding="utf-8"))
+    client = MlflowClient(tracking_uri=info["tracking_uri"])
+    parent = client.get_run(info["parent_run_id"])
+    runs = client.search_runs(
+        [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
+    child = json.loads((path.parent / RUN_FILE).read_text(encoding="utf-8"))["run_id"]
+    statuses = {r.info.run_id: r.info.status for r in runs}
+    assert parent.info.status == "KILLED"
+    assert statuses.pop(child) == "KILLED"  # the variant that was running
+    assert list(statuses.values()) == ["FINISHED"]  # the baseline had finished
+    failures = json.loads((sweep / "failures.json").read_text(encoding="utf-8"))
+    assert failures["failed"] and failures["failures"][0]["step"] == "interrupted"
+
+    out = run_module("rag_ablate", [f"resume={sweep}"], work)
+    assert out.returncode == 0, out.stderr
+    assert client.get_run(info["parent_run_id"]).info.status == "FINISHED"
+    runs = client.search_runs(
+        [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert len(read_records(path)) == N_QUERIES
 
 
 @pytest.fixture(scope="module")
@@ -496,3 +587,20 @@ def test_kill_an_http_run_with_queries_in_flight_then_resume(slow_service: str, 
     run = MlflowClient(tracking_uri=f"sqlite:///{(root / 'mlflow.db').resolve()}").get_run(run_id)
     assert run.info.status == "FINISHED"
     assert _same_where_logged(run.data.metrics, reference)
+
+
+def test_owner_of_a_run_is_gone_only_when_its_process_on_this_host_ended() -> None:
+    import socket
+
+    from rag_ablate import tracking
+
+    me = tracking.owner_tag()
+    assert not tracking.owner_gone(me)  # this process is alive
+    host, pid, start = me.split(":")
+    assert host == socket.gethostname() and int(pid) == os.getpid() and start
+    assert tracking.owner_gone(f"{host}:{pid}:{int(start) + 1}")  # the pid was reused by a later process
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert tracking.owner_gone(f"{host}:{dead.pid}:")  # no start time recorded: pid liveness alone
+    assert not tracking.owner_gone(f"another-host:{dead.pid}:1")  # cannot be checked from here: left alone
+    assert not tracking.owner_gone("garbage")

@@ -11,9 +11,11 @@ launcher will (a bad factor or level stops here with one line and exit 2, before
 any folder or MLflow run exists); print the plan; open the MLflow store, create
 the sweep folder and parent run (an unusable store stops here, exit 2); launch
 the jobs; check every job's outcome and finish (table, comparison, logging);
-exit 1 when a job or step failed, listing each failure on one line.
+exit 1 when a job or step failed, listing each failure on one line. Ctrl-C ends
+the sweep's MLflow runs KILLED and prints one line with the resume command (exit 130).
 """
 
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,7 +66,23 @@ class AblationSweeper(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config
         )
 
+    def _interrupted(self, plan: Any) -> NoReturn:
+        from rag_ablate.callbacks import EXIT_INTERRUPTED, interrupt_sweep
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the cleanup
+        assert self.config is not None
+        print(f"\n{interrupt_sweep(self.config, plan)}", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+
     def sweep(self, arguments: list[str]) -> Any:
+        try:
+            return self._sweep(arguments)
+        except KeyboardInterrupt:  # before the plan exists: nothing was created
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            print("\nrag_ablate: interrupted (Ctrl-C) before any job started", file=sys.stderr)
+            sys.exit(130)
+
+    def _sweep(self, arguments: list[str]) -> Any:
         from rag_ablate.ablation import build_plan, check_plan, format_plan
         from rag_ablate.callbacks import EXIT_INVALID, finish_sweep, start_sweep
         from rag_ablate.errors import RagAblateError
@@ -89,18 +107,22 @@ class AblationSweeper(Sweeper):
         print(format_plan(plan))
         if plan.dry_run:
             return []
+        returns: Sequence[JobReturn] = []
+        launch_error: BaseException | None = None
         try:
             start_sweep(config, plan)
         except RagAblateError as exc:
             _stop(exc, EXIT_INVALID)
-
-        returns: Sequence[JobReturn] = []
-        launch_error: BaseException | None = None
+        except KeyboardInterrupt:
+            self._interrupted(plan)
         try:
-            returns = self.launcher.launch([job.overrides for job in plan.jobs], initial_job_idx=0)
-        except Exception as exc:  # a launcher's own failure: still finish what ran
-            launch_error = exc
-        code = finish_sweep(config, plan, returns, launch_error)
+            try:
+                returns = self.launcher.launch([job.overrides for job in plan.jobs], initial_job_idx=0)
+            except Exception as exc:  # a launcher's own failure: still finish what ran
+                launch_error = exc
+            code = finish_sweep(config, plan, returns, launch_error)
+        except KeyboardInterrupt:
+            self._interrupted(plan)
         if code:
             sys.exit(code)
         return [returns]
