@@ -11,12 +11,13 @@ from __future__ import annotations
 import sys
 
 from rag_ablate.errors import ConfigError
-from rag_ablate.overrides import normalize_overrides
+from rag_ablate.overrides import check_override_keys, normalize_overrides
 from rag_ablate.resume import rewrite_argv
 
 if __name__ == "__main__":
     try:
         sys.argv[1:] = normalize_overrides(rewrite_argv(sys.argv[1:]))
+        check_override_keys(sys.argv[1:])
     except ConfigError as exc:
         print(f"rag_ablate: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -128,6 +128,53 @@ def normalize_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> list[str]
     return out
 
 
+_KEY = re.compile(r"^(?P<key>[A-Za-z_][\w.]*)=")
+
+
+def _fields(cls: type) -> dict[str, Any]:
+    """A config dataclass's fields and their resolved types."""
+    import typing
+
+    return dict(typing.get_type_hints(cls))
+
+
+def check_override_keys(args: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """Refuse an override whose key the config does not have, naming the valid ones.
+
+    ``retreival=bm25`` or ``retrieval.top_kk=3`` would otherwise reach Hydra, whose error
+    names the key but not what it should be. Keys under a mapping field (``cost.prices.*``,
+    ``system.headers.*``), additions (``+key=``), deletions (``~key``), ``hydra.*`` and
+    ``hydra/...`` choices, and flags are left to Hydra. Config groups are the folders of
+    ``conf/`` (``experiment=...``) and the fields of the schema.
+    """
+    import dataclasses
+    import difflib
+
+    from rag_ablate.config import RunConfig
+
+    groups = {p.name for p in conf_dir.iterdir() if p.is_dir()}
+    for arg in args:
+        m = _KEY.match(arg)
+        if not m or arg.startswith(("+", "~", "-")) or m.group("key").startswith("hydra"):
+            continue
+        parts = m.group("key").split(".")
+        node: Any = RunConfig
+        for depth, part in enumerate(parts):
+            fields = _fields(node)
+            where = ".".join(parts[:depth])
+            if part not in fields and not (depth == 0 and part in groups):
+                valid = sorted(fields) if depth else sorted(set(fields) | groups)
+                close = difflib.get_close_matches(part, valid, n=1, cutoff=0.6)
+                hint = f"did you mean '{'.'.join([*parts[:depth], close[0]])}'? " if close else ""
+                scope = f"under '{where}'" if where else "at the top level"
+                key, names = m.group("key"), ", ".join(valid)
+                raise ConfigError(f"unknown config key '{key}' in '{arg}': {hint}valid {scope}: {names}")
+            kind = fields.get(part)
+            if kind is None or not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+                break  # a value, a mapping or a conf/ group outside the schema: Hydra checks the rest
+            node = kind
+
+
 def register_resolvers() -> None:
     """``${rag_ablate.uid:}``: six hex digits, fixed once per composed config (idempotent)."""
     if not OmegaConf.has_resolver(UID_RESOLVER):

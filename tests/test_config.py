@@ -141,3 +141,53 @@ def test_folder_names_get_a_random_suffix() -> None:
 
 def test_conf_dir_is_the_checkout_conf() -> None:
     assert (Path(CONF_DIR) / "config.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        ("retreival=bm25", "unknown config key 'retreival' in 'retreival=bm25': did you mean 'retrieval'?"),
+        ("retrieval.top_kk=3", "did you mean 'retrieval.top_k'? valid under 'retrieval': "),
+        ("retrieval.dense.encodr=minilm", "did you mean 'retrieval.dense.encoder'?"),
+        ("chunk.sise=300", "valid under 'chunk': "),
+    ],
+)
+def test_a_misspelt_key_is_refused_before_hydra_naming_the_valid_ones(arg: str, message: str) -> None:
+    from rag_ablate.overrides import check_override_keys
+
+    with pytest.raises(ConfigError) as info:
+        check_override_keys([arg])
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "retrieval=dense",
+        "experiment=chunk_study",  # a conf/ group outside the schema
+        "+cost.prices={m: {prompt: 1}}",
+        "system.headers.Authorization=x",  # under a mapping: Hydra decides
+        "hydra/launcher=basic",
+        "hydra.job.chdir=false",
+        "seed=3",
+        "-m",
+    ],
+)
+def test_valid_keys_pass_the_check(arg: str) -> None:
+    from rag_ablate.overrides import check_override_keys
+
+    check_override_keys([arg])
+
+
+def test_the_command_line_says_one_line_and_exits_2_for_a_misspelt_key(tmp_path: Path) -> None:
+    from tests.conftest import run_module
+
+    out = run_module("rag_ablate", ["-m", "chunk=256,512", "retrieval.top_kk=3"], tmp_path)
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(
+        "rag_ablate: error: unknown config key 'retrieval.top_kk' in 'retrieval.top_kk=3': did you mean "
+        "'retrieval.top_k'? valid under 'retrieval': "
+    )
+    assert {"bm25", "dense", "method", "top_k"} <= set(line.rsplit(": ", 1)[1].split(", "))
+    assert not (tmp_path / "outputs").exists()

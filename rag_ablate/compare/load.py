@@ -55,11 +55,16 @@ def load_sweep_dir(sweep_dir: Path) -> list[VariantData]:
     """The variants of a sweep folder, in job order."""
     if not sweep_dir.is_dir():
         raise ComparisonError(f"not a folder: {sweep_dir}")
+    if (sweep_dir / RECORDS_FILE).is_file():
+        raise ComparisonError(
+            f"{sweep_dir} is a single run's folder, not a sweep: a comparison needs a sweep folder "
+            "(outputs/multirun/<time>_<id>, made by python -m rag_ablate -m ...) or its MLflow parent run id"
+        )
     found = []
     for rec_path in sorted(sweep_dir.glob(f"*/{RECORDS_FILE}")):
         job = rec_path.parent
         variant_path = job / VARIANT_FILE
-        if not variant_path.is_file():
+        if not job.name.isdigit() or not variant_path.is_file():  # a sweep's jobs are folders 0, 1, ...
             continue
         info = json.loads(variant_path.read_text(encoding="utf-8"))
         summary_path = job / SUMMARY_FILE
@@ -70,7 +75,10 @@ def load_sweep_dir(sweep_dir: Path) -> list[VariantData]:
             (int(info.get("job_num", 0)), _variant(info, rec_path, job / CONFIG_FILE, run_id, str(job)))
         )
     if not found:
-        raise ComparisonError(f"no finished variants (job folders with {RECORDS_FILE}) in {sweep_dir}")
+        raise ComparisonError(
+            f"{sweep_dir} is not a sweep folder with finished jobs: no job folders 0, 1, ... holding "
+            f"{RECORDS_FILE} and {VARIANT_FILE} (a sweep folder is outputs/multirun/<time>_<id>)"
+        )
     return [v for _, v in sorted(found, key=lambda t: t[0])]
 
 
