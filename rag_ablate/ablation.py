@@ -112,6 +112,9 @@ def _factor(ov: Override, config: DictConfig) -> Factor:
         strings = list(ov.sweep_string_iterator())
     else:
         strings = [ov.get_value_element_as_str()]
+    # Hydra reads booleans back as Python's True/False: spell them as typed and as the baseline
+    # is shown (false), so retrieval.acl_filter=false,true has one level equal to the baseline
+    strings = [s.lower() if s in ("True", "False") else s for s in strings]
     choices = config.hydra.runtime.choices
     is_group = key in choices
     if is_group:
@@ -226,6 +229,9 @@ def check_names(s: RunConfig) -> None:
     SYSTEMS.check(s.system.name)
     if s.dataset.path is not None and not Path(s.dataset.path).expanduser().is_dir():
         raise ConfigError(f"dataset folder not found: {Path(s.dataset.path).expanduser()}")
+    from rag_ablate.weights import check_folder
+
+    check_folder(s.dataset)  # dataset.slice_weights names tags the queries have
 
 
 def check_plan(

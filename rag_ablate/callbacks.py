@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rag_ablate import compare, mlflow_traces, mlflow_ui, tracking
 from rag_ablate.ablation import Plan, write_plan
 from rag_ablate.app import one_line
 from rag_ablate.compare.model import Comparison
-from rag_ablate.config import RunConfig, redact_override, to_settings
+from rag_ablate.config import RunConfig, env_interpolated, redact_override, to_settings
 from rag_ablate.errors import TrackingError
 from rag_ablate.layout import (
     FAILURES_FILE,
@@ -127,7 +127,9 @@ def start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
 
         return reopen_sweep(sweep_dir, plan)
     output_root = (_cwd(config) / s.paths.output_root).resolve()
-    overrides = [redact_override(o) for o in config.hydra.overrides.task]  # no header values (API keys)
+    # no header values (API keys), values read from the environment as their ${oc.env:NAME} text
+    env = env_interpolated(OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"]))
+    overrides = [redact_override(o, env) for o in config.hydra.overrides.task]
     info: dict[str, Any] = {"overrides": overrides, "jobs": len(plan.jobs)}
     experiment_id = None
     if s.tracking.enabled:
@@ -137,7 +139,7 @@ def start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
         )
     write_plan(plan, sweep_dir, config)
     if experiment_id is not None:
-        name = "sweep " + variant_label(list(config.hydra.overrides.task))
+        name = "sweep " + variant_label(overrides)
         tags = tracking.base_tags(_cwd(config))
         tags["sweep.dir"] = str(sweep_dir.resolve())
         tags["ablation.mode"] = s.ablation.mode

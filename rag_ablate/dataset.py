@@ -8,6 +8,10 @@ Nothing is loaded partially.
 
 Queries without a ``group`` get one from near-duplicate grouping; queries without a
 ``split`` get one by group (largest groups first), so a group never spans splits.
+
+Evidence entries that carry a ``quote`` are checked against the corpus
+(:mod:`rag_ablate.labels`): moved quotes are relocated, stale or ambiguous ones are left
+out of the query's spans and reported in :attr:`Dataset.labels`, not refused.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rag_ablate.errors import DatasetError
+from rag_ablate.labels import LabelCheck, LabelReport, locate_quote
 
 SPLITS = ("dev", "holdout")
 QueryKind = Literal["answerable", "unanswerable", "no_rag"]
@@ -45,8 +50,15 @@ _QUERY_FIELDS = {
     "group",
     "tags",
     "user_groups",
+    "human_judgements",
+    "relevant_sets",
 }
+_EVIDENCE_FIELDS = {"doc_id", "start", "end", "quote"}
 _INTENT_FIELDS = {"intent_l2", "intent_l1", "description", "examples", "requires_rag"}
+#: the metrics a human judgement may score (the judge's metrics, docs/metrics.md), each an integer 0-5
+HUMAN_METRICS = ("faithfulness", "relevance", "completeness")
+HUMAN_SCORE_MAX = 5
+_JUDGEMENT_FIELDS = {"answer", "scores", "rater"}
 
 
 class DatasetValidationError(DatasetError):
@@ -73,6 +85,7 @@ class Span:
     doc_id: str
     start: int
     end: int
+    quote: str | None = None  # the text the label points at, when the dataset gives it
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,15 @@ class Intent:
 
 
 @dataclass(frozen=True)
+class HumanJudgement:
+    """A person's 0-5 scores of one answer to a query (any subset of :data:`HUMAN_METRICS`)."""
+
+    answer: str
+    scores: Mapping[str, int]
+    rater: str | None = None
+
+
+@dataclass(frozen=True)
 class Query:
     query_id: str
     query: str
@@ -109,6 +131,8 @@ class Query:
     tags: tuple[str, ...] = ()
     user_groups: tuple[str, ...] | None = None
     line: int = 0
+    human_judgements: tuple[HumanJudgement, ...] = ()
+    relevant_sets: tuple[tuple[str, ...], ...] = ()  # alternative sets of doc ids, each sufficient
 
     @property
     def kind(self) -> QueryKind:
@@ -129,6 +153,7 @@ class Dataset:
     queries_fingerprint: str
     groups_computed: int = 0
     splits_assigned: int = 0
+    labels: LabelReport = field(default_factory=LabelReport)  # quoted evidence checked at load
 
     def summary(self) -> dict[str, Any]:
         """Counts a person checks before trusting a dataset."""
@@ -154,6 +179,13 @@ class Dataset:
             "no_rag": kinds.get("no_rag", 0),
             "multi_doc": multi,
             "with_evidence": sum(1 for q in self.queries if q.evidence),
+            "with_relevant_sets": sum(1 for q in self.queries if q.relevant_sets),
+            "human_judgements": sum(len(q.human_judgements) for q in self.queries),
+            "human_judged_queries": sum(1 for q in self.queries if q.human_judgements),
+            "labels_checked": self.labels.checked,
+            "labels_relocated": self.labels.relocated,
+            "labels_stale": self.labels.stale,
+            "labels_ambiguous": self.labels.ambiguous,
             "intents": len(self.intents),
             "intent_parents": len({i.intent_l1 for i in self.intents.values()}),
             "splits": {s: splits.get(s, 0) for s in SPLITS},
@@ -184,18 +216,24 @@ def _read_jsonl(path: Path, errors: list[DatasetError]) -> Iterator[tuple[int, d
         errors.append(DatasetError(f"cannot read file: {exc.strerror}", file=name))
         return
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark at the start is accepted (and dropped)
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         errors.append(DatasetError("not valid UTF-8", file=name, line=line))
         return
-    for lineno, line_text in enumerate(text.splitlines(), start=1):
+    # lines end at "\n" (a "\r" before it is dropped: CRLF files are fine); never at the other
+    # characters str.splitlines() breaks on (U+2028, form feed, ...), which JSON strings may hold
+    for lineno, line_text in enumerate(text.split("\n"), start=1):
         if not line_text.strip():
             continue
         try:
-            obj = json.loads(line_text)
+            obj = json.loads(line_text.removesuffix("\r"))
         except json.JSONDecodeError as exc:
             errors.append(DatasetError(f"invalid JSON: {exc.msg}", file=name, line=lineno))
+            continue
+        except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
+            what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            errors.append(DatasetError(f"invalid JSON: {what}", file=name, line=lineno))
             continue
         if not isinstance(obj, dict):
             errors.append(DatasetError("a line must be a JSON object", file=name, line=lineno))
@@ -325,6 +363,189 @@ class _RawQuery:
     group: str | None
     tags: tuple[str, ...]
     user_groups: tuple[str, ...] | None
+    judgements: tuple[HumanJudgement, ...]
+    relevant_sets: tuple[tuple[str, ...], ...] = ()
+    quotes: int = 0  # evidence entries with a quote
+    label_checks: tuple[LabelCheck, ...] = ()  # quotes that did not match at their offsets
+
+
+def _human_judgements(chk: _Checker, line: int, value: object) -> tuple[HumanJudgement, ...]:
+    """The optional ``human_judgements`` list of a query; each problem is reported with its field path."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        chk.err(line, "human_judgements", "must be a list of {answer, scores, rater}")
+        return ()
+    out: list[HumanJudgement] = []
+    for i, item in enumerate(value):
+        where = f"human_judgements[{i}]"
+        if not isinstance(item, dict):
+            chk.err(line, where, "must be an object {answer, scores, rater}")
+            continue
+        ok = True
+        for key in item:
+            if key not in _JUDGEMENT_FIELDS:
+                chk.err(
+                    line,
+                    f"{where}.{key}",
+                    f"unknown field; valid fields: {', '.join(sorted(_JUDGEMENT_FIELDS))}",
+                )
+                ok = False
+        answer = item.get("answer")
+        if not isinstance(answer, str) or not answer.strip():
+            got = "missing" if answer is None else f"got {answer!r}"
+            chk.err(line, f"{where}.answer", f"must be the judged answer, a non-empty string ({got})")
+            ok = False
+        rater = item.get("rater")
+        if rater is not None and not isinstance(rater, str):
+            chk.err(line, f"{where}.rater", f"must be a string, got {type(rater).__name__}")
+            ok = False
+        scores = item.get("scores")
+        valid: dict[str, int] = {}
+        if not isinstance(scores, dict) or not scores:
+            chk.err(
+                line,
+                f"{where}.scores",
+                f"must be a non-empty object {{metric: 0-{HUMAN_SCORE_MAX}}} over {', '.join(HUMAN_METRICS)}",
+            )
+            ok = False
+        else:
+            for metric, score in scores.items():
+                at = f"{where}.scores.{metric}"
+                if metric not in HUMAN_METRICS:
+                    chk.err(line, at, f"unknown metric; valid: {', '.join(HUMAN_METRICS)}")
+                    ok = False
+                elif not _is_int(score):
+                    chk.err(line, at, f"must be an integer 0-{HUMAN_SCORE_MAX}, got {score!r}")
+                    ok = False
+                elif not 0 <= score <= HUMAN_SCORE_MAX:
+                    chk.err(line, at, f"must be in 0-{HUMAN_SCORE_MAX}, got {score}")
+                    ok = False
+                else:
+                    valid[str(metric)] = int(score)
+        if ok and isinstance(answer, str):
+            out.append(HumanJudgement(answer, valid, rater))
+    return tuple(out)
+
+
+def _evidence(
+    chk: _Checker, line: int, qid: str | None, value: object, docs: Mapping[str, Document]
+) -> tuple[tuple[Span, ...], int, tuple[LabelCheck, ...]]:
+    """The evidence spans of a query, the number that carry a quote, and every quote that did not match.
+
+    A span with a ``quote`` is checked against the corpus (rag_ablate.labels): when the
+    text moved it is relocated, when the quote is gone or occurs several times the span
+    is left out and reported; its offsets then need not lie inside the document.
+    """
+    spans: list[Span] = []
+    checks: list[LabelCheck] = []
+    quotes = 0
+    if value is None:
+        return (), 0, ()
+    if not isinstance(value, list):
+        chk.err(line, "evidence", "must be a list of {doc_id, start, end, quote}")
+        return (), 0, ()
+    for i, item in enumerate(value):
+        where = f"evidence[{i}]"
+        if not isinstance(item, dict) or not {"doc_id", "start", "end"} <= set(item) <= _EVIDENCE_FIELDS:
+            chk.err(line, where, "must be an object with doc_id, start, end and optionally quote")
+            continue
+        doc_id, start, end, quote = item["doc_id"], item["start"], item["end"], item.get("quote")
+        if not isinstance(doc_id, str) or doc_id not in docs:
+            chk.err(line, where + ".doc_id", f"doc_id {doc_id!r} is not in the corpus")
+            continue
+        if not (isinstance(start, int) and _is_int(start) and isinstance(end, int) and _is_int(end)):
+            chk.err(line, where, "start and end must be integers")
+            continue
+        if quote is not None and (not isinstance(quote, str) or not quote):
+            chk.err(line, where + ".quote", f"must be the non-empty text at [start, end), got {quote!r}")
+            continue
+        text = docs[doc_id].text
+        if quote is None:
+            if not 0 <= start < end <= len(text):
+                n = len(text)
+                chk.err(line, where, f"need 0 <= start < end <= len(text) = {n}, got [{start}, {end})")
+                continue
+            spans.append(Span(doc_id, start, end))
+            continue
+        if not 0 <= start < end:
+            chk.err(line, where, f"need 0 <= start < end, got [{start}, {end})")
+            continue
+        quotes += 1
+        status, new_start, new_end, matches = locate_quote(text, start, end, quote)
+        if status != "ok":
+            checks.append(
+                LabelCheck(
+                    query_id=qid or "?",
+                    line=line,
+                    index=i,
+                    doc_id=doc_id,
+                    start=start,
+                    end=end,
+                    quote=quote,
+                    status=status,
+                    new_start=new_start if status == "relocated" else None,
+                    new_end=new_end if status == "relocated" else None,
+                    matches=tuple(matches),
+                    n_matches=len(matches),
+                )
+            )
+        if status in ("ok", "relocated"):
+            spans.append(Span(doc_id, new_start, new_end, quote))
+    return tuple(spans), quotes, tuple(checks)
+
+
+def _relevant_sets(
+    chk: _Checker,
+    line: int,
+    value: object,
+    docs: Mapping[str, Document],
+    relevant: Mapping[str, int],
+    has_relevant: bool,
+) -> tuple[tuple[str, ...], ...]:
+    """The optional ``relevant_sets``: alternative sets of doc ids, each enough to answer on its own."""
+    if value is None:
+        return ()
+    shape = "must be a non-empty list of alternative sets, each a non-empty list of doc ids"
+    if not isinstance(value, list) or not value:
+        chk.err(line, "relevant_sets", shape)
+        return ()
+    if not has_relevant:
+        chk.err(
+            line, "relevant_sets", "needs a non-empty 'relevant' (an unanswerable query has no evidence sets)"
+        )
+        return ()
+    out: list[tuple[str, ...]] = []
+    first: dict[frozenset[str], int] = {}
+    ok = True
+    for i, item in enumerate(value):
+        where = f"relevant_sets[{i}]"
+        if not isinstance(item, list) or not item or not all(isinstance(d, str) for d in item):
+            chk.err(line, where, "must be a non-empty list of doc ids (strings)")
+            ok = False
+            continue
+        for doc_id in item:
+            if doc_id not in docs:
+                chk.err(line, where, f"doc_id '{doc_id}' is not in the corpus")
+                ok = False
+            elif doc_id not in relevant:
+                chk.err(
+                    line,
+                    where,
+                    f"doc_id '{doc_id}' is not in 'relevant' (a document that answers the question "
+                    "is relevant: give it a grade there)",
+                )
+                ok = False
+        if len(set(item)) < len(item):
+            chk.err(line, where, "lists a doc id more than once")
+            ok = False
+        key = frozenset(item)
+        if key in first:
+            chk.err(line, where, f"is the same set as relevant_sets[{first[key]}]")
+            ok = False
+        first.setdefault(key, i)
+        out.append(tuple(item))
+    return tuple(out) if ok else ()
 
 
 def _load_queries(
@@ -365,33 +586,8 @@ def _load_queries(
                     else:
                         relevant[doc_id] = grade
 
-        spans: list[Span] = []
-        ev = obj.get("evidence")
-        if ev is not None:
-            if not isinstance(ev, list):
-                chk.err(line, "evidence", "must be a list of {doc_id, start, end}")
-            else:
-                for i, item in enumerate(ev):
-                    where = f"evidence[{i}]"
-                    if not isinstance(item, dict) or set(item) - {"doc_id", "start", "end"}:
-                        chk.err(line, where, "must be an object with exactly doc_id, start, end")
-                        continue
-                    doc_id, start, end = item.get("doc_id"), item.get("start"), item.get("end")
-                    if not isinstance(doc_id, str) or doc_id not in docs:
-                        chk.err(line, where + ".doc_id", f"doc_id {doc_id!r} is not in the corpus")
-                        continue
-                    if not (
-                        isinstance(start, int) and _is_int(start) and isinstance(end, int) and _is_int(end)
-                    ):
-                        chk.err(line, where, "start and end must be integers")
-                        continue
-                    n = len(docs[doc_id].text)
-                    if not 0 <= start < end <= n:
-                        chk.err(
-                            line, where, f"need 0 <= start < end <= len(text) = {n}, got [{start}, {end})"
-                        )
-                        continue
-                    spans.append(Span(doc_id, start, end))
+        spans, quotes, checks = _evidence(chk, line, qid, obj.get("evidence"), docs)
+        relevant_sets = _relevant_sets(chk, line, obj.get("relevant_sets"), docs, relevant, bool(rel))
 
         l1 = chk.string(line, obj, "intent_l1", required=False)
         l2 = chk.string(line, obj, "intent_l2", required=False)
@@ -412,7 +608,7 @@ def _load_queries(
             chk.err(line, "answerable", "answerable is true but 'relevant' is empty")
         elif not answerable and rel:
             chk.err(line, "answerable", "answerable is false but 'relevant' is not empty")
-        if spans and not answerable:
+        if (spans or checks) and not answerable:
             chk.err(line, "evidence", "an unanswerable query cannot have evidence")
 
         requires_rag = chk.boolean(line, obj, "requires_rag")
@@ -434,6 +630,7 @@ def _load_queries(
         group = chk.string(line, obj, "group", required=False)
         tags = chk.str_list(line, obj, "tags") or ()
         user_groups = chk.str_list(line, obj, "user_groups")
+        judgements = _human_judgements(chk, line, obj.get("human_judgements"))
 
         if len(errors) > n_err or qid is None or text is None:
             continue
@@ -453,6 +650,10 @@ def _load_queries(
                 group,
                 tags,
                 user_groups,
+                judgements,
+                relevant_sets=relevant_sets,
+                quotes=quotes,
+                label_checks=checks,
             )
         )
     if not out and not errors:
@@ -524,6 +725,7 @@ def load_dataset(
     raw, queries_fp = _load_queries(folder / QUERIES_FILE, docs, intents, errors)
     if errors:
         raise DatasetValidationError(errors)
+    labels = LabelReport(sum(q.quotes for q in raw), tuple(c for q in raw for c in q.label_checks))
 
     groups, splits, computed, assigned = _assign_groups_and_splits(
         raw, QUERIES_FILE, holdout_share, group_threshold, seed
@@ -544,6 +746,8 @@ def load_dataset(
             tags=q.tags,
             user_groups=q.user_groups,
             line=q.line,
+            human_judgements=q.judgements,
+            relevant_sets=q.relevant_sets,
         )
         for q, g, s in zip(raw, groups, splits, strict=True)
     )
@@ -557,4 +761,5 @@ def load_dataset(
         queries_fingerprint=queries_fp,
         groups_computed=computed,
         splits_assigned=assigned,
+        labels=labels,
     )

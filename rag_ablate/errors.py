@@ -9,7 +9,8 @@ fix. Nothing user-facing is an ``assert`` or a bare traceback.
     ├── UnknownNameError           a name not in a registry (lists the valid names)
     ├── TrackingError              MLflow store / run problems
     ├── ErrorRateError             a run's share of failed queries is above system.max_error_rate
-    └── ComparisonError            the comparison step cannot be computed
+    ├── ComparisonError            the comparison step cannot be computed
+    └── LocalModelError            the offline model (extra [local-llm]) is missing, corrupt or did not start
 """
 
 from __future__ import annotations
@@ -76,3 +77,8 @@ class ErrorRateError(RagAblateError):
 
 class ComparisonError(RagAblateError):
     """The comparison step cannot be computed from what is on disk."""
+
+
+class LocalModelError(RagAblateError):
+    """The offline model cannot be prepared or served (rag_ablate/local_llm.py): the extra is not
+    installed, a part is missing or corrupt, or the server did not start. Says the fixing command."""

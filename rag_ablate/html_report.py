@@ -12,9 +12,11 @@ script, no network. Sections:
 3. the comparison against the baseline for dev and holdout, with intervals,
    adjusted p and significance (``comparison.json``); confounded and unchecked
    variants flagged (here and in the trade-off table);
-4. per-intent accuracy per variant, worst intents first;
-5. recall@k curves per variant (``recall_at_k.png``);
-6. the queries that flipped most, with their text.
+4. where each variant hurts (and helps): slices by tag and intent with their own
+   effects, exploratory (``comparison.json``'s ``slices``, :mod:`rag_ablate.compare.slices`);
+5. per-intent accuracy per variant, worst intents first;
+6. recall@k curves per variant (``recall_at_k.png``);
+7. the queries that flipped most, with their text.
 
 Everything is read from files the jobs and the comparison wrote, so it can be
 rebuilt at any time: ``rag-ablate report SWEEP_DIR``.
@@ -244,6 +246,85 @@ def _comparison_section(comp: Mapping[str, Any], titles: Mapping[str, str]) -> s
     return "".join(out)
 
 
+def _slice_rows(rows: Sequence[Mapping[str, Any]], titles: Mapping[str, str]) -> str:
+    body = []
+    for r in rows:
+        verdict = str(r.get("verdict", ""))
+        cls = {"hurts": "worse", "helps": "better"}.get(verdict, "")
+        badge = f'<span class="badge b-{cls}">{_e(verdict)}</span>' if cls else _e(verdict)
+        if r.get("ci_low") is None:
+            effect = _signed(r.get("effect"))
+        else:
+            effect = f"{_signed(r['effect'])} [{_signed(r['ci_low'])}, {_signed(r['ci_high'])}]"
+        body.append(
+            f'<tr class="{cls}"><td>{_e(titles.get(r["variant"], r["variant"]))}</td>'
+            f"<td>{_e(r['split'])}</td>"
+            f"<td>{_e(r['slice'])}</td><td>{_e(display_name(r['metric']))}</td>"
+            f"<td class=num>{r['n_queries']} ({r['n_groups']})</td>"
+            f"<td class=num>{r['n_failed_baseline']} / {r['n_failed_variant']}</td>"
+            f"<td class=num>{_num(r.get('baseline_mean'))} &rarr; {_num(r.get('variant_mean'))}</td>"
+            f'<td class="num eff">{effect}</td><td class=num>{_p(r.get("p_adjusted"))}</td>'
+            f"<td>{badge}</td></tr>"
+        )
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "variant",
+            "split",
+            "slice",
+            "metric",
+            "queries (groups)",
+            "failed base / var",
+            "baseline &rarr; variant",
+            "effect [95% CI]",
+            "p adjusted (BH)",
+            "verdict",
+        )
+    )
+    return f'<table class="slices"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _slices_section(comp: Mapping[str, Any], titles: Mapping[str, str]) -> str:
+    """Where each variant hurts (and helps): the per-slice comparison of ``comparison.json``."""
+    sec = comp.get("slices")
+    if not sec:
+        return '<p class="muted">No per-slice comparison in comparison.json (rerun the comparison).</p>'
+    rows: list[Mapping[str, Any]] = sec.get("rows") or []
+    metrics = ", ".join(display_name(m) for m in sec.get("metrics", []))
+    out = [
+        f"<p>Each slice (the queries sharing a tag, a parent intent or a leaf intent; slices overlap) is "
+        f"compared on its own on <b>{_e(metrics)}</b>, with the same paired, group-aware test as the whole "
+        f"comparison; p is adjusted by Benjamini-Hochberg across the slices of each split and variant. "
+        f"<b>Exploratory</b>: a slice verdict is a lead to look at, not a decision. Slices with fewer than "
+        f"{_e(sec.get('min_groups'))} paired groups are too small to test. Every slice: comparison.md.</p>"
+    ]
+    out += [f'<p class="muted">{_e(n)}</p>' for n in sec.get("notes") or []]
+    hurts = [r for r in rows if r.get("verdict") == "hurts"]
+    if hurts:
+        out.append(_slice_rows(hurts, titles))
+    elif rows:
+        out.append('<div class="ok">No slice where a variant is significantly worse than the baseline.</div>')
+    else:
+        out.append('<p class="muted">No slices: the records carry no tags and no gold intents.</p>')
+    helps = [r for r in rows if r.get("verdict") == "helps"]
+    if helps:
+        out.append("<h3>Where it helps</h3>")
+        out.append(_slice_rows(helps, titles))
+    counts = []
+    for v in comp.get("variants", []):
+        for split in comp.get("splits", []):
+            mine = [r for r in rows if r["variant"] == v and r["split"] == split]
+            if mine:
+                by = {k: sum(1 for r in mine if r.get("verdict") == k) for k in ("hurts", "helps")}
+                by["no evidence"] = sum(1 for r in mine if r.get("verdict") == "no evidence")
+                by["too small"] = sum(1 for r in mine if r.get("verdict") == "too small")
+                text = ", ".join(f"{n} {k}" for k, n in by.items() if n)
+                counts.append(f"<li>{_e(titles.get(v, v))}, {_e(split)}: {_e(text)}</li>")
+    if counts:
+        out.append(f'<ul class="muted">{"".join(counts)}</ul>')
+    return "".join(out)
+
+
 def _tradeoff_section(
     t: tradeoff.Tradeoff,
     plot: Path | None,
@@ -425,15 +506,23 @@ def _flips_section(comp: Mapping[str, Any], metric: str, titles: Mapping[str, st
                 if not fl:
                     continue
                 found = True
+                # records stored without text (privacy.store_text=false): the query ids only
+                texts = any(f.get("query") for f in fl)
                 rows = [
-                    [_e(f["query_id"]), _e(f["query"]), _num(f["baseline"]), _num(f["variant"])]
+                    [
+                        _e(f["query_id"]),
+                        *([_e(f.get("query") or "")] if texts else []),
+                        _num(f["baseline"]),
+                        _num(f["variant"]),
+                    ]
                     for f in fl[:TOP_FLIPS]
                 ]
                 more = f" (top {TOP_FLIPS} of {len(fl)})" if len(fl) > TOP_FLIPS else ""
                 out.append(
                     f"<h3>{_e(titles.get(variant, variant))}: {_e(split)}, {len(fl)} {direction}{more}</h3>"
                 )
-                out.append(_table(["query id", "query", "baseline", "variant"], rows, cls="flips", raw=True))
+                head = ["query id", *(["query"] if texts else []), "baseline", "variant"]
+                out.append(_table(head, rows, cls="flips", raw=True))
     if not found:
         out.append('<p class="muted">No query flipped.</p>')
     return "".join(out)
@@ -468,6 +557,7 @@ def render(
             "Comparison with the baseline",
             _guard_section(comparison) + _comparison_section(comparison, titles),
         ),
+        ("hurts", "Where it hurts", _slices_section(comparison, titles)),
         ("intents", "Per-intent accuracy", _intent_section(variants, titles)),
         (
             "recall",

@@ -16,7 +16,11 @@ METRICS_FILE = "metrics.json"  # aggregate metrics, as logged to MLflow
 CONFIG_FILE = "config.yaml"  # the resolved config of the job
 INTENTS_MD = "intents.md"  # per-intent accuracy, worst first
 INTENTS_JSON = "intents.json"
+SLICES_JSON = "slices.json"  # every metric per tag and per intent (rag_ablate.slices)
+SLICES_MD = "slices.md"  # the slice table, worst slices first
 RUN_FILE = "run.json"  # written when the job starts: its MLflow run id and config, for resume=
+JUDGE_CALIBRATION_JSON = "judge_calibration.json"  # the judge's agreement with human judgements
+JUDGE_CALIBRATION_MD = "judge_calibration.md"
 
 # a sweep folder
 PLAN_FILE = "plan.json"  # the ablation plan: every job, what it changes

@@ -12,6 +12,10 @@ and the queries one after another from the start of the evaluation, in dataset
 order. Durations are measured; positions are a replay (queries an HTTP system sent
 concurrently overlapped in fact).
 
+With ``privacy.store_text=false`` the traces carry ids only (inputs ``{query_id}``, empty
+passages, no answer); with ``privacy.redact=true`` every text in them is redacted
+(:mod:`rag_ablate.privacy`).
+
 Every per-query metric of the record that the comparison tests
 (``compare.metrics``) is attached as a Feedback assessment from a CODE source,
 the gold documents as an Expectation, and the query set is the run's dataset input.
@@ -39,6 +43,7 @@ if TYPE_CHECKING:
     from mlflow.entities import Assessment, Span, TraceInfo
 
     from rag_ablate.dataset import Dataset, Query
+    from rag_ablate.privacy import Privacy
     from rag_ablate.records import Record
 
 TRACE_NAME = "query"
@@ -162,12 +167,17 @@ def _ms_to_ns(ms: float) -> int:
     return round(ms * 1e6)
 
 
-def documents(rec: Record, dataset: Dataset) -> list[dict[str, Any]]:
-    """The record's retrieved chunks in MLflow's document shape (page_content, metadata, id)."""
+def documents(rec: Record, dataset: Dataset, privacy: Privacy | None = None) -> list[dict[str, Any]]:
+    """The record's retrieved chunks in MLflow's document shape (page_content, metadata, id).
+
+    With ``privacy`` (:mod:`rag_ablate.privacy`) the passage is as it may be stored: empty
+    without ``store_text``, redacted with ``redact``."""
     out = []
     for r in rec.get("retrieved") or []:
         doc = dataset.documents.get(r["doc_id"])
         text = doc.text[r["start"] : r["end"]] if doc is not None else ""
+        if privacy is not None:
+            text = privacy.text(text) or ""
         meta = {k: r[k] for k in ("doc_id", "chunk_id", "start", "end", "score", "rank")}
         out.append({"page_content": text, "metadata": meta, "id": r["chunk_id"]})
     return out
@@ -240,8 +250,12 @@ def build_trace(
     start_ns: int,
     metrics: Sequence[str],
     rng: random.Random,
+    privacy: Privacy | None = None,
 ) -> tuple[TraceInfo, list[Span]]:
-    """One query's trace: its info (with feedback and expectation) and its finished spans."""
+    """One query's trace: its info (with feedback and expectation) and its finished spans.
+
+    ``rec`` is the stored record (:mod:`rag_ablate.privacy`): without a ``query`` (text not
+    stored) the inputs are ``{query_id}`` only and the passages are left empty."""
     from mlflow.entities import (
         AssessmentSource,
         AssessmentSourceType,
@@ -271,8 +285,10 @@ def build_trace(
     failed = rec.get("status") != "ok"
     error = str(rec.get("error") or "failed") if failed else None
 
-    root_inputs = {"query_id": rec["query_id"], "query": rec["query"]}
-    docs = documents(rec, dataset)
+    # the query's text as stored: absent with privacy.store_text=false (ids only)
+    text_in: dict[str, Any] = {"query": rec["query"]} if rec.get("query") is not None else {}
+    root_inputs = {"query_id": rec["query_id"], **text_in}
+    docs = documents(rec, dataset, privacy)
     root_outputs: dict[str, Any] = {
         "doc_ids": [d["metadata"]["doc_id"] for d in docs],
         "intent": rec.get("intent_pred"),
@@ -302,7 +318,7 @@ def build_trace(
         s0 = start_ns + _ms_to_ns(st.start_ms)
         s1 = start_ns + _ms_to_ns(st.start_ms + st.duration_ms)
         attrs: dict[str, Any] = {"rag_ablate.timings_ms": st.parts}
-        inputs: Any = {"query": rec["query"]}
+        inputs: Any = dict(text_in)
         outputs: Any
         if st.name == "route":
             span_type = SpanType.UNKNOWN
@@ -317,7 +333,7 @@ def build_trace(
             outputs = docs
         else:
             span_type = SpanType.LLM
-            inputs = {"query": rec["query"], "context_chunk_ids": [d["id"] for d in docs]}
+            inputs = {**text_in, "context_chunk_ids": [d["id"] for d in docs]}
             outputs = {"answer": answer}
         span, _ = factory.make(
             st.name, span_type, s0, s1, parent=root_id, inputs=inputs, outputs=outputs, attributes=attrs
@@ -370,8 +386,9 @@ def build_trace(
     return info, spans
 
 
-def log_dataset_input(uri: str, run_id: str, dataset: Dataset) -> None:
-    """The query set as the run's dataset input (context ``evaluation``)."""
+def log_dataset_input(uri: str, run_id: str, dataset: Dataset, privacy: Privacy | None = None) -> None:
+    """The query set as the run's dataset input (context ``evaluation``); its query texts as
+    ``privacy`` may store them (none without ``store_text``)."""
     import pandas as pd  # type: ignore[import-untyped]  # installed with mlflow
     from mlflow.data.pandas_dataset import from_pandas
     from mlflow.entities import DatasetInput, InputTag
@@ -381,7 +398,7 @@ def log_dataset_input(uri: str, run_id: str, dataset: Dataset) -> None:
     frame = pd.DataFrame(
         {
             "query_id": [q.query_id for q in dataset.queries],
-            "query": [q.query for q in dataset.queries],
+            "query": [q.query if privacy is None else privacy.text(q.query) for q in dataset.queries],
             "split": [q.split for q in dataset.queries],
             "group": [q.group for q in dataset.queries],
             "kind": [q.kind for q in dataset.queries],
@@ -426,8 +443,12 @@ def log_traces(
     metrics: Iterable[str],
     start_ns: int,
     seed: int = 0,
+    privacy: Privacy | None = None,
 ) -> int:
     """Log one trace per selected query under ``run_id``; the number of traces logged.
+
+    ``records`` are the stored records; ``privacy`` says what of the passages may be stored
+    (:meth:`rag_ablate.privacy.Privacy.text`; None: as they are).
 
     ``per_split``: queries per split (None: all, 0: none). ``start_ns``: when the
     evaluation of the first record began (Unix epoch, nanoseconds). Also logs the
@@ -459,6 +480,7 @@ def log_traces(
                 start_ns=starts[pos],
                 metrics=names,
                 rng=rng,
+                privacy=privacy,
             )
             for pos, rec in batch
         ]
@@ -467,7 +489,7 @@ def log_traces(
         for info, _ in built:
             client.start_trace(info)
         client.log_spans(experiment_id, [s for _, spans in built for s in spans])
-    log_dataset_input(uri, run_id, dataset)
+    log_dataset_input(uri, run_id, dataset, privacy)
     return len(chosen)
 
 

@@ -80,15 +80,23 @@ def headline_deltas(c: Comparison, variant: str, quality: str) -> dict[str, floa
 
 def mlflow_metrics(metrics: Mapping[str, float], keep: Iterable[str]) -> dict[str, float]:
     """The metrics a variant run logs: per split only ``keep`` (and counts), no ``all/`` split
-    (its error rate is ``headline/error_rate``), everything under ``cost/``, ``run/``, ``headline/``."""
+    (its error rate is ``headline/error_rate``), everything under ``cost/``, ``run/``, ``headline/``,
+    ``privacy/`` (what redaction replaced) and ``judge/`` (the LLM judge's run metrics,
+    rag_ablate.judging); ``<split>/prod/`` and
+    ``<split>/edge/`` (rag_ablate.weights) of the ``keep`` metrics."""
     names = {*keep, *COUNTS}
     out = {}
     for key, v in metrics.items():
         prefix, _, rest = key.partition("/")
-        if prefix in ("cost", "run", "headline") or (
-            # error rates per failure status and first-token percentiles (system=http) are kept too
+        if prefix in ("cost", "run", "headline", "judge", "privacy") or (
+            # error rates per failure status and of the judge, first-token percentiles are kept too
             prefix in SPLITS
-            and (rest in names or rest.startswith(("cost/", "error_rate_", "n_status_", "ttft_ms_")))
+            and (
+                rest in names
+                or rest.startswith(("cost/", "error_rate_", "n_status_", "ttft_ms_", "judge_error_"))
+                # the production mix: weighted means and edge cases' means of the same metrics
+                or (rest.startswith(("prod/", "edge/")) and rest.partition("/")[2] in names)
+            )
         ):
             out[key] = v
     return out
@@ -176,6 +184,12 @@ def sweep_description(
         "Benjamini-Hochberg (dev); n.s. = not significant. Details: comparison.md among this run's "
         "artifacts.",
     ]
+    if c is not None and c.slices is not None:
+        hurting = [(v, hurts_text(c, v)) for v in c.variants]
+        named = [f"{v}: {h}" for v, h in hurting if h and h != "none"]
+        lines.append(
+            f"Slices where a variant hurts ({SLICES_NOTE}): " + ("; ".join(named) if named else "none")
+        )
     if c is not None and c.confounded:
         lines.append("Confounded (change more than their label says): " + ", ".join(sorted(c.confounded)))
     if failed:
@@ -183,15 +197,37 @@ def sweep_description(
     return "\n".join(lines)
 
 
+SLICES_SHOWN = 5  # slices named per variant in a run description (every slice: comparison.md)
+
+
+def hurts_text(c: Comparison, variant: str, top: int = SLICES_SHOWN) -> str:
+    """The slices where ``variant`` hurts, worst first: ``tag=multi_doc (holdout recall@5 -0.120)``;
+    ``''`` when the comparison has no slices, ``none`` when no slice says it hurts."""
+    if c.slices is None or not any(r.variant == variant for r in c.slices.rows):
+        return ""
+    hurts = c.slices.hurts(variant)
+    if not hurts:
+        return "none"
+    shown = hurts[:top]
+    text = ", ".join(f"{r.name} ({r.split} {display_name(r.metric)} {_signed(r.effect)})" for r in shown)
+    return text + (f", and {len(hurts) - top} more" if len(hurts) > top else "")
+
+
+SLICES_NOTE = "exploratory: tested within each slice, Benjamini-Hochberg across slices; see comparison.md"
+
+
 def child_description(c: Comparison, variant: str, quality: str) -> str:
-    """One line: a variant's verdict against the baseline on holdout (quality and p95 latency)."""
+    """One line: a variant's verdict against the baseline on holdout (quality and p95 latency), then
+    the slices where it hurts."""
     q = display_name(quality)
     rq = c.row("holdout", variant, quality)
     rp = c.row("holdout", variant, P95)
-    return (
+    line = (
         f"vs {c.baseline} on holdout: {q} {effect_text(rq)}; p95 latency ms {effect_text(rp)} "
         f"(`*` significant after Holm; latency {LATENCY_NOTE})."
     )
+    hurts = hurts_text(c, variant)
+    return f"{line} Hurts on slices: {hurts} ({SLICES_NOTE})." if hurts else line
 
 
 BASELINE_DESCRIPTION = "The baseline: every other variant of this sweep is compared with this run."

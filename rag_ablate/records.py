@@ -30,21 +30,36 @@ import numpy as np
 from rag_ablate.dataset import SPLITS, Dataset, Document, Query
 from rag_ablate.errors import RagAblateError
 from rag_ablate.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
-from rag_ablate.metrics import context_tokens, evidence_recall, intent_top1, retrieval_metrics
+from rag_ablate.metrics import (
+    context_tokens,
+    evidence_recall,
+    intent_top1,
+    retrieval_metrics,
+    set_metrics,
+)
+from rag_ablate.metrics.acl import acl_metrics, has_restrictions
 from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
 from rag_ablate.systems import Trace
+from rag_ablate.weights import TagWeights, run_metrics
 
 Record = dict[str, Any]
 FSYNC_SECONDS = 1.0  # RecordWriter: at most this long between fsyncs (each record is flushed at once)
 
 
 def make_record(query: Query, trace: Trace) -> Record:
+    """A query's record before scoring: its identity, tags and gold intents, and the system's trace.
+
+    ``tags`` (the query's tags) and the gold intents make the record enough to recompute its
+    slices (:mod:`rag_ablate.slices`); records written before tags were recorded have no
+    ``tags`` key and stay readable (their tag slices leave them out).
+    """
     return {
         "query_id": query.query_id,
         "query": query.query,
         "split": query.split,
         "group": query.group,
         "kind": query.kind,
+        "tags": list(query.tags),
         "intent_gold": query.intent_l2,
         "intent_gold_l1": query.intent_l1,
         **{k: v for k, v in trace.to_dict().items() if k != "query_id"},
@@ -65,7 +80,12 @@ def score_record(
     A failed query gets no quality values, only ``latency_ms`` (its time until
     it failed), so latency percentiles include slow failures. A record with an
     ``answer`` also gets the answer metrics (:func:`rag_ablate.metrics.answers.answer_metrics`,
-    scored with ``answers``, default :class:`~rag_ablate.metrics.answers.AnswerScoring`).
+    scored with ``answers``, default :class:`~rag_ablate.metrics.answers.AnswerScoring`); when it
+    carries an LLM judge's verdicts (``judge``, added by :mod:`rag_ablate.judging`), the judged
+    metrics too, and the judge's refusal and citation-support verdicts enter those metrics.
+    When the corpus restricts documents (``allowed_groups``), every query that retrieved
+    (answerable and unanswerable) gets the access-control leak metrics
+    (:mod:`rag_ablate.metrics.acl`).
     """
     out: dict[str, float | None] = {}
     timings = rec.get("timings_ms") or {}
@@ -83,8 +103,13 @@ def score_record(
     texts = [docs[r["doc_id"]].text[r["start"] : r["end"]] for r in retrieved]
     for k in ks:
         out[f"context_tokens_at_{k}"] = float(context_tokens(texts, k))
+    if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
+        out.update(acl_metrics([r["doc_id"] for r in retrieved], docs, query.user_groups, ks))
     if query.kind == "answerable":
-        out.update(retrieval_metrics([r["doc_id"] for r in retrieved], query.relevant, ks))
+        ranked = [r["doc_id"] for r in retrieved]
+        out.update(retrieval_metrics(ranked, query.relevant, ks))
+        if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
+            out.update(set_metrics(ranked, query.relevant_sets, ks))
         if query.evidence:
             chunks = [(r["doc_id"], r["start"], r["end"]) for r in retrieved]
             spans = [(e.doc_id, e.start, e.end) for e in query.evidence]
@@ -268,7 +293,7 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
-def aggregate(records: Sequence[Record]) -> dict[str, float]:
+def aggregate(records: Sequence[Record], weights: TagWeights | None = None) -> dict[str, float]:
     """Split-prefixed means and counts: ``dev/recall_at_5``, ``holdout/n_failed``, ``all/...``.
 
     Means run over the queries that have a value (answerable ones for retrieval
@@ -281,6 +306,10 @@ def aggregate(records: Sequence[Record]) -> dict[str, float]:
     :data:`rag_ablate.systems.base.Status`) gets ``n_status_<status>`` and ``error_rate_<status>``
     in every split; a streaming system's time to first token gets ``ttft_ms_p50``/``_p95``
     (over the queries that got a first token).
+
+    With ``weights`` (the production mix, :mod:`rag_ablate.weights`), each split also gets
+    ``<split>/prod/<metric>`` (weighted means) and ``<split>/edge/<metric>`` (the edge cases'
+    own means) from the records' ``tags`` (see :func:`rag_ablate.weights.run_metrics`).
     """
     out: dict[str, float] = {}
     failure_statuses = sorted({str(r["status"]) for r in records if r["status"] != "ok"})
@@ -312,4 +341,6 @@ def aggregate(records: Sequence[Record]) -> dict[str, float]:
         if lat:
             out[p + "latency_ms_p50"] = _percentile(lat, 50)
             out[p + "latency_ms_p95"] = _percentile(lat, 95)
+    if weights is not None:
+        out.update(run_metrics(records, weights, (*SPLITS, "all")))
     return out

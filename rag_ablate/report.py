@@ -24,24 +24,41 @@ def _fmt(v: float | None) -> str:
     return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3f}"
 
 
+def _leak_column(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[str]:
+    """``acl_leak_rate_at_<largest k>`` when a variant measured access-control leaks and the
+    columns do not show a leak rate already: a leak is never hidden by good recall."""
+    if any(c.startswith("acl_leak_rate_at_") for c in columns):
+        return []
+    ks = [
+        int(k)
+        for s in summaries
+        for key in s["metrics"]
+        if key.startswith("all/acl_leak_rate_at_") and (k := key.rpartition("_")[2]).isdigit()
+    ]
+    return [f"acl_leak_rate_at_{max(ks)}"] if ks else []
+
+
 def summary_rows(
     summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]
 ) -> tuple[list[str], list[list[str]]]:
     """One row per variant; each metric cell reads ``dev / holdout``.
 
-    Then the end-to-end time per query (p50 / p95 ms, all splits), the time to first
-    token (a column only when a variant streams answers) and the failed queries with
-    their count per status (``2 (timeout 1, http_error 1)``).
+    When the runs measured access-control leaks, the share of queries with a leak in the
+    whole list (``acl_leak_rate@<largest k>``) follows. Then the end-to-end time per query
+    (p50 / p95 ms, all splits), the time to first token (a column only when a variant
+    streams answers) and the failed queries with their count per status (``2 (timeout 1, http_error 1)``).
     """
     streams = any("all/ttft_ms_p50" in s["metrics"] for s in summaries)
-    headers = ["variant", *(display_name(c) for c in columns), "ms p50 / p95"]
+    leak = _leak_column(summaries, columns)
+    headers = ["variant", *(display_name(c) for c in columns), *(display_name(c) for c in leak)]
+    headers += ["ms p50 / p95"]
     headers += ["ttft ms p50 / p95"] if streams else []
     headers += ["failed"]
     rows = []
     for s in summaries:
         m = s["metrics"]
         row = [str(s["label"])]
-        row += [f"{_fmt(m.get(f'dev/{c}'))} / {_fmt(m.get(f'holdout/{c}'))}" for c in columns]
+        row += [f"{_fmt(m.get(f'dev/{c}'))} / {_fmt(m.get(f'holdout/{c}'))}" for c in (*columns, *leak)]
         p95 = m.get("cost/latency_p95_ms", m.get("all/latency_ms_p95"))
         row += [f"{_fmt(m.get('all/latency_ms_p50'))} / {_fmt(p95)}"]
         if streams:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,9 +142,12 @@ def rewrite_argv(args: list[str]) -> list[str]:
     return [*flags, *head, f"{RESUME_KEY}={_quote(folder)}", *extra]
 
 
-def factor_config(s: RunConfig) -> dict[str, Any]:
-    """The settings that define what a run measures (runtime settings left out), flattened."""
+def factor_config(s: RunConfig, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The settings that define what a run measures (runtime settings left out), flattened; a value
+    read from the environment (``env``: :func:`rag_ablate.config.env_interpolated`) as its
+    ``${oc.env:NAME}`` text."""
     out: dict[str, Any] = {}
+    env = env or {}
 
     def walk(node: Any, prefix: str) -> None:
         if isinstance(node, dict):
@@ -152,7 +156,7 @@ def factor_config(s: RunConfig) -> dict[str, Any]:
         else:
             key = prefix[:-1]
             if not any(key == r or key.startswith(r + ".") for r in RUNTIME_KEYS):
-                out[key] = node
+                out[key] = env.get(key, node)
 
     walk(asdict(s), "")
     return out
@@ -168,23 +172,29 @@ class JobState:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def write_run_file(job_dir: Path, s: RunConfig, run_id: str | None, tracking_uri: str | None) -> None:
+def write_run_file(
+    job_dir: Path,
+    s: RunConfig,
+    run_id: str | None,
+    tracking_uri: str | None,
+    env: Mapping[str, str] | None = None,
+) -> None:
     """``run.json``: written when a job starts, read by ``resume=``."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    data = {"run_id": run_id, "tracking_uri": tracking_uri, "config": factor_config(s)}
+    data = {"run_id": run_id, "tracking_uri": tracking_uri, "config": factor_config(s, env)}
     tmp = job_dir / (RUN_FILE + ".tmp")
     tmp.write_text(json.dumps(data, ensure_ascii=False, indent=1, default=str), encoding="utf-8")
     tmp.replace(job_dir / RUN_FILE)
 
 
-def load_job(job_dir: Path, s: RunConfig) -> JobState:
+def load_job(job_dir: Path, s: RunConfig, env: Mapping[str, str] | None = None) -> JobState:
     """The state of a job folder being resumed; ConfigError when its config differs from ``s``."""
     path = job_dir / RUN_FILE
     if not path.is_file():  # killed before it started (a sweep's later jobs): a fresh job
         return JobState()
     data = json.loads(path.read_text(encoding="utf-8"))
     saved = json.loads(json.dumps(data.get("config") or {}, default=str))
-    now = json.loads(json.dumps(factor_config(s), default=str))
+    now = json.loads(json.dumps(factor_config(s, env), default=str))
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     if changed:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])

@@ -1,7 +1,7 @@
 """Run one variant: load data, run the target over every query, score, record, log.
 
 Everything a job produces lands in its Hydra output folder first (records.jsonl,
-summary.json, intents.md, variant.json, config.yaml); MLflow gets a copy. The
+summary.json, intents.md, slices.json/.md, variant.json, config.yaml); MLflow gets a copy. The
 sweep-wide steps (summary table, comparison) read these files back, so they work
 whatever launcher ran the jobs.
 
@@ -16,7 +16,7 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -27,13 +27,17 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from rag_ablate import cost, mlflow_traces, mlflow_ui, resume, tracking
+from rag_ablate import cost, mlflow_traces, mlflow_ui, privacy, resume, slices, tracking
 from rag_ablate.ablation import job_entry
 from rag_ablate.cache import Cache
-from rag_ablate.config import RUNTIME_KEYS, RunConfig, redact, redact_override, to_settings
+from rag_ablate.config import RUNTIME_KEYS, RunConfig, env_interpolated, redact, redact_override, to_settings
 from rag_ablate.dataset import SPLITS, Dataset, Query, load_dataset
 from rag_ablate.errors import ConfigError, ErrorRateError
 from rag_ablate.export import write_trec
+from rag_ablate.judges import JUDGES
+from rag_ablate.judges.calibration import run_calibration
+from rag_ablate.judging import judge_records, judge_run_metrics
+from rag_ablate.labels import label_params
 from rag_ablate.layout import (
     CONFIG_FILE,
     INTENTS_JSON,
@@ -57,13 +61,24 @@ from rag_ablate.records import (
 )
 from rag_ablate.report import print_table, ui_hint
 from rag_ablate.systems import SYSTEMS, System, Trace, batch_runner
+from rag_ablate.weights import TagWeights
+from rag_ablate.weights import validate as validate_weights
 
 
 @lru_cache(maxsize=4)
 def _cached_dataset(
     path: str | None, name: str, holdout_share: float, threshold: float, seed: int
 ) -> Dataset:
-    return load_dataset(path, name=name, holdout_share=holdout_share, group_threshold=threshold, seed=seed)
+    ds = load_dataset(path, name=name, holdout_share=holdout_share, group_threshold=threshold, seed=seed)
+    if ds.labels.issues:  # quoted evidence that did not match the corpus: say so once per load
+        lab = ds.labels
+        print(
+            f"dataset {ds.name}: evidence labels whose quote moved: {lab.relocated} relocated, "
+            f"{lab.stale} stale and {lab.ambiguous} ambiguous (left out); `rag-ablate validate {ds.path}` "
+            "lists them and --fix repairs the relocated ones",
+            file=sys.stderr,
+        )
+    return ds
 
 
 def get_dataset(s: RunConfig) -> Dataset:
@@ -207,13 +222,17 @@ def _ends_run_on_error(fn: Callable[[DictConfig], float | None]) -> Callable[[Di
 
 
 @_ends_run_on_error
+@privacy.scoped  # privacy.store_text=false: error messages quote no response bodies
 def run_variant(cfg: DictConfig) -> float | None:
     s = to_settings(cfg)
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir)
     cwd = Path(hc.runtime.cwd)
     output_root = (cwd / s.paths.output_root).resolve()
-    overrides = list(hc.overrides.task)
+    # values read from the environment (Hydra hands overrides over resolved) and header values are
+    # never stored: not in labels, variant.json, run.json, config.yaml or MLflow
+    env_values = env_interpolated(cfg)
+    overrides = [redact_override(o, env_values) for o in hc.overrides.task]
     choices = {
         k: str(v) for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None
     }
@@ -230,49 +249,84 @@ def run_variant(cfg: DictConfig) -> float | None:
     # the MLflow store is opened before anything is spent: an unusable one fails at once
     store = _open_store(s, output_root, Path(hc.sweep.dir) if multirun else None)
     # resume=: what an earlier attempt left (its run, its ok records); a changed config is refused
-    prior = resume.load_job(job_dir, s) if s.resume else resume.JobState()
+    prior = resume.load_job(job_dir, s, env_values) if s.resume else resume.JobState()
     if prior.finished:
         print(f"{label}: finished earlier with every query ok, nothing to resume ({job_dir})")
         earlier = prior.summary.get("metrics", {}).get("holdout/recall_at_5")
         return None if earlier is None else float(earlier)
-    run_id = _start_run(store, s, job_dir, label, prior)
+    run_id = _start_run(store, s, job_dir, label, prior, env_values)
 
     t_start = time.perf_counter()
     started_ns = time.time_ns()  # wall clock: the per-query traces replay their timings from here
     dataset = get_dataset(s)
+    # the production mix: its tags must exist in the data (checked before anything is spent)
+    tag_weights = TagWeights.from_config(s.dataset)
+    tag_lists = [q.tags for q in dataset.queries]
+    for warning in validate_weights(tag_weights, tag_lists, f"dataset {dataset.path}"):
+        print(f"warning: {warning}", file=sys.stderr)
     kept = resume.kept_records(job_dir, {q.query_id for q in dataset.queries}) if s.resume else {}
     if not s.resume:
         (job_dir / RECORDS_FILE).unlink(missing_ok=True)
     cache = Cache(Path(s.cache.dir) if s.cache.dir else output_root / "cache", enabled=s.cache.enabled)
-    target = SYSTEMS.get(s.system.name)(s, cache)
+    answers = AnswerScoring.from_config(s.metrics)
+    # what of the text is stored (privacy.store_text, privacy.redact): every record passes it on its way
+    # to disk; metrics are computed from the full record first (README "Confidential corpora")
+    guard = privacy.Privacy.from_config(s.privacy)
+    # the LLM judge (None: judge=none) is built before any query runs, so a bad setting costs nothing
+    judge = JUDGES.get(s.judge.name)(s, cache)
     try:
-        build_info = target.prepare(dataset)
-        # each record is appended to records.jsonl as its query completes (resume= keeps them)
-        with RecordWriter(job_dir / RECORDS_FILE) as writer:
-            todo = [q for q in dataset.queries if q.query_id not in kept]
-            new = evaluate(
-                target,
-                dataset,
-                s.metrics.ks,
-                progress=s.progress,
-                label=label,
-                queries=todo,
-                on_record=writer.write,
-                answers=AnswerScoring.from_config(s.metrics),
-            )
+        target = SYSTEMS.get(s.system.name)(s, cache)
+        try:
+            build_info = target.prepare(dataset)
+            # each record is appended to records.jsonl as its query completes (resume= keeps them)
+            with RecordWriter(job_dir / RECORDS_FILE) as writer:
+                todo = [q for q in dataset.queries if q.query_id not in kept]
+                new = evaluate(
+                    target,
+                    dataset,
+                    s.metrics.ks,
+                    progress=s.progress,
+                    label=label,
+                    queries=todo,
+                    on_record=lambda rec: writer.write(guard.record(rec)),
+                    answers=answers,
+                )
+        finally:
+            target.close()
+        # one final record per query, in dataset order (write_records below rewrites the file so)
+        latest = {**kept, **{r["query_id"]: r for r in new}}
+        records = [latest[q.query_id] for q in dataset.queries]
+        if judge is not None and judge.mode == "pointwise":
+            # the judge phase: every answer without a judgement (resume= kept the earlier ones) is
+            # judged and scored again, appended as it completes (rag_ablate.judging)
+            with RecordWriter(job_dir / RECORDS_FILE) as writer:
+                records = judge_records(
+                    records,
+                    judge,
+                    dataset,
+                    ks=s.metrics.ks,
+                    routed=target.routes_intents,
+                    answers=answers,
+                    max_contexts=s.judge.max_contexts,
+                    concurrency=s.judge.concurrency,
+                    progress=s.progress,
+                    label=label,
+                    on_record=lambda rec: writer.write(guard.record(rec)),
+                )
     finally:
-        target.close()
-    # one final record per query, in dataset order (write_records below rewrites the file so)
-    latest = {**kept, **{r["query_id"]: r for r in new}}
-    records = [latest[q.query_id] for q in dataset.queries]
+        if judge is not None:
+            judge.close()
 
     n_failed = sum(1 for r in records if r["status"] != "ok")
     wall = time.perf_counter() - t_start
 
     job_dir.mkdir(parents=True, exist_ok=True)
-    write_records(job_dir / RECORDS_FILE, records)
-    write_trec(records, dataset, job_dir, label)
-    metrics = aggregate(records)
+    # the stored form of every record (without text, or redacted); the metrics below that need the
+    # text (the judge's length bias) still read the full records
+    stored = [guard.record(r) for r in records]
+    write_records(job_dir / RECORDS_FILE, stored)
+    write_trec(stored, dataset, job_dir, label)
+    metrics = aggregate(records, tag_weights)  # with <split>/prod/ and <split>/edge/ means
     metrics["run/wall_seconds"] = wall
     # whatever numeric facts the system reported (index size, build time, ...) as run/<key>
     metrics.update(
@@ -287,6 +341,14 @@ def run_variant(cfg: DictConfig) -> float | None:
     # cost from per-query values (percentiles of end-to-end and stage times, tokens, money)
     price = s.cost.prices.get(s.cost.model) if s.cost.model else None
     metrics.update(cost.run_cost_metrics(records, SPLITS, price=price))
+    # the judge's agreement, spread, length bias, errors, calls, tokens and money: evaluation cost,
+    # kept under judge/ apart from the system's cost/
+    judge_model = judge.model if judge is not None else s.judge.model
+    metrics.update(judge_run_metrics(records, price=s.cost.prices.get(judge_model) if judge_model else None))
+    # the judge against people: the dataset's human_judgements, judged and compared (pointwise judge
+    # only); judge_calibration.json/.md in the job folder, judge/<metric>/human_* metrics
+    metrics.update(run_calibration(s, dataset, cache, metrics, job_dir))
+    metrics.update(guard.run_metrics(stored))  # privacy/redacted_<kind>: what redaction replaced
     metrics.update(mlflow_ui.headline_metrics(metrics, mlflow_ui.quality_metric(s.metrics.summary)))
 
     # intent accuracy needs a routed query that did not fail; without one it is absent, not an error
@@ -304,12 +366,18 @@ def run_variant(cfg: DictConfig) -> float | None:
             json.dumps(report.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8"
         )
 
+    # every metric per tag and per gold intent (slices.json/.md); MLflow gets a bounded few of them
+    slice_table = slices.slice_metrics(records)
+    slices.write_slices(slice_table, job_dir, s.metrics.summary)
+    slice_logged = slices.mlflow_slice_metrics(slice_table, mlflow_ui.quality_metric(s.metrics.summary))
+
     (job_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=1, sort_keys=True), encoding="utf-8")
-    resolved = redact(OmegaConf.to_container(cfg, resolve=True))  # header values never stored
+    # header values never stored; values read from the environment stored as ${oc.env:NAME}
+    resolved = redact(OmegaConf.to_container(cfg, resolve=True), env=env_values)
     (job_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
     variant = {
         "label": label,
-        "overrides": [redact_override(o) for o in overrides],
+        "overrides": overrides,
         "choices": choices,
         "job_num": hc.job.num if multirun else 0,
         **ablation,
@@ -337,8 +405,11 @@ def run_variant(cfg: DictConfig) -> float | None:
             metrics,
             run_id=run_id,
             final_status="FAILED" if too_many_failed else "FINISHED",
+            extra_metrics=slice_logged,
+            judge_prompt_hash=judge.prompt_hash if judge is not None else None,
+            env_values=env_values,
         )
-        n_traces = _log_traces(store, run_id, s, records, dataset, started_ns)
+        n_traces = _log_traces(store, run_id, s, stored, dataset, started_ns)
     summary = {
         "label": label,
         "run_id": run_id,
@@ -370,7 +441,12 @@ def run_variant(cfg: DictConfig) -> float | None:
 
 
 def _start_run(
-    store: _Store | None, s: RunConfig, job_dir: Path, label: str, prior: resume.JobState
+    store: _Store | None,
+    s: RunConfig,
+    job_dir: Path,
+    label: str,
+    prior: resume.JobState,
+    env_values: Mapping[str, str] | None = None,
 ) -> str | None:
     """Create the job's MLflow run (RUNNING) when it starts, or reopen the run of the
     attempt being resumed; the run id (and the config) go to the job's ``run.json``."""
@@ -387,11 +463,11 @@ def _start_run(
         else:
             run_id = tracking.start_run(store.uri, store.experiment_id, label, store.parent_run_id)
     uri = store.uri if store is not None else prior.tracking_uri
-    resume.write_run_file(job_dir, s, run_id or prior.run_id, uri)
+    resume.write_run_file(job_dir, s, run_id or prior.run_id, uri, env_values)
     return run_id
 
 
-def resolve_tracking(s: RunConfig, output_root: Path) -> tuple[str, Path]:
+def resolve_tracking(s: RunConfig, output_root: Path) -> tuple[str, Path | None]:
     """The tracking URI and artifact root of a run (see :func:`rag_ablate.tracking.resolve`)."""
     return tracking.resolve(s.tracking, output_root)
 
@@ -440,6 +516,7 @@ def _log_traces(
             metrics=s.compare.metrics,
             start_ns=started_ns,
             seed=s.seed,
+            privacy=privacy.Privacy.from_config(s.privacy),  # ids only, or redacted passages
         )
     except Exception as exc:
         print(f"per-query MLflow traces not logged: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -459,14 +536,22 @@ def _log_to_mlflow(
     metrics: dict[str, float],
     run_id: str | None = None,
     final_status: str = "FINISHED",
+    judge_prompt_hash: str | None = None,
+    extra_metrics: Mapping[str, float] | None = None,
+    env_values: Mapping[str, str] | None = None,
 ) -> str:
-    params = redact(flatten(asdict(s)))  # header values (API keys) never reach MLflow
+    # header values (API keys) and values read from the environment never reach MLflow
+    params = redact(flatten(asdict(s)), env=env_values)
     params.pop("resume", None)  # how this attempt was started, not what the run is
     params["dataset.resolved_path"] = str(dataset.path)
+    # how far the quoted evidence labels had to be repaired at load (docs/dataset-format.md, "Quotes")
+    params.update(label_params(dataset.labels))
     if s.generator.name == "openai":  # the prompt's version: a hash of its templates
         from rag_ablate.generators.openai import prompt_hash
 
         params["generator.prompt_hash"] = prompt_hash(s.generator)
+    if judge_prompt_hash is not None:  # the judge's version: a hash of its templates and rubric
+        params["judge.prompt_hash"] = judge_prompt_hash
     tags = tracking.base_tags(cwd)
     # params are inputs only: what the system reported (index size, build time, ...) is an output,
     # numbers as run/ metrics (run_variant), the rest (resolved unit, language) as build.* tags
@@ -499,7 +584,11 @@ def _log_to_mlflow(
         label,
         params=params,
         # per split only the metrics the tables and the comparison use; the full grid is in metrics.json
-        metrics=mlflow_ui.mlflow_metrics(metrics, [*s.metrics.summary, *s.compare.metrics]),
+        # plus ``extra_metrics``: the bounded slice metrics (rag_ablate.slices.mlflow_slice_metrics)
+        metrics={
+            **mlflow_ui.mlflow_metrics(metrics, [*s.metrics.summary, *s.compare.metrics]),
+            **(extra_metrics or {}),
+        },
         tags=tags,
         artifacts_dir=job_dir,
         parent_run_id=store.parent_run_id,

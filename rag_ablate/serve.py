@@ -11,8 +11,10 @@ reads by default (README "Evaluate your own RAG service over HTTP"):
     returns ``{"intentLeafIds": [str], "retrieved": [{"doc_id", "chunk_id", "start", "end",
     "score", "text"}], "timings_ms": {stage: ms}}``. ``top_k`` cuts the list; the served
     pipeline returns at most its own ``retrieval.top_k`` (``rerank.top_k`` with a reranker).
-    ``user_groups`` and ``params`` are accepted and checked but do not change the answer
-    (the built-in pipeline has no access control and is configured when the service starts).
+    ``user_groups`` are the asking user's groups (absent or null: an anonymous user): with
+    ``retrieval.acl_filter=true`` the service returns only documents they may see (docs/metrics.md
+    "Access control"); without it they are accepted and checked only. ``params`` are accepted and
+    checked but do not change the answer (the pipeline is configured when the service starts).
 
 ``POST /rag/chat``
     the same body; streams ``text/event-stream`` events ``data: {"delta": str}`` and then
@@ -43,7 +45,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -267,7 +269,8 @@ class ReferenceService:
 
         known = self._by_query.get(req.query_id)
         if known is not None and known.query == req.query:
-            return known, False
+            # the request's user, not the dataset's, is who asks (retrieval.acl_filter honours it)
+            return replace(known, user_groups=req.user_groups), False
         internal = f"serve:{uuid.uuid4().hex}"
         return (
             Query(

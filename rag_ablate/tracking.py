@@ -105,11 +105,22 @@ def default_uri(output_root: Path) -> str:
     return f"sqlite:///{(output_root / 'mlflow.db').resolve()}"
 
 
-def resolve(settings: TrackingConfig, output_root: Path) -> tuple[str, Path]:
-    """The tracking URI and artifact root a run uses (defaults under ``output_root``)."""
+def is_server(uri: str) -> bool:
+    """True for an MLflow tracking server's URI (``http://`` or ``https://``)."""
+    return uri.startswith(("http://", "https://"))
+
+
+def resolve(settings: TrackingConfig, output_root: Path) -> tuple[str, Path | None]:
+    """The tracking URI and artifact root a run uses (defaults under ``output_root``).
+
+    A tracking server without ``tracking.artifact_root`` gets None: its experiments keep the
+    server's own artifact root (``--artifacts-destination``, uploaded through the server), so
+    every machine of a cluster can read them; a folder of this machine would not be.
+    """
     uri = settings.uri or default_uri(output_root)
-    artifacts = Path(settings.artifact_root) if settings.artifact_root else output_root / "mlartifacts"
-    return uri, artifacts
+    if settings.artifact_root:
+        return uri, Path(settings.artifact_root)
+    return uri, None if is_server(uri) else output_root / "mlartifacts"
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -155,7 +166,7 @@ def _check_server(uri: str, experiment: str) -> None:
         raise TrackingError(f"MLflow server {uri} is not reachable: {reason}") from exc
 
 
-def open_store(uri: str, experiment: str, artifact_root: Path, *, create_folder: bool = False) -> str:
+def open_store(uri: str, experiment: str, artifact_root: Path | None, *, create_folder: bool = False) -> str:
     """Check the store is usable, create it (and the experiment) if needed; the experiment id.
 
     Fails at once, with a TrackingError saying why, for a sqlite file whose folder
@@ -171,7 +182,7 @@ def open_store(uri: str, experiment: str, artifact_root: Path, *, create_folder:
         with _file_lock(db.with_name(db.name + ".lock")):
             experiment_id = ensure_experiment(uri, experiment, artifact_root)
     else:
-        if uri.startswith(("http://", "https://")):
+        if is_server(uri):
             _check_server(uri, experiment)
         experiment_id = ensure_experiment(uri, experiment, artifact_root)
     try:
@@ -207,8 +218,9 @@ def _client(uri: str) -> Any:
     return MlflowClient(tracking_uri=uri)
 
 
-def ensure_experiment(uri: str, name: str, artifact_root: Path) -> str:
-    """Create the store (first use of a sqlite file builds its tables) and the experiment."""
+def ensure_experiment(uri: str, name: str, artifact_root: Path | None) -> str:
+    """Create the store (first use of a sqlite file builds its tables) and the experiment
+    (its artifacts under ``artifact_root``; None: the tracking server's own artifact root)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -216,9 +228,12 @@ def ensure_experiment(uri: str, name: str, artifact_root: Path) -> str:
         exp = client.get_experiment_by_name(name)
         if exp is not None:
             return str(exp.experiment_id)
-        artifact_root.mkdir(parents=True, exist_ok=True)
+        location = None
+        if artifact_root is not None:
+            artifact_root.mkdir(parents=True, exist_ok=True)
+            location = artifact_root.resolve().as_uri()
         try:
-            return str(client.create_experiment(name, artifact_location=artifact_root.resolve().as_uri()))
+            return str(client.create_experiment(name, artifact_location=location))
         except MlflowException:  # created meanwhile by another process
             exp = client.get_experiment_by_name(name)
             if exp is None:

@@ -292,6 +292,7 @@ ROWS = [
     Row("retrieval.dense.batch_size", setting("retrieval.dense.batch_size", 8), VECTORS),
     # settings of other stages, of the comparison and of how to run: never part of a key
     Row("retrieval.top_k", setting("retrieval.top_k", 3), NONE),
+    Row("retrieval.acl_filter (changes results, not indexes)", setting("retrieval.acl_filter", True), NONE),
     Row("retrieval.dense.index", setting("retrieval.dense.index", "usearch"), NONE),
     Row("retrieval.hybrid.fusion", setting("retrieval.hybrid.fusion", "weighted"), NONE),
     Row("retrieval.hybrid.rrf_k", setting("retrieval.hybrid.rrf_k", 10.0), NONE),

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from rag_ablate import compare, stats
 from rag_ablate.compare import VariantData
 from rag_ablate.errors import ComparisonError, UnknownNameError
 from rag_ablate.guard import changed_factors, confounded_variants
+from tests.conftest import REPO
 
 
 def _records(values: dict[str, list[float]], splits: list[str], groups: list[str]) -> list[dict[str, Any]]:
@@ -572,3 +576,48 @@ def test_every_query_is_accounted_for(fates: list[str]) -> None:
         err = by_metric["error_rate"]
         diff = fates.count("fail_var") - fates.count("fail_base")
         assert err.effect == pytest.approx(diff / with_record)
+
+
+# ---------------------------------------------------------------- bad comparison input: a clear line, exit 2
+
+
+def _compare_cli(folder: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rag_ablate.cli", "compare", str(folder)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=False,
+        timeout=300,
+    )
+
+
+def test_compare_refuses_bad_input_with_one_line_and_a_nonzero_exit(tmp_path: Path) -> None:
+    variants, _, _ = _sweep(n=20)
+    base, better, _ = variants
+    cfg = "seed: 3\nchunk:\n  size: 512\n"
+
+    one = tmp_path / "one"
+    _write_job(one, 0, "baseline", base.records, cfg, {"role": "baseline", **_fp("a", "b")})
+    other = tmp_path / "other_queries"
+    _write_job(other, 0, "baseline", base.records, cfg, {"role": "baseline", **_fp("a", "b")})
+    _write_job(other, 1, "better", better.records, cfg, _fp("a", "c"))
+    not_sweep = tmp_path / "not_a_sweep"
+    (not_sweep / "notes").mkdir(parents=True)
+    run_folder = tmp_path / "a_run"
+    run_folder.mkdir()
+    (run_folder / "records.jsonl").write_text("", encoding="utf-8")
+
+    expected = {
+        one: "only one finished variant (baseline)",
+        other: "variants ran over another query set than the baseline (better: query set (fingerprint",
+        not_sweep: "is not a sweep folder with finished jobs",
+        run_folder: "is a single run's folder, not a sweep",
+    }
+    for folder, message in expected.items():
+        out = _compare_cli(folder)
+        assert out.returncode == 2, (folder, out.stdout, out.stderr)
+        assert "Traceback" not in out.stderr
+        assert message in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert not (folder / "comparison.json").exists()  # nothing half-written

@@ -617,9 +617,11 @@ def test_run_above_max_error_rate_is_logged_failed_and_keeps_the_key_secret(
 ) -> None:
     data = write_dataset(tmp_path / "data")
     key = "sk-test-4f1c9a7e2b"
+    body_token = "tok-test-9b3e0d5a"
     plan = Plan({"q2": "forbidden", "q3": "malformed"})
     with fault_server(plan) as url:
         monkeypatch.setenv("RAG_API_KEY", key)
+        monkeypatch.setenv("RAG_BODY_TOKEN", body_token)
         proc = run_module(
             "rag_ablate",
             [
@@ -629,6 +631,7 @@ def test_run_above_max_error_rate_is_logged_failed_and_keeps_the_key_secret(
                 "+system.body.query='{query}'",
                 "+system.body.query_id='{query_id}'",
                 "+system.body.params.chunk_size='${chunk.size}'",
+                "+system.body.params.token='${oc.env:RAG_BODY_TOKEN}'",  # stored as its interpolation
                 "system.max_error_rate=0.2",
                 "system.backoff_s=0.01",
                 f"dataset.path={data}",
@@ -669,6 +672,9 @@ def test_run_above_max_error_rate_is_logged_failed_and_keeps_the_key_secret(
     # the key is stored nowhere: not in the run folder, the artifacts or the MLflow database
     leaks = [p for p in tmp_path.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     assert leaks == []
+    leaks = [p for p in tmp_path.rglob("*") if p.is_file() and body_token.encode() in p.read_bytes()]
+    assert leaks == []
+    assert mrun.data.params["system.body.params.token"] == "${oc.env:RAG_BODY_TOKEN}"
 
 
 def test_the_body_template_reaches_the_service(tmp_path: Path) -> None:

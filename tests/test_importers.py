@@ -537,7 +537,8 @@ def test_squad_yes_no_answers_are_answerable_without_evidence(tmp_path: Path) ->
         assert q["answerable"] is True and q["relevant"] == {"PZ": 1} and "evidence" not in q
     assert qs["z1"]["reference_answer"] == ["是"] and qs["z2"]["reference_answer"] == ["否"]
     q = qs["s"]
-    assert q["evidence"] == [{"doc_id": "P", "start": yes_at, "end": yes_at + 3}] and q["tags"] == ["squad"]
+    assert q["evidence"] == [{"doc_id": "P", "start": yes_at, "end": yes_at + 3, "quote": "yes"}]
+    assert q["tags"] == ["squad"]
     assert report.mapped == {YES_NO_ANSWERABLE: 6, IMPOSSIBLE_AS_STRING: 1}
     assert (report.answerable, report.unanswerable, report.relocated_spans, report.skipped) == (7, 0, 0, [])
     ds = load_dataset(tmp_path / "out")

@@ -23,7 +23,9 @@ from rag_ablate.app import CONF_DIR, normalize_overrides
 from rag_ablate.config import RunConfig, register_configs, to_settings
 from rag_ablate.dataset import load_dataset
 from rag_ablate.errors import UnknownNameError
+from rag_ablate.generators import GENERATORS
 from rag_ablate.importers import IMPORTERS
+from rag_ablate.judges import JUDGES
 from rag_ablate.metrics import REGISTRY as METRICS
 from rag_ablate.pipeline.stages import ENCODERS, FUSIONS, RERANKERS, RETRIEVERS, ROUTERS, _modules
 from rag_ablate.records import make_record, read_records, write_records
@@ -47,6 +49,8 @@ KINDS: dict[str, tuple[Registry[Any], str | None]] = {
     "encoder": (ENCODERS, None),
     "router": (ROUTERS, "router"),
     "importer": (IMPORTERS, None),
+    "generator": (GENERATORS, "generator"),
+    "judge": (JUDGES, "judge"),
 }
 
 
@@ -117,6 +121,8 @@ def test_every_metric_is_documented() -> None:
         ("retrieval.hybrid.fusion=borda", "fusion", ["rrf", "weighted"]),
         ("rerank.method=colbert", "reranker", ["biencoder", "cross_encoder", "http", "none"]),
         ("router.method=knn", "router", ["centroid", "nearest", "none"]),
+        ("generator.name=gpt", "generator", ["extractive", "none", "openai"]),
+        ("judge.name=gpt", "judge", ["none", "openai"]),
         ("retrieval.dense.encoder=minlm", "encoder (retrieval.dense.encoder)", None),
         ("rerank.encoder=bert", "encoder (rerank.encoder)", None),
     ],

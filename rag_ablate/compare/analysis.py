@@ -40,6 +40,8 @@ from rag_ablate.config import COMPARE_METRICS
 from rag_ablate.errors import ComparisonError
 from rag_ablate.metrics import direction_of, metric_name, parse_metric_name
 from rag_ablate.records import Record
+from rag_ablate.weights import MixRow, TagWeights, mix_rows
+from rag_ablate.weights import settle as settle_weights
 
 DEFAULT_METRICS = COMPARE_METRICS
 ERROR_RATE = "error_rate"
@@ -202,8 +204,13 @@ def compare(
     seed: int = 0,
     alpha: float = 0.05,
     flip_threshold: float = 0.2,
+    weights: TagWeights | None = None,
 ) -> Comparison:
-    """Compare every variant with the baseline. See the module docstring."""
+    """Compare every variant with the baseline. See the module docstring.
+
+    ``weights``: the production mix (:mod:`rag_ablate.weights`); None = the baseline's
+    ``dataset.slice_weights``/``edge_tags``. Its rows go to ``Comparison.mix``.
+    """
     # canonical names (recall@5 -> recall_at_5); unknown names fail with the valid ones
     metrics = [metric_name(spec.base, k) for spec, k in map(parse_metric_name, metrics)]
     base, notes = pick_baseline(variants, baseline)
@@ -211,6 +218,10 @@ def compare(
     if not others:
         raise ComparisonError("a comparison needs at least one variant besides the baseline")
     counts = _CountCache(B, seed)
+    others_cfg = {o.label: o.config for o in others}
+    tw, mix_notes = settle_weights(weights, base.config, base.records, others_cfg)
+    notes += mix_notes
+    mix: list[MixRow] = []
     rows: list[Row] = []
     pairs: list[Pair] = []
     flips: Flips = {}
@@ -240,9 +251,7 @@ def compare(
                 if qids:
                     by_subset.setdefault(qids, []).append(m)
                     continue
-                applies = any(
-                    value(r, src) is not None for r in (*base_by_id.values(), *var_by_id.values())
-                )
+                applies = any(value(r, src) is not None for r in (*base_by_id.values(), *var_by_id.values()))
                 if applies or pair.n_ok_both == 0:
                     note = _untested_note(src, base_by_id, var_by_id)
                     rows.append(_nan_row(split, var.label, m, pair, note))
@@ -285,7 +294,13 @@ def compare(
                             n_failed_variant=pair.n_failed_variant,
                         )
                     )
+                    for field_name, spread in judge_spread(m, qids, base_by_id, var_by_id).items():
+                        setattr(rows[-1], field_name, spread)
                     _add_flips(flips, var.label, m, split, qids, b[:, j], v[:, j], base_by_id, flip_threshold)
+                if tw is not None:  # the production-weighted and the edge-case effects, same draw
+                    tags = [base_by_id[q].get("tags") or () for q in qids]
+                    named, cnt = [(m, direction_of(m)) for m in ms], counts.get(split, groups)
+                    mix += mix_rows(split, var.label, named, b, v, groups, tags, tw, cnt, alpha)
     order = {(s, v, m): i for i, (s, v, m) in enumerate(_keys(splits, [o.label for o in others], metrics))}
     rows.sort(key=lambda r: order[(r.split, r.variant, r.metric)])
     _adjust(rows, alpha)
@@ -302,7 +317,41 @@ def compare(
         flips=flips,
         pairs=pairs,
         notes=notes,
+        mix=mix,
+        mix_weights=tw.describe() if tw is not None else "",
     )
+
+
+def judge_spread(
+    metric: str, qids: Sequence[str], base_by_id: Mapping[str, Record], var_by_id: Mapping[str, Record]
+) -> dict[str, float]:
+    """The judge's own spread for an LLM-judged metric over the paired queries (empty for others).
+
+    ``judge_repeat_sd_baseline`` / ``_variant``: the mean within-query SD of the judge's repeat
+    scores (queries with two or more valid repeats). ``judge_noise_se``: the part of the effect's
+    uncertainty the judge's repeat noise explains, sqrt(mean(s2_b / k_b) + mean(s2_v / k_v)) / sqrt(n)
+    with s2 a query's repeat variance and k its valid repeats, the means over the queries that have
+    them and n the paired queries. The CI already contains this noise (each query's value is its
+    repeats' mean); when the SE is small next to the CI, the uncertainty is query sampling and more
+    repeats would not narrow it. NaN when the judge ran once per query.
+    """
+    from rag_ablate.judging import repeat_spread
+    from rag_ablate.metrics.answers import JUDGED_METRICS
+
+    if metric not in JUDGED_METRICS or not qids:
+        return {}
+    out: dict[str, float] = {}
+    noise = 0.0
+    known = False
+    for side, by_id in (("baseline", base_by_id), ("variant", var_by_id)):
+        spreads = [s for s in (repeat_spread(by_id[q], metric) for q in qids) if s is not None]
+        if spreads:
+            out[f"judge_repeat_sd_{side}"] = float(np.mean([math.sqrt(v) for v, _ in spreads]))
+            noise += float(np.mean([v / k for v, k in spreads]))
+            known = True
+    if known:
+        out["judge_noise_se"] = math.sqrt(noise / len(qids))
+    return out
 
 
 def _quantile_row(
@@ -427,10 +476,14 @@ def _flag_disagreements(rows: list[Row]) -> None:
 
 
 def delta_metrics(c: Comparison, variant: str) -> dict[str, float]:
-    """A child run's effects as MLflow metrics: ``delta/holdout/recall_at_5`` and its adjusted p."""
+    """A child run's effects as MLflow metrics: ``delta/holdout/recall_at_5`` and its adjusted p,
+    and the production-weighted effects when the comparison has them (``delta/holdout/prod/...``)."""
     out = {}
     for r in c.rows:
         if r.variant == variant and r.tested:
             out[f"delta/{r.split}/{r.metric}"] = r.effect
             out[f"p_adj/{r.split}/{r.metric}"] = r.p_adjusted
+    for w in c.mix:  # the production-weighted effect (rag_ablate.weights): delta/holdout/prod/recall_at_5
+        if w.variant == variant and w.mix == "production" and math.isfinite(w.effect):
+            out[f"delta/{w.split}/prod/{w.metric}"] = w.effect
     return out

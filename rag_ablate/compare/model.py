@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag_ablate.records import Record
+from rag_ablate.weights import MixRow
+
+if TYPE_CHECKING:
+    from rag_ablate.compare.pairwise import PairwiseReport
 
 
 @dataclass
@@ -71,6 +75,10 @@ class Row:
     verdict: str = ""  # better | worse | "" (not significant)
     flag: str = ""  # dev and holdout disagree, see analysis._flag_disagreements
     note: str = ""  # why the row has no numbers
+    # LLM-judged metrics only (analysis.judge_spread): the judge's own noise next to the CI
+    judge_repeat_sd_baseline: float = math.nan  # mean within-query SD of the judge's repeats, baseline
+    judge_repeat_sd_variant: float = math.nan  # the same in the variant
+    judge_noise_se: float = math.nan  # SE of the effect that the judge's repeat noise alone explains
 
     @property
     def tested(self) -> bool:
@@ -130,6 +138,82 @@ class Flip:
 # variant -> metric -> split -> {"improved": [...], "regressed": [...]}
 Flips = dict[str, dict[str, dict[str, dict[str, list[Flip]]]]]
 
+#: verdicts of a slice, worst first (:mod:`rag_ablate.compare.slices`)
+SLICE_VERDICTS = ("hurts", "no evidence", "helps", "too small", "untested")
+
+
+@dataclass
+class SliceRow:
+    """One split x variant x metric x slice (``tag=multi_doc``, ``intent_l2=K_product``, ...).
+
+    The effect, interval and p come from the comparison's test run within the slice.
+    ``p_adjusted`` is Benjamini-Hochberg over the slices tested for the same split, variant
+    and metric (exploratory). ``verdict``: ``helps`` / ``hurts`` (adjusted p below alpha,
+    by the metric's direction), ``no evidence``, ``too small`` (fewer paired groups than
+    ``compare.min_slice_groups``: not tested) or ``untested`` (no paired query; ``note``
+    says why). ``n_slice`` counts the slice's queries with a record on either side; the
+    failed and left-out counts are the slice's, as :class:`Pair` counts them.
+    """
+
+    split: str
+    variant: str
+    metric: str
+    kind: str
+    value: str
+    direction: str
+    n_slice: int
+    n_queries: int
+    n_groups: int
+    n_failed_baseline: int
+    n_failed_variant: int
+    n_left_out: int
+    baseline_mean: float = math.nan
+    variant_mean: float = math.nan
+    effect: float = math.nan
+    ci_low: float = math.nan
+    ci_high: float = math.nan
+    p_value: float = math.nan
+    p_exact: bool = False
+    p_adjusted: float = math.nan
+    verdict: str = ""
+    note: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}={self.value}"
+
+    @property
+    def tested(self) -> bool:
+        return self.verdict in ("hurts", "no evidence", "helps")
+
+
+@dataclass
+class SliceSection:
+    """The per-slice comparison: settings, rows (per variant, split and metric, worst first), notes."""
+
+    metrics: list[str]
+    min_groups: int
+    alpha: float
+    rows: list[SliceRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def hurts(self, variant: str, split: str | None = None) -> list[SliceRow]:
+        """The slices where ``variant`` hurts (in ``split``, or any), worst first."""
+        return [
+            r for r in self.rows if r.variant == variant and r.verdict == "hurts" and split in (None, r.split)
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "exploratory": True,
+            "adjustment": "bh",
+            "metrics": self.metrics,
+            "min_groups": self.min_groups,
+            "alpha": self.alpha,
+            "notes": self.notes,
+            "rows": [{**_finite(asdict(r)), "slice": r.name} for r in self.rows],
+        }
+
 
 @dataclass
 class Comparison:
@@ -146,6 +230,10 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     confounded: dict[str, list[str]] = field(default_factory=dict)  # variant -> what it changes (guard)
     unchecked: dict[str, str] = field(default_factory=dict)  # variant -> why the guard could not check it
+    slices: SliceSection | None = None  # per-slice effects (rag_ablate.compare.slices); None: not computed
+    mix: list[MixRow] = field(default_factory=list)  # production-weighted and edge rows (rag_ablate.weights)
+    mix_weights: str = ""  # the weighting of ``mix``, in words
+    pairwise: PairwiseReport | None = None  # judge.mode=pairwise (rag_ablate.compare.pairwise); None: not run
 
     def row(self, split: str, variant: str, metric: str) -> Row | None:
         for r in self.rows:
@@ -180,6 +268,9 @@ class Comparison:
                 }
                 for v, bym in self.flips.items()
             },
+            "slices": None if self.slices is None else self.slices.to_dict(),
+            "production_mix": {"weights": self.mix_weights, "rows": [_finite(asdict(r)) for r in self.mix]},
+            "pairwise": None if self.pairwise is None else self.pairwise.to_dict(),
         }
 
 

@@ -6,9 +6,10 @@ import json
 import math
 from pathlib import Path
 
-from rag_ablate.compare.model import Comparison, Pair, Row
+from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, Pair, Row, SliceRow
 from rag_ablate.layout import COMPARISON_JSON, COMPARISON_MD
 from rag_ablate.metrics import display_name
+from rag_ablate.weights import mix_markdown, mix_terminal
 
 WHICH_QUERIES = (
     "quality metrics compare the queries ok on both sides; error_rate every query with a record on both "
@@ -106,6 +107,8 @@ def format_terminal(c: Comparison) -> str:
         f"inverting the group sign-flip test that gives p (~ Monte Carlo); p_adj: Holm on holdout, BH on "
         f"dev; + better / - worse at alpha {c.alpha}; bootstrap B={c.B} SE and interval in comparison.json)",
         format_table(headers, rows),
+        # the terminal shows the first (primary) metric's production mix; comparison.md every metric
+        *mix_terminal(c.mix, c.variants, c.metrics[:1], c.splits, c.mix_weights, c.B),
     ]
     if c.metrics:
         first = c.metrics[0]
@@ -119,6 +122,11 @@ def format_terminal(c: Comparison) -> str:
                 lines.append(
                     f"per-query flips of {v} on {display_name(first)}: {'; '.join(parts)} (comparison.md)"
                 )
+    lines += slice_terminal_lines(c)
+    if c.pairwise is not None:
+        from rag_ablate.compare.pairwise import format_terminal as pairwise_terminal
+
+        lines.append(pairwise_terminal(c.pairwise))
     with_failures = [p for p in c.pairs if p.n_left_out or p.n_failed_baseline or p.n_failed_variant]
     if with_failures:
         lines.append(f"failed and left-out queries ({WHICH_QUERIES}):")
@@ -138,6 +146,131 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def pairwise_markdown_lines(c: Comparison) -> list[str]:
+    """``comparison.md``'s pairwise-judge section (judge.mode=pairwise; nothing otherwise)."""
+    if c.pairwise is None:
+        return []
+    from rag_ablate.compare.pairwise import format_markdown as pairwise_markdown
+
+    return [*pairwise_markdown(c.pairwise).splitlines(), ""]
+
+
+def judge_spread_lines(c: Comparison) -> list[str]:
+    """``comparison.md``'s section on the LLM judge's own spread next to the CI of its metrics
+    (nothing when no row has one: no judge, or one judgement per query)."""
+    rows = [r for r in c.rows if r.tested and math.isfinite(r.judge_noise_se)]
+    if not rows:
+        return []
+    out = [
+        "## Judge repeat spread",
+        "",
+        "The judge scored every answer several times (`judge.repeats`). `repeat SD` is the mean "
+        "within-query SD of its scores (baseline / variant); `judge-noise SE` is the part of the "
+        "effect's uncertainty that this noise alone explains. The CI above already contains it: when the "
+        "SE is small next to the CI's half-width, the uncertainty comes from which queries were sampled "
+        "and more repeats would not narrow it.",
+        "",
+        "| split | variant | metric | effect [95% CI] | CI half-width | repeat SD base / var "
+        "| judge-noise SE |",
+        "|---|---|---|---|---:|---|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r.split} | {_md_cell(r.variant)} | {display_name(r.metric)} | "
+            f"{_signed(r.effect)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}] | "
+            f"{_num((r.ci_high - r.ci_low) / 2)} | "
+            f"{_num(r.judge_repeat_sd_baseline)} / {_num(r.judge_repeat_sd_variant)} | "
+            f"{_num(r.judge_noise_se)} |"
+        )
+    return [*out, ""]
+
+
+SLICES_HOW = (
+    "exploratory: the comparison's test within each slice, p adjusted by Benjamini-Hochberg across the "
+    "slices of each split, variant and metric"
+)
+
+
+def _slice_effect(r: SliceRow) -> str:
+    if r.verdict == "untested":
+        return r.note
+    if not math.isfinite(r.ci_low):
+        return _signed(r.effect)
+    return f"{_signed(r.effect)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}]"
+
+
+def slice_summary(c: Comparison, variant: str, split: str) -> str:
+    """``2 hurt, 1 helps, 20 no evidence, 4 too small`` for one variant and split."""
+    if c.slices is None:
+        return ""
+    rows = [r for r in c.slices.rows if r.variant == variant and r.split == split]
+    counts = {v: sum(1 for r in rows if r.verdict == v) for v in SLICE_VERDICTS}
+    return ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+
+
+def slice_terminal_lines(c: Comparison, top: int = 5) -> list[str]:
+    """Per variant and split, the slices where it hurts (at most ``top``, worst first)."""
+    if c.slices is None or not c.slices.rows:
+        return []
+    ms = ", ".join(display_name(m) for m in c.slices.metrics)
+    out = [f"slices where a variant hurts ({ms}; {SLICES_HOW}; every slice: comparison.md):"]
+    for v in c.variants:
+        for s in c.splits:
+            hurts = c.slices.hurts(v, s)
+            if not any(r.variant == v and r.split == s for r in c.slices.rows):
+                continue
+            shown = "; ".join(
+                f"{r.name} {display_name(r.metric)} {_slice_effect(r)} p_adj {_p(r.p_adjusted)}"
+                for r in hurts[:top]
+            )
+            more = f"; ... {len(hurts) - top} more" if len(hurts) > top else ""
+            out.append(f"  {v}, {s}: {shown + more if hurts else 'none'} ({slice_summary(c, v, s)})")
+    return out
+
+
+def slice_markdown_lines(c: Comparison) -> list[str]:
+    """``comparison.md``'s section: every slice of every variant and split, worst first."""
+    if c.slices is None:
+        return []
+    sec = c.slices
+    out = [
+        "## Where it helps and hurts: slices (exploratory)",
+        "",
+        "A slice is the queries sharing a tag, a parent intent (`intent_l1`) or a leaf intent (`intent_l2`); "
+        f"slices overlap. Each is compared on its own: {SLICES_HOW}. `hurts` / `helps`: adjusted p below "
+        f"{sec.alpha}; a slice with fewer than {sec.min_groups} paired groups is `too small` (its means "
+        "shown, not tested). Treat a verdict as a lead to look at, not a decision. Queries compared as in "
+        "the whole comparison; `failed` counts the slice's failed queries (baseline / variant).",
+        "",
+    ]
+    out += [f"- {n}" for n in sec.notes]
+    if sec.notes:
+        out.append("")
+    if not sec.rows:
+        return [*out, "No slices: the records carry no tags and no gold intents.", ""]
+    for v in c.variants:
+        for s in c.splits:
+            rows = [r for r in sec.rows if r.variant == v and r.split == s]
+            if not rows:
+                continue
+            out += [
+                f"### {_md_cell(v)} · {s}: {slice_summary(c, v, s)}",
+                "",
+                "| slice | metric | queries (groups) | failed | base -> var | effect [95% CI] | p "
+                "| p_adj (BH) | verdict |",
+                "|---|---|---:|---:|---|---|---:|---:|---|",
+            ]
+            for r in rows:
+                means = f"{_num(r.baseline_mean)} -> {_num(r.variant_mean)}"
+                out.append(
+                    f"| {_md_cell(r.name)} | {display_name(r.metric)} | {r.n_queries} ({r.n_groups}) | "
+                    f"{r.n_failed_baseline} / {r.n_failed_variant} | {means} | {_md_cell(_slice_effect(r))} "
+                    f"| {_p(r.p_value)} | {_p(r.p_adjusted)} | {r.verdict} |"
+                )
+            out.append("")
+    return out
+
+
 def format_markdown(c: Comparison, max_flips: int = 10) -> str:
     headers, rows = table_rows(c)
     out = [
@@ -154,6 +287,9 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
         "|" + "---|" * len(headers),
         *("| " + " | ".join(_md_cell(x) for x in r) + " |" for r in rows),
         "",
+        *mix_markdown(c.mix, c.variants, c.metrics, c.splits, c.mix_weights, c.B),
+        *judge_spread_lines(c),
+        *pairwise_markdown_lines(c),
         "## Queries compared",
         "",
         f"Failed queries never vanish: {WHICH_QUERIES}. `error_rate` is compared like any metric.",
@@ -175,6 +311,7 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
         out.append("")
     if c.notes:
         out += ["## Notes", "", *(f"- {n}" for n in c.notes), ""]
+    out += slice_markdown_lines(c)
     out += ["## Per-query flips", ""]
     for v, by_metric in c.flips.items():
         for m, by_split in by_metric.items():

@@ -1,6 +1,7 @@
 """The comparison step as one sequence, shared by the sweep's end and ``rag-ablate compare``.
 
-load the variants -> compare -> confounding guard -> write comparison.json/.md ->
+load the variants -> compare -> per-slice effects -> pairwise judge (judge.mode=pairwise) ->
+confounding guard -> write comparison.json/.md ->
 regression gate -> print the table -> (optionally) log to MLflow: the files to
 the sweep's parent run, each variant's effects to its child run.
 """
@@ -15,10 +16,14 @@ from pathlib import Path
 
 from rag_ablate.compare.analysis import compare, delta_metrics
 from rag_ablate.compare.gate import gate
-from rag_ablate.compare.load import load_mlflow_parent, load_sweep_dir
+from rag_ablate.compare.load import load_mlflow_parent, load_sweep_dir, pick_baseline
 from rag_ablate.compare.model import Comparison, VariantData
+from rag_ablate.compare.pairwise import delta_metrics as pairwise_metrics
+from rag_ablate.compare.pairwise import pairwise_section
 from rag_ablate.compare.render import format_terminal, write_outputs
+from rag_ablate.compare.slices import compare_slices, resolve_metrics
 from rag_ablate.config import CompareConfig
+from rag_ablate.errors import ComparisonError
 from rag_ablate.guard import check
 from rag_ablate.layout import SWEEP_FILE
 
@@ -89,6 +94,22 @@ def run_comparison(
     The gate's messages are returned, not printed (see :func:`gate_report`).
     """
     src = source if isinstance(source, Source) else load_source(source)
+    if len(src.variants) < 2:
+        only = src.variants[0].label if src.variants else "none"
+        raise ComparisonError(
+            f"{source}: only one finished variant ({only}); a comparison needs the baseline and at least "
+            "one variant (a sweep: python -m rag_ablate -m <factor>=<levels>)"
+        )
+    if guard:  # queries are paired by id: runs over another query set cannot be compared at all
+        base, _ = pick_baseline(src.variants, settings.baseline)
+        other = {label: f.dataset for label, f in check(src.variants, base.label).items()}
+        bad = {label: d for label, diffs in other.items() for d in diffs if d.startswith("query set")}
+        if bad:
+            listed = "; ".join(f"{label}: {d}" for label, d in bad.items())
+            raise ComparisonError(
+                f"{source}: variants ran over another query set than the baseline ({listed}); their "
+                "queries cannot be paired. Rerun them on the baseline's dataset (--no-guard compares anyway)"
+            )
     c = compare(
         src.variants,
         baseline=settings.baseline,
@@ -99,6 +120,16 @@ def run_comparison(
         alpha=settings.alpha,
         flip_threshold=settings.flip_threshold,
     )
+    # where it helps and hurts: the same test within each slice (exploratory, BH across slices)
+    c.slices = compare_slices(
+        src.variants,
+        c,
+        metrics=resolve_metrics(src.variants, settings),
+        min_groups=settings.min_slice_groups,
+    )
+    # judge.mode=pairwise (in the baseline's config): the judge compares each variant's answers with
+    # the baseline's, both orders; a pairwise step that cannot run leaves a note, not a failed comparison
+    c.pairwise = pairwise_section(src.variants, c)
     if guard:
         findings = check(src.variants, c.baseline)
         c.confounded = {label: f.differences for label, f in findings.items() if f.confounded}
@@ -113,6 +144,8 @@ def run_comparison(
         for v in src.variants:
             if v.run_id and v.label in c.variants:
                 tracking.log_metrics(src.tracking_uri, v.run_id, delta_metrics(c, v.label))
+                if c.pairwise is not None:
+                    tracking.log_metrics(src.tracking_uri, v.run_id, pairwise_metrics(c.pairwise, v.label))
     return ComparisonRun(c, src, paths, failures)
 
 

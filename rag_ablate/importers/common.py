@@ -312,12 +312,29 @@ def _groups_and_splits(
     return explicit, splits, multi
 
 
-def _query_record(case: Case, group: str | None, split: str) -> dict[str, Any]:
+def _evidence_texts(corpus: Path, cases: list[Case]) -> dict[str, str]:
+    """The written text of every document some evidence span points into (read back from ``corpus``,
+    so a quote is exactly what the corpus holds, after any character replacement on writing)."""
+    wanted = {doc_id for case in cases for doc_id, _, _ in case.evidence}
+    texts: dict[str, str] = {}
+    if not wanted:
+        return texts
+    with corpus.open(encoding="utf-8", newline="") as fh:
+        for line in fh:
+            doc = json.loads(line)
+            if doc["doc_id"] in wanted:
+                texts[doc["doc_id"]] = doc["text"]
+    return texts
+
+
+def _query_record(case: Case, group: str | None, split: str, texts: dict[str, str]) -> dict[str, Any]:
     rec: dict[str, Any] = {"query_id": case.query_id, "query": case.query}
     if case.relevant:
         rec["relevant"] = case.relevant
-    if case.evidence:
-        rec["evidence"] = [{"doc_id": d, "start": s, "end": e} for d, s, e in case.evidence]
+    if case.evidence:  # each span with its quote, so `rag-ablate validate` can check it later
+        rec["evidence"] = [
+            {"doc_id": d, "start": s, "end": e, "quote": texts[d][s:e]} for d, s, e in case.evidence
+        ]
     rec["answerable"] = case.answerable
     if case.references:
         rec["reference_answer"] = case.references
@@ -435,10 +452,11 @@ def import_dataset(
                 file=str(source),
             )
         groups, splits, multi = _groups_and_splits(cases, holdout_share, seed, run)
+        texts = _evidence_texts(tmp / CORPUS_FILE, cases)
         with (tmp / QUERIES_FILE).open("wb") as fh:
             qwriter = JsonlWriter(fh, run)
             for case, group, split in zip(cases, groups, splits, strict=True):
-                qwriter.write(_query_record(case, group, split))
+                qwriter.write(_query_record(case, group, split, texts))
         if run.surrogates:
             run.note("text", f"{run.surrogates} lone surrogate character(s) replaced by U+FFFD")
         dataset = load_dataset(tmp, holdout_share=holdout_share, seed=seed)

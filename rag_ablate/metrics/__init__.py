@@ -25,8 +25,10 @@ from rag_ablate.metrics.registry import (
 )
 from rag_ablate.metrics.retrieval import (
     RETRIEVAL_BASES,
+    SET_BASES,
     evidence_recall,
     retrieval_metrics,
+    set_metrics,
     unique_docs,
 )
 from rag_ablate.metrics.text import CJK_RANGES, context_tokens, count_tokens, is_cjk_text
@@ -36,6 +38,7 @@ __all__ = [
     "NO_PREDICTION",
     "REGISTRY",
     "RETRIEVAL_BASES",
+    "SET_BASES",
     "IntentReport",
     "IntentRow",
     "MetricSpec",
@@ -51,6 +54,7 @@ __all__ = [
     "parse_metric_name",
     "register",
     "retrieval_metrics",
+    "set_metrics",
     "split_prefix",
     "unique_docs",
     "valid_metric_names",

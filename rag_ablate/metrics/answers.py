@@ -9,7 +9,10 @@ Every function here reads text only (no model), so every answer metric runs offl
 * :func:`token_f1`: the F1 of the answer's and a reference's token multisets, max over references.
 * :func:`is_refusal`: the answer contains one of the configured phrases (case-insensitive).
 * :func:`citation_scores`: precision and coverage of ``[n]`` citations under the lexical
-  support rule of :func:`supports`.
+  support rule of :func:`supports`, or the judge's support verdicts where it gave them.
+* :func:`judge_metrics`: ``faithfulness``, ``relevance``, ``completeness`` and ``judge_error_<metric>``
+  from a record's ``judge`` value (what an LLM judge returned, docs/metrics.md "Judged answers");
+  :func:`judge_refusal` and :func:`judge_support` are the judge's majority verdicts over its repeats.
 
 Citation markers ``[n]`` are removed from an answer before it is compared with a reference.
 """
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
     from rag_ablate.dataset import Document, Query
 
 __all__ = [
+    "JUDGED_METRICS",
     "AnswerScoring",
     "AnswerSentence",
     "CitationScores",
@@ -39,6 +43,11 @@ __all__ = [
     "citation_scores",
     "exact_match",
     "is_refusal",
+    "judge_metrics",
+    "judge_refusal",
+    "judge_scores",
+    "judge_support",
+    "majority",
     "overlap_terms",
     "sentences",
     "strip_markers",
@@ -159,9 +168,18 @@ class CitationScores:
     coverage: float | None  # sentences with a supporting citation / sentences; None without sentences
 
 
-def citation_scores(answer: str, cited_texts: Sequence[str | None], threshold: float) -> CitationScores:
+def citation_scores(
+    answer: str,
+    cited_texts: Sequence[str | None],
+    threshold: float,
+    judged: Sequence[bool | None] | None = None,
+) -> CitationScores:
     """Citation precision and coverage of ``answer``; ``cited_texts[n - 1]`` is the text marker
-    ``[n]`` cites (None or a marker beyond the list: a citation that supports nothing)."""
+    ``[n]`` cites (None or a marker beyond the list: a citation that supports nothing).
+
+    ``judged`` (a judge's verdicts, see :func:`judge_support`) decides the support of each
+    (sentence, marker) pair in the order of :func:`answer_sentences` and their markers; a pair
+    the judge gave no verdict for (None, or beyond the list) falls back to the lexical rule."""
     sents = answer_sentences(answer)
     pairs = 0
     good = 0
@@ -169,9 +187,12 @@ def citation_scores(answer: str, cited_texts: Sequence[str | None], threshold: f
     for s in sents:
         any_good = False
         for n in s.markers:
+            verdict = judged[pairs] if judged is not None and pairs < len(judged) else None
             pairs += 1
             source = cited_texts[n - 1] if 1 <= n <= len(cited_texts) else None
-            if source is not None and supports(s.text, source, threshold):
+            if source is None:
+                continue
+            if verdict if verdict is not None else supports(s.text, source, threshold):
                 good += 1
                 any_good = True
         covered += any_good
@@ -224,6 +245,84 @@ def cited_texts(
     return out
 
 
+# ------------------------------------------------------------------------------------- judged answers
+
+#: the metrics an LLM judge scores 0-5 (the same names as ``rag_ablate.judges.JUDGE_METRICS``)
+JUDGED_METRICS = ("faithfulness", "relevance", "completeness")
+
+
+def _repeats(judge: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    reps = (judge or {}).get("repeats") or []
+    return [r for r in reps if isinstance(r, Mapping)]
+
+
+def _valid_score(v: object) -> float | None:
+    """``v`` as a 0-5 score, or None when it is not one (null, a bool, a string, out of range)."""
+    if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= float(v) <= 5:
+        return float(v)
+    return None
+
+
+def judge_scores(judge: Mapping[str, Any] | None, metric: str) -> tuple[list[float], int]:
+    """The valid 0-5 scores the judge's repeats gave ``metric``, and how many repeats failed it
+    (a null or invalid score: a parse failure or a failed call, never counted as 0)."""
+    scores: list[float] = []
+    failed = 0
+    for rep in _repeats(judge):
+        v = _valid_score((rep.get("scores") or {}).get(metric))
+        if v is not None:
+            scores.append(v)
+        else:
+            failed += 1
+    return scores, failed
+
+
+def majority(verdicts: Sequence[bool | None]) -> bool | None:
+    """True or False when more of the given (non-None) verdicts say so; None on a tie or without any."""
+    yes = sum(1 for v in verdicts if v is True)
+    no = sum(1 for v in verdicts if v is False)
+    return None if yes == no else yes > no
+
+
+def judge_refusal(judge: Mapping[str, Any] | None) -> bool | None:
+    """The judge's majority verdict over its repeats that the answer declines to answer (None: none)."""
+    return majority([r.get("refusal") for r in _repeats(judge) if isinstance(r.get("refusal"), bool)])
+
+
+def judge_support(judge: Mapping[str, Any] | None, n_pairs: int) -> list[bool | None] | None:
+    """The judge's majority support verdict per (sentence, citation) pair, None where it has none.
+
+    A repeat's ``support`` counts only when it is a list of ``n_pairs`` booleans (the pairs it was
+    asked about); None when no repeat gave one."""
+    lists = [
+        sup
+        for r in _repeats(judge)
+        if isinstance(sup := r.get("support"), list)
+        and len(sup) == n_pairs
+        and all(isinstance(x, bool) for x in sup)
+    ]
+    if not lists or n_pairs == 0:
+        return None
+    return [majority([sup[j] for sup in lists]) for j in range(n_pairs)]
+
+
+def judge_metrics(judge: Mapping[str, Any] | None, query: Query) -> dict[str, float | None]:
+    """``faithfulness``, ``relevance`` and (with reference answers) ``completeness``: the mean of the
+    repeats' valid 0-5 scores (absent when none is valid); ``judge_error_<metric>``: the share of
+    repeats whose judgement of it failed. Empty without judge repeats."""
+    out: dict[str, float | None] = {}
+    if not _repeats(judge):
+        return out
+    for metric in JUDGED_METRICS:
+        if metric == "completeness" and not query.reference_answers:
+            continue  # judged against the references only: without one, not asked (or ignored)
+        scores, failed = judge_scores(judge, metric)
+        if scores:
+            out[metric] = sum(scores) / len(scores)
+        out[f"judge_error_{metric}"] = failed / (len(scores) + failed)
+    return out
+
+
 def answer_metrics(
     rec: Mapping[str, Any], query: Query, docs: Mapping[str, Document], scoring: AnswerScoring
 ) -> dict[str, float | None]:
@@ -233,9 +332,14 @@ def answer_metrics(
     answerable ones (a no_rag query gets neither); ``exact_match`` and ``token_f1`` on answerable
     queries with reference answers; ``citation_precision`` (when the answer cites) and
     ``citation_coverage`` on answers that do not refuse.
+
+    With a judge's verdicts in ``rec["judge"]``: the judged metrics (:func:`judge_metrics`); an answer
+    refuses when it holds a refusal phrase OR the judge's majority says it refuses; citation support
+    is the judge's majority verdict per pair where it gave one, the lexical rule elsewhere.
     """
     answer = str(rec["answer"])
-    refused = is_refusal(answer, scoring.phrases())
+    judge = rec.get("judge")
+    refused = is_refusal(answer, scoring.phrases()) or judge_refusal(judge) is True
     out: dict[str, float | None] = {"refusal": float(refused)}
     if query.kind == "unanswerable":
         out["correct_refusal"] = float(refused)
@@ -246,9 +350,12 @@ def answer_metrics(
             out["token_f1"] = token_f1(answer, query.reference_answers)
     if not refused:
         texts = cited_texts(rec.get("citations") or [], rec.get("retrieved") or [], docs)
-        scores = citation_scores(answer, texts, scoring.citation_support)
+        n_pairs = sum(len(sent.markers) for sent in answer_sentences(answer))
+        judged = judge_support(judge, n_pairs)
+        scores = citation_scores(answer, texts, scoring.citation_support, judged)
         if scores.precision is not None:
             out["citation_precision"] = scores.precision
         if scores.coverage is not None:
             out["citation_coverage"] = scores.coverage
+    out.update(judge_metrics(judge, query))
     return out

@@ -235,6 +235,17 @@ def _register_builtins() -> None:
     }
     for base, (binary, description) in retrieval.items():
         register(MetricSpec(base, "higher", binary, True, description))
+    # alternative evidence sets (docs/metrics.md): computed when a query has relevant_sets
+    register(
+        MetricSpec(
+            "set_recall",
+            "higher",
+            False,
+            True,
+            "max over relevant_sets of (the set's documents in the top k / its size)",
+        )
+    )
+    register(MetricSpec("set_hit", "higher", True, True, "1 if some relevant set lies wholly in the top k"))
     register(
         MetricSpec(
             "evidence_recall",
@@ -262,6 +273,18 @@ def _register_builtins() -> None:
             "1 if the predicted leaf intent equals intent_l2",
         )
     )
+    # access control (docs/metrics.md "Access control"): security metrics, never folded into quality
+    register(
+        MetricSpec(
+            "acl_leak",
+            "lower",
+            False,
+            True,
+            "distinct documents among the top k chunks that the asking user may not see "
+            "(allowed_groups sharing none of the query's user_groups)",
+        )
+    )
+    register(MetricSpec("acl_leak_rate", "lower", True, True, "1 if any document in the top k is a leak"))
     register(MetricSpec("latency_ms", "lower", False, False, "end-to-end latency in milliseconds"))
     for q in (50, 95):
         register(
@@ -309,6 +332,24 @@ def _register_builtins() -> None:
         ),
     ):
         register(spec)
+    # judged answers (docs/metrics.md "Judged answers"): computed when an LLM judge ran (judge=openai)
+    judged = {
+        "faithfulness": "how well the contexts support every claim of the answer",
+        "relevance": "how directly the answer addresses the question",
+        "completeness": "how much of the reference answer the answer covers (queries with references)",
+    }
+    for base, what in judged.items():
+        register(MetricSpec(base, "higher", False, False, f"LLM judge, 0-5, mean over repeats: {what}"))
+        register(
+            MetricSpec(
+                f"judge_error_{base}",
+                "lower",
+                False,
+                False,
+                f"share of the judge's repeats whose {base} judgement failed (unparsable output or a "
+                "failed call); its mean is the judge's error rate",
+            )
+        )
 
 
 _register_builtins()

@@ -24,10 +24,20 @@ from functools import lru_cache
 from rag_ablate.errors import ConfigError
 from rag_ablate.metrics.registry import metric_name
 
-__all__ = ["RETRIEVAL_BASES", "evidence_recall", "retrieval_metrics", "unique_docs"]
+__all__ = [
+    "RETRIEVAL_BASES",
+    "SET_BASES",
+    "evidence_recall",
+    "retrieval_metrics",
+    "set_metrics",
+    "unique_docs",
+]
 
 RETRIEVAL_BASES: tuple[str, ...] = ("hit", "recall", "precision", "mrr", "ndcg", "full_recall")
 """The metric bases ``retrieval_metrics`` returns for every k, in this order."""
+
+SET_BASES: tuple[str, ...] = ("set_recall", "set_hit")
+"""The metric bases ``set_metrics`` returns for every k, in this order."""
 
 
 def unique_docs(doc_ids: Iterable[str]) -> list[str]:
@@ -133,6 +143,45 @@ def retrieval_metrics(
         )
         for name, value in zip(_names_at(k), values, strict=True):
             out[name] = value
+    return out
+
+
+def set_metrics(
+    ranked_doc_ids: Sequence[str],
+    relevant_sets: Sequence[Iterable[str]],
+    ks: Sequence[int],
+) -> dict[str, float]:
+    """set_recall and set_hit at every k in ``ks`` for alternative evidence sets.
+
+    Each set in ``relevant_sets`` is enough to answer on its own. With ``top`` the
+    first k *unique* documents of the ranking (de-duplicated as in
+    :func:`retrieval_metrics`):
+
+    * ``set_recall_at_k`` = max over sets S of ``|S & top| / |S|``: the share of the
+      best-covered set that was found;
+    * ``set_hit_at_k`` = 1 if some set lies wholly in ``top``, else 0.
+
+    Raises ``ValueError`` for no sets or an empty set, ``ConfigError`` for a bad k.
+    """
+    if isinstance(ranked_doc_ids, (str, bytes)):
+        raise TypeError("ranked_doc_ids must be a sequence of doc ids, not a string")
+    checked_ks = _check_ks(ks)
+    sets = [frozenset(s) for s in relevant_sets]
+    if not sets or not all(sets):
+        raise ValueError("set metrics need at least one non-empty set of relevant doc ids")
+    if not checked_ks:
+        return {}
+    # rank (1-based) of each document among the unique ones, up to max k
+    rank_of: dict[str, int] = {}
+    for doc_id in unique_docs(ranked_doc_ids)[: max(checked_ks)]:
+        rank_of[doc_id] = len(rank_of) + 1
+    out: dict[str, float] = {}
+    for k in checked_ks:
+        best = 0.0
+        for s in sets:
+            best = max(best, sum(1 for d in s if rank_of.get(d, k + 1) <= k) / len(s))
+        out[f"set_recall_at_{k}"] = best
+        out[f"set_hit_at_{k}"] = 1.0 if best == 1.0 else 0.0
     return out
 
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from rag_ablate.errors import ConfigError, RagAblateError
 from rag_ablate.pipeline.stages import RERANKERS, Embedded, Hits, QueryState, Resources, resolve_encoder
+from rag_ablate.privacy import body_excerpts_allowed
 
 if TYPE_CHECKING:
     from sentence_transformers import CrossEncoder
@@ -81,6 +82,8 @@ def _best(scored: Iterable[tuple[int, float]], top_k: int) -> list[tuple[int, fl
 
 
 def _excerpt(text: str) -> str:
+    if not body_excerpts_allowed():  # privacy.store_text=false: say how long, quote nothing
+        return f"<{len(text.encode('utf-8'))} bytes, not quoted: privacy.store_text=false>"
     text = text.strip()
     if not text:
         return "<empty body>"

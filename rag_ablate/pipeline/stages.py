@@ -114,6 +114,7 @@ class QueryState:
     timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
     encoded: dict[int, float] = field(default_factory=dict)  # per query-vector set: encode ms, counted once
     embedding_tokens: dict[int, int] = field(default_factory=dict)  # per query-vector set: tokens read
+    extra_depth: int = 0  # retrieval.acl_filter: chunks the user may not see, added to every candidate depth
 
     def charge_encoding(self, vectors: Embedded) -> None:
         """Count this query's share of encoding ``vectors`` and the tokens its encoder read (once,

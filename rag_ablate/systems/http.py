@@ -62,6 +62,7 @@ from httpx_sse import SSEError, aconnect_sse
 from rag_ablate.cache import Cache
 from rag_ablate.config import RunConfig, validate_system
 from rag_ablate.dataset import Dataset, Document, Query
+from rag_ablate.privacy import body_excerpts_allowed
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.base import Citation, OnDone, RetrievedChunk, Status, TokenUsage, Trace
 
@@ -134,7 +135,11 @@ def get_path(obj: Any, path: str) -> Any:
 
 
 def excerpt(text: str | bytes) -> str:
-    """The start of a body, on one line, for error messages."""
+    """The start of a body, on one line, for error messages; only its size while a job with
+    ``privacy.store_text=false`` runs (:func:`rag_ablate.privacy.body_excerpts_allowed`)."""
+    if not body_excerpts_allowed():
+        size = len(text if isinstance(text, bytes) else text.encode("utf-8"))
+        return f"<{size} bytes, not quoted: privacy.store_text=false>"
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
     flat = " ".join(text.split())

@@ -13,9 +13,9 @@ never branches on a stage's name.
 Stage timings per query (milliseconds): ``route``, ``encode`` (the query's share
 of encoding its embedding, measured when it was computed, so cold and warm runs
 report the same cost; an encoder used by two stages counts once), ``bm25``,
-``dense``, ``fuse``, ``rerank``, ``generate`` (when ``generator`` is not ``none``: the
-configured generator answers from the retrieved chunks, filling the trace's answer,
-citations and usage) and ``total``.
+``dense``, ``fuse``, ``acl_filter`` (with ``retrieval.acl_filter``), ``rerank``,
+``generate`` (when ``generator`` is not ``none``: the configured generator answers from
+the retrieved chunks, filling the trace's answer, citations and usage) and ``total``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from rag_ablate.config import RunConfig
 from rag_ablate.dataset import Dataset, Query
 from rag_ablate.generators import GENERATORS
 from rag_ablate.generators.base import Context, GenerationError, Generator
+from rag_ablate.metrics.acl import may_see
 from rag_ablate.metrics.text import is_cjk_text
 from rag_ablate.pipeline.analyzers import get_analyzer
 from rag_ablate.pipeline.bm25 import BM25Retriever, bm25_key_parts
@@ -42,6 +43,7 @@ from rag_ablate.pipeline.stages import (
     ROUTERS,
     Embedded,
     Embeddings,
+    Hits,
     QueryState,
     RerankStage,
     Retriever,
@@ -64,6 +66,7 @@ class LocalSystem:
         self._dataset: Dataset | None = None
         self._chunk_parts: dict[str, Any] = {}
         self._embeddings: dict[str, Embeddings] = {}  # per resolved encoder name
+        self._hidden: dict[frozenset[str], frozenset[int]] = {}  # acl_filter: user groups -> hidden chunks
         self.bm25: BM25Retriever | None = None
         self.retriever: Retriever = RETRIEVERS.get(settings.retrieval.method)(settings)
         self.reranker: RerankStage | None = RERANKERS.get(settings.rerank.method)(settings)
@@ -176,6 +179,7 @@ class LocalSystem:
     def prepare(self, dataset: Dataset) -> dict[str, Any]:
         t0 = time.perf_counter()
         self._dataset = dataset
+        self._hidden = {}
         unit, self._chunk_parts = self._chunk(dataset)
         self.language = (
             "zh"
@@ -208,6 +212,36 @@ class LocalSystem:
         """Candidates asked of the retriever: the reranker's when there is one."""
         return self.s.rerank.candidates if self.reranker is not None else self.s.retrieval.top_k
 
+    def _hidden_chunks(self, user_groups: tuple[str, ...] | None) -> frozenset[int]:
+        """The chunks a user in ``user_groups`` may not see (computed once per set of groups)."""
+        key = frozenset(user_groups or ())
+        hidden = self._hidden.get(key)
+        if hidden is None:
+            docs = self._dataset.documents if self._dataset is not None else {}
+            hidden = frozenset(
+                i for i, c in enumerate(self.chunks) if not may_see(docs[c.doc_id].allowed_groups, key)
+            )
+            self._hidden[key] = hidden
+        return hidden
+
+    def _retrieve(self, state: QueryState, depth: int) -> Hits:
+        """The first ``depth`` candidates, after fusion and before rerank; with
+        ``retrieval.acl_filter`` only chunks the query's user may see (docs/metrics.md
+        "Access control"). The retriever is then asked for ``depth`` plus the number of
+        chunks the user may not see (hybrid adds it to both of its depths), so the filtered
+        list still holds ``depth`` chunks whenever the corpus has that many visible ones."""
+        if not self.s.retrieval.acl_filter:
+            return self.retriever.search(state, depth)
+        hidden = self._hidden_chunks(state.query.user_groups)
+        if not hidden:
+            return self.retriever.search(state, depth)
+        state.extra_depth = len(hidden)
+        hits = self.retriever.search(state, depth + len(hidden))
+        t = time.perf_counter()
+        kept = [h for h in hits if h[0] not in hidden][:depth]
+        state.timed("acl_filter", t)
+        return kept
+
     def run(self, query: Query) -> Trace:
         trace = Trace(query.query_id)
         state = QueryState(query)
@@ -217,7 +251,7 @@ class LocalSystem:
             trace.intents = [intent] if intent is not None else []
             trace.intent_pred = intent
         state.timed("route", t_start)
-        hits = self.retriever.search(state, self._depth())
+        hits = self._retrieve(state, self._depth())
         if self.reranker is not None:
             t = time.perf_counter()
             hits = self.reranker.rerank(state, hits, self.s.rerank.top_k)

@@ -37,7 +37,11 @@ class HybridStage:
 
     def search(self, state: QueryState, k: int) -> Hits:
         h = self.settings.retrieval.hybrid
-        runs = [self.bm25.search(state, h.depth_bm25), self.dense.search(state, h.depth_dense)]
+        extra = state.extra_depth  # retrieval.acl_filter: room for the chunks it will drop
+        runs = [
+            self.bm25.search(state, h.depth_bm25 + extra),
+            self.dense.search(state, h.depth_dense + extra),
+        ]
         t = time.perf_counter()
         hits = self.fusion(runs, self.tiebreak, k, rrf_k=h.rrf_k, weights=[1 - h.weight, h.weight])
         state.timed("fuse", t)

@@ -1,0 +1,242 @@
+"""Where a variant helps and where it hurts: the comparison run within each slice.
+
+A slice is the queries sharing a tag, a parent intent or a leaf intent
+(:mod:`rag_ablate.slices`); a query's slices are read from the baseline's record
+(the variant's when the baseline has none). For each split, each variant against
+the baseline, each slice and each slice metric (``compare.slice_metrics``; ``auto`` is
+the comparison's quality metric: ``compare.quality_metric``, else an answer metric
+when the records have one, else ``recall_at_5``):
+
+* the queries are paired exactly as the whole comparison pairs them
+  (:mod:`rag_ablate.compare.analysis`): quality metrics over the queries ``ok`` on both
+  sides, ``error_rate`` over every query with a record on both, ``latency_ms`` with
+  failed queries included; the slice's failed and left-out queries are counted on
+  its row, never dropped silently;
+* a slice with fewer than ``compare.min_slice_groups`` paired near-duplicate groups is
+  listed as ``too small`` (its means shown, no test): with G groups the group sign-flip
+  test cannot give p below 2 / 2**G;
+* otherwise the effect, its interval (inverting the group sign-flip test) and p come
+  from :func:`rag_ablate.stats.paired_test` on the slice's queries alone, with seeds
+  derived from (seed, split, slice) for the bootstrap and (seed, split, variant, slice,
+  metric) for the sign flips;
+* p is adjusted by Benjamini-Hochberg over the slices tested for the same split,
+  variant and metric. This is exploratory: slices are many, overlap, and were not
+  chosen in advance; a slice verdict is a lead to look at, not a release decision;
+* verdict ``hurts`` / ``helps`` when the adjusted p is below alpha (by the metric's
+  direction), else ``no evidence``. Rows come per variant, split and metric, worst
+  first: hurts, no evidence, helps (each by the effect, most harmful first), then too
+  small and untested.
+
+See docs/statistics.md, "Slices".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from rag_ablate import stats
+from rag_ablate.compare.analysis import QUANTILES, _by_id, _pair, _untested_note, value
+from rag_ablate.compare.load import pick_baseline
+from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, SliceRow, SliceSection, VariantData
+from rag_ablate.config import CompareConfig
+from rag_ablate.errors import ConfigError
+from rag_ablate.metrics import direction_of, metric_name, parse_metric_name
+from rag_ablate.records import Record
+from rag_ablate.slices import SliceKey, record_tags, slice_keys
+
+AUTO = "auto"
+
+
+def check_settings(settings: CompareConfig) -> None:
+    """Composition-time checks of ``compare.slice_metrics`` and ``compare.min_slice_groups``."""
+    if settings.min_slice_groups < 1:
+        raise ConfigError(f"compare.min_slice_groups must be >= 1, got {settings.min_slice_groups}")
+    for m in settings.slice_metrics:
+        if m != AUTO:
+            _canonical(m)
+
+
+def _canonical(m: str) -> str:
+    spec, k = parse_metric_name(m)  # unknown names fail, listing the valid ones
+    name = metric_name(spec.base, k)
+    if name in QUANTILES:
+        raise ConfigError(
+            f"compare.slice_metrics: {m} is a percentile of the split; slices compare per-query means "
+            "(use latency_ms)"
+        )
+    return name
+
+
+def resolve_metrics(variants: Sequence[VariantData], settings: CompareConfig) -> list[str]:
+    """The slice metrics, ``auto`` resolved to the comparison's quality metric (see the module docstring)."""
+    from rag_ablate.tradeoff import ANSWER_METRICS, DEFAULT_QUALITY
+
+    out: list[str] = []
+    for m in settings.slice_metrics:
+        if m == AUTO:
+            if settings.quality_metric != AUTO:
+                m = settings.quality_metric
+            else:
+                present = {k for v in variants for r in v.records for k in (r.get("metrics") or {})}
+                m = next((a for a in ANSWER_METRICS if a in present), DEFAULT_QUALITY)
+        name = _canonical(m)
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def _improvement(r: SliceRow) -> float:
+    """The effect signed so that positive is better (NaN for a row without one)."""
+    return r.effect if r.direction == "higher" else -r.effect
+
+
+def _order_key(r: SliceRow) -> tuple[int, float, str, str]:
+    imp = _improvement(r)
+    return (SLICE_VERDICTS.index(r.verdict), imp if math.isfinite(imp) else math.inf, r.kind, r.value)
+
+
+def compare_slices(
+    variants: Sequence[VariantData],
+    comparison: Comparison,
+    *,
+    metrics: Sequence[str],
+    min_groups: int,
+    B: int | None = None,
+    seed: int | None = None,
+    alpha: float | None = None,
+) -> SliceSection:
+    """Per-slice effects of every variant of ``comparison`` (see the module docstring).
+
+    ``B``, ``seed`` and ``alpha`` default to the comparison's.
+    """
+    if min_groups < 1:
+        raise ConfigError(f"compare.min_slice_groups must be >= 1, got {min_groups}")
+    B = comparison.B if B is None else B
+    seed = comparison.seed if seed is None else seed
+    alpha = comparison.alpha if alpha is None else alpha
+    base, _ = pick_baseline(variants, comparison.baseline)
+    others = [v for v in variants if v.label in comparison.variants]
+    section = SliceSection(list(metrics), min_groups, alpha)
+    untagged = {
+        v.label: n for v in (base, *others) if (n := sum(1 for r in v.records if record_tags(r) is None))
+    }
+    if untagged:
+        counts = ", ".join(f"{label} {n}" for label, n in untagged.items())
+        section.notes.append(
+            f"records without tags (written before tags were recorded): {counts}; they are in their intent "
+            "slices only"
+        )
+    rows: list[SliceRow] = []
+    for split in comparison.splits:
+        base_by_id = _by_id(base.records, split)
+        if not base_by_id:
+            continue
+        for var in others:
+            var_by_id = _by_id(var.records, split)
+            for key, ids in _members(base_by_id, var_by_id).items():
+                b_sub = {q: base_by_id[q] for q in ids if q in base_by_id}
+                v_sub = {q: var_by_id[q] for q in ids if q in var_by_id}
+                for m in metrics:
+                    row = _slice_row(split, var.label, m, key, b_sub, v_sub, min_groups, B, seed, alpha)
+                    if row is not None:
+                        rows.append(row)
+    _adjust(rows, alpha)
+    variant_order = {v: i for i, v in enumerate(comparison.variants)}
+    split_order = {s: i for i, s in enumerate(comparison.splits)}
+    metric_order = {m: i for i, m in enumerate(metrics)}
+    rows.sort(
+        key=lambda r: (variant_order[r.variant], split_order[r.split], metric_order[r.metric], *_order_key(r))
+    )
+    section.rows = rows
+    return section
+
+
+def _members(base_by_id: Mapping[str, Record], var_by_id: Mapping[str, Record]) -> dict[SliceKey, list[str]]:
+    """Each slice's query ids (the baseline's record says which slices, else the variant's)."""
+    out: dict[SliceKey, list[str]] = {}
+    for q in (*base_by_id, *(q for q in var_by_id if q not in base_by_id)):
+        rec = base_by_id.get(q) or var_by_id[q]
+        for key in slice_keys(rec):
+            out.setdefault(key, []).append(q)
+    return {k: out[k] for k in sorted(out, key=SliceKey.sort_key)}
+
+
+def _slice_row(
+    split: str,
+    variant: str,
+    metric: str,
+    key: SliceKey,
+    b_sub: Mapping[str, Record],
+    v_sub: Mapping[str, Record],
+    min_groups: int,
+    B: int,
+    seed: int,
+    alpha: float,
+) -> SliceRow | None:
+    """One slice's row; None when the metric applies to none of its queries (recall on chitchat)."""
+    pair = _pair(split, variant, b_sub, v_sub)
+    qids = [
+        q
+        for q in b_sub
+        if q in v_sub and value(b_sub[q], metric) is not None and value(v_sub[q], metric) is not None
+    ]
+    groups = [str(b_sub[q]["group"]) for q in qids]
+    row = SliceRow(
+        split=split,
+        variant=variant,
+        metric=metric,
+        kind=key.kind,
+        value=key.value,
+        direction=direction_of(metric),
+        n_slice=pair.n_queries,
+        n_queries=len(qids),
+        n_groups=len(set(groups)),
+        n_failed_baseline=pair.n_failed_baseline,
+        n_failed_variant=pair.n_failed_variant,
+        n_left_out=pair.n_left_out,
+    )
+    if not qids:
+        applies = any(value(r, metric) is not None for r in (*b_sub.values(), *v_sub.values()))
+        if not applies and pair.n_ok_both > 0:
+            return None
+        row.verdict, row.note = "untested", _untested_note(metric, b_sub, v_sub)
+        return row
+    b = np.array([value(b_sub[q], metric) for q in qids], dtype=np.float64)
+    v = np.array([value(v_sub[q], metric) for q in qids], dtype=np.float64)
+    row.baseline_mean, row.variant_mean = float(b.mean()), float(v.mean())
+    row.effect = row.variant_mean - row.baseline_mean
+    if row.n_groups < min_groups:
+        row.verdict = "too small"
+        row.note = f"{row.n_groups} group(s) < compare.min_slice_groups={min_groups}: not tested"
+        return row
+    res = stats.paired_test(
+        b,
+        v,
+        np.array(groups),
+        B=B,
+        seed=stats.derive_seed(seed, "slice", split, key.kind, key.value),
+        alpha=alpha,
+        signflip_seeds=[stats.derive_seed(seed, "slice", split, variant, key.kind, key.value, metric)],
+    )
+    row.effect = float(res.effect[0])
+    row.ci_low, row.ci_high = float(res.ci_low[0]), float(res.ci_high[0])
+    row.p_value, row.p_exact = float(res.p_value[0]), bool(res.p_exact[0])
+    row.verdict = "no evidence"  # until the adjustment says otherwise
+    return row
+
+
+def _adjust(rows: Sequence[SliceRow], alpha: float) -> None:
+    """Benjamini-Hochberg over the slices tested for each split, variant and metric; the verdicts."""
+    families: dict[tuple[str, str, str], list[SliceRow]] = {}
+    for r in rows:
+        if r.tested:
+            families.setdefault((r.split, r.variant, r.metric), []).append(r)
+    for family in families.values():
+        adj = stats.benjamini_hochberg(np.array([r.p_value for r in family]))
+        for r, a in zip(family, adj, strict=True):
+            r.p_adjusted = float(a)
+            if a < alpha and r.effect != 0:
+                r.verdict = "helps" if _improvement(r) > 0 else "hurts"

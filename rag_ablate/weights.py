@@ -1,0 +1,633 @@
+"""The production mix: per-query weights from tags, weighted means, and their paired intervals.
+
+An evaluation set over-collects hard edge cases on purpose, so its plain mean is
+not what production traffic sees. ``dataset.slice_weights`` (``{tag: weight}``)
+and ``dataset.edge_tags`` (default ``[edge]``) give every query a weight:
+
+* each tag named in ``slice_weights`` contributes its weight;
+* an edge tag that ``slice_weights`` does not name contributes 0 (edge cases are
+  out of the production headline unless weighted in, e.g. ``{edge: 0.05}``);
+* every other tag contributes 1; a query's weight is the **product** of its tags'
+  contributions (an untagged query weighs 1; a query that is both ``numeric`` at
+  0.5 and ``edge`` at 0.1 weighs 0.05).
+
+The production-weighted mean of a metric is ``sum_i w_i x_i / sum_i w_i`` over the
+queries that have a value (only the ratios of the weights matter). Edge-case
+queries (any tag in ``edge_tags``) are also reported on their own, as a plain mean.
+
+In the comparison, the weighted effect is the same ratio over the paired
+differences ``d_i = variant_i - baseline_i``; its interval comes from the group
+bootstrap with the weights carried along: each resample draws the split's groups
+with replacement (the draw the plain rows use) and computes
+``theta* = sum_g c_g SW_g / sum_g c_g W_g`` with ``SW_g = sum_{i in g} w_i d_i`` and
+``W_g = sum_{i in g} w_i`` (a ratio estimator). See docs/statistics.md, "The
+production mix".
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rag_ablate import stats
+from rag_ablate.errors import ComparisonError, ConfigError
+
+FloatArray = npt.NDArray[np.float64]
+Counts = Sequence[npt.NDArray[np.integer[Any]]]
+
+DEFAULT_EDGE_TAGS = ("edge",)
+#: a split's metric keys for the weighted means and the edge-case means
+PROD, EDGE = "prod", "edge"
+
+
+@dataclass(frozen=True)
+class TagWeights:
+    """How a query's tags give its production weight (see the module docstring)."""
+
+    weights: Mapping[str, float] = field(default_factory=dict)  # dataset.slice_weights
+    edge_tags: tuple[str, ...] = DEFAULT_EDGE_TAGS  # dataset.edge_tags
+
+    def __post_init__(self) -> None:
+        check_weights(self.weights)
+
+    @classmethod
+    def from_config(cls, dataset: Any) -> TagWeights:
+        """From a :class:`~rag_ablate.config.DatasetConfig` or the ``dataset`` mapping of a config.yaml."""
+        if isinstance(dataset, Mapping):
+            raw_w, raw_e = dataset.get("slice_weights"), dataset.get("edge_tags")
+        else:
+            raw_w, raw_e = getattr(dataset, "slice_weights", None), getattr(dataset, "edge_tags", None)
+        if raw_w is not None and not isinstance(raw_w, Mapping):
+            raise ConfigError(f"dataset.slice_weights must map tags to weights, got {raw_w!r}")
+        weights = {str(k): _number(k, v) for k, v in (raw_w or {}).items()}
+        edge = DEFAULT_EDGE_TAGS if raw_e is None else tuple(str(t) for t in raw_e)
+        return cls(weights, edge)
+
+    @property
+    def effective(self) -> dict[str, float]:
+        """Tag -> contribution for every tag that does not weigh 1 by default (edge tags 0)."""
+        return {**{t: 0.0 for t in self.edge_tags}, **self.weights}
+
+    def weight(self, tags: Iterable[str]) -> float:
+        """A query's weight: the product of its tags' contributions (1 when none is named)."""
+        eff = self.effective
+        w = 1.0
+        for t in set(tags):
+            w *= eff.get(t, 1.0)
+        return w
+
+    def is_edge(self, tags: Iterable[str]) -> bool:
+        return any(t in self.edge_tags for t in tags)
+
+    def describe(self) -> str:
+        """``edge 0 (edge case), numeric 0.5; weight = product over a query's tags, others 1``."""
+        eff = self.effective
+        parts = [
+            f"{t} {_fmt(w)}" + (" (edge case)" if t in self.edge_tags and t not in self.weights else "")
+            for t, w in sorted(eff.items())
+        ]
+        return f"{', '.join(parts) or 'none'}; a query weighs the product over its tags, other tags 1"
+
+
+def _number(tag: object, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ConfigError(f"dataset.slice_weights.{tag} must be a number, got {v!r}")
+    return float(v)
+
+
+def _fmt(w: float) -> str:
+    return f"{w:g}"
+
+
+def check_weights(weights: Mapping[str, float]) -> None:
+    """Every weight a finite number >= 0 (ConfigError naming the tag otherwise)."""
+    for tag, w in weights.items():
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0:
+            raise ConfigError(f"dataset.slice_weights.{tag} must be a finite number >= 0, got {w!r}")
+
+
+def check_settings(dataset: Any) -> None:
+    """Composition-time checks of ``dataset.slice_weights`` and ``dataset.edge_tags``."""
+    tw = TagWeights.from_config(dataset)
+    for t in tw.edge_tags:
+        if not t:
+            raise ConfigError("dataset.edge_tags: an empty tag name")
+
+
+def problems(tw: TagWeights, tag_lists: Sequence[Sequence[str]]) -> tuple[list[str], list[str]]:
+    """(errors, warnings) of ``tw`` against the tags a query set has.
+
+    Errors: a ``slice_weights`` tag no query carries (the message lists the set's
+    tags with their counts); every query weighing 0. Warning: an edge tag no query
+    carries, when it was configured beyond the default ``edge``.
+    """
+    counts = Counter(t for tags in tag_lists for t in set(tags))
+    known = ", ".join(f"{t} ({n})" for t, n in sorted(counts.items())) or "none (no query has tags)"
+    errors = [
+        f"dataset.slice_weights names tag '{t}', which no query has; the dataset's tags: {known}"
+        for t in sorted(tw.weights)
+        if t not in counts
+    ]
+    warnings = [
+        f"dataset.edge_tags names tag '{t}', which no query has; the dataset's tags: {known}"
+        for t in tw.edge_tags
+        if t not in counts and t not in DEFAULT_EDGE_TAGS
+    ]
+    if tag_lists and not errors and all(tw.weight(tags) == 0 for tags in tag_lists):
+        errors.append(f"every query weighs 0 under dataset.slice_weights ({tw.describe()})")
+    return errors, warnings
+
+
+def validate(tw: TagWeights, tag_lists: Sequence[Sequence[str]], source: str) -> list[str]:
+    """Raise ConfigError (naming ``source``) on :func:`problems`' errors; return its warnings."""
+    errors, warnings = problems(tw, tag_lists)
+    if errors:
+        raise ConfigError(f"{source}: " + "; ".join(errors))
+    return warnings
+
+
+def trivial(tw: TagWeights, tag_lists: Iterable[Sequence[str]]) -> bool:
+    """Every query weighs 1 and none is an edge case: the weighted mean is the plain mean."""
+    return all(tw.weight(tags) == 1.0 and not tw.is_edge(tags) for tags in tag_lists)
+
+
+def normalised(weights: npt.ArrayLike) -> FloatArray:
+    """``w / sum(w)``; ComparisonError when a weight is negative or they sum to 0."""
+    w = np.asarray(weights, dtype=np.float64)
+    if np.any(w < 0) or not np.all(np.isfinite(w)):
+        raise ComparisonError("weights must be finite and >= 0")
+    total = float(w.sum())
+    if total <= 0:
+        raise ComparisonError("every weight is 0: no weighted mean")
+    return np.asarray(w / total, dtype=np.float64)
+
+
+def weighted_mean(x: npt.ArrayLike, weights: npt.ArrayLike) -> float:
+    """``sum w_i x_i / sum w_i``."""
+    return float(np.dot(normalised(weights), np.asarray(x, dtype=np.float64)))
+
+
+def effective_n(weights: npt.ArrayLike) -> float:
+    """Kish's effective number of queries, ``(sum w)^2 / sum w^2`` (n when every weight is equal)."""
+    w = np.asarray(weights, dtype=np.float64)
+    sq = float(np.dot(w, w))
+    return float(w.sum()) ** 2 / sq if sq > 0 else 0.0
+
+
+# --------------------------------------------------------------------------- per run
+
+
+def _tags(rec: Mapping[str, Any], tags_of: Mapping[str, Sequence[str]] | None) -> Sequence[str]:
+    if tags_of is not None and rec["query_id"] in tags_of:
+        return tags_of[rec["query_id"]]
+    return [str(t) for t in rec.get("tags") or ()]
+
+
+def run_metrics(
+    records: Sequence[Mapping[str, Any]],
+    tw: TagWeights,
+    splits: Sequence[str],
+    tags_of: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, float]:
+    """``<split>/prod/<metric>`` (weighted means) and ``<split>/edge/<metric>`` (edge cases' means).
+
+    Per split (``all`` = every record) and per-query metric, over the queries with a
+    value, as the plain means. ``<split>/prod/n_queries`` counts the queries with a
+    weight > 0 and ``<split>/prod/n_eff`` is their effective number
+    (:func:`effective_n`); ``<split>/edge/n_queries`` counts the edge cases. Nothing
+    is returned when the weighting is trivial (every query weighs 1, no edge case):
+    the plain means are then the production means. A metric whose queries all weigh
+    0 in a split has no ``prod`` value there. Tags come from ``tags_of`` (query id ->
+    tags) when given, else from each record's ``tags``.
+    """
+    tag_lists = [_tags(r, tags_of) for r in records]
+    if trivial(tw, tag_lists):
+        return {}
+    out: dict[str, float] = {}
+    w_all = np.array([tw.weight(t) for t in tag_lists])
+    edge_all = np.array([tw.is_edge(t) for t in tag_lists], dtype=bool)
+    for split in splits:
+        idx = [i for i, r in enumerate(records) if split == "all" or r["split"] == split]
+        w, edge = w_all[idx], edge_all[idx]
+        out[f"{split}/{PROD}/n_queries"] = float(np.count_nonzero(w > 0))
+        out[f"{split}/{PROD}/n_eff"] = effective_n(w)
+        out[f"{split}/{EDGE}/n_queries"] = float(np.count_nonzero(edge))
+        values: dict[str, list[tuple[float, float, bool]]] = {}
+        for j, i in enumerate(idx):
+            for name, v in (records[i].get("metrics") or {}).items():
+                if v is not None and math.isfinite(float(v)):
+                    values.setdefault(name, []).append((float(v), float(w[j]), bool(edge[j])))
+        for name in sorted(values):
+            x = np.array([t[0] for t in values[name]])
+            wn = np.array([t[1] for t in values[name]])
+            en = np.array([t[2] for t in values[name]], dtype=bool)
+            if wn.sum() > 0:
+                out[f"{split}/{PROD}/{name}"] = weighted_mean(x, wn)
+            if en.any():
+                out[f"{split}/{EDGE}/{name}"] = float(x[en].mean())
+    return out
+
+
+# --------------------------------------------------------------------------- paired comparison
+
+
+@dataclass(frozen=True)
+class WeightedResult:
+    """A weighted paired difference (variant - baseline) with its group-bootstrap interval.
+
+    ``effect`` = ``sum w d / sum w``; ``baseline``/``variant`` the two weighted means;
+    ``ci_low``/``ci_high`` the percentile interval of the bootstrap ``theta*``, ``se``
+    their SD (ddof 1), ``p_bootstrap`` ``min(1, 2 min(share(theta* <= 0), share(theta* >= 0)))``.
+    ``n_resamples``: resamples used (a resample that drew only zero-weight groups has
+    no ratio and is left out). ``n_queries``/``n_groups``: queries and groups with a
+    weight > 0; ``n_eff``: Kish's effective number of queries.
+    """
+
+    baseline: float
+    variant: float
+    effect: float
+    ci_low: float
+    ci_high: float
+    se: float
+    p_bootstrap: float
+    n_queries: int
+    n_groups: int
+    n_eff: float
+    n_resamples: int
+    bootstrap_unreliable: bool
+
+
+def weighted_paired_bootstrap(
+    baseline: npt.ArrayLike,
+    variant: npt.ArrayLike,
+    groups: npt.ArrayLike,
+    weights: npt.ArrayLike,
+    *,
+    B: int = 10_000,
+    seed: int = 0,
+    alpha: float = 0.05,
+    counts: Counts | None = None,
+) -> WeightedResult:
+    """The production-weighted effect of one metric and its group-bootstrap interval (module docstring).
+
+    ``counts``: the split's shared count chunks (:func:`rag_ablate.stats.bootstrap_counts`
+    over the sorted distinct ``groups``); else drawn from ``default_rng(seed)``, the same
+    draws ``rng.integers(0, G, (B, G))`` would give. Every group is resampled, zero-weight
+    ones too, so the draw is the one the plain rows use.
+    """
+    return weighted_paired_bootstraps(
+        baseline, variant, groups, weights, B=B, seed=seed, alpha=alpha, counts=counts
+    )[0][0]
+
+
+def _matrix(x: npt.ArrayLike, name: str) -> FloatArray:
+    a = np.asarray(x, dtype=np.float64)
+    a = a[:, None] if a.ndim == 1 else a
+    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+        raise ComparisonError(f"{name}: expected shape (n,) or (n, m) with n, m >= 1, got {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ComparisonError(f"{name}: NaN or inf value")
+    return a
+
+
+def weighted_paired_bootstraps(
+    baseline: npt.ArrayLike,
+    variant: npt.ArrayLike,
+    groups: npt.ArrayLike,
+    weights: npt.ArrayLike,
+    *,
+    B: int = 10_000,
+    seed: int = 0,
+    alpha: float = 0.05,
+    counts: Counts | None = None,
+) -> list[list[WeightedResult]]:
+    """:func:`weighted_paired_bootstrap` for m metric columns ((n, m) values) under k weightings
+    ((n, k) weights) at once, on one draw: result ``[k][m]``. Each weight column needs a
+    positive sum. One product per count chunk serves every column."""
+    b, v = _matrix(baseline, "baseline"), _matrix(variant, "variant")
+    w = _matrix(weights, "weights")
+    n, m = b.shape
+    k = w.shape[1]
+    if v.shape != b.shape or w.shape[0] != n:
+        raise ComparisonError(
+            f"baseline, variant and weights are not aligned: {b.shape}, {v.shape}, {w.shape}"
+        )
+    wn = np.column_stack([normalised(w[:, j]) for j in range(k)])
+    d = v - b
+    num = (wn[:, :, None] * d[:, None, :]).reshape(n, k * m)  # column kk * m + j: w_kk * d_j
+    sums, _ = stats.group_sums(np.column_stack([num, wn]), groups)
+    n_groups_all = sums.shape[0]
+    if counts is None:
+        counts = list(stats.bootstrap_counts(n_groups_all, B, np.random.default_rng(seed)))
+    parts = []
+    for ch in counts:
+        c = np.asarray(ch)
+        if c.ndim != 2 or c.shape[1] != n_groups_all:
+            raise ComparisonError(f"counts: expected shape (c, {n_groups_all}), got {c.shape}")
+        parts.append(c.astype(np.float64) @ sums)  # weighted sums of every d column, then of w
+    draws = np.concatenate(parts, axis=0)
+    out = []
+    for kk in range(k):
+        den = draws[:, k * m + kk]
+        ok = den > 0  # a resample of zero-weight groups only has no ratio
+        theta = draws[ok, kk * m : (kk + 1) * m] / den[ok, None]
+        n_boot = theta.shape[0]
+        n_groups = int(np.count_nonzero(sums[:, k * m + kk] > 0))
+        row = []
+        for j in range(m):
+            t = theta[:, j]
+            wd = wn[:, kk] * d[:, j]
+            if n_boot >= 2:
+                lo, hi = (float(x) for x in np.percentile(t, [100 * alpha / 2, 100 * (1 - alpha / 2)]))
+                se = float(t.std(ddof=1))
+                tol = stats.TIE_RTOL * float(np.abs(wd).sum())
+                below, above = int(np.count_nonzero(t <= tol)), int(np.count_nonzero(t >= -tol))
+                p = min(1.0, 2.0 * min(below, above) / n_boot)
+            else:
+                lo = hi = se = p = math.nan
+            row.append(
+                WeightedResult(
+                    baseline=float(np.dot(wn[:, kk], b[:, j])),
+                    variant=float(np.dot(wn[:, kk], v[:, j])),
+                    effect=float(wd.sum()),
+                    ci_low=lo,
+                    ci_high=hi,
+                    se=se,
+                    p_bootstrap=p,
+                    n_queries=int(np.count_nonzero(w[:, kk] > 0)),
+                    n_groups=n_groups,
+                    n_eff=effective_n(w[:, kk]),
+                    n_resamples=n_boot,
+                    bootstrap_unreliable=n_groups < stats.MIN_RELIABLE_GROUPS,
+                )
+            )
+        out.append(row)
+    return out
+
+
+@dataclass
+class MixRow:
+    """One split x variant x metric of the production mix: ``mix`` is ``production``
+    (the weighted effect) or ``edge`` (the edge cases' own effect, a plain mean)."""
+
+    split: str
+    variant: str
+    metric: str
+    mix: str
+    direction: str
+    baseline_mean: float
+    variant_mean: float
+    effect: float
+    ci_low: float
+    ci_high: float
+    se: float
+    p_bootstrap: float
+    n_queries: int
+    n_groups: int
+    n_eff: float
+    n_resamples: int
+    bootstrap_unreliable: bool
+
+
+def mix_rows(
+    split: str,
+    variant: str,
+    metrics: Sequence[tuple[str, str]],
+    b: FloatArray,
+    v: FloatArray,
+    groups: Sequence[str],
+    tag_lists: Sequence[Sequence[str]],
+    tw: TagWeights,
+    counts: Counts,
+    alpha: float,
+) -> list[MixRow]:
+    """The production rows (when some query weighs > 0) and the edge rows (when some query
+    is an edge case) of metrics measured on the same paired queries: ``metrics`` are
+    (name, direction) of the columns of ``b`` and ``v`` (n, m). One shared bootstrap draw."""
+    w = np.array([tw.weight(t) for t in tag_lists])
+    edge = np.array([1.0 if tw.is_edge(t) else 0.0 for t in tag_lists])
+    mixes = [(name, x) for name, x in (("production", w), ("edge", edge)) if x.sum() > 0]
+    if not mixes:
+        return []
+    weights = np.column_stack([x for _, x in mixes])
+    res = weighted_paired_bootstraps(b, v, np.array(groups), weights, alpha=alpha, counts=counts)
+    return [
+        MixRow(
+            split=split,
+            variant=variant,
+            metric=metric,
+            mix=mix,
+            direction=direction,
+            baseline_mean=r.baseline,
+            variant_mean=r.variant,
+            effect=r.effect,
+            ci_low=r.ci_low,
+            ci_high=r.ci_high,
+            se=r.se,
+            p_bootstrap=r.p_bootstrap,
+            n_queries=r.n_queries,
+            n_groups=r.n_groups,
+            n_eff=r.n_eff,
+            n_resamples=r.n_resamples,
+            bootstrap_unreliable=r.bootstrap_unreliable,
+        )
+        for (mix, _), results in zip(mixes, res, strict=True)
+        for (metric, direction), r in zip(metrics, results, strict=True)
+    ]
+
+
+def settle(
+    weights: TagWeights | None,
+    base_config: Mapping[str, Any] | None,
+    base_records: Sequence[Mapping[str, Any]],
+    other_configs: Mapping[str, Mapping[str, Any] | None],
+) -> tuple[TagWeights | None, list[str]]:
+    """The weighting a comparison uses, or None when there is nothing to weigh; plus notes.
+
+    ``weights`` wins; else the baseline's ``dataset.slice_weights``/``edge_tags`` (its
+    config.yaml), else the default (edge cases out). None when the records carry no
+    tags, when every query weighs 1 and none is an edge case, or when the weights do
+    not fit the records' tags (a note says why).
+    """
+    notes: list[str] = []
+    ds = (base_config or {}).get("dataset")
+    configured = weights is not None or (isinstance(ds, Mapping) and bool(ds.get("slice_weights")))
+    try:
+        tw = weights or TagWeights.from_config(ds if isinstance(ds, Mapping) else {})
+    except ConfigError as exc:
+        return None, [f"production mix not computed: {exc}"]
+    if not any("tags" in r for r in base_records):
+        if configured:
+            notes.append(
+                "production mix not computed: the records carry no tags (written by an older version)"
+            )
+        return None, notes
+    tag_lists = [[str(t) for t in r.get("tags") or ()] for r in base_records]
+    if trivial(tw, tag_lists):
+        return None, notes
+    errors, warnings = problems(tw, tag_lists)
+    if errors:
+        return None, [f"production mix not computed: {'; '.join(errors)}"]
+    notes += warnings
+    if weights is None:
+        for label, cfg in other_configs.items():
+            other = (cfg or {}).get("dataset")
+            if isinstance(other, Mapping):
+                try:
+                    theirs = TagWeights.from_config(other)
+                except ConfigError:
+                    continue
+                if theirs != tw:
+                    notes.append(
+                        f"variant {label} has other dataset.slice_weights/edge_tags ({theirs.describe()}); "
+                        "the production mix uses the baseline's"
+                    )
+    return tw, notes
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _num(v: float) -> str:
+    if not math.isfinite(v):
+        return "-"
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3f}"
+
+
+def _signed(v: float) -> str:
+    if not math.isfinite(v):
+        return "-"
+    return f"{v:+.1f}" if abs(v) >= 100 else f"{v:+.3f}"
+
+
+def _effect(r: MixRow | None) -> tuple[str, str]:
+    if r is None:
+        return "-", "-"
+    return (
+        f"{_signed(r.effect)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}]",
+        f"{r.n_queries}/{r.n_groups}" + ("!" if r.bootstrap_unreliable else ""),
+    )
+
+
+def mix_table(
+    rows: Sequence[MixRow], variants: Sequence[str], metrics: Sequence[str], splits: Sequence[str]
+) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows: per variant x metric x split, the production effect, then the edge cases'."""
+    from rag_ablate.metrics import display_name
+
+    by_key = {(r.split, r.variant, r.metric, r.mix): r for r in rows}
+    headers = [
+        "variant",
+        "metric",
+        "split",
+        "production base -> var",
+        "production effect [95% CI]",
+        "queries/groups",
+        "edge cases base -> var",
+        "edge effect [95% CI]",
+        "edge queries/groups",
+    ]
+    body = []
+    for v in variants:
+        for m in metrics:
+            for s in splits:
+                prod, edge = by_key.get((s, v, m, "production")), by_key.get((s, v, m, "edge"))
+                if prod is None and edge is None:
+                    continue
+                means = [
+                    "-" if r is None else f"{_num(r.baseline_mean)} -> {_num(r.variant_mean)}"
+                    for r in (prod, edge)
+                ]
+                body.append([v, display_name(m), s, means[0], *_effect(prod), means[1], *_effect(edge)])
+    return headers, body
+
+
+MIX_TEXT = (
+    "production mix ({weights}; 95% CI: group bootstrap with the weights carried along, B={B}; "
+    "! fewer than 30 groups; descriptive: not adjusted, not gated)"
+)
+
+
+def mix_terminal(
+    rows: Sequence[MixRow],
+    variants: Sequence[str],
+    metrics: Sequence[str],
+    splits: Sequence[str],
+    describe: str,
+    B: int,
+) -> list[str]:
+    """Lines under the terminal table (none without production-mix rows)."""
+    if not rows:
+        return []
+    from rag_ablate.report import format_table
+
+    headers, body = mix_table(rows, variants, metrics, splits)
+    if not body:
+        return []
+    head = MIX_TEXT.format(weights=describe, B=B).removesuffix(")") + "; every metric: comparison.md):"
+    return [head, format_table(headers, body)]
+
+
+def mix_markdown(
+    rows: Sequence[MixRow],
+    variants: Sequence[str],
+    metrics: Sequence[str],
+    splits: Sequence[str],
+    describe: str,
+    B: int,
+) -> list[str]:
+    """The ``## Production mix`` section of comparison.md (none without rows)."""
+    if not rows:
+        return []
+    headers, body = mix_table(rows, variants, metrics, splits)
+    esc = [[c.replace("|", "\\|") for c in r] for r in body]
+    return [
+        "## Production mix",
+        "",
+        f"Effects weighted by `dataset.slice_weights` ({describe}): each query's weight is the product "
+        "of its tags' weights, edge cases weigh 0 unless weighted in, and the effect is "
+        "`sum w d / sum w` over the paired queries. The edge rows are the edge cases' own plain effect. "
+        f"The 95% CI is the group bootstrap percentile interval (B = {B}, the draw the table above "
+        "uses) with the weights carried along; these rows are descriptive (not adjusted, not gated). "
+        "queries/groups: those with a weight > 0; `!` fewer than 30 groups, where a bootstrap interval "
+        "is too narrow. Latency percentiles (p50, p95) have no weighted row. See docs/statistics.md, "
+        '"The production mix".',
+        "",
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+        *("| " + " | ".join(r) + " |" for r in esc),
+        "",
+    ]
+
+
+def check_folder(dataset: Any) -> None:
+    """Before a sweep spends anything: every ``dataset.slice_weights`` tag is a tag of the
+    dataset folder's queries (read from ``queries.jsonl`` without loading the dataset).
+
+    Nothing to check without ``slice_weights``; a folder that cannot be read is left to
+    the dataset loader, which names file and line.
+    """
+    import json
+    from pathlib import Path
+
+    from rag_ablate.dataset import QUERIES_FILE, sample_dataset_path
+
+    tw = TagWeights.from_config(dataset)
+    if not tw.weights:
+        return
+    path = getattr(dataset, "path", None)
+    queries = (sample_dataset_path() if path is None else Path(path).expanduser()) / QUERIES_FILE
+    try:
+        lines = queries.read_text(encoding="utf-8").splitlines()
+        objs = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError):
+        return
+    tags = [o.get("tags") if isinstance(o, dict) else None for o in objs]
+    tag_lists = [[str(t) for t in ts] if isinstance(ts, list) else [] for ts in tags]
+    validate(tw, tag_lists, str(queries))

@@ -1,0 +1,155 @@
+"""Sweeps through Hydra's launchers: joblib (local processes), submitit_local and a local Ray.
+
+The ablation sweeper hands its jobs to whichever launcher is chosen; the driver still opens the
+MLflow store and creates the parent run before any job, and compares once after all of them.
+A parallel sweep must give exactly the serial sweep's results: the same metrics per variant
+(timings aside) and the same comparison numbers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, write_dataset
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from rag_ablate.layout import COMPARISON_JSON, METRICS_FILE, SWEEP_FILE, VARIANT_FILE
+from rag_ablate.tracking import OWNER_TAG, PARENT_TAG
+
+# chunk=8 splits the tiny corpus's documents and changes what is retrieved: the comparison has
+# non-zero effects, so "equal to the serial sweep" is not satisfied by two rows of zeros
+FACTOR = "chunk=8,512"
+# metrics without timings: every number of the comparison, adjusted p included, is then reproducible
+COMMON = [
+    "dataset=custom",
+    "dataset.path=tiny",
+    "progress=false",
+    "compare.B=200",
+    "compare.metrics=[recall_at_5,ndcg_at_10,mrr_at_10,context_tokens_at_5]",
+]
+TABLES_CREATED = "Creating initial MLflow database tables"
+
+
+def _sweep(cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    write_dataset(cwd / "tiny")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PYTHONWARNINGS": "ignore",
+        "RAY_AUTH_MODE": "disabled",  # a local Ray: no token written under ~/.ray
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag_ablate", "-m", FACTOR, *COMMON, *extra],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def _sweep_dir(cwd: Path) -> Path:
+    (sweep,) = (cwd / "outputs" / "multirun").iterdir()
+    return sweep
+
+
+def _family(cwd: Path) -> tuple[Run, list[Run]]:
+    """The sweep's parent run and its children; the parent is the experiment's only sweep run."""
+    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'outputs' / 'mlflow.db'}")
+    info = json.loads((_sweep_dir(cwd) / SWEEP_FILE).read_text(encoding="utf-8"))
+    parent = client.get_run(info["parent_run_id"])
+    exp = parent.info.experiment_id
+    sweeps = client.search_runs([exp], "tags.`rag_ablate.kind` = 'sweep'")
+    assert [r.info.run_id for r in sweeps] == [parent.info.run_id]
+    children = client.search_runs([exp], f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
+    # every run of the experiment is the parent or one of its children
+    assert len(client.search_runs([exp])) == 1 + len(children)
+    return parent, children
+
+
+def _assert_one_family(cwd: Path) -> list[Run]:
+    parent, children = _family(cwd)
+    assert parent.info.status == "FINISHED"
+    assert sorted(r.data.tags["variant"] for r in children) == ["baseline", "chunk=8"]
+    assert all(r.info.status == "FINISHED" for r in children)
+    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'outputs' / 'mlflow.db'}")
+    assert COMPARISON_JSON in {a.path for a in client.list_artifacts(parent.info.run_id)}
+    return children
+
+
+def _timing(key: str) -> bool:
+    return key.startswith("run/") or "latency" in key or key.endswith(("_ms", "seconds"))
+
+
+def _results(cwd: Path) -> dict[str, Any]:
+    """Per variant label, its metrics without timings and bookkeeping; the comparison's rows."""
+    sweep = _sweep_dir(cwd)
+    per_variant = {}
+    for job in sweep.iterdir():
+        if (job / METRICS_FILE).is_file():
+            label = json.loads((job / VARIANT_FILE).read_text(encoding="utf-8"))["label"]
+            metrics = json.loads((job / METRICS_FILE).read_text(encoding="utf-8"))
+            per_variant[label] = {k: v for k, v in metrics.items() if not _timing(k)}
+    comparison = json.loads((sweep / COMPARISON_JSON).read_text(encoding="utf-8"))
+    return {"variants": per_variant, "rows": comparison["rows"], "flips": comparison["flips"]}
+
+
+def _owner_pid(run: Run) -> int:
+    return int(run.data.tags[OWNER_TAG].split(":")[1])
+
+
+@pytest.mark.slow
+def test_joblib_sweep_runs_jobs_in_parallel_and_equals_the_serial_sweep(tmp_path: Path) -> None:
+    serial = _sweep(tmp_path / "serial")
+    parallel = _sweep(tmp_path / "joblib", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+
+    assert "Joblib.Parallel(n_jobs=2" in parallel.stdout + parallel.stderr
+    for proc in (serial, parallel):
+        # the driver created the store once before the jobs; the comparison ran once, at the end
+        assert (proc.stdout + proc.stderr).count(TABLES_CREATED) == 1
+        assert proc.stdout.count("comparison against baseline") == 1
+
+    children = _assert_one_family(tmp_path / "joblib")
+    parent, _ = _family(tmp_path / "joblib")
+    # each job ran in its own worker process (two workers), not in the driver
+    pids = {_owner_pid(r) for r in children}
+    assert len(pids) == 2 and _owner_pid(parent) not in pids
+    _assert_one_family(tmp_path / "serial")
+
+    want, got = _results(tmp_path / "serial"), _results(tmp_path / "joblib")
+    assert sorted(got["variants"]) == ["baseline", "chunk=8"]
+    assert got == want
+    # the factor matters on this corpus: the equality above compares real differences
+    changed = [r for r in got["rows"] if r["effect"] != 0.0]
+    assert {r["metric"] for r in changed} >= {"context_tokens_at_5"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["submitit_local", "ray"])
+def test_cluster_launcher_sweep_logs_its_children_under_one_parent(launcher: str, tmp_path: Path) -> None:
+    if launcher == "ray" and importlib.util.find_spec("ray") is None:  # .[ray] is optional (~300 MB)
+        pytest.skip("ray is not installed (pip install -e '.[ray]')")
+    extra = [f"hydra/launcher={launcher}"]
+    if launcher == "ray":  # a local Ray of two CPUs without its dashboard
+        extra += ["+hydra.launcher.ray.init.num_cpus=2", "+hydra.launcher.ray.init.include_dashboard=false"]
+    proc = _sweep(tmp_path, *extra)
+
+    assert proc.stdout.count("comparison against baseline") == 1
+    children = _assert_one_family(tmp_path)
+    driver_pid = _owner_pid(_family(tmp_path)[0])
+    assert all(_owner_pid(r) != driver_pid for r in children)  # the jobs ran in the launcher's workers
+    results = _results(tmp_path)
+    assert sorted(results["variants"]) == ["baseline", "chunk=8"]
+    if launcher == "submitit_local":  # submitit keeps each job's log and pickled result
+        assert list((_sweep_dir(tmp_path) / ".submitit").rglob("*_result.pkl"))

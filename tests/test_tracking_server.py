@@ -1,0 +1,169 @@
+"""Tracking to a shared MLflow server (``tracking=server tracking.uri=http://host:port``).
+
+A real ``mlflow server`` on 127.0.0.1 (sqlite backend, artifacts uploaded through the server to
+its ``--artifacts-destination``); a sweep logs to it, and everything is read back through
+MlflowClient from the server. An unreachable server stops a run before any compute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import REPO, free_port, stop_group, write_dataset
+from mlflow.tracking import MlflowClient
+
+from rag_ablate.layout import COMPARISON_JSON, METRICS_FILE, RECORDS_FILE, SWEEP_FILE, VARIANT_FILE
+from rag_ablate.tracking import PARENT_TAG
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+
+
+@contextlib.contextmanager
+def mlflow_server(root: Path) -> Iterator[str]:
+    """``mlflow server`` with a sqlite store and an artifact root under ``root``; yields its URL."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(root / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    env = {**ENV, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    log_path = root / "server.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            deadline = time.monotonic() + 150
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                        break
+                assert proc.poll() is None, log_path.read_text()
+                time.sleep(1)
+            else:
+                pytest.fail(f"mlflow server did not come up within 150 s: {log_path.read_text()[-2000:]}")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            stop_group(proc)
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rag_ablate", *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+def test_sweep_logs_to_a_tracking_server(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    write_dataset(work / "tiny")
+    with mlflow_server(tmp_path / "server") as url:
+        proc = _run(
+            [
+                "-m",
+                "chunk=8,512",
+                "tracking=server",
+                f"tracking.uri={url}",
+                "dataset=custom",
+                "dataset.path=tiny",
+                "progress=false",
+                "compare.B=200",
+            ],
+            work,
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        (sweep,) = (work / "outputs" / "multirun").iterdir()
+        info = json.loads((sweep / SWEEP_FILE).read_text(encoding="utf-8"))
+        assert info["tracking_uri"] == url
+
+        client = MlflowClient(tracking_uri=url)
+        exp = client.get_experiment_by_name("rag_ablate")
+        assert exp is not None
+        # the experiment keeps the server's artifact root (uploads go through the server)
+        assert exp.artifact_location.startswith("mlflow-artifacts:")
+        parent = client.get_run(info["parent_run_id"])
+        assert parent.info.status == "FINISHED"
+        assert parent.data.metrics["sweep/n_variants"] == 2.0
+        children = client.search_runs([exp.experiment_id], f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
+        assert sorted(r.data.tags["variant"] for r in children) == ["baseline", "chunk=8"]
+        assert all(r.info.status == "FINISHED" for r in children)
+
+        by_label = {r.data.tags["variant"]: r for r in children}
+        for job in (sweep / "0", sweep / "1"):
+            label = json.loads((job / VARIANT_FILE).read_text(encoding="utf-8"))["label"]
+            run = by_label[label]
+            on_disk = json.loads((job / METRICS_FILE).read_text(encoding="utf-8"))
+            # every per-split metric the run logs is the job's number (the all/ split stays on disk)
+            logged = {k: v for k, v in run.data.metrics.items() if k.startswith(("dev/", "holdout/"))}
+            assert {"holdout/recall_at_5", "dev/ndcg_at_10", "holdout/context_tokens_at_5"} <= set(logged)
+            assert logged == {k: pytest.approx(on_disk[k], rel=1e-12) for k in logged}
+            # the records, read back through the server, are the job's file byte for byte
+            arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+            assert RECORDS_FILE in arts
+            got = Path(client.download_artifacts(run.info.run_id, RECORDS_FILE, str(tmp_path / label)))
+            assert got.read_bytes() == (job / RECORDS_FILE).read_bytes()
+        got = Path(client.download_artifacts(parent.info.run_id, COMPARISON_JSON, str(tmp_path / "parent")))
+        assert json.loads(got.read_text()) == json.loads((sweep / COMPARISON_JSON).read_text())
+
+    # stored by the server, under its artifact root; nothing tracked on the client's disk
+    assert list((tmp_path / "server" / "artifacts").rglob(COMPARISON_JSON))
+    assert not (work / "outputs" / "mlflow.db").exists() and not (work / "outputs" / "mlartifacts").exists()
+
+
+def test_unreachable_server_stops_the_run_before_any_compute(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "tiny")
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    proc = _run(["tracking=server", f"tracking.uri={url}", "dataset=custom", "dataset.path=tiny"], tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"rag_ablate: error: MLflow server {url} is not reachable: ")
+    assert "Connection refused" in lines[0]
+    assert not list(tmp_path.rglob(RECORDS_FILE)) and not list(tmp_path.rglob(METRICS_FILE))
+
+
+def test_server_without_uri_uses_mlflow_tracking_uri(tmp_path: Path) -> None:
+    """``tracking=server`` alone reads MLflow's own MLFLOW_TRACKING_URI; it never falls back to
+    the local sqlite store (a forgotten uri must not log somewhere else unnoticed)."""
+    write_dataset(tmp_path / "tiny")
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag_ablate", "tracking=server", "dataset=custom", "dataset.path=tiny"],
+        cwd=tmp_path,
+        env={**ENV, "MLFLOW_TRACKING_URI": url},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith(f"rag_ablate: error: MLflow server {url} is not reachable: ")
+    assert not (tmp_path / "outputs" / "mlflow.db").exists() and not list(tmp_path.rglob(RECORDS_FILE))
