@@ -82,3 +82,7 @@ class ComparisonError(RagAblateError):
 class LocalModelError(RagAblateError):
     """The offline model cannot be prepared or served (rag_ablate/local_llm.py): the extra is not
     installed, a part is missing or corrupt, or the server did not start. Says the fixing command."""
+
+
+class JudgeCalibrationError(RagAblateError):
+    """The judge calibration step (the dataset's human judgements) failed after the run was logged."""

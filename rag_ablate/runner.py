@@ -32,7 +32,7 @@ from rag_ablate.ablation import job_entry
 from rag_ablate.cache import Cache
 from rag_ablate.config import RUNTIME_KEYS, RunConfig, env_interpolated, redact, redact_override, to_settings
 from rag_ablate.dataset import SPLITS, Dataset, Query, load_dataset
-from rag_ablate.errors import ConfigError, ErrorRateError
+from rag_ablate.errors import ConfigError, ErrorRateError, JudgeCalibrationError
 from rag_ablate.export import write_trec
 from rag_ablate.judges import JUDGES
 from rag_ablate.judges.calibration import run_calibration
@@ -347,7 +347,11 @@ def run_variant(cfg: DictConfig) -> float | None:
     metrics.update(judge_run_metrics(records, price=s.cost.prices.get(judge_model) if judge_model else None))
     # the judge against people: the dataset's human_judgements, judged and compared (pointwise judge
     # only); judge_calibration.json/.md in the job folder, judge/<metric>/human_* metrics
-    metrics.update(run_calibration(s, dataset, cache, metrics, job_dir))
+    calibration_error: str | None = None
+    try:
+        metrics.update(run_calibration(s, dataset, cache, metrics, job_dir))
+    except Exception as exc:  # everything else is still written and logged; then the run fails
+        calibration_error = f"{type(exc).__name__}: {exc}"
     metrics.update(guard.run_metrics(stored))  # privacy/redacted_<kind>: what redaction replaced
     metrics.update(mlflow_ui.headline_metrics(metrics, mlflow_ui.quality_metric(s.metrics.summary)))
 
@@ -404,7 +408,7 @@ def run_variant(cfg: DictConfig) -> float | None:
             build_info,
             metrics,
             run_id=run_id,
-            final_status="FAILED" if too_many_failed else "FINISHED",
+            final_status="FAILED" if too_many_failed or calibration_error else "FINISHED",
             extra_metrics=slice_logged,
             judge_prompt_hash=judge.prompt_hash if judge is not None else None,
             env_values=env_values,
@@ -426,6 +430,12 @@ def run_variant(cfg: DictConfig) -> float | None:
         print(f"\nrecords: {job_dir / RECORDS_FILE}")
         if store is not None:
             print(ui_hint(store.uri))
+    if calibration_error is not None:
+        raise JudgeCalibrationError(
+            f"{label}: the judge calibration against the dataset's human_judgements failed "
+            f"({calibration_error}); everything else is written and logged, the run is marked FAILED "
+            f"({job_dir})"
+        )
     if too_many_failed:
         statuses = ", ".join(
             f"{k.removeprefix('all/n_status_')} {int(v)}"

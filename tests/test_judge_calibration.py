@@ -513,3 +513,59 @@ def test_a_judged_run_writes_and_logs_the_calibration(fake_llm: FakeLLM, tmp_pat
     assert logged["judge/faithfulness/human_kappa"] == pytest.approx(data["metrics"]["faithfulness"]["kappa"])
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     assert {JUDGE_CALIBRATION_JSON, JUDGE_CALIBRATION_MD} <= artifacts
+
+
+def test_a_calibration_that_fails_ends_the_run_non_zero_after_logging(
+    fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """The calibration step itself breaking (not a judge error, which is recorded per item) must not
+    pass silently: everything else is written and logged, the run is FAILED, the exit code 2."""
+    import os
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.conftest import REPO
+
+    fake_llm.respond = fake_judge_reply
+    out = tmp_path / "outputs"
+    args = [
+        f"dataset.path={judged_dataset(tmp_path)}",
+        "generator=extractive",
+        "judge=openai",
+        f"judge.base_url={fake_llm.url}",
+        "judge.model=m",
+        f"paths.output_root={out}",
+        "progress=false",
+    ]
+    script = (
+        "import runpy, sys\n"
+        "import rag_ablate.judges.calibration as c\n"
+        "def boom(*a, **k):\n"
+        "    raise RuntimeError('calibration exploded')\n"
+        "c.calibrate = boom\n"
+        f"sys.argv = ['rag_ablate', *{args!r}]\n"
+        "runpy.run_module('rag_ablate', run_name='__main__')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("rag_ablate: error:")]
+    assert "judge calibration" in line and "RuntimeError: calibration exploded" in line
+    (records,) = [p for p in out.rglob(RECORDS_FILE) if "mlartifacts" not in p.parts]
+    job = records.parent
+    assert (job / "metrics.json").is_file() and (job / "summary.json").is_file()
+    run_id = json.loads((job / RUN_FILE).read_text(encoding="utf-8"))["run_id"]
+    run = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}").get_run(run_id)
+    assert run.info.status == "FAILED"
+    assert "all/faithfulness" in run.data.metrics or any(
+        k.endswith("/faithfulness") for k in run.data.metrics
+    )

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -388,11 +387,8 @@ def run_calibration(
         if judge is not None:
             judge.close()
         return {}
-    try:
+    try:  # a failure here propagates: the runner logs everything else, then ends the run non-zero
         cal = calibrate(judge, dataset, run_metrics, concurrency=s.judge.concurrency)
-    except Exception as exc:  # the calibration is a view next to the run: a failure is reported, the run kept
-        print(f"judge calibration not computed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return {}
     finally:
         judge.close()
     if cal is None:
