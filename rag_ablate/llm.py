@@ -63,6 +63,7 @@ from rag_ablate.systems.http import backoff_wait, excerpt, retry_after_seconds, 
 
 if TYPE_CHECKING:
     from rag_ablate.cache import Cache
+    from rag_ablate.config import GeneratorConfig, JudgeConfig
 
 CACHE_KIND = "llm_calls"
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -131,6 +132,25 @@ class ChatClient:
             )
         for name in ("httpx", "httpcore"):  # one INFO line per request would bury the run's output
             logging.getLogger(name).setLevel(logging.WARNING)
+
+    @classmethod
+    def from_config(
+        cls, owner: str, cfg: GeneratorConfig | JudgeConfig, cache: Cache | None, seed: int = 0
+    ) -> ChatClient:
+        """The client of the ``generator`` or ``judge`` group (``owner``), with its endpoint settings."""
+        assert cfg.base_url is not None and cfg.model is not None  # checked by the group's validation
+        return cls(
+            owner=owner,
+            base_url=cfg.base_url,
+            model=cfg.model,
+            api_key_env=cfg.api_key_env,
+            timeout_s=cfg.timeout_s,
+            retries=cfg.retries,
+            backoff_s=cfg.backoff_s,
+            backoff_max_s=cfg.backoff_max_s,
+            cache=cache,
+            seed=seed,
+        )
 
     def close(self) -> None:
         """Close the connection pool (a later call opens a new one)."""
@@ -315,16 +335,7 @@ class ChatClient:
             raise self._transport_error(exc, False) from None
         if not 200 <= response.status_code < 300:
             raise self._status_error(response, response.content)
-        try:
-            payload = response.json()
-        except ValueError:
-            raise GenerationError(
-                "bad_response", f"{self._where()}: the response is not JSON: {excerpt(response.content)}"
-            ) from None
-        if not isinstance(payload, dict):
-            raise GenerationError("bad_response", f"{self._where()}: not an object: {excerpt(response.text)}")
-        if payload.get("error") is not None:
-            raise GenerationError("http_error", f"{self._where()}: error: {excerpt(response.text)}")
+        payload = _json_object(response.content, f"{self._where()}: the response")
         choices = payload.get("choices")
         first = choices[0] if isinstance(choices, list) and choices else None
         message = first.get("message") if isinstance(first, dict) else None
@@ -360,16 +371,7 @@ class ChatClient:
                     if event.data.strip() == "[DONE]":
                         done = True
                         break
-                    try:
-                        chunk = json.loads(event.data)
-                    except ValueError:
-                        raise GenerationError(
-                            "bad_response", f"{where}: a stream event is not JSON: {excerpt(event.data)}"
-                        ) from None
-                    if not isinstance(chunk, dict):
-                        raise GenerationError("bad_response", f"{where}: event {excerpt(event.data)}")
-                    if chunk.get("error") is not None:
-                        raise GenerationError("http_error", f"{where}: error event: {excerpt(event.data)}")
+                    chunk = _json_object(event.data, f"{where}: a stream event")
                     for choice in chunk.get("choices") or []:
                         content = (
                             (choice.get("delta") or {}).get("content") if isinstance(choice, dict) else None
@@ -394,6 +396,20 @@ class ChatClient:
             "usage": None if usage is None else _usage(usage),
             "usage_count": None,
         }
+
+
+def _json_object(raw: str | bytes, what: str) -> dict[str, Any]:
+    """``raw`` as a JSON object; ``bad_response`` when it is not one, ``http_error`` when it is the
+    API's error object. ``what`` opens the message (the endpoint and what was read)."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise GenerationError("bad_response", f"{what} is not JSON: {excerpt(raw)}") from None
+    if not isinstance(value, dict):
+        raise GenerationError("bad_response", f"{what} is not a JSON object: {excerpt(raw)}")
+    if value.get("error") is not None:
+        raise GenerationError("http_error", f"{what} is an error: {excerpt(raw)}")
+    return value
 
 
 def _usage(raw: dict[str, Any]) -> dict[str, int | None]:

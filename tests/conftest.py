@@ -264,22 +264,27 @@ def stop_group(proc: subprocess.Popen[Any]) -> None:
 
 
 @contextlib.contextmanager
-def mlflow_ui(log_path: Path, *, cwd: Path | None = None, uri: str | None = None) -> Iterator[int]:
-    """``rag-ablate ui`` on a free port, up and answering /health; yields the port.
-
-    The server and its workers form one process group, stopped as a whole afterwards,
-    so no worker outlives the test. Its output goes to ``log_path``.
-    """
+def serving(
+    name: str,
+    args: list[str],
+    port: int,
+    log_path: Path,
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 120,
+) -> Iterator[None]:
+    """Start ``args`` (an MLflow server) as its own process group, wait until it answers
+    ``/health`` on ``port``, and stop the whole group afterwards, so no worker outlives the
+    test. Its output goes to ``log_path``."""
     import httpx
 
-    port = free_port()
-    args = [sys.executable, "-m", "rag_ablate.cli", "ui", "--port", str(port)]
-    if uri is not None:
-        args += ["--uri", uri]
     with log_path.open("w") as log:
-        proc = subprocess.Popen(args, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 with contextlib.suppress(httpx.TransportError):
                     if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
@@ -287,10 +292,22 @@ def mlflow_ui(log_path: Path, *, cwd: Path | None = None, uri: str | None = None
                 assert proc.poll() is None, log_path.read_text()
                 time.sleep(1)
             else:
-                pytest.fail("the MLflow UI did not come up within 120 s")
-            yield port
+                log_tail = log_path.read_text()[-2000:]
+                pytest.fail(f"{name} did not come up within {timeout_s:.0f} s: {log_tail}")
+            yield
         finally:
             stop_group(proc)
+
+
+@contextlib.contextmanager
+def mlflow_ui(log_path: Path, *, cwd: Path | None = None, uri: str | None = None) -> Iterator[int]:
+    """``rag-ablate ui`` on a free port, up and answering /health; yields the port."""
+    port = free_port()
+    args = [sys.executable, "-m", "rag_ablate.cli", "ui", "--port", str(port)]
+    if uri is not None:
+        args += ["--uri", uri]
+    with serving("the MLflow UI", args, port, log_path, cwd=cwd):
+        yield port
 
 
 @pytest.fixture

@@ -9,9 +9,10 @@ It speaks the real wire format of ``POST /v1/chat/completions``:
   and ``usage``.
 
 What it answers is up to the test: ``FakeLLM.respond(body, call)`` returns the answer text
-(default: a fixed sentence citing [1] and [2]); the answer is streamed in pieces split at
-spaces. Scripted failures (status code and headers, e.g. 429 with Retry-After) are served
-first when queued. Every request is kept in ``requests`` (body, path, Authorization header).
+(default: a fixed sentence citing [1] and [2]), streamed in pieces split at spaces, or a list
+of pieces, streamed as given (usage then counts one completion token per piece). Scripted
+failures (status code and headers, e.g. 429 with Retry-After) are served first when queued.
+Every request is kept in ``requests`` (body, path, Authorization header).
 
 Use the ``fake_llm`` fixture of tests/conftest.py, or :func:`serve` as a context manager.
 """
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-Responder = Callable[[dict[str, Any], int], str]
+Responder = Callable[[dict[str, Any], int], "str | list[str]"]
 
 
 def default_answer(body: dict[str, Any], call: int) -> str:
@@ -53,9 +54,10 @@ class FakeLLM:
             return [r["body"] for r in self.requests]
 
 
-def _usage(body: dict[str, Any], answer: str) -> dict[str, int]:
+def _usage(body: dict[str, Any], answer: str | list[str]) -> dict[str, int]:
     prompt = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
-    usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": max(1, len(answer.split()))}
+    completion = len(answer) if isinstance(answer, list) else max(1, len(answer.split()))
+    usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": completion}
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return usage
 
@@ -108,7 +110,7 @@ def _handler(state: FakeLLM) -> type[BaseHTTPRequestHandler]:
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": answer},
+                            "message": {"role": "assistant", "content": "".join(answer)},
                             "finish_reason": "stop",
                         }
                     ],
@@ -121,7 +123,8 @@ def _handler(state: FakeLLM) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
-            for piece in re.findall(r"\S+\s*|\s+", answer) or [""]:
+            pieces = answer if isinstance(answer, list) else re.findall(r"\S+\s*|\s+", answer) or [""]
+            for piece in pieces:
                 chunk = {
                     "id": f"c{call}",
                     "object": "chat.completion.chunk",

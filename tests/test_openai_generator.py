@@ -1,20 +1,13 @@
-"""generator=openai against a small deterministic OpenAI-compatible server on 127.0.0.1.
-
-The server speaks the real wire format: ``POST /v1/chat/completions`` with ``stream: true``
-answers ``text/event-stream`` chunks ``data: {"choices": [{"delta": {"content": ...}}]}``,
-then (with ``stream_options.include_usage``) a chunk with empty choices and ``usage``,
-then ``data: [DONE]``. Scripted failures (429 with Retry-After, 500) come first when queued.
+"""generator=openai against a small deterministic OpenAI-compatible server on 127.0.0.1
+(tests/fake_llm.py: the real wire format, streamed chunks, usage, scripted failures first).
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,101 +28,23 @@ from rag_ablate.generators.openai import (
 from rag_ablate.metrics.text import count_tokens
 from rag_ablate.systems.base import Citation
 from tests.conftest import REPO, run_module
+from tests.fake_llm import FakeLLM, serve
 
 PIECE_DELAY_S = 0.03  # between two streamed chunks
 FIRST_DELAY_S = 0.05  # before the first chunk (the model "thinks")
 CANARY = "sk-canary-7f3a9c1e5b2d4680"  # a fake key: must never reach a file
 
 
-@dataclass
-class FakeLLM:
-    """The server's state: scripted failures, what it received, how it answers."""
-
-    failures: list[tuple[int, dict[str, str]]] = field(default_factory=list)
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    usage: bool = True  # send the usage chunk
-    first_delay_s: float = FIRST_DELAY_S
-    piece_delay_s: float = PIECE_DELAY_S
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def answer(self, call: int) -> list[str]:
-        """A deterministic answer citing passages 1 and 2, numbered by the call that produced it."""
-        return ["Returns ", "are accepted ", "within 30 days [1]", " with a receipt [2]", f" (call {call})."]
-
-
-def _handler(state: FakeLLM) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # keep pytest output clean
-            return
-
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            body = json.loads(raw)
-            with state.lock:
-                state.requests.append(
-                    {
-                        "t": time.perf_counter(),
-                        "path": self.path,
-                        "body": body,
-                        "auth": self.headers.get("Authorization"),
-                    }
-                )
-                call = len(state.requests)
-                failure = state.failures.pop(0) if state.failures else None
-            if failure is not None:
-                code, headers = failure
-                payload = json.dumps({"error": {"message": f"scripted {code}"}}).encode()
-                self.send_response(code)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-                return
-            assert self.path == "/v1/chat/completions" and body["stream"] is True
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            time.sleep(state.first_delay_s)
-            pieces = state.answer(call)
-            for piece in pieces:
-                chunk = {
-                    "id": f"c{call}",
-                    "object": "chat.completion.chunk",
-                    "model": body["model"],
-                    "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}],
-                }
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
-                time.sleep(state.piece_delay_s)
-            if state.usage and (body.get("stream_options") or {}).get("include_usage"):
-                prompt = body["messages"][-1]["content"]
-                usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(pieces)}
-                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-                self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-            self.close_connection = True
-
-    return Handler
+def _answer(body: dict[str, Any], call: int) -> list[str]:
+    """A deterministic answer citing passages 1 and 2, numbered by the call that produced it."""
+    return ["Returns ", "are accepted ", "within 30 days [1]", " with a receipt [2]", f" (call {call})."]
 
 
 @pytest.fixture
 def llm() -> Iterator[tuple[FakeLLM, str]]:
-    state = FakeLLM()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    """The shared fake server (tests/fake_llm.py), streaming five pieces with a model's pauses."""
+    with serve(FakeLLM(respond=_answer, first_delay_s=FIRST_DELAY_S, piece_delay_s=PIECE_DELAY_S)) as state:
+        yield state, state.url
 
 
 def _settings(base_url: str, **overrides: Any) -> RunConfig:

@@ -294,22 +294,26 @@ def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     )
 
 
+def _wait_for_records(proc: subprocess.Popen[str], records: Any, at_least: int, timeout: float = 120) -> Path:
+    """The records file ``records()`` finds, once it has ``at_least`` lines while ``proc`` still runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        path = records()
+        if path is not None and path.is_file() and path.read_bytes().count(b"\n") >= at_least:
+            return Path(path)
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (exit {proc.returncode}) before it could be stopped: {proc.stderr}")
+        time.sleep(0.02)
+    pytest.fail("the run wrote no records in time")
+
+
 def _kill_when(proc: subprocess.Popen[str], records: Any, at_least: int, timeout: float = 120) -> Path:
     """SIGKILL ``proc`` once the records file ``records()`` finds has ``at_least`` lines."""
-    deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline:
-            path = records()
-            if path is not None and path.is_file() and path.read_bytes().count(b"\n") >= at_least:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-                return Path(path)
-            if proc.poll() is not None:
-                pytest.fail(
-                    f"the run ended (exit {proc.returncode}) before it could be killed: {proc.stderr}"
-                )
-            time.sleep(0.02)
-        pytest.fail("the run wrote no records in time")
+        path = _wait_for_records(proc, records, at_least, timeout)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        return path
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -460,15 +464,12 @@ def test_ctrl_c_ends_a_single_run_with_one_line_and_a_killed_run(server: RerankS
     server.state.delay = DELAY
     root = work / "interrupted_run"
     proc = _start([*_args(server), "paths.output_root=interrupted_run"], work)
-    deadline = time.monotonic() + 120
-    job = None
-    while time.monotonic() < deadline and proc.poll() is None:
+
+    def run_records() -> Path | None:
         job = _only(root / "runs")
-        records = None if job is None else job / RECORDS_FILE
-        if records is not None and records.is_file() and records.read_bytes().count(b"\n") >= 2:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None and job is not None, "the run ended before it could be interrupted"
+        return None if job is None else job / RECORDS_FILE
+
+    job = _wait_for_records(proc, run_records, 2).parent
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -495,14 +496,7 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_killed_runs_then_resume_finishes_
         s = _only(root / "multirun")
         return None if s is None else s / "1" / RECORDS_FILE
 
-    deadline = time.monotonic() + 120
-    path = None
-    while time.monotonic() < deadline and proc.poll() is None:
-        path = variant_records()
-        if path is not None and path.is_file() and path.read_bytes().count(b"\n") >= 2:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None and path is not None, "the sweep ended before it could be interrupted"
+    path = _wait_for_records(proc, variant_records, 2)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

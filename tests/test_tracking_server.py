@@ -12,13 +12,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from conftest import REPO, free_port, stop_group, write_dataset
+from conftest import REPO, free_port, serving, write_dataset
 from mlflow.tracking import MlflowClient
 
 from rag_ablate.layout import COMPARISON_JSON, METRICS_FILE, RECORDS_FILE, SWEEP_FILE, VARIANT_FILE
@@ -49,24 +47,8 @@ def mlflow_server(root: Path) -> Iterator[str]:
         "1",
     ]
     env = {**ENV, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    log_path = root / "server.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            deadline = time.monotonic() + 150
-            while time.monotonic() < deadline:
-                with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                        break
-                assert proc.poll() is None, log_path.read_text()
-                time.sleep(1)
-            else:
-                pytest.fail(f"mlflow server did not come up within 150 s: {log_path.read_text()[-2000:]}")
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            stop_group(proc)
+    with serving("mlflow server", cmd, port, root / "server.log", cwd=root, env=env, timeout_s=150):
+        yield f"http://127.0.0.1:{port}"
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -100,10 +100,10 @@ def run_comparison(
             f"{source}: only one finished variant ({only}); a comparison needs the baseline and at least "
             "one variant (a sweep: python -m rag_ablate -m <factor>=<levels>)"
         )
+    findings = {}
     if guard:  # queries are paired by id: runs over another query set cannot be compared at all
-        base, _ = pick_baseline(src.variants, settings.baseline)
-        other = {label: f.dataset for label, f in check(src.variants, base.label).items()}
-        bad = {label: d for label, diffs in other.items() for d in diffs if d.startswith("query set")}
+        findings = check(src.variants, pick_baseline(src.variants, settings.baseline)[0].label)
+        bad = {label: d for label, f in findings.items() for d in f.dataset if d.startswith("query set")}
         if bad:
             listed = "; ".join(f"{label}: {d}" for label, d in bad.items())
             raise ComparisonError(
@@ -131,7 +131,6 @@ def run_comparison(
     # the baseline's, both orders; a pairwise step that cannot run leaves a note, not a failed comparison
     c.pairwise = pairwise_section(src.variants, c)
     if guard:
-        findings = check(src.variants, c.baseline)
         c.confounded = {label: f.differences for label, f in findings.items() if f.confounded}
         c.unchecked = {label: f.unchecked for label, f in findings.items() if f.unchecked}
     paths = write_outputs(c, src.out_dir)

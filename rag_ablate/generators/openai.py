@@ -119,18 +119,7 @@ class OpenAIGenerator:
         assert self.cfg.base_url is not None and self.cfg.model is not None
         self.model = self.cfg.model
         self.prompt_hash = prompt_hash(self.cfg)
-        self.client = ChatClient(
-            owner="generator",
-            base_url=self.cfg.base_url,
-            model=self.cfg.model,
-            api_key_env=self.cfg.api_key_env,
-            timeout_s=self.cfg.timeout_s,
-            retries=self.cfg.retries,
-            backoff_s=self.cfg.backoff_s,
-            backoff_max_s=self.cfg.backoff_max_s,
-            cache=cache,
-            seed=settings.seed,
-        )
+        self.client = ChatClient.from_config("generator", self.cfg, cache, settings.seed)
         self.url = self.client.url
 
     @property

@@ -433,18 +433,7 @@ class OpenAIJudge:
         self.prompt_hash = judge_prompt_hash(self.cfg)
         self.repeats = self.cfg.repeats
         self.mode = self.cfg.mode
-        self.client = ChatClient(
-            owner="judge",
-            base_url=self.cfg.base_url,
-            model=self.cfg.model,
-            api_key_env=self.cfg.api_key_env,
-            timeout_s=self.cfg.timeout_s,
-            retries=self.cfg.retries,
-            backoff_s=self.cfg.backoff_s,
-            backoff_max_s=self.cfg.backoff_max_s,
-            cache=cache,
-            seed=settings.seed,
-        )
+        self.client = ChatClient.from_config("judge", self.cfg, cache, settings.seed)
 
     @property
     def calls(self) -> int:
