@@ -48,7 +48,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -62,17 +62,24 @@ __all__ = [
     "Direction",
     "PairedResult",
     "QuantileResult",
+    "QuantileSetup",
     "benjamini_hochberg",
     "bootstrap_counts",
+    "bootstrap_ratios",
     "derive_seed",
     "group_sums",
+    "group_sums_sizes",
     "holm",
     "improved",
     "linearized_se",
     "paired_quantile_test",
+    "paired_quantile_tests",
     "paired_test",
+    "quantile_effects",
+    "quantile_setup",
     "signflip_pvalue",
     "weighted_percentiles",
+    "weighted_percentiles_many",
 ]
 
 Direction = Literal["higher", "lower"]
@@ -90,6 +97,9 @@ MIN_RELIABLE_GROUPS = 30
 TIE_RTOL = 1e-9
 
 _DEFAULT_CHUNK = 250
+#: indices drawn at once by :func:`bootstrap_counts` (a block of rows of a chunk): small enough that
+#: the draw, its offsets and its counts stay in cache; it never changes the draws
+COUNT_BLOCK_ELEMS = 1 << 17
 _EXACT_CHUNK_ELEMS = 1 << 20  # sign-matrix entries per chunk in exact enumeration
 
 
@@ -222,16 +232,24 @@ def _count_dtype(n_groups: int) -> npt.DTypeLike:
 
 
 def bootstrap_counts(
-    n_groups: int, B: int, rng: np.random.Generator, chunk: int = _DEFAULT_CHUNK
+    n_groups: int,
+    B: int,
+    rng: np.random.Generator,
+    chunk: int = _DEFAULT_CHUNK,
+    *,
+    reuse: bool = False,
 ) -> Iterator[npt.NDArray[np.integer[npt.NBitBase]]]:
     """Yield (c, G) count matrices, c <= ``chunk``, B rows in total.
 
     Row b holds how often each of the G groups is drawn in bootstrap resample
-    b (each row sums to G). Per chunk: one ``rng.integers(0, G, (c, G))`` and
-    one ``np.bincount`` over row-offset indices. The concatenated draws equal
-    ``rng.integers(0, G, (B, G))`` (the order scipy's bootstrap uses). Counts
-    use the smallest unsigned dtype that can hold G, so a split's whole draw
-    can be kept (``list(...)``) and shared by every variant and metric.
+    b (each row sums to G). The concatenated draws equal
+    ``rng.integers(0, G, (B, G))`` (the order scipy's bootstrap uses), whatever
+    ``chunk``. Each chunk is drawn in blocks of at most :data:`COUNT_BLOCK_ELEMS`
+    indices (one ``rng.integers`` and one ``np.bincount`` over row-offset indices
+    per block, small enough to stay in cache). Counts use the smallest unsigned
+    dtype that can hold G, so a split's whole draw can be kept (``list(...)``)
+    and shared by every variant and metric. ``reuse``: yield one buffer, refilled
+    for every chunk (the caller must not keep a chunk past the next one).
     """
     if isinstance(n_groups, bool) or int(n_groups) != n_groups or n_groups < 1:
         raise ComparisonError(f"n_groups must be a positive int, got {n_groups!r}")
@@ -241,14 +259,46 @@ def bootstrap_counts(
         raise ComparisonError(f"chunk must be a positive int, got {chunk!r}")
     n_groups, B, chunk = int(n_groups), int(B), int(chunk)
     dtype = _count_dtype(n_groups)
+    block = max(1, min(chunk, COUNT_BLOCK_ELEMS // n_groups))
+    # uint32 draws are the int64 draws (numpy uses the same 32-bit bounded generator for both when
+    # G < 2**32), in half the memory; row offsets stay in uint32 while they fit
+    idx_dtype: type[np.unsignedinteger[Any]] | type[np.signedinteger[Any]] = (
+        np.int64 if block * n_groups >= 1 << 32 else np.uint32
+    )
+    buffer = np.empty((min(chunk, B), n_groups), dtype=dtype) if reuse else None
     done = 0
     while done < B:
         c = min(chunk, B - done)
-        idx = rng.integers(0, n_groups, size=(c, n_groups))
-        idx += (np.arange(c, dtype=np.int64) * n_groups)[:, None]
-        counts = np.bincount(idx.ravel(), minlength=c * n_groups)
-        yield counts.reshape(c, n_groups).astype(dtype, copy=False)
+        out = buffer[:c] if buffer is not None else np.empty((c, n_groups), dtype=dtype)
+        for r0 in range(0, c, block):
+            k = min(block, c - r0)
+            idx = rng.integers(0, n_groups, size=(k, n_groups), dtype=idx_dtype)
+            idx += (np.arange(k, dtype=idx_dtype) * idx_dtype(n_groups))[:, None]
+            out[r0 : r0 + k] = np.bincount(idx.ravel(), minlength=k * n_groups).reshape(k, n_groups)
+        yield out
         done += c
+
+
+def bootstrap_ratios(counts: npt.NDArray[np.generic], sums_sizes: FloatArray) -> FloatArray:
+    """``theta*`` of one count chunk (c, G): ``(c . S_j) / (c . m)`` per metric column j.
+
+    ``sums_sizes`` is (G, m + 1): the group sums of the m metric columns, then the group
+    sizes. The one product :func:`paired_test` computes per chunk; callers that stream a
+    shared draw compute it here and hand the concatenation to ``paired_test(theta=...)``.
+    """
+    prod = np.asarray(counts).astype(np.float64, copy=False) @ sums_sizes
+    m = sums_sizes.shape[1] - 1
+    return np.asarray(prod[:, :m] / prod[:, m:], dtype=np.float64)
+
+
+def group_sums_sizes(d: npt.ArrayLike, groups: npt.ArrayLike | None) -> FloatArray:
+    """The (G, m + 1) matrix :func:`bootstrap_ratios` takes: group sums of ``d``, then sizes."""
+    dm = _as_matrix(d, "d")
+    if groups is None:
+        sums, sizes = dm, np.ones(dm.shape[0], dtype=np.int64)
+    else:
+        sums, sizes = group_sums(dm, groups)
+    return np.column_stack([sums, sizes.astype(np.float64)])
 
 
 def _check_counts(counts: Sequence[npt.NDArray[np.integer[npt.NBitBase]]], n_groups: int) -> None:
@@ -631,6 +681,7 @@ def paired_test(
     alpha: float = 0.05,
     counts: Sequence[npt.NDArray[np.integer[npt.NBitBase]]] | None = None,
     signflip_seeds: Sequence[int] | None = None,
+    theta: npt.ArrayLike | None = None,
 ) -> PairedResult:
     """Group bootstrap + group sign-flip comparison of ``variant`` vs ``baseline``.
 
@@ -648,6 +699,11 @@ def paired_test(
     and interval depend only on its own data and seed, never on the other
     columns. The interval of column j re-uses exactly the sign vectors of its
     p-value (see docs/statistics.md).
+    ``theta``: the bootstrap ratios already computed from a shared draw, (B, m),
+    the concatenation of :func:`bootstrap_ratios` over its chunks (a caller that
+    streams one draw to many tests, e.g. the comparison step, keeps no count
+    matrix); ``counts`` is then ignored. The result equals ``counts=`` with
+    that draw's chunks.
     """
     base = _as_matrix(baseline, "baseline")
     var = _as_matrix(variant, "variant")
@@ -672,23 +728,25 @@ def paired_test(
     sizes_f = sizes.astype(np.float64)
     sums_sizes = np.column_stack([sums, sizes_f])
     chunks: Iterator[npt.NDArray[np.integer[npt.NBitBase]]] | Sequence[npt.NDArray[np.integer[npt.NBitBase]]]
-    if counts is None:
-        chunks = bootstrap_counts(n_groups, int(B), np.random.default_rng(seed))
+    boot: FloatArray
+    if theta is not None:
+        boot = np.asarray(theta, dtype=np.float64)
+        if boot.ndim != 2 or boot.shape[1] != m or boot.shape[0] == 0:
+            raise ComparisonError(f"theta: expected shape (B, {m}) with B >= 1, got {boot.shape}")
     else:
-        _check_counts(counts, n_groups)
-        chunks = counts
-    parts = []
-    for ch in chunks:
-        prod = np.asarray(ch).astype(np.float64) @ sums_sizes
-        parts.append(prod[:, :m] / prod[:, m:])
-    theta = np.concatenate(parts, axis=0)
-    n_boot = theta.shape[0]
+        if counts is None:
+            chunks = bootstrap_counts(n_groups, int(B), np.random.default_rng(seed))
+        else:
+            _check_counts(counts, n_groups)
+            chunks = counts
+        boot = np.concatenate([bootstrap_ratios(ch, sums_sizes) for ch in chunks], axis=0)
+    n_boot = boot.shape[0]
 
-    se = theta.std(axis=0, ddof=1) if n_boot > 1 else np.zeros(m)
-    boot_lo, boot_hi = np.percentile(theta, [100.0 * alpha / 2, 100.0 * (1 - alpha / 2)], axis=0)
+    se = boot.std(axis=0, ddof=1) if n_boot > 1 else np.zeros(m)
+    boot_lo, boot_hi = np.percentile(boot, [100.0 * alpha / 2, 100.0 * (1 - alpha / 2)], axis=0)
     tol = TIE_RTOL * np.abs(sums).sum(axis=0) / n
-    below = np.count_nonzero(theta <= tol, axis=0)
-    above = np.count_nonzero(theta >= -tol, axis=0)
+    below = np.count_nonzero(boot <= tol, axis=0)
+    above = np.count_nonzero(boot >= -tol, axis=0)
     p_boot = np.minimum(1.0, 2.0 * np.minimum(below, above) / n_boot)
 
     zero = np.all(d == 0, axis=0)
@@ -829,19 +887,166 @@ def weighted_percentiles(
     percentile sits at position ``h = (N - 1) q / 100`` and interpolates linearly
     between the order statistics at ``floor(h)`` and ``floor(h) + 1``.
     """
-    w = np.asarray(weights, dtype=np.int64)
-    cum = np.cumsum(w, axis=1)
-    total = cum[:, -1]
+    return weighted_percentiles_many(sorted_x, weights, (q,))[:, 0]
+
+
+def weighted_percentiles_many(
+    sorted_x: FloatArray, weights: npt.NDArray[np.integer[npt.NBitBase]], qs: Sequence[float]
+) -> FloatArray:
+    """:func:`weighted_percentiles` for several q at once, shape (r, len(qs)): one running sum
+    per row serves every q, and each order statistic is found by binary search in it."""
+    w = np.asarray(weights)
+    r, n = w.shape
+    cum = np.cumsum(w.astype(np.int64), axis=1)
+    total = cum[:, -1].copy()
     if np.any(total < 1):
         raise ComparisonError("weighted_percentiles: a row has no weight")
-    h = (total - 1) * (q / 100.0)
-    lo = np.floor(h).astype(np.int64)
-    hi = np.minimum(lo + 1, total - 1)
-    # the order statistic k (0-based) of a row is x[j] for the first j with cum[j] > k
-    j_lo = (cum <= lo[:, None]).sum(axis=1)
-    j_hi = (cum <= hi[:, None]).sum(axis=1)
-    x_lo, x_hi = sorted_x[j_lo], sorted_x[j_hi]
-    return np.asarray(x_lo + (h - lo) * (x_hi - x_lo), dtype=np.float64)
+    # rows laid end to end, row k shifted by k (N_max + 1): one sorted array, one search for all rows
+    step = int(total.max()) + 1
+    offsets = np.arange(r, dtype=np.int64) * step
+    cum += offsets[:, None]
+    flat = cum.ravel()
+    base = np.arange(r, dtype=np.int64) * n
+    out = np.empty((r, len(qs)))
+    for k, q in enumerate(qs):
+        h = (total - 1) * (q / 100.0)
+        lo = np.floor(h).astype(np.int64)
+        hi = np.minimum(lo + 1, total - 1)
+        # the order statistic k (0-based) of a row is x[j] for the first j with cum[j] > k
+        j_lo = np.searchsorted(flat, lo + offsets, side="right") - base
+        j_hi = np.searchsorted(flat, hi + offsets, side="right") - base
+        x_lo, x_hi = sorted_x[j_lo], sorted_x[j_hi]
+        out[:, k] = x_lo + (h - lo) * (x_hi - x_lo)
+    return out
+
+
+#: half-width of the window of sorted positions searched first for a bootstrap percentile:
+#: ``max(QUANTILE_WINDOW_MIN, QUANTILE_WINDOW_SQRT * sqrt(n))`` (rows whose percentile falls
+#: outside it are computed over all n positions; the result is the same either way)
+QUANTILE_WINDOW_MIN = 1024
+QUANTILE_WINDOW_SQRT = 16.0
+
+
+@dataclass(frozen=True)
+class _QuantileSide:
+    """One side of a percentile comparison: sorted values, each one's group, and per q a window
+    ``[start, end)`` of sorted positions with the group counts of the positions before it."""
+
+    x: FloatArray
+    codes: IntArray
+    windows: tuple[tuple[int, int, FloatArray], ...]
+
+
+def _quantile_side(x: FloatArray, codes: IntArray, n_groups: int, qs: Sequence[float]) -> _QuantileSide:
+    n = x.shape[0]
+    half = max(QUANTILE_WINDOW_MIN, int(QUANTILE_WINDOW_SQRT * np.sqrt(n)))
+    windows = []
+    for q in qs:
+        pos = int((n - 1) * q / 100.0)
+        start, end = max(0, pos - half), min(n, pos + half + 1)
+        before = np.bincount(codes[:start], minlength=n_groups).astype(np.float64)
+        windows.append((start, end, before))
+    return _QuantileSide(x, codes, tuple(windows))
+
+
+@dataclass(frozen=True)
+class QuantileSetup:
+    """The two sides of :func:`paired_quantile_tests`, sorted, with each value's group code, and the
+    (G, 1 + 2 len(qs)) matrix whose product with a chunk's counts gives each resample's number of
+    queries and its running sum before each window (integers, exact in float64)."""
+
+    base: _QuantileSide
+    var: _QuantileSide
+    qs: tuple[float, ...]
+    n_groups: int
+    sizes_before: FloatArray
+
+
+def quantile_setup(
+    baseline: npt.ArrayLike, variant: npt.ArrayLike, groups: npt.ArrayLike, qs: Sequence[float]
+) -> QuantileSetup:
+    """Both sides sorted (stable), for the bootstrap of the percentiles ``qs`` (:func:`quantile_effects`)."""
+    b = np.asarray(baseline, dtype=np.float64).reshape(-1)
+    v = np.asarray(variant, dtype=np.float64).reshape(-1)
+    n = b.shape[0]
+    if v.shape[0] != n:
+        raise ComparisonError(f"baseline has {n} values, variant {v.shape[0]}")
+    if not (np.all(np.isfinite(b)) and np.all(np.isfinite(v))):
+        raise ComparisonError("paired_quantile_test: NaN or inf value")
+    for q in qs:
+        if not 0.0 <= q <= 100.0:
+            raise ComparisonError(f"q must be in [0, 100], got {q}")
+    codes, n_groups = _factorise(groups, n)
+    ob, ov = np.argsort(b, kind="stable"), np.argsort(v, kind="stable")
+    base = _quantile_side(b[ob], codes[ob], n_groups, qs)
+    var = _quantile_side(v[ov], codes[ov], n_groups, qs)
+    sizes = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    cols = [sizes] + [w[2] for w in base.windows] + [w[2] for w in var.windows]
+    return QuantileSetup(base, var, tuple(float(q) for q in qs), n_groups, np.column_stack(cols))
+
+
+def _side_percentiles(
+    side: _QuantileSide,
+    c: npt.NDArray[np.generic],
+    total: IntArray,
+    pres: IntArray,
+    qs: Sequence[float],
+) -> FloatArray:
+    """:func:`weighted_percentiles_many` of one side for the count rows ``c`` (r, G), exactly, mostly
+    from a window of sorted positions.
+
+    ``total`` (r,) is each row's number of queries and ``pres`` (r, len(qs)) its running sum just
+    before each q's window. When the order statistics at ``floor(h)`` and ``floor(h) + 1`` fall
+    inside the window (the running sum before it is at most ``floor(h)`` and at its end above
+    ``floor(h) + 1``), they are found by binary search in the window's running sum; other rows
+    take every position.
+    """
+    r = c.shape[0]
+    out = np.empty((r, len(qs)))
+    step = int(total.max()) + 1
+    offsets = np.arange(r, dtype=np.int64) * step
+    for k, q in enumerate(qs):
+        start, end, _ = side.windows[k]
+        width = end - start
+        h = (total - 1) * (q / 100.0)
+        lo = np.floor(h).astype(np.int64)
+        hi = np.minimum(lo + 1, total - 1)
+        pre = pres[:, k]
+        cum = np.cumsum(c[:, side.codes[start:end]].astype(np.int64), axis=1)  # (faster than dtype=)
+        cum += (pre + offsets)[:, None]
+        inside = (pre <= lo) & (cum[:, -1] - offsets > hi)
+        flat = cum.ravel()
+        base = np.arange(r, dtype=np.int64) * width - start
+        last = side.x.shape[0] - 1
+        j_lo = np.clip(np.searchsorted(flat, lo + offsets, side="right") - base, 0, last)
+        j_hi = np.clip(np.searchsorted(flat, hi + offsets, side="right") - base, 0, last)
+        x_lo, x_hi = side.x[j_lo], side.x[j_hi]
+        out[:, k] = x_lo + (h - lo) * (x_hi - x_lo)
+        if not np.all(inside):
+            rest = ~inside
+            out[rest, k] = weighted_percentiles_many(side.x, c[rest][:, side.codes], (q,))[:, 0]
+    return out
+
+
+def quantile_effects(
+    counts: npt.NDArray[np.generic], setup: QuantileSetup, counts_f64: FloatArray | None = None
+) -> FloatArray:
+    """Bootstrap effects (variant - baseline percentile) of one count chunk (c, G), shape (c, len(qs)).
+
+    ``counts_f64``: the chunk already converted to float64 (shared with other consumers of a draw).
+    Equal to :func:`weighted_percentiles_many` over every position of both sides."""
+    c = np.asarray(counts)
+    cf = c.astype(np.float64) if counts_f64 is None else counts_f64
+    k = len(setup.qs)
+    sums = np.rint(cf @ setup.sizes_before).astype(np.int64)  # one pass over the chunk for every sum
+    total = sums[:, 0]
+    if np.any(total < 1):
+        raise ComparisonError("weighted_percentiles: a row has no weight")
+    return np.asarray(
+        _side_percentiles(setup.var, c, total, sums[:, 1 + k :], setup.qs)
+        - _side_percentiles(setup.base, c, total, sums[:, 1 : 1 + k], setup.qs),
+        dtype=np.float64,
+    )
 
 
 def paired_quantile_test(
@@ -863,44 +1068,66 @@ def paired_quantile_test(
     queries, paired: a query enters both sides with its group's count. A
     percentile is not a sum over groups, so there is no sign-flip test here; the
     interval and p come from the bootstrap alone and are flagged unreliable below
-    :data:`MIN_RELIABLE_GROUPS` groups.
+    :data:`MIN_RELIABLE_GROUPS` groups. :func:`paired_quantile_tests` does several q at once.
     """
-    b = np.asarray(baseline, dtype=np.float64).reshape(-1)
-    v = np.asarray(variant, dtype=np.float64).reshape(-1)
-    n = b.shape[0]
-    if v.shape[0] != n:
-        raise ComparisonError(f"baseline has {n} values, variant {v.shape[0]}")
-    if not (np.all(np.isfinite(b)) and np.all(np.isfinite(v))):
-        raise ComparisonError("paired_quantile_test: NaN or inf value")
-    if not 0.0 <= q <= 100.0:
-        raise ComparisonError(f"q must be in [0, 100], got {q}")
-    codes, n_groups = _factorise(groups, n)
-    if counts is None:
-        counts = list(bootstrap_counts(n_groups, B, np.random.default_rng(seed)))
-    _check_counts(counts, n_groups)
-    ob, ov = np.argsort(b, kind="stable"), np.argsort(v, kind="stable")
-    sb, sv = b[ob], v[ov]
-    cb, cv = codes[ob], codes[ov]
-    effects = []
-    for chunk in counts:
-        c = np.asarray(chunk)
-        effects.append(weighted_percentiles(sv, c[:, cv], q) - weighted_percentiles(sb, c[:, cb], q))
-    eff = np.concatenate(effects)
-    n_boot = eff.shape[0]
-    qb, qv = float(np.percentile(b, q)), float(np.percentile(v, q))
-    low, high = np.percentile(eff, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    below, above = int(np.sum(eff <= 0)), int(np.sum(eff >= 0))
-    p = 1.0 if below == n_boot and above == n_boot else min(1.0, 2 * (1 + min(below, above)) / (n_boot + 1))
-    return QuantileResult(
-        q=float(q),
-        baseline=qb,
-        variant=qv,
-        effect=qv - qb,
-        ci_low=float(low),
-        ci_high=float(high),
-        se=float(np.std(eff, ddof=1)) if n_boot > 1 else float("nan"),
-        p_value=p,
-        n_queries=n,
-        n_groups=n_groups,
-        bootstrap_unreliable=n_groups < MIN_RELIABLE_GROUPS,
-    )
+    return paired_quantile_tests(baseline, variant, groups, (q,), B=B, seed=seed, alpha=alpha, counts=counts)[
+        0
+    ]
+
+
+def paired_quantile_tests(
+    baseline: npt.ArrayLike,
+    variant: npt.ArrayLike,
+    groups: npt.ArrayLike,
+    qs: Sequence[float],
+    *,
+    B: int = 10_000,
+    seed: int = 0,
+    alpha: float = 0.05,
+    counts: Sequence[npt.NDArray[np.integer[npt.NBitBase]]] | None = None,
+    effects: npt.ArrayLike | None = None,
+) -> list[QuantileResult]:
+    """:func:`paired_quantile_test` for each q of ``qs`` on one draw (one running sum per resample).
+
+    ``effects``: the bootstrap effects already computed from a shared draw, (B, len(qs)), the
+    concatenation of :func:`quantile_effects` over its chunks; ``counts`` is then ignored.
+    """
+    setup = quantile_setup(baseline, variant, groups, qs)
+    n, n_groups = setup.base.x.shape[0], setup.n_groups
+    if effects is not None:
+        eff_all = np.asarray(effects, dtype=np.float64)
+        if eff_all.ndim != 2 or eff_all.shape[1] != len(qs) or eff_all.shape[0] == 0:
+            raise ComparisonError(f"effects: expected shape (B, {len(qs)}), got {eff_all.shape}")
+    else:
+        if counts is None:
+            counts = list(bootstrap_counts(n_groups, B, np.random.default_rng(seed)))
+        _check_counts(counts, n_groups)
+        eff_all = np.concatenate([quantile_effects(chunk, setup) for chunk in counts])
+    out = []
+    for k, q in enumerate(qs):
+        eff = eff_all[:, k]
+        n_boot = eff.shape[0]
+        qb, qv = float(np.percentile(setup.base.x, q)), float(np.percentile(setup.var.x, q))
+        low, high = np.percentile(eff, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+        below, above = int(np.sum(eff <= 0)), int(np.sum(eff >= 0))
+        p = (
+            1.0
+            if below == n_boot and above == n_boot
+            else min(1.0, 2 * (1 + min(below, above)) / (n_boot + 1))
+        )
+        out.append(
+            QuantileResult(
+                q=float(q),
+                baseline=qb,
+                variant=qv,
+                effect=qv - qb,
+                ci_low=float(low),
+                ci_high=float(high),
+                se=float(np.std(eff, ddof=1)) if n_boot > 1 else float("nan"),
+                p_value=p,
+                n_queries=n,
+                n_groups=n_groups,
+                bootstrap_unreliable=n_groups < MIN_RELIABLE_GROUPS,
+            )
+        )
+    return out

@@ -306,37 +306,39 @@ def weighted_paired_bootstraps(
     seed: int = 0,
     alpha: float = 0.05,
     counts: Counts | None = None,
+    draws: npt.ArrayLike | None = None,
 ) -> list[list[WeightedResult]]:
     """:func:`weighted_paired_bootstrap` for m metric columns ((n, m) values) under k weightings
     ((n, k) weights) at once, on one draw: result ``[k][m]``. Each weight column needs a
-    positive sum. One product per count chunk serves every column."""
+    positive sum. One product per count chunk serves every column.
+
+    ``draws``: the products already computed from a shared draw, the concatenation over its
+    chunks of ``c @ weighted_group_sums(...)`` (:func:`weighted_draws`); ``counts`` is then
+    ignored and the result equals ``counts=`` with that draw's chunks."""
     b, v = _matrix(baseline, "baseline"), _matrix(variant, "variant")
     w = _matrix(weights, "weights")
-    n, m = b.shape
-    k = w.shape[1]
-    if v.shape != b.shape or w.shape[0] != n:
-        raise ComparisonError(
-            f"baseline, variant and weights are not aligned: {b.shape}, {v.shape}, {w.shape}"
-        )
-    wn = np.column_stack([normalised(w[:, j]) for j in range(k)])
-    d = v - b
-    num = (wn[:, :, None] * d[:, None, :]).reshape(n, k * m)  # column kk * m + j: w_kk * d_j
-    sums, _ = stats.group_sums(np.column_stack([num, wn]), groups)
+    m, k = b.shape[1], w.shape[1]
+    wn, d, sums = _weighted_setup(b, v, w, groups)
     n_groups_all = sums.shape[0]
-    if counts is None:
-        counts = list(stats.bootstrap_counts(n_groups_all, B, np.random.default_rng(seed)))
-    parts = []
-    for ch in counts:
-        c = np.asarray(ch)
-        if c.ndim != 2 or c.shape[1] != n_groups_all:
-            raise ComparisonError(f"counts: expected shape (c, {n_groups_all}), got {c.shape}")
-        parts.append(c.astype(np.float64) @ sums)  # weighted sums of every d column, then of w
-    draws = np.concatenate(parts, axis=0)
+    if draws is not None:
+        drawn = np.asarray(draws, dtype=np.float64)
+        if drawn.ndim != 2 or drawn.shape[1] != sums.shape[1]:
+            raise ComparisonError(f"draws: expected shape (B, {sums.shape[1]}), got {drawn.shape}")
+    else:
+        if counts is None:
+            counts = list(stats.bootstrap_counts(n_groups_all, B, np.random.default_rng(seed)))
+        parts = []
+        for ch in counts:
+            c = np.asarray(ch)
+            if c.ndim != 2 or c.shape[1] != n_groups_all:
+                raise ComparisonError(f"counts: expected shape (c, {n_groups_all}), got {c.shape}")
+            parts.append(weighted_draws(c, sums))
+        drawn = np.concatenate(parts, axis=0)
     out = []
     for kk in range(k):
-        den = draws[:, k * m + kk]
+        den = drawn[:, k * m + kk]
         ok = den > 0  # a resample of zero-weight groups only has no ratio
-        theta = draws[ok, kk * m : (kk + 1) * m] / den[ok, None]
+        theta = drawn[ok, kk * m : (kk + 1) * m] / den[ok, None]
         n_boot = theta.shape[0]
         n_groups = int(np.count_nonzero(sums[:, k * m + kk] > 0))
         row = []
@@ -369,6 +371,37 @@ def weighted_paired_bootstraps(
             )
         out.append(row)
     return out
+
+
+def _weighted_setup(
+    b: FloatArray, v: FloatArray, w: FloatArray, groups: npt.ArrayLike
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Normalised weights (n, k), differences (n, m) and the (G, k m + k) group sums: column
+    ``kk * m + j`` sums ``w_kk * d_j``, column ``k m + kk`` sums ``w_kk``."""
+    n, m = b.shape
+    k = w.shape[1]
+    if v.shape != b.shape or w.shape[0] != n:
+        raise ComparisonError(
+            f"baseline, variant and weights are not aligned: {b.shape}, {v.shape}, {w.shape}"
+        )
+    wn = np.column_stack([normalised(w[:, j]) for j in range(k)])
+    d = v - b
+    num = (wn[:, :, None] * d[:, None, :]).reshape(n, k * m)  # column kk * m + j: w_kk * d_j
+    sums, _ = stats.group_sums(np.column_stack([num, wn]), groups)
+    return wn, d, sums
+
+
+def weighted_group_sums(
+    baseline: npt.ArrayLike, variant: npt.ArrayLike, groups: npt.ArrayLike, weights: npt.ArrayLike
+) -> FloatArray:
+    """The (G, k m + k) group sums that :func:`weighted_draws` multiplies."""
+    b, v = _matrix(baseline, "baseline"), _matrix(variant, "variant")
+    return _weighted_setup(b, v, _matrix(weights, "weights"), groups)[2]
+
+
+def weighted_draws(counts: npt.NDArray[np.generic], sums: FloatArray) -> FloatArray:
+    """One count chunk's weighted sums of every d column, then of every weight column."""
+    return np.asarray(np.asarray(counts).astype(np.float64) @ sums, dtype=np.float64)
 
 
 @dataclass
@@ -404,19 +437,19 @@ def mix_rows(
     groups: Sequence[str],
     tag_lists: Sequence[Sequence[str]],
     tw: TagWeights,
-    counts: Counts,
+    counts: Counts | None,
     alpha: float,
+    draws: FloatArray | None = None,
 ) -> list[MixRow]:
     """The production rows (when some query weighs > 0) and the edge rows (when some query
     is an edge case) of metrics measured on the same paired queries: ``metrics`` are
-    (name, direction) of the columns of ``b`` and ``v`` (n, m). One shared bootstrap draw."""
-    w = np.array([tw.weight(t) for t in tag_lists])
-    edge = np.array([1.0 if tw.is_edge(t) else 0.0 for t in tag_lists])
-    mixes = [(name, x) for name, x in (("production", w), ("edge", edge)) if x.sum() > 0]
-    if not mixes:
+    (name, direction) of the columns of ``b`` and ``v`` (n, m). One shared bootstrap draw:
+    its ``counts``, or the ``draws`` already multiplied out (:func:`mix_weights`,
+    :func:`weighted_group_sums`, :func:`weighted_draws`)."""
+    mixes, weights = mix_weights(tag_lists, tw)
+    if weights is None:
         return []
-    weights = np.column_stack([x for _, x in mixes])
-    res = weighted_paired_bootstraps(b, v, np.array(groups), weights, alpha=alpha, counts=counts)
+    res = weighted_paired_bootstraps(b, v, np.array(groups), weights, alpha=alpha, counts=counts, draws=draws)
     return [
         MixRow(
             split=split,
@@ -437,9 +470,27 @@ def mix_rows(
             n_resamples=r.n_resamples,
             bootstrap_unreliable=r.bootstrap_unreliable,
         )
-        for (mix, _), results in zip(mixes, res, strict=True)
+        for mix, results in zip(mixes, res, strict=True)
         for (metric, direction), r in zip(metrics, results, strict=True)
     ]
+
+
+def mix_weights(tag_lists: Sequence[Sequence[str]], tw: TagWeights) -> tuple[list[str], FloatArray | None]:
+    """The mixes of :func:`mix_rows` and their (n, k) weight columns: ``production`` (the
+    weights) and ``edge`` (the edge-case indicator), each only when some query weighs > 0
+    there; ([], None) when neither applies. Queries with the same tags share one lookup."""
+    known: dict[tuple[str, ...], tuple[float, float]] = {}
+    w = np.empty(len(tag_lists))
+    edge = np.empty(len(tag_lists))
+    for i, t in enumerate(tag_lists):
+        key = tuple(t)
+        if key not in known:
+            known[key] = (tw.weight(t), 1.0 if tw.is_edge(t) else 0.0)
+        w[i], edge[i] = known[key]
+    mixes = [(name, x) for name, x in (("production", w), ("edge", edge)) if x.sum() > 0]
+    if not mixes:
+        return [], None
+    return [name for name, _ in mixes], np.column_stack([x for _, x in mixes])
 
 
 def settle(

@@ -27,20 +27,21 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from rag_ablate import stats
+from rag_ablate.compare.draws import Chunk, Collector, SharedDraws, products, quantiles, ratios
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import Comparison, Flip, Flips, Pair, Row, VariantData
 from rag_ablate.config import COMPARE_METRICS
 from rag_ablate.errors import ComparisonError
 from rag_ablate.metrics import direction_of, metric_name, parse_metric_name
 from rag_ablate.records import Record
-from rag_ablate.weights import MixRow, TagWeights, mix_rows
+from rag_ablate.weights import MixRow, TagWeights, mix_rows, mix_weights, weighted_group_sums
 from rag_ablate.weights import settle as settle_weights
 
 DEFAULT_METRICS = COMPARE_METRICS
@@ -77,20 +78,26 @@ def value(rec: Mapping[str, Any], metric: str) -> float | None:
 
 
 class _CountCache:
-    """One bootstrap draw per split and group set, shared by every variant and metric."""
+    """One bootstrap draw per split and group set, shared by every variant and metric.
+
+    The draw is not kept: tests register a consumer of it (:mod:`rag_ablate.compare.draws`)
+    and :meth:`run` streams each draw once to all of them.
+    """
 
     def __init__(self, B: int, seed: int) -> None:
         self.B, self.seed = B, seed
-        self._cache: dict[tuple[str, str], list[npt.NDArray[np.integer[Any]]]] = {}
+        self.shared = SharedDraws(B)
 
-    def get(self, split: str, groups: Sequence[str]) -> list[npt.NDArray[np.integer[Any]]]:
+    def add(
+        self, split: str, groups: Sequence[str], compute: Callable[[Chunk], npt.NDArray[np.float64]]
+    ) -> Collector:
         uniq = sorted(set(groups))
         digest = hashlib.sha256("\x1f".join(uniq).encode("utf-8")).hexdigest()[:16]
-        key = (split, digest)
-        if key not in self._cache:
-            rng = np.random.default_rng(stats.derive_seed(self.seed, split, digest))
-            self._cache[key] = list(stats.bootstrap_counts(len(uniq), self.B, rng))
-        return self._cache[key]
+        seed = stats.derive_seed(self.seed, split, digest)
+        return self.shared.add((split, digest), seed, len(uniq), compute)
+
+    def run(self) -> None:
+        self.shared.run()
 
 
 def _by_id(records: Sequence[Record], split: str) -> dict[str, Record]:
@@ -194,6 +201,38 @@ def _nan_row(split: str, variant: str, metric: str, pair: Pair, note: str) -> Ro
     )
 
 
+def _columns(
+    by_id: Mapping[str, Record], ids: Sequence[str], metrics: Sequence[str]
+) -> dict[str, npt.NDArray[np.float64]]:
+    """:func:`value` of each metric for each id, as arrays (NaN: no value, or no record); one pass
+    over the records for all metrics."""
+    nan = math.nan
+    cols: list[list[float]] = [[] for _ in metrics]
+    plain = [m not in (ERROR_RATE, LATENCY) for m in metrics]
+    for q in ids:
+        rec = by_id.get(q)
+        if rec is None:
+            for col in cols:
+                col.append(nan)
+            continue
+        bad = failed(rec)
+        vals = rec.get("metrics") or {}
+        for j, m in enumerate(metrics):
+            if plain[j]:
+                if bad:
+                    cols[j].append(nan)
+                    continue
+                v = vals.get(m)
+            else:
+                v = value(rec, m)
+            if v is None:
+                cols[j].append(nan)
+            else:
+                x = float(v)
+                cols[j].append(x if math.isfinite(x) else nan)
+    return {m: np.array(col, dtype=np.float64) for m, col in zip(metrics, cols, strict=True)}
+
+
 def compare(
     variants: Sequence[VariantData],
     *,
@@ -210,6 +249,10 @@ def compare(
 
     ``weights``: the production mix (:mod:`rag_ablate.weights`); None = the baseline's
     ``dataset.slice_weights``/``edge_tags``. Its rows go to ``Comparison.mix``.
+
+    Two passes: the first pairs the queries and registers every test's use of its split's
+    bootstrap draw; each draw is then streamed once (:mod:`rag_ablate.compare.draws`) and
+    the second pass finishes the tests in the order they were planned.
     """
     # canonical names (recall@5 -> recall_at_5); unknown names fail with the valid ones
     metrics = [metric_name(spec.base, k) for spec, k in map(parse_metric_name, metrics)]
@@ -225,82 +268,85 @@ def compare(
     rows: list[Row] = []
     pairs: list[Pair] = []
     flips: Flips = {}
+    finish: list[Callable[[], None]] = []  # the second pass, in the order of the first
     for split in splits:
         base_by_id = _by_id(base.records, split)
         if not base_by_id:
             notes.append(f"the baseline has no queries in split '{split}'")
             continue
+        base_ids = list(base_by_id)
+        sources = list(dict.fromkeys(per_query(m) for m in metrics))
+        base_cols = _columns(base_by_id, base_ids, sources)
         for var in others:
             var_by_id = _by_id(var.records, split)
             pair = _pair(split, var.label, base_by_id, var_by_id)
             pairs.append(pair)
+            var_only = [r for q, r in var_by_id.items() if q not in base_by_id]
+            var_cols = _columns(var_by_id, base_ids, sources)
             # metrics measured on the same queries are tested together, on one shared draw
-            by_subset: dict[tuple[str, ...], list[str]] = {}
+            by_subset: dict[bytes, tuple[npt.NDArray[np.bool_], list[str]]] = {}
+            quantile_ms: dict[bytes, tuple[npt.NDArray[np.bool_], list[str]]] = {}
             for m in metrics:
                 src = per_query(m)
-                qids = tuple(
-                    q
-                    for q, br in base_by_id.items()
-                    if q in var_by_id and value(br, src) is not None and value(var_by_id[q], src) is not None
+                paired = np.isfinite(base_cols[src]) & np.isfinite(var_cols[src])
+                if paired.any():
+                    target = quantile_ms if m in QUANTILES else by_subset
+                    target.setdefault(paired.tobytes(), (paired, []))[1].append(m)
+                    continue
+                applies = bool(np.isfinite(base_cols[src]).any() or np.isfinite(var_cols[src]).any()) or any(
+                    value(r, src) is not None for r in var_only
                 )
-                if qids and m in QUANTILES:
-                    rows.append(
-                        _quantile_row(split, var.label, m, qids, base_by_id, var_by_id, pair, counts, alpha)
-                    )
-                    continue
-                if qids:
-                    by_subset.setdefault(qids, []).append(m)
-                    continue
-                applies = any(value(r, src) is not None for r in (*base_by_id.values(), *var_by_id.values()))
                 if applies or pair.n_ok_both == 0:
                     note = _untested_note(src, base_by_id, var_by_id)
                     rows.append(_nan_row(split, var.label, m, pair, note))
-            for qids, ms in by_subset.items():
-                b = np.array([[value(base_by_id[q], m) for m in ms] for q in qids], dtype=np.float64)
-                v = np.array([[value(var_by_id[q], m) for m in ms] for q in qids], dtype=np.float64)
-                groups = [str(base_by_id[q]["group"]) for q in qids]
-                res = stats.paired_test(
-                    b,
-                    v,
-                    np.array(groups),
-                    B=B,
-                    seed=seed,
-                    alpha=alpha,
-                    counts=counts.get(split, groups),
-                    signflip_seeds=[stats.derive_seed(seed, split, var.label, m) for m in ms],
+            for paired, ms in quantile_ms.values():
+                qids = [q for q, ok in zip(base_ids, paired, strict=True) if ok]
+                finish.append(
+                    _plan_quantiles(
+                        split, var.label, ms, qids, base_by_id, paired, base_cols, var_cols, pair
+                    )(counts, alpha, rows)
                 )
-                for j, m in enumerate(ms):
-                    rows.append(
-                        Row(
-                            split=split,
-                            variant=var.label,
-                            metric=m,
-                            direction=direction_of(m),
-                            baseline_mean=float(b[:, j].mean()),
-                            variant_mean=float(v[:, j].mean()),
-                            effect=float(res.effect[j]),
-                            ci_low=float(res.ci_low[j]),
-                            ci_high=float(res.ci_high[j]),
-                            se=float(res.se[j]),
-                            p_value=float(res.p_value[j]),
-                            p_exact=bool(res.p_exact[j]),
-                            p_bootstrap=float(res.p_bootstrap[j]),
-                            bootstrap_unreliable=res.bootstrap_unreliable,
-                            n_queries=res.n_queries,
-                            n_groups=res.n_groups,
-                            boot_ci_low=float(res.boot_ci_low[j]),
-                            boot_ci_high=float(res.boot_ci_high[j]),
-                            n_failed_baseline=pair.n_failed_baseline,
-                            n_failed_variant=pair.n_failed_variant,
-                        )
-                    )
-                    for field_name, spread in judge_spread(m, qids, base_by_id, var_by_id).items():
-                        setattr(rows[-1], field_name, spread)
-                    _add_flips(flips, var.label, m, split, qids, b[:, j], v[:, j], base_by_id, flip_threshold)
+            for paired, ms in by_subset.values():
+                qids = [q for q, ok in zip(base_ids, paired, strict=True) if ok]
+                b = np.column_stack([base_cols[m][paired] for m in ms])
+                v = np.column_stack([var_cols[m][paired] for m in ms])
+                groups = [str(base_by_id[q]["group"]) for q in qids]
+                sums_sizes = stats.group_sums_sizes(v - b, np.array(groups))
+                theta = counts.add(split, groups, ratios(sums_sizes))
+                mixed = None
                 if tw is not None:  # the production-weighted and the edge-case effects, same draw
                     tags = [base_by_id[q].get("tags") or () for q in qids]
-                    named, cnt = [(m, direction_of(m)) for m in ms], counts.get(split, groups)
-                    mix += mix_rows(split, var.label, named, b, v, groups, tags, tw, cnt, alpha)
+                    _, mix_w = mix_weights(tags, tw)
+                    if mix_w is not None:
+                        wsums = weighted_group_sums(b, v, np.array(groups), mix_w)
+                        mixed = (tags, counts.add(split, groups, products(wsums)))
+                finish.append(
+                    _plan_means(
+                        split,
+                        var,
+                        ms,
+                        qids,
+                        b,
+                        v,
+                        groups,
+                        theta,
+                        mixed,
+                        base_by_id,
+                        var_by_id,
+                        pair,
+                        seed=seed,
+                        B=B,
+                        alpha=alpha,
+                        tw=tw,
+                        flip_threshold=flip_threshold,
+                        rows=rows,
+                        flips=flips,
+                        mix=mix,
+                    )
+                )
+    counts.run()
+    for step in finish:
+        step()
     order = {(s, v, m): i for i, (s, v, m) in enumerate(_keys(splits, [o.label for o in others], metrics))}
     rows.sort(key=lambda r: order[(r.split, r.variant, r.metric)])
     _adjust(rows, alpha)
@@ -320,6 +366,113 @@ def compare(
         mix=mix,
         mix_weights=tw.describe() if tw is not None else "",
     )
+
+
+def _plan_means(
+    split: str,
+    var: VariantData,
+    ms: list[str],
+    qids: list[str],
+    b: npt.NDArray[np.float64],
+    v: npt.NDArray[np.float64],
+    groups: list[str],
+    theta: Collector,
+    mixed: tuple[list[Any], Collector] | None,
+    base_by_id: Mapping[str, Record],
+    var_by_id: Mapping[str, Record],
+    pair: Pair,
+    *,
+    seed: int,
+    B: int,
+    alpha: float,
+    tw: TagWeights | None,
+    flip_threshold: float,
+    rows: list[Row],
+    flips: Flips,
+    mix: list[MixRow],
+) -> Callable[[], None]:
+    """The second pass of one subset of metrics: the paired test on its streamed draw, the rows,
+    flips and production-mix rows."""
+
+    def done() -> None:
+        res = stats.paired_test(
+            b,
+            v,
+            np.array(groups),
+            B=B,
+            seed=seed,
+            alpha=alpha,
+            theta=theta.result(),
+            signflip_seeds=[stats.derive_seed(seed, split, var.label, m) for m in ms],
+        )
+        for j, m in enumerate(ms):
+            rows.append(
+                Row(
+                    split=split,
+                    variant=var.label,
+                    metric=m,
+                    direction=direction_of(m),
+                    baseline_mean=float(b[:, j].mean()),
+                    variant_mean=float(v[:, j].mean()),
+                    effect=float(res.effect[j]),
+                    ci_low=float(res.ci_low[j]),
+                    ci_high=float(res.ci_high[j]),
+                    se=float(res.se[j]),
+                    p_value=float(res.p_value[j]),
+                    p_exact=bool(res.p_exact[j]),
+                    p_bootstrap=float(res.p_bootstrap[j]),
+                    bootstrap_unreliable=res.bootstrap_unreliable,
+                    n_queries=res.n_queries,
+                    n_groups=res.n_groups,
+                    boot_ci_low=float(res.boot_ci_low[j]),
+                    boot_ci_high=float(res.boot_ci_high[j]),
+                    n_failed_baseline=pair.n_failed_baseline,
+                    n_failed_variant=pair.n_failed_variant,
+                )
+            )
+            for field_name, spread in judge_spread(m, qids, base_by_id, var_by_id).items():
+                setattr(rows[-1], field_name, spread)
+            _add_flips(flips, var.label, m, split, qids, b[:, j], v[:, j], base_by_id, flip_threshold)
+        if mixed is not None and tw is not None:
+            tags, drawn = mixed
+            named = [(m, direction_of(m)) for m in ms]
+            mix.extend(mix_rows(split, var.label, named, b, v, groups, tags, tw, None, alpha, drawn.result()))
+
+    return done
+
+
+def _plan_quantiles(
+    split: str,
+    variant: str,
+    ms: list[str],
+    qids: list[str],
+    base_by_id: Mapping[str, Record],
+    paired: npt.NDArray[np.bool_],
+    base_cols: Mapping[str, npt.NDArray[np.float64]],
+    var_cols: Mapping[str, npt.NDArray[np.float64]],
+    pair: Pair,
+) -> Callable[[_CountCache, float, list[Row]], Callable[[], None]]:
+    """Latency percentiles over the same paired queries: one running sum per resample serves them all,
+    their intervals from the split's shared draw (:func:`stats.paired_quantile_tests`)."""
+    b = base_cols[LATENCY][paired]
+    v = var_cols[LATENCY][paired]
+    groups = [str(base_by_id[q]["group"]) for q in qids]
+    qs = tuple(QUANTILES[m] for m in ms)
+
+    def plan(counts: _CountCache, alpha: float, rows: list[Row]) -> Callable[[], None]:
+        setup = stats.quantile_setup(b, v, np.array(groups), qs)
+        effects = counts.add(split, groups, quantiles(setup))
+
+        def done() -> None:
+            results = stats.paired_quantile_tests(
+                b, v, np.array(groups), qs, alpha=alpha, effects=effects.result()
+            )
+            for m, res in zip(ms, results, strict=True):
+                rows.append(_quantile_row(split, variant, m, res, pair))
+
+        return done
+
+    return plan
 
 
 def judge_spread(
@@ -354,25 +507,9 @@ def judge_spread(
     return out
 
 
-def _quantile_row(
-    split: str,
-    variant: str,
-    metric: str,
-    qids: Sequence[str],
-    base_by_id: Mapping[str, Record],
-    var_by_id: Mapping[str, Record],
-    pair: Pair,
-    counts: _CountCache,
-    alpha: float,
-) -> Row:
-    """A latency percentile: variant minus baseline over the paired queries, failed ones included,
-    its interval from the same group-bootstrap draw the means use (:func:`stats.paired_quantile_test`)."""
-    b = np.array([value(base_by_id[q], LATENCY) for q in qids], dtype=np.float64)
-    v = np.array([value(var_by_id[q], LATENCY) for q in qids], dtype=np.float64)
-    groups = [str(base_by_id[q]["group"]) for q in qids]
-    res = stats.paired_quantile_test(
-        b, v, np.array(groups), QUANTILES[metric], alpha=alpha, counts=counts.get(split, groups)
-    )
+def _quantile_row(split: str, variant: str, metric: str, res: stats.QuantileResult, pair: Pair) -> Row:
+    """A latency percentile's row: variant minus baseline over the paired queries, failed ones
+    included, its interval from the same group-bootstrap draw the means use."""
     return Row(  # baseline_mean / variant_mean hold the two percentiles
         split=split,
         variant=variant,
@@ -417,20 +554,21 @@ def _add_flips(
     spec, _ = parse_metric_name(metric)
     lower = direction_of(metric) == "lower"
     relative = spec.base in UNBOUNDED
+    b = np.asarray(b, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    d = v - b
+    if spec.binary:
+        changed = d != 0
+    elif relative:
+        changed = np.abs(d) > threshold * np.maximum(np.abs(b), np.abs(v))
+    else:
+        changed = np.abs(d) > threshold
     improved: list[Flip] = []
     regressed: list[Flip] = []
-    for q, bv, vv in zip(qids, b, v, strict=True):
-        d = float(vv - bv)
-        if spec.binary:
-            changed = d != 0
-        elif relative:
-            changed = abs(d) > threshold * max(abs(float(bv)), abs(float(vv)))
-        else:
-            changed = abs(d) > threshold
-        if not changed:
-            continue
-        f = Flip(q, str(base_by_id[q].get("query", "")), float(bv), float(vv))
-        (improved if (d < 0) == lower else regressed).append(f)
+    for i in np.flatnonzero(changed):
+        q = qids[int(i)]
+        f = Flip(q, str(base_by_id[q].get("query", "")), float(b[i]), float(v[i]))
+        (improved if (d[i] < 0) == lower else regressed).append(f)
     flips.setdefault(variant, {}).setdefault(metric, {})[split] = {
         "improved": improved,
         "regressed": regressed,

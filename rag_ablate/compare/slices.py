@@ -34,11 +34,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from rag_ablate import stats
 from rag_ablate.compare.analysis import QUANTILES, _by_id, _pair, _untested_note, value
+from rag_ablate.compare.draws import Collector, SharedDraws, ratios
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, SliceRow, SliceSection, VariantData
 from rag_ablate.config import CompareConfig
@@ -130,19 +133,55 @@ def compare_slices(
             "slices only"
         )
     rows: list[SliceRow] = []
+    # every slice test registers its use of its slice's draw; each draw then runs once, shared by the
+    # variants (a slice's draw depends on the split, the slice and its group count, not the variant)
+    draws = SharedDraws(B)
+    tests: list[tuple[SliceRow, _Test]] = []
     for split in comparison.splits:
         base_by_id = _by_id(base.records, split)
         if not base_by_id:
             continue
+        base_values: dict[str, dict[str, float | None]] = {}
         for var in others:
             var_by_id = _by_id(var.records, split)
+            for m in metrics:
+                if m not in base_values:
+                    base_values[m] = {q: value(r, m) for q, r in base_by_id.items()}
+            var_values = {m: {q: value(r, m) for q, r in var_by_id.items()} for m in metrics}
             for key, ids in _members(base_by_id, var_by_id).items():
                 b_sub = {q: base_by_id[q] for q in ids if q in base_by_id}
                 v_sub = {q: var_by_id[q] for q in ids if q in var_by_id}
                 for m in metrics:
-                    row = _slice_row(split, var.label, m, key, b_sub, v_sub, min_groups, B, seed, alpha)
-                    if row is not None:
-                        rows.append(row)
+                    planned = _slice_row(
+                        split, var.label, m, key, b_sub, v_sub, base_values[m], var_values[m], min_groups
+                    )
+                    if planned is None:
+                        continue
+                    row, test = planned
+                    rows.append(row)
+                    if test is not None:
+                        row_seed = stats.derive_seed(seed, "slice", split, key.kind, key.value)
+                        draw_key = ("slice", split, key.kind, key.value, test.n_groups)
+                        test.theta = draws.add(draw_key, row_seed, test.n_groups, ratios(test.sums_sizes))
+                        tests.append((row, test))
+    draws.run()
+    for row, test in tests:
+        res = stats.paired_test(
+            test.b,
+            test.v,
+            test.groups,
+            B=B,
+            seed=stats.derive_seed(seed, "slice", row.split, row.kind, row.value),
+            alpha=alpha,
+            theta=test.theta.result() if test.theta is not None else None,
+            signflip_seeds=[
+                stats.derive_seed(seed, "slice", row.split, row.variant, row.kind, row.value, row.metric)
+            ],
+        )
+        row.effect = float(res.effect[0])
+        row.ci_low, row.ci_high = float(res.ci_low[0]), float(res.ci_high[0])
+        row.p_value, row.p_exact = float(res.p_value[0]), bool(res.p_exact[0])
+        row.verdict = "no evidence"  # until the adjustment says otherwise
     _adjust(rows, alpha)
     variant_order = {v: i for i, v in enumerate(comparison.variants)}
     split_order = {s: i for i, s in enumerate(comparison.splits)}
@@ -164,6 +203,18 @@ def _members(base_by_id: Mapping[str, Record], var_by_id: Mapping[str, Record]) 
     return {k: out[k] for k in sorted(out, key=SliceKey.sort_key)}
 
 
+@dataclass
+class _Test:
+    """A slice's paired test, planned: its values, groups and (after the draws ran) bootstrap ratios."""
+
+    b: npt.NDArray[np.float64]
+    v: npt.NDArray[np.float64]
+    groups: npt.NDArray[np.str_]
+    n_groups: int
+    sums_sizes: npt.NDArray[np.float64]
+    theta: Collector | None = None
+
+
 def _slice_row(
     split: str,
     variant: str,
@@ -171,18 +222,15 @@ def _slice_row(
     key: SliceKey,
     b_sub: Mapping[str, Record],
     v_sub: Mapping[str, Record],
+    b_values: Mapping[str, float | None],
+    v_values: Mapping[str, float | None],
     min_groups: int,
-    B: int,
-    seed: int,
-    alpha: float,
-) -> SliceRow | None:
-    """One slice's row; None when the metric applies to none of its queries (recall on chitchat)."""
+) -> tuple[SliceRow, _Test | None] | None:
+    """One slice's row and its test to run (None: too small or untested); None when the metric
+    applies to none of its queries (recall on chitchat). ``b_values``/``v_values``: :func:`value`
+    of ``metric`` per query id of the split."""
     pair = _pair(split, variant, b_sub, v_sub)
-    qids = [
-        q
-        for q in b_sub
-        if q in v_sub and value(b_sub[q], metric) is not None and value(v_sub[q], metric) is not None
-    ]
+    qids = [q for q in b_sub if q in v_sub and b_values[q] is not None and v_values[q] is not None]
     groups = [str(b_sub[q]["group"]) for q in qids]
     row = SliceRow(
         split=split,
@@ -199,33 +247,21 @@ def _slice_row(
         n_left_out=pair.n_left_out,
     )
     if not qids:
-        applies = any(value(r, metric) is not None for r in (*b_sub.values(), *v_sub.values()))
+        applies = any(b_values[q] is not None for q in b_sub) or any(v_values[q] is not None for q in v_sub)
         if not applies and pair.n_ok_both > 0:
             return None
         row.verdict, row.note = "untested", _untested_note(metric, b_sub, v_sub)
-        return row
-    b = np.array([value(b_sub[q], metric) for q in qids], dtype=np.float64)
-    v = np.array([value(v_sub[q], metric) for q in qids], dtype=np.float64)
+        return row, None
+    b = np.array([b_values[q] for q in qids], dtype=np.float64)
+    v = np.array([v_values[q] for q in qids], dtype=np.float64)
     row.baseline_mean, row.variant_mean = float(b.mean()), float(v.mean())
     row.effect = row.variant_mean - row.baseline_mean
     if row.n_groups < min_groups:
         row.verdict = "too small"
         row.note = f"{row.n_groups} group(s) < compare.min_slice_groups={min_groups}: not tested"
-        return row
-    res = stats.paired_test(
-        b,
-        v,
-        np.array(groups),
-        B=B,
-        seed=stats.derive_seed(seed, "slice", split, key.kind, key.value),
-        alpha=alpha,
-        signflip_seeds=[stats.derive_seed(seed, "slice", split, variant, key.kind, key.value, metric)],
-    )
-    row.effect = float(res.effect[0])
-    row.ci_low, row.ci_high = float(res.ci_low[0]), float(res.ci_high[0])
-    row.p_value, row.p_exact = float(res.p_value[0]), bool(res.p_exact[0])
-    row.verdict = "no evidence"  # until the adjustment says otherwise
-    return row
+        return row, None
+    g = np.array(groups)
+    return row, _Test(b, v, g, row.n_groups, stats.group_sums_sizes(v - b, g))
 
 
 def _adjust(rows: Sequence[SliceRow], alpha: float) -> None:

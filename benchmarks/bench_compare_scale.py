@@ -1,0 +1,435 @@
+"""The comparison step at scale (issue 15): a baseline and 2 variants over 10k and 100k queries.
+
+    python benchmarks/bench_compare_scale.py [--sizes 10000,100000] [--B 10000] [--out DIR] [--cli]
+
+Per size it generates a sweep folder in the layout the jobs write (``<out>/n<size>/``
+with ``sweep.json``, ``plan.json`` and job folders ``0``, ``1``, ``2``, each holding
+``records.jsonl``, ``variant.json``, ``config.yaml``, ``summary.json`` and ``run.json``;
+names from :mod:`rag_ablate.layout`), then runs the comparison step on it and prints a
+markdown table of wall seconds and peak RSS per phase.
+
+The data: query texts from ``bench_grouping.make_queries`` (Chinese and English, ~20%
+templated near-duplicates with other order numbers, dates and ids), grouped by the real
+near-duplicate grouping and split dev/holdout by the real ``assign_splits`` (the
+"grouping" phase, what dataset loading does for queries without a group). Each query gets
+an intent (8 leaves under 3 parents) and 0-2 of 6 tags (``edge`` among them, so the
+production mix runs); per-query metrics (recall/hit/precision/mrr/ndcg at 1, 3, 5, 10,
+evidence recall, intent_top1, context tokens, latency) with a group effect, a retrieved
+list of 10 entries like a real record, and ~0.3% failed queries (status ``error``). The
+variants differ from the baseline by a small overall gain (job 1) and a gain that turns
+into a loss on one slice (job 2).
+
+Phases (run in-process through the same functions as ``rag-ablate compare``):
+``read records`` (load_source), ``compare`` (rag_ablate.compare.analysis.compare, split
+into the draws of the bootstrap counts, the per-metric paired tests, the latency
+percentiles and the production mix by timing those functions), ``slices``, ``guard +
+pairwise``, ``render`` (comparison.json/.md and the terminal table) and ``report``
+(report.html and the trade-off). Peak RSS per phase: the kernel's high-water mark, reset
+before each phase (``/proc/self/clear_refs``), read from ``/proc/self/status``.
+``--cli`` also times ``rag-ablate compare <sweep dir>`` as a subprocess (wall and max RSS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+try:
+    import rag_ablate  # noqa: F401
+except ImportError:  # running from a checkout without an install
+    sys.path.insert(0, str(REPO))
+
+from bench_grouping import make_queries  # noqa: E402  (benchmarks/ is on sys.path)
+from bench_stats import cpu_model  # noqa: E402
+
+from rag_ablate.layout import (  # noqa: E402
+    CONFIG_FILE,
+    PLAN_FILE,
+    RECORDS_FILE,
+    RUN_FILE,
+    SUMMARY_FILE,
+    SWEEP_FILE,
+    VARIANT_FILE,
+)
+
+INTENTS = {
+    "KNOWLEDGE": ["K_returns", "K_shipping", "K_invoice", "K_product"],
+    "ACTION": ["A_cancel", "A_address"],
+    "CHITCHAT": ["C_greet", "C_thanks"],
+}
+TAGS = ["paraphrase", "numeric", "multi_doc", "long_context", "ambiguous", "edge"]
+KS = (1, 3, 5, 10)
+VARIANTS = [("baseline", "512", None), ("chunk=256", "256", "256"), ("chunk=1024", "1024", "1024")]
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _status(field: str) -> float:
+    """A /proc/self/status field in MB (VmRSS, VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024.0
+    return math.nan
+
+
+def _reset_peak() -> None:
+    with contextlib.suppress(OSError):  # not Linux
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+class Phases:
+    """Wall seconds and peak RSS per top-level phase, plus seconds inside timed functions."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, float, float, float]] = []  # name, wall s, peak MB, CPU s
+        self.inner: dict[str, list[float]] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        _reset_peak()
+        t, cpu = time.perf_counter(), time.process_time()
+        yield
+        self.rows.append((name, time.perf_counter() - t, _status("VmHWM"), time.process_time() - cpu))
+
+    def wrap(self, owner: Any, attr: str, name: str) -> None:
+        fn: Callable[..., Any] = getattr(owner, attr)
+        acc = self.inner.setdefault(name, [0.0, 0.0])
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc[0] += time.perf_counter() - t
+                acc[1] += 1
+
+        setattr(owner, attr, timed)
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _clip(x: float) -> float:
+    return 0.0 if x < 0 else 1.0 if x > 1 else x
+
+
+def _metrics(rng: np.random.Generator, quality: float, tokens: float, latency: float) -> dict[str, float]:
+    """A record's metrics: ranked-list metrics consistent with one another from a latent quality."""
+    first = int(rng.geometric(max(0.05, min(0.95, quality))))  # rank of the first relevant doc
+    n_rel = int(rng.integers(1, 4))
+    out: dict[str, float] = {"latency_ms": latency, "intent_top1": float(rng.random() < 0.8)}
+    for k in KS:
+        hit = 1.0 if first <= k else 0.0
+        found = min(n_rel, hit * (1 + int(rng.integers(0, n_rel))))
+        out[f"context_tokens_at_{k}"] = float(round(tokens * k / 5))
+        out[f"hit_at_{k}"] = hit
+        out[f"recall_at_{k}"] = found / n_rel
+        out[f"precision_at_{k}"] = found / k
+        out[f"mrr_at_{k}"] = hit / first
+        out[f"ndcg_at_{k}"] = _clip(hit / math.log2(first + 1) * (0.6 + 0.4 * found / n_rel))
+        out[f"full_recall_at_{k}"] = float(found == n_rel)
+        out[f"evidence_recall_at_{k}"] = _clip(found / n_rel - 0.1 * rng.random())
+    return out
+
+
+def _retrieved(rng: np.random.Generator, n_docs: int) -> list[dict[str, Any]]:
+    docs = rng.integers(0, n_docs, 10)
+    starts = rng.integers(0, 4000, 10)
+    return [
+        {
+            "rank": r + 1,
+            "chunk_id": f"DOC_{d:06d}#{s // 450}",
+            "doc_id": f"DOC_{d:06d}",
+            "start": int(s),
+            "end": int(s) + 480,
+            "score": round(float(12.0 - r - rng.random()), 6),
+        }
+        for r, (d, s) in enumerate(zip(docs, starts, strict=True))
+    ]
+
+
+def build_dataset(n: int, seed: int = 0) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Queries with their group, split, intent and tags; the grouping phase's timings."""
+    from rag_ablate.grouping import assign_splits, group_near_duplicates
+
+    texts = make_queries(n, seed=seed)
+    ids = [f"q{i:07d}" for i in range(n)]
+    t, cpu = time.perf_counter(), time.process_time()
+    grouping = group_near_duplicates(texts, ids=ids)
+    splits = assign_splits(grouping.group_of, holdout_share=0.3, seed=seed)
+    seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
+    rnd = random.Random(seed)
+    parents = list(INTENTS)
+    queries = []
+    for i in range(n):
+        l1 = rnd.choices(parents, weights=[0.7, 0.2, 0.1])[0]
+        k = rnd.choices([0, 1, 2], weights=[0.5, 0.35, 0.15])[0]
+        queries.append(
+            {
+                "query_id": ids[i],
+                "query": texts[i],
+                "split": splits[i],
+                "group": grouping.group_of[i],
+                "intent_gold_l1": l1,
+                "intent_gold": rnd.choice(INTENTS[l1]),
+                "tags": sorted(set(rnd.sample(TAGS, k))),
+            }
+        )
+    return queries, {"seconds": seconds, "cpu": cpu, "groups": float(grouping.n_groups)}
+
+
+def _config_yaml(chunk: str) -> str:
+    from omegaconf import OmegaConf
+
+    from rag_ablate.config import RunConfig
+
+    cfg = OmegaConf.structured(RunConfig())
+    cfg.chunk.size = int(chunk)
+    cfg.dataset.name = "bench_compare_scale"
+    return str(OmegaConf.to_yaml(cfg))
+
+
+def write_sweep(sweep: Path, queries: list[dict[str, Any]], seed: int = 0) -> None:
+    """A sweep folder of 3 finished jobs over ``queries`` (see the module docstring)."""
+    if sweep.exists():
+        shutil.rmtree(sweep)
+    sweep.mkdir(parents=True)
+    n = len(queries)
+    rng = np.random.default_rng(seed)
+    # latent per-group quality: near-duplicates succeed or fail together
+    groups = sorted({q["group"] for q in queries})
+    g_index = {g: i for i, g in enumerate(groups)}
+    g_quality = rng.beta(4, 2, len(groups))
+    g_delta = rng.normal(0.0, 0.08, (len(VARIANTS), len(groups)))
+    fingerprint = {"corpus_fingerprint": "c" * 64, "queries_fingerprint": f"{n:064d}"}
+    plan = {"jobs": []}
+    for job, (label, chunk, level) in enumerate(VARIANTS):
+        folder = sweep / str(job)
+        folder.mkdir()
+        overrides = [] if level is None else [f"chunk={level}"]
+        info = {
+            "label": label,
+            "overrides": overrides,
+            "choices": {
+                "chunk": chunk,
+                "retrieval": "bm25",
+                "dataset": "bench_compare_scale",
+                "system": "local",
+            },
+            "job_num": job,
+            "role": "baseline" if level is None else "variant",
+            "factor": None if level is None else "chunk",
+            "level": level,
+            "mode": "ofat",
+            "dataset": "bench_compare_scale",
+            **fingerprint,
+        }
+        plan["jobs"].append({"index": job, "label": label, "overrides": overrides})
+        (folder / VARIANT_FILE).write_text(json.dumps(info, indent=1), encoding="utf-8")
+        (folder / CONFIG_FILE).write_text(_config_yaml(chunk), encoding="utf-8")
+        (folder / SUMMARY_FILE).write_text(json.dumps({"label": label, "run_id": None}), encoding="utf-8")
+        (folder / RUN_FILE).write_text(json.dumps({"run_id": None, "tracking_uri": None}), encoding="utf-8")
+        vrng = np.random.default_rng([seed, job])
+        with (folder / RECORDS_FILE).open("w", encoding="utf-8") as f:
+            for q in queries:
+                gi = g_index[q["group"]]
+                quality = g_quality[gi]
+                if job == 1:
+                    quality += 0.03 + g_delta[job, gi]
+                elif job == 2:  # helps overall, hurts numeric queries
+                    quality += (-0.12 if "numeric" in q["tags"] else 0.05) + g_delta[job, gi]
+                quality = _clip(quality + vrng.normal(0, 0.05))
+                tokens = float(vrng.normal(1800, 300)) * int(chunk) / 512
+                latency = float(vrng.lognormal(math.log(40 + 20 * job), 0.35))
+                failed = vrng.random() < 0.003
+                rec: dict[str, Any] = {
+                    **{k: q[k] for k in ("query_id", "query", "split", "group")},
+                    "kind": "answerable",
+                    "tags": q["tags"],
+                    "intent_gold": q["intent_gold"],
+                    "intent_gold_l1": q["intent_gold_l1"],
+                    "status": "error" if failed else "ok",
+                    "error": "timeout after 30.0 s" if failed else None,
+                    "retrieved": [] if failed else _retrieved(vrng, 20_000),
+                    "intent_pred": q["intent_gold"],
+                    "intent_score": round(float(vrng.random()), 6),
+                    "timings_ms": {"bm25": latency * 0.95, "total": latency},
+                    "intents": [q["intent_gold"]],
+                    "answer": None,
+                    "citations": [],
+                    "usage": None,
+                    "usage_count": None,
+                    "cached": False,
+                    "ttft_ms": None,
+                    "http_status": None,
+                    "retries": 0,
+                    "metrics": {"latency_ms": latency}
+                    if failed
+                    else _metrics(vrng, quality, tokens, latency),
+                }
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    (sweep / PLAN_FILE).write_text(json.dumps(plan, indent=1), encoding="utf-8")
+    (sweep / SWEEP_FILE).write_text(
+        json.dumps({"overrides": ["chunk=256,512,1024"], "jobs": 3}), encoding="utf-8"
+    )
+
+
+# --------------------------------------------------------------------------- the comparison step
+
+
+def run_phases(sweep: Path, B: int, seed: int) -> tuple[Phases, Any]:
+    """The comparison step of ``rag-ablate compare <sweep>``, phase by phase (module docstring)."""
+    from rag_ablate import stats
+    from rag_ablate.compare import analysis, pairwise, render, run, slices
+    from rag_ablate.compare.load import pick_baseline
+    from rag_ablate.config import CompareConfig
+    from rag_ablate.guard import check
+    from rag_ablate.html_report import write_report
+
+    ph = Phases()
+    ph.wrap(analysis._CountCache, "run", "bootstrap draws, each streamed once to all its tests")
+    ph.wrap(stats, "paired_test", "paired tests (sign flip + interval, bootstrap summaries)")
+    ph.wrap(stats, "paired_quantile_tests", "latency percentiles (summaries)")
+    ph.wrap(analysis, "mix_rows", "production mix (summaries)")
+    ph.wrap(analysis, "_add_flips", "flips")
+    settings = CompareConfig()
+    with ph.phase("read records"):
+        src = run.load_source(sweep)
+    with ph.phase("guard"):
+        check(src.variants, pick_baseline(src.variants, settings.baseline)[0].label)
+    with ph.phase("compare (all metrics, production mix)"):
+        c = analysis.compare(
+            src.variants,
+            baseline=settings.baseline,
+            metrics=settings.metrics,
+            splits=settings.splits,
+            B=B,
+            seed=seed,
+            alpha=settings.alpha,
+            flip_threshold=settings.flip_threshold,
+        )
+    inner_compare = {k: list(v) for k, v in ph.inner.items()}
+    with ph.phase("slices"):
+        c.slices = slices.compare_slices(
+            src.variants, c, metrics=slices.resolve_metrics(src.variants, settings), min_groups=6
+        )
+    key = "paired tests (sign flip + interval, bootstrap summaries)"
+    slices_tests = ph.inner[key][1] - inner_compare[key][1]
+    with ph.phase("pairwise"):
+        c.pairwise = pairwise.pairwise_section(src.variants, c)
+    with ph.phase("render (comparison.json/.md, terminal)"):
+        render.write_outputs(c, src.out_dir)
+        render.format_terminal(c)
+    with ph.phase("report (report.html, trade-off)"):
+        write_report(src.out_dir, settings, source=src, seed=seed, log=False)
+    ph.inner = {k: v for k, v in inner_compare.items()}
+    ph.inner["slices: paired tests"] = [0.0, float(slices_tests)]
+    return ph, c
+
+
+def _cli(sweep: Path, B: int) -> tuple[float, float]:
+    """Wall seconds and max RSS (MB) of ``rag-ablate compare <sweep>`` in a subprocess."""
+    exe = shutil.which("rag-ablate") or str(Path(sys.executable).parent / "rag-ablate")
+    code = (
+        "import resource, subprocess, sys, time\n"
+        "t = time.perf_counter()\n"
+        "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
+        "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, r.returncode)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, exe, "compare", str(sweep), "--B", str(B)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return float(out[0]), float(out[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="10000,100000", help="comma-separated query counts")
+    ap.add_argument("--B", type=int, default=10_000, help="bootstrap resamples and sign-flip budget")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="/tmp/rag_ablate_bench_compare", help="where the sweeps are written")
+    ap.add_argument("--reuse", action="store_true", help="reuse a sweep folder already generated")
+    ap.add_argument("--cli", action="store_true", help="also time `rag-ablate compare` in a subprocess")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(
+        f"- machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, python {platform.python_version()}"
+    )
+    print(f"- command: python benchmarks/{Path(__file__).name} {' '.join(sys.argv[1:])}")
+    print(f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    results: dict[int, dict[str, Any]] = {}
+    for n in sizes:
+        sweep = Path(args.out) / f"n{n}"
+        t = time.perf_counter()
+        queries, grouping = build_dataset(n, args.seed)
+        if not (args.reuse and (sweep / "2" / RECORDS_FILE).is_file()):
+            write_sweep(sweep, queries, args.seed)
+        gen = time.perf_counter() - t - grouping["seconds"]
+        size_mb = sum(p.stat().st_size for p in sweep.glob(f"*/{RECORDS_FILE}")) / 2**20
+        del queries
+        ph, c = run_phases(sweep, args.B, args.seed)
+        n_dev = next(p.n_queries for p in c.pairs if p.split == "dev")
+        print(
+            f"\n### {n:,} queries: {int(grouping['groups']):,} groups, dev {n_dev:,}; records {size_mb:,.0f} MB "
+            f"over 3 jobs (generated in {gen:.0f} s); {len(c.rows)} rows, {len(c.mix)} mix rows, "
+            f"{len(c.slices.rows) if c.slices else 0} slice rows\n"
+        )
+        print("| phase | wall (s) | CPU (s) | peak RSS (MB) |\n|---|---:|---:|---:|")
+        print(
+            f"| grouping + splits of the query texts (dataset loading) | {grouping['seconds']:.2f} "
+            f"| {grouping['cpu']:.2f} | - |"
+        )
+        for name, sec, peak, cpu in ph.rows:
+            print(f"| {name} | {sec:.2f} | {cpu:.2f} | {peak:,.0f} |")
+            if name.startswith("compare"):
+                for inner, (s, calls) in ph.inner.items():
+                    if not inner.startswith("slices"):
+                        print(f"| &nbsp;&nbsp;of which {inner} ({int(calls)} calls) | {s:.2f} | | |")
+        total, cpu_total = sum(r[1] for r in ph.rows), sum(r[3] for r in ph.rows)
+        peak = max(r[2] for r in ph.rows)
+        print(f"| **comparison step, total** | **{total:.2f}** | **{cpu_total:.2f}** | **{peak:,.0f}** |")
+        res: dict[str, Any] = {
+            "grouping (wall, CPU)": (grouping["seconds"], grouping["cpu"]),
+            **{f"{r[0]} (wall, peak)": (r[1], r[2]) for r in ph.rows},
+            "total (wall, CPU)": (total, cpu_total),
+        }
+        if args.cli:
+            wall, rss = _cli(sweep, args.B)
+            print(
+                f"| `rag-ablate compare {sweep}` (subprocess, imports included) | {wall:.2f} | | {rss:,.0f} |"
+            )
+            res["rag-ablate compare (wall, peak)"] = (wall, rss)
+        results[n] = res
+    if len(sizes) == 2:
+        a, b = sizes
+        print(
+            f"\n### growth {a:,} -> {b:,} queries ({b / a:g}x)\n\n| phase | ratio | ratio |\n|---|---:|---:|"
+        )
+        for key, va in results[a].items():
+            vb = results[b][key]
+            print(f"| {key} | {vb[0] / max(va[0], 1e-9):.1f}x | {vb[1] / max(va[1], 1e-9):.1f}x |")
+
+
+if __name__ == "__main__":
+    main()
