@@ -33,7 +33,7 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
-from rag_ablate import compare, mlflow_traces, mlflow_ui, tracking
+from rag_ablate import compare, mlflow_traces, mlflow_ui, profiling, tracking
 from rag_ablate.ablation import Plan, write_plan
 from rag_ablate.app import one_line
 from rag_ablate.compare.model import Comparison
@@ -42,6 +42,7 @@ from rag_ablate.errors import TrackingError
 from rag_ablate.layout import (
     FAILURES_FILE,
     PLAN_FILE,
+    PROFILE_FILE,
     SUMMARY_FILE,
     SWEEP_FILE,
     SWEEP_SUMMARY_MD,
@@ -62,6 +63,19 @@ def _sweep_dir(config: DictConfig) -> Path:
 
 def _cwd(config: DictConfig) -> Path:
     return Path(str(config.hydra.runtime.cwd))
+
+
+_settings_memo: list[tuple[DictConfig, RunConfig]] = []
+
+
+def _settings(config: DictConfig) -> RunConfig:
+    """The sweep config's settings, computed once for the sweep's start and end (the same object)."""
+    for known, settings in _settings_memo:
+        if known is config:
+            return settings
+    settings = to_settings(config)
+    _settings_memo[:] = [(config, settings)]
+    return settings
 
 
 def read_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -120,7 +134,12 @@ def start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
     With ``resume=`` the existing sweep folder and parent run are reused instead
     (:func:`rag_ablate.resume.reopen_sweep`).
     """
-    s = to_settings(config)
+    with profiling.sweep_profile().stage("store"):
+        return _start_sweep(config, plan)
+
+
+def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
+    s = _settings(config)
     sweep_dir = _sweep_dir(config)
     if s.resume:
         from rag_ablate.resume import reopen_sweep
@@ -207,7 +226,9 @@ def finish_sweep(
     still written and logged; each failure is one line on stderr and one entry,
     with its traceback, in ``failures.json``.
     """
-    s = to_settings(config)
+    prof = profiling.sweep_profile()
+    prof.start("summary")
+    s = _settings(config)
     sweep_dir = _sweep_dir(config)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     failures = job_failures(plan, returns)
@@ -220,6 +241,7 @@ def finish_sweep(
     print(f"\nsweep folder: {sweep_dir}")
     info_path = sweep_dir / SWEEP_FILE
     info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+    prof.stop()
 
     gate_failures: list[str] = []
     compared = False
@@ -233,7 +255,8 @@ def finish_sweep(
         elif len(summaries) > 1:
             print()
             try:
-                done = compare.run_comparison(sweep_dir, s.compare, seed=s.seed, log=True)
+                with prof.stage("compare"):
+                    done = compare.run_comparison(sweep_dir, s.compare, seed=s.seed, log=True)
                 gate_failures = list(done.failures)
                 comparison = done.comparison
                 compared = True
@@ -243,7 +266,8 @@ def finish_sweep(
                 try:  # trade-off, plots and report.html; a failure here loses nothing else
                     from rag_ablate.html_report import write_report
 
-                    report = write_report(sweep_dir, s.compare, source=done.source, seed=s.seed, log=True)
+                    with prof.stage("report"):
+                        report = write_report(sweep_dir, s.compare, source=done.source, seed=s.seed, log=True)
                     print(f"report: {report.html}")
                 except Exception as exc:
                     failures.append(_failure("report", "HTML report", exc))
@@ -254,6 +278,7 @@ def finish_sweep(
             )
 
     failures_path = _write_failures(sweep_dir, failures)
+    prof.start("log")
     if "parent_run_id" in info:
         uri, run_id = info["tracking_uri"], info["parent_run_id"]
         try:
@@ -271,7 +296,15 @@ def finish_sweep(
             trace_links = mlflow_traces.sweep_links(  # per-query compare views, when traces exist
                 uri, info["experiment_id"], summaries, baseline, mlflow_ui.ui_base(uri)
             )
-            tracking.end_run(uri, run_id, "FAILED" if failures or gate_failures else "FINISHED")
+            prof.stop()
+            profile_path = _write_profile(sweep_dir, plan)
+            tracking.finish_run(
+                uri,
+                run_id,
+                profiling.Profile.metrics_of(profiling.read_profile(sweep_dir) or {}),
+                [profile_path],
+                "FAILED" if failures or gate_failures else "FINISHED",
+            )
         except Exception as exc:
             failures.append(_failure("tracking", f"MLflow logging to {uri}", exc))
             _write_failures(sweep_dir, failures)
@@ -281,6 +314,9 @@ def finish_sweep(
             print(ui_hint(uri, link))
             for line in trace_links:
                 print(line)
+    if prof.open_stages():  # not logged (tracking off, or the logging failed): the profile still is
+        prof.close()
+        _write_profile(sweep_dir, plan)
     if compared:
         print(f"comparison: {sweep_dir / compare.COMPARISON_MD}  (again: rag-ablate compare {sweep_dir})")
 
@@ -297,7 +333,34 @@ def finish_sweep(
             print(f"  {g}", file=sys.stderr)
     elif compared and s.compare.fail_on:
         print(f"regression gate passed ({len(s.compare.fail_on)} rule(s))")
+    done_prof = profiling.read_profile(sweep_dir)
+    if done_prof is not None:
+        line = profiling.summary_line(done_prof["breakdown"], peak_mb=float(done_prof.get("peak_mb", 0.0)))
+        print(f"{line} ({sweep_dir / PROFILE_FILE})")
+    profiling.end_sweep_profile()
     return EXIT_FAILED if failures or gate_failures else 0
+
+
+def _write_profile(sweep_dir: Path, plan: Plan) -> Path:
+    """The sweep's ``profile.json``: its own stages, each job's, and the whole sweep's breakdown
+    (the jobs' stages added up in place of ``jobs``; :func:`rag_ablate.profiling.breakdown`)."""
+    prof = profiling.sweep_profile()
+    prof.close()
+    jobs: dict[str, dict[str, Any]] = {}
+    for job in plan.jobs:
+        found = profiling.read_profile(sweep_dir / str(job.index))
+        if found is not None:
+            jobs[job.label] = found
+    data = prof.to_dict()
+    data["jobs"] = jobs
+    cpu = profiling.breakdown(data, jobs, key="cpu_s")
+    data["breakdown"] = {
+        k: {"seconds": v, "cpu_s": cpu.get(k, 0.0)} for k, v in profiling.breakdown(data, jobs).items()
+    }
+    data["peak_mb"] = max([float(data["peak_mb"]), *(float(j.get("peak_mb", 0.0)) for j in jobs.values())])
+    path = sweep_dir / PROFILE_FILE
+    path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    return path
 
 
 def interrupt_sweep(config: DictConfig, plan: Plan) -> str:

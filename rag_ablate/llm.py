@@ -53,15 +53,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import httpx
-from httpx_sse import SSEError, connect_sse
-
 from rag_ablate.errors import ConfigError
 from rag_ablate.generators.base import GenerationError
 from rag_ablate.metrics.text import count_tokens
 from rag_ablate.systems.http import backoff_wait, excerpt, retry_after_seconds, status_meaning
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # httpx is imported when a call is made, not when a registry lists the generators
+    import httpx
+
     from rag_ablate.cache import Cache
     from rag_ablate.config import GeneratorConfig, JudgeConfig
 
@@ -163,6 +162,8 @@ class ChatClient:
         self.close()
 
     def _http(self) -> httpx.Client:
+        import httpx
+
         with self._lock:
             if self._client is None:
                 t = self.timeout_s
@@ -309,6 +310,8 @@ class ChatClient:
         return f"{self.owner} endpoint {self.url}"
 
     def _transport_error(self, exc: httpx.TransportError, started: bool) -> GenerationError | _Retry:
+        import httpx
+
         detail = f"{self._where()}: {type(exc).__name__}: {exc}".rstrip(": ")
         if isinstance(exc, httpx.ConnectTimeout):
             return _Retry(GenerationError("timeout", detail))
@@ -328,6 +331,8 @@ class ChatClient:
 
     def _once(self, body: dict[str, Any]) -> dict[str, Any]:
         """One non-streamed try."""
+        import httpx
+
         self._count_call()
         try:
             response = self._http().post(self.url, json=body, headers=self._headers(False))
@@ -355,6 +360,9 @@ class ChatClient:
 
     def _stream(self, body: dict[str, Any], t0: float) -> dict[str, Any]:
         """One streamed try. Only failures before any content arrived may be retried."""
+        import httpx
+        from httpx_sse import SSEError, connect_sse
+
         self._count_call()
         pieces: list[str] = []
         ttft_ms: float | None = None

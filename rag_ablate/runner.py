@@ -27,7 +27,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from rag_ablate import cost, mlflow_traces, mlflow_ui, privacy, resume, slices, tracking
+from rag_ablate import cost, mlflow_traces, mlflow_ui, privacy, profiling, resume, slices, tracking
 from rag_ablate.ablation import job_entry
 from rag_ablate.cache import Cache
 from rag_ablate.config import RUNTIME_KEYS, RunConfig, env_interpolated, redact, redact_override, to_settings
@@ -44,6 +44,7 @@ from rag_ablate.layout import (
     INTENTS_MD,
     METRICS_FILE,
     PLAN_FILE,
+    PROFILE_FILE,
     SUMMARY_FILE,
     SWEEP_FILE,
     VARIANT_FILE,
@@ -54,6 +55,7 @@ from rag_ablate.records import (
     RECORDS_FILE,
     Record,
     RecordWriter,
+    TokenCounts,
     aggregate,
     make_record,
     scored,
@@ -121,6 +123,7 @@ def evaluate(
     queries: Sequence[Query] | None = None,
     on_record: Callable[[Record], None] | None = None,
     answers: AnswerScoring | None = None,
+    timings: dict[str, float] | None = None,
 ) -> list[Record]:
     """Run every query (or only ``queries``) through the target and score it (answers with ``answers``).
 
@@ -132,21 +135,34 @@ def evaluate(
 
     ``on_record`` gets each scored record as soon as its query completes (the job's
     :class:`~rag_ablate.records.RecordWriter` appends it to ``records.jsonl``).
+    ``timings["score"]`` (when given) gets the seconds spent scoring and handing on the records.
     """
     todo = dataset.queries if queries is None else queries
     done: dict[str, Record] = {}
     bar = RunProgress(target, len(todo), label, enabled=progress)
+    # each retrieved chunk is tokenised once per run (context_tokens_at_k); a local system's
+    # counts cached with its chunks are used as they are
+    tokens = TokenCounts(getattr(target, "chunk_token_counts", None))
 
     def finish(q: Query, trace: Trace) -> None:
         """One query is final: score it, hand it on, count it (a repeat report is ignored)."""
         if q.query_id in done:
             return
+        t_score = time.perf_counter()
         rec = scored(
-            make_record(q, trace), q, dataset.documents, ks, routed=target.routes_intents, answers=answers
+            make_record(q, trace),
+            q,
+            dataset.documents,
+            ks,
+            routed=target.routes_intents,
+            answers=answers,
+            tokens=tokens,
         )
         done[q.query_id] = rec
         if on_record is not None:
             on_record(rec)
+        if timings is not None:
+            timings["score"] = timings.get("score", 0.0) + time.perf_counter() - t_score
         bar.update(rec["status"])
 
     run_many = batch_runner(target)
@@ -206,24 +222,41 @@ class RunProgress:
         self.bar.close()
 
 
-def _ends_run_on_error(fn: Callable[[DictConfig], float | None]) -> Callable[[DictConfig], float | None]:
-    """A job that raises ends the MLflow run it started (FAILED, or KILLED on Ctrl-C)."""
+def _ends_run_on_error(
+    fn: Callable[[DictConfig, profiling.Profile], float | None],
+) -> Callable[[DictConfig], float | None]:
+    """A job that raises ends the MLflow run it started (FAILED, or KILLED on Ctrl-C).
+
+    The job's stage profile (:mod:`rag_ablate.profiling`) is created here and its memory
+    sampler stopped however the job ends.
+    """
 
     @functools.wraps(fn)
     def wrapper(cfg: DictConfig) -> float | None:
+        prof = profiling.Profile("job")
+        # the interpreter's start-up and imports, for the first job of a process (a sweep's
+        # driver counts them in the sweep's own profile instead)
+        prof.add("imports", *profiling.claim_startup())
         try:
-            return fn(cfg)
+            return fn(cfg, prof)
         except BaseException as exc:
             status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
             resume.end_interrupted(Path(HydraConfig.get().runtime.output_dir), status)
             raise
+        finally:
+            prof.close()
 
     return wrapper
 
 
 @_ends_run_on_error
 @privacy.scoped  # privacy.store_text=false: error messages quote no response bodies
-def run_variant(cfg: DictConfig) -> float | None:
+def run_variant(cfg: DictConfig, prof: profiling.Profile) -> float | None:
+    """One job: the variant's records, metrics and files in its folder, logged to MLflow.
+
+    ``prof`` gets the wall seconds and peak memory of each stage (``profile.json``).
+    """
+    t_setup = time.perf_counter()
     s = to_settings(cfg)
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir)
@@ -246,18 +279,22 @@ def run_variant(cfg: DictConfig) -> float | None:
         "mode": s.ablation.mode if entry else "none",
     }
 
-    # the MLflow store is opened before anything is spent: an unusable one fails at once
-    store = _open_store(s, output_root, Path(hc.sweep.dir) if multirun else None)
-    # resume=: what an earlier attempt left (its run, its ok records); a changed config is refused
-    prior = resume.load_job(job_dir, s, env_values) if s.resume else resume.JobState()
-    if prior.finished:
-        print(f"{label}: finished earlier with every query ok, nothing to resume ({job_dir})")
-        earlier = prior.summary.get("metrics", {}).get("holdout/recall_at_5")
-        return None if earlier is None else float(earlier)
-    run_id = _start_run(store, s, job_dir, label, prior, env_values)
+    prof.add("config", time.perf_counter() - t_setup)
+
+    with prof.stage("store"):
+        # the MLflow store is opened before anything is spent: an unusable one fails at once
+        store = _open_store(s, output_root, Path(hc.sweep.dir) if multirun else None)
+        # resume=: what an earlier attempt left (its run, its ok records); a changed config is refused
+        prior = resume.load_job(job_dir, s, env_values) if s.resume else resume.JobState()
+        if prior.finished:
+            print(f"{label}: finished earlier with every query ok, nothing to resume ({job_dir})")
+            earlier = prior.summary.get("metrics", {}).get("holdout/recall_at_5")
+            return None if earlier is None else float(earlier)
+        run_id = _start_run(store, s, job_dir, label, prior, env_values)
 
     t_start = time.perf_counter()
     started_ns = time.time_ns()  # wall clock: the per-query traces replay their timings from here
+    prof.start("load")
     dataset = get_dataset(s)
     # the production mix: its tags must exist in the data (checked before anything is spent)
     tag_weights = TagWeights.from_config(s.dataset)
@@ -274,12 +311,16 @@ def run_variant(cfg: DictConfig) -> float | None:
     guard = privacy.Privacy.from_config(s.privacy)
     # the LLM judge (None: judge=none) is built before any query runs, so a bad setting costs nothing
     judge = JUDGES.get(s.judge.name)(s, cache)
+    prof.stop()
+    timings: dict[str, float] = {}
     try:
-        target = SYSTEMS.get(s.system.name)(s, cache)
+        with prof.stage("index"):  # the system is built and prepared (chunks, indexes, models)
+            target = SYSTEMS.get(s.system.name)(s, cache)
         try:
-            build_info = target.prepare(dataset)
+            with prof.stage("index"):
+                build_info = target.prepare(dataset)
             # each record is appended to records.jsonl as its query completes (resume= keeps them)
-            with RecordWriter(job_dir / RECORDS_FILE) as writer:
+            with prof.stage("query"), RecordWriter(job_dir / RECORDS_FILE) as writer:
                 todo = [q for q in dataset.queries if q.query_id not in kept]
                 new = evaluate(
                     target,
@@ -290,16 +331,19 @@ def run_variant(cfg: DictConfig) -> float | None:
                     queries=todo,
                     on_record=lambda rec: writer.write(guard.record(rec)),
                     answers=answers,
+                    timings=timings,
                 )
         finally:
             target.close()
+        # each query is scored as it completes: that time is scoring's, not querying's
+        prof.move("query", "score", timings.get("score", 0.0))
         # one final record per query, in dataset order (write_records below rewrites the file so)
         latest = {**kept, **{r["query_id"]: r for r in new}}
         records = [latest[q.query_id] for q in dataset.queries]
         if judge is not None and judge.mode == "pointwise":
             # the judge phase: every answer without a judgement (resume= kept the earlier ones) is
             # judged and scored again, appended as it completes (rag_ablate.judging)
-            with RecordWriter(job_dir / RECORDS_FILE) as writer:
+            with prof.stage("judge"), RecordWriter(job_dir / RECORDS_FILE) as writer:
                 records = judge_records(
                     records,
                     judge,
@@ -321,11 +365,13 @@ def run_variant(cfg: DictConfig) -> float | None:
     wall = time.perf_counter() - t_start
 
     job_dir.mkdir(parents=True, exist_ok=True)
-    # the stored form of every record (without text, or redacted); the metrics below that need the
-    # text (the judge's length bias) still read the full records
-    stored = [guard.record(r) for r in records]
-    write_records(job_dir / RECORDS_FILE, stored)
-    write_trec(stored, dataset, job_dir, label)
+    with prof.stage("write"):
+        # the stored form of every record (without text, or redacted); the metrics below that need
+        # the text (the judge's length bias) still read the full records
+        stored = [guard.record(r) for r in records]
+        write_records(job_dir / RECORDS_FILE, stored)
+        write_trec(stored, dataset, job_dir, label)
+    prof.start("score")  # the aggregate metrics, cost, slices
     metrics = aggregate(records, tag_weights)  # with <split>/prod/ and <split>/edge/ means
     metrics["run/wall_seconds"] = wall
     # whatever numeric facts the system reported (index size, build time, ...) as run/<key>
@@ -349,7 +395,8 @@ def run_variant(cfg: DictConfig) -> float | None:
     # only); judge_calibration.json/.md in the job folder, judge/<metric>/human_* metrics
     calibration_error: str | None = None
     try:
-        metrics.update(run_calibration(s, dataset, cache, metrics, job_dir))
+        with prof.stage("judge"):
+            metrics.update(run_calibration(s, dataset, cache, metrics, job_dir))
     except Exception as exc:  # everything else is still written and logged; then the run fails
         calibration_error = f"{type(exc).__name__}: {exc}"
     metrics.update(guard.run_metrics(stored))  # privacy/redacted_<kind>: what redaction replaced
@@ -374,7 +421,9 @@ def run_variant(cfg: DictConfig) -> float | None:
     slice_table = slices.slice_metrics(records)
     slices.write_slices(slice_table, job_dir, s.metrics.summary)
     slice_logged = slices.mlflow_slice_metrics(slice_table, mlflow_ui.quality_metric(s.metrics.summary))
+    prof.stop()
 
+    prof.start("write")
     (job_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=1, sort_keys=True), encoding="utf-8")
     # header values never stored; values read from the environment stored as ${oc.env:NAME}
     resolved = redact(OmegaConf.to_container(cfg, resolve=True), env=env_values)
@@ -390,11 +439,14 @@ def run_variant(cfg: DictConfig) -> float | None:
         "queries_fingerprint": dataset.queries_fingerprint,
     }
     (job_dir / VARIANT_FILE).write_text(json.dumps(variant, ensure_ascii=False, indent=1), encoding="utf-8")
+    prof.stop()
 
     # too many failed queries: everything is still written and logged, then the run is FAILED
     error_rate = metrics.get("all/error_rate", 0.0)
     too_many_failed = error_rate > s.system.max_error_rate
     n_traces = 0
+    final_status = "FAILED" if too_many_failed or calibration_error else "FINISHED"
+    prof.start("log")
     if store is not None:
         run_id = _log_to_mlflow(
             store,
@@ -408,12 +460,17 @@ def run_variant(cfg: DictConfig) -> float | None:
             build_info,
             metrics,
             run_id=run_id,
-            final_status="FAILED" if too_many_failed or calibration_error else "FINISHED",
+            final_status=None,  # ended below, once the profile (with this logging's time) is logged
             extra_metrics=slice_logged,
             judge_prompt_hash=judge.prompt_hash if judge is not None else None,
             env_values=env_values,
         )
         n_traces = _log_traces(store, run_id, s, stored, dataset, started_ns)
+    prof.stop()
+    prof.write(job_dir)
+    if store is not None and run_id is not None:
+        # time/<stage>_s and memory/peak_mb, profile.json; then the run ends
+        tracking.finish_run(store.uri, run_id, prof.metrics(), [job_dir / PROFILE_FILE], status=final_status)
     summary = {
         "label": label,
         "run_id": run_id,
@@ -428,6 +485,7 @@ def run_variant(cfg: DictConfig) -> float | None:
     if not multirun:
         print_table([summary], s.metrics.summary)
         print(f"\nrecords: {job_dir / RECORDS_FILE}")
+        print(f"{prof.line()} ({job_dir / PROFILE_FILE})")
         if store is not None:
             print(ui_hint(store.uri))
     if calibration_error is not None:
@@ -545,7 +603,7 @@ def _log_to_mlflow(
     build_info: dict[str, Any],
     metrics: dict[str, float],
     run_id: str | None = None,
-    final_status: str = "FINISHED",
+    final_status: str | None = "FINISHED",
     judge_prompt_hash: str | None = None,
     extra_metrics: Mapping[str, float] | None = None,
     env_values: Mapping[str, str] | None = None,

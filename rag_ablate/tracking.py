@@ -26,6 +26,12 @@ from rag_ablate.errors import RagAblateError, TrackingError
 if TYPE_CHECKING:
     from rag_ablate.config import TrackingConfig
 
+# MLflow 3 sends usage telemetry from a background thread (a DNS lookup and HTTPS requests to the
+# internet on every run); a run needs no network, so it is off unless the user turns it on
+# (MLFLOW_DISABLE_TELEMETRY=false). Set before MLflow is first imported: only this module and
+# mlflow_traces import it, inside functions, after this.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
 PARENT_TAG = "mlflow.parentRunId"
 _BATCH = 100  # MLflow accepts at most 100 params (and 100 tags) per log_batch
 
@@ -180,6 +186,7 @@ def open_store(uri: str, experiment: str, artifact_root: Path | None, *, create_
         # two processes creating one sqlite store at once race on its tables (the second fails
         # with "table ... already exists"): whoever opens it holds a lock file beside it meanwhile
         with _file_lock(db.with_name(db.name + ".lock")):
+            create_sqlite(uri, db)
             experiment_id = ensure_experiment(uri, experiment, artifact_root)
     else:
         if is_server(uri):
@@ -197,6 +204,97 @@ def open_store(uri: str, experiment: str, artifact_root: Path | None, *, create_
             file=sys.stderr,
         )
     return experiment_id
+
+
+def _is_new(db: Path) -> bool:
+    """True when ``db`` has no tables yet: absent, or an empty file (``touch``, a bare ``sqlite3``)."""
+    try:
+        return db.stat().st_size == 0
+    except FileNotFoundError:
+        return True
+
+
+def template_path() -> Path:
+    """This machine's copy of an empty store built by this MLflow version (the per-user cache
+    folder, ``$XDG_CACHE_HOME/rag_ablate`` or ``~/.cache/rag_ablate``)."""
+    from importlib.metadata import version
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rag_ablate" / f"mlflow-{version('mlflow')}-store.db"
+
+
+def _build_tables(db: Path) -> None:
+    """MLflow's own creation of an empty store (its tables, then every schema migration) in
+    ``db``, without waiting for the disk after each of its hundreds of statements: ``db`` is a
+    temporary file, synced once when complete. The store keeps sqlite's default journal (one
+    file, readable by any sqlite client, on any disk).
+    """
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{db}")
+
+    def no_sync(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA synchronous=OFF")
+        cursor.close()
+
+    sqlalchemy.event.listen(engine, "connect", no_sync)
+    try:
+        _initialize_tables(engine)  # type: ignore[no-untyped-call]
+    finally:
+        engine.dispose()
+
+
+def _synced_copy(source: Path, target: Path) -> None:
+    """Copy ``source`` to ``target`` through a temporary file, synced, then renamed into place."""
+    import shutil
+
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copyfile(source, tmp)
+        with tmp.open("rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def create_sqlite(uri: str, db: Path) -> bool:
+    """Create a new sqlite store's tables once; True when this call created them.
+
+    MLflow builds a store by running every schema migration, each committed and synced to disk
+    on its own (seconds on a busy disk). Here the tables are built once per MLflow version and
+    machine into a template (:func:`template_path`), then each new store is a synced copy of it
+    renamed into place: a store is never seen half built, and an existing store is left alone
+    (MLflow checks its schema when it opens it). Without a usable template folder the store is
+    built the same way in a temporary file beside it. Call it under the store's lock.
+    """
+    if not _is_new(db):
+        return False
+    try:
+        template = template_path()
+        if not template.is_file():
+            template.parent.mkdir(parents=True, exist_ok=True)
+            scratch = template.with_name(f".{template.name}.{os.getpid()}.tmp")
+            try:
+                _build_tables(scratch)
+                os.replace(scratch, template)  # another process's template is as good as ours
+            finally:
+                scratch.unlink(missing_ok=True)
+        _synced_copy(template, db)
+    except OSError:  # no writable cache folder: build this store's tables beside it
+        scratch = db.with_name(f".{db.name}.{os.getpid()}.new")
+        try:
+            _build_tables(scratch)
+            _synced_copy(scratch, db)
+        except Exception:  # left to MLflow, which builds the store when it first opens it
+            return False
+        finally:
+            scratch.unlink(missing_ok=True)
+    except Exception:  # e.g. an MLflow without this creation path: MLflow builds the store itself
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -286,12 +384,13 @@ def log_run(
     artifacts_dir: Path | None,
     parent_run_id: str | None = None,
     run_id: str | None = None,
-    final_status: str = "FINISHED",
+    final_status: str | None = "FINISHED",
 ) -> str:
     """One finished variant as one run: params, metrics (one batch call), tags, artifacts.
 
     The run ends ``final_status`` once everything is logged (``FAILED`` for a run whose
-    error rate is above ``system.max_error_rate``: all it has is still logged).
+    error rate is above ``system.max_error_rate``: all it has is still logged); with None it
+    stays RUNNING for :func:`finish_run` to end.
 
     With ``run_id`` (the run :func:`start_run` created when the job started) that run
     is completed instead of a new one; params it already has keep their values.
@@ -323,8 +422,16 @@ def log_run(
     except Exception:
         client.set_terminated(run_id, status="FAILED")
         raise
-    client.set_terminated(run_id, status=final_status)
+    if final_status is not None:
+        client.set_terminated(run_id, status=final_status)
     return run_id
+
+
+def finish_run(uri: str, run_id: str, metrics: Mapping[str, float], paths: list[Path], status: str) -> None:
+    """Log the last metrics and files of a run (its profile) and end it ``status``."""
+    log_metrics(uri, run_id, metrics)
+    log_artifacts(uri, run_id, paths)
+    end_run(uri, run_id, status)
 
 
 def start_run(uri: str, experiment_id: str, name: str, parent_run_id: str | None = None) -> str:

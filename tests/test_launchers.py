@@ -45,6 +45,8 @@ def _sweep(cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         "PYTHONPATH": str(REPO),
         "PYTHONWARNINGS": "ignore",
         "RAY_AUTH_MODE": "disabled",  # a local Ray: no token written under ~/.ray
+        # no store template yet (tracking.template_path): MLflow builds the tables once, and says so
+        "XDG_CACHE_HOME": str(cwd / "xdg-cache"),
     }
     proc = subprocess.run(
         [sys.executable, "-m", "rag_ablate", "-m", FACTOR, *COMMON, *extra],

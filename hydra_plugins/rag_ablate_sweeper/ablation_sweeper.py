@@ -86,7 +86,9 @@ class AblationSweeper(Sweeper):
         from rag_ablate.ablation import build_plan, check_plan, format_plan
         from rag_ablate.callbacks import EXIT_INVALID, finish_sweep, start_sweep
         from rag_ablate.errors import RagAblateError
+        from rag_ablate.profiling import sweep_profile
 
+        prof = sweep_profile()  # where the sweep's time goes: <sweep dir>/profile.json
         if self.config is None or self.launcher is None or self.hydra_context is None:
             raise RuntimeError("setup() must run before sweep()")
         config = self.config
@@ -96,6 +98,7 @@ class AblationSweeper(Sweeper):
         loader = self.hydra_context.config_loader
         parser = OverridesParser.create(config_loader=loader)
         try:
+            prof.start("plan")
             plan = build_plan(config, arguments, parser)
             check_plan(
                 plan,
@@ -104,6 +107,7 @@ class AblationSweeper(Sweeper):
             )
         except (RagAblateError, HydraException) as exc:
             _stop(exc, EXIT_INVALID)
+        prof.stop()
         print(format_plan(plan))
         if plan.dry_run:
             return []
@@ -117,7 +121,8 @@ class AblationSweeper(Sweeper):
             self._interrupted(plan)
         try:
             try:
-                returns = self.launcher.launch([job.overrides for job in plan.jobs], initial_job_idx=0)
+                with prof.stage("jobs"):
+                    returns = self.launcher.launch([job.overrides for job in plan.jobs], initial_job_idx=0)
             except Exception as exc:  # a launcher's own failure: still finish what ran
                 launch_error = exc
             code = finish_sweep(config, plan, returns, launch_error)

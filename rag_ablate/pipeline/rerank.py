@@ -32,14 +32,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import httpx
 import numpy as np
 
 from rag_ablate.errors import ConfigError, RagAblateError
 from rag_ablate.pipeline.stages import RERANKERS, Embedded, Hits, QueryState, Resources, resolve_encoder
 from rag_ablate.privacy import body_excerpts_allowed
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # httpx is imported when a rerank service is used, not when the registry lists it
+    import httpx
     from sentence_transformers import CrossEncoder
 
     from rag_ablate.config import RunConfig
@@ -108,8 +108,11 @@ def _retry_after_seconds(value: str | None) -> float | None:
     return min(max(seconds, 0.0), MAX_WAIT_SECONDS)
 
 
-# Transport errors worth another try: the service may be restarting or overloaded.
-_TRANSIENT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+def _transient() -> tuple[type[Exception], ...]:
+    """Transport errors worth another try: the service may be restarting or overloaded."""
+    import httpx
+
+    return (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 
 
 class HttpReranker:
@@ -159,7 +162,11 @@ class HttpReranker:
                 raise ConfigError(f"the environment variable '{api_key_env}' (rerank.api_key_env) is empty")
             self._headers["Authorization"] = f"Bearer {key.strip()}"
         self._owns_client = client is None
-        self._client = httpx.Client(timeout=self.timeout) if client is None else client
+        if client is None:
+            import httpx
+
+            client = httpx.Client(timeout=self.timeout)
+        self._client = client
 
     def __repr__(self) -> str:
         return f"HttpReranker(url={self.url!r}, model={self.model!r})"
@@ -205,6 +212,9 @@ class HttpReranker:
         return min(self.backoff_seconds * 2.0**retry, MAX_WAIT_SECONDS)
 
     def _post(self, payload: dict[str, Any]) -> httpx.Response:
+        import httpx
+
+        transient = _transient()
         attempt = 0
         while True:
             attempt += 1
@@ -214,7 +224,7 @@ class HttpReranker:
                 response = self._client.post(
                     self.url, json=payload, headers=self._headers, timeout=self.timeout
                 )
-            except _TRANSIENT as exc:
+            except transient as exc:
                 if last:
                     raise RerankError(
                         f"rerank request to {self.url} failed after {tries}: {type(exc).__name__}: {exc}",
@@ -407,7 +417,7 @@ class PassageRerankStage:
     def __init__(self, build: Callable[[], Reranker]) -> None:
         self._build = build
         self.reranker: Reranker | None = None
-        self.texts: list[str] = []
+        self.texts: Sequence[str] = []  # the chunks' indexed texts (a lazy sequence)
 
     def prepare(self, res: Resources) -> dict[str, Any]:
         self.texts = res.texts()

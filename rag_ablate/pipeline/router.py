@@ -20,13 +20,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import sparse
 
 from rag_ablate.dataset import Intent
 from rag_ablate.errors import UnknownNameError
 from rag_ablate.pipeline.stages import ROUTERS
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # scipy is imported when a router is built, not when the registry lists it
+    from scipy import sparse
+
     from rag_ablate.config import RunConfig
 
 _DROP = re.compile(r"[\s\W_]+", re.UNICODE)
@@ -64,9 +65,13 @@ class IntentRouter:
         n = len(entries)
         self.idf = np.array([math.log((1 + n) / (1 + df[t])) + 1.0 for t in sorted(df)])
         self.entry_label = np.array([lab for lab, _ in entries], dtype=np.int64)
+        from scipy import sparse
+
         self.matrix = sparse.vstack([self._vector(g) for _, g in entries]).tocsr()
 
     def _vector(self, grams: Counter[str]) -> sparse.csr_matrix:
+        from scipy import sparse
+
         cols = [self.vocab[t] for t in grams if t in self.vocab]
         vals = np.array([grams[t] for t in grams if t in self.vocab], dtype=np.float64)
         vals = vals * self.idf[cols] if cols else vals

@@ -54,10 +54,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
-
-import httpx
-from httpx_sse import SSEError, aconnect_sse
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rag_ablate.cache import Cache
 from rag_ablate.config import RunConfig, validate_system
@@ -65,6 +62,9 @@ from rag_ablate.dataset import Dataset, Document, Query
 from rag_ablate.privacy import body_excerpts_allowed
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.base import Citation, OnDone, RetrievedChunk, Status, TokenUsage, Trace
+
+if TYPE_CHECKING:  # httpx is imported when a run talks HTTP, not when the registry lists this system
+    import httpx
 
 EXCERPT_CHARS = 200  # how much of a response body an error message quotes
 PLACEHOLDERS = ("query", "query_id", "top_k", "user_groups")
@@ -203,6 +203,8 @@ def _bad(where: str, problem: str, body: str | bytes) -> _Failure:
 
 def _transport_failure(what: str, exc: httpx.TransportError) -> _Failure | _Retry:
     """A request that got no response: connect errors are retried, read timeouts are not."""
+    import httpx
+
     detail = f"{what}: {type(exc).__name__}: {exc}".rstrip(": ")
     if isinstance(exc, httpx.ConnectTimeout):
         return _Retry(_Failure("timeout", detail))
@@ -300,6 +302,8 @@ class HttpSystem:
     # ------------------------------------------------------------------ one run
 
     def _client(self) -> httpx.AsyncClient:
+        import httpx
+
         # each query in flight holds an eval and (with chat_path) a chat connection; no more, since
         # httpcore checks every pooled connection on each request
         n = self.cfg.concurrency * (1 if self.cfg.chat_path is None else 2)
@@ -371,6 +375,8 @@ class HttpSystem:
     # ------------------------------------------------------------------ eval (JSON)
 
     async def _eval(self, client: httpx.AsyncClient, body: dict[str, Any], trace: Trace, t0: float) -> _Call:
+        import httpx
+
         call = _Call()
         path = self.cfg.eval_path
 
@@ -492,6 +498,9 @@ class HttpSystem:
         pieces: list[str],
     ) -> None:
         """One try of the chat call. Only failures before the first event may be retried."""
+        import httpx
+        from httpx_sse import SSEError, aconnect_sse
+
         where = f"chat {path}"
         m = self.map
         self.requests_sent += 1

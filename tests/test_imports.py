@@ -1,0 +1,87 @@
+"""A BM25 run imports only what it uses: no torch, sentence-transformers, matplotlib or httpx.
+
+Checked on a real ``python -m rag_ablate`` run in a subprocess: the modules the process
+had loaded when it ended are written out at exit and read back here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, write_dataset
+
+from rag_ablate.layout import PROFILE_FILE, RECORDS_FILE
+
+# runs rag_ablate as `python -m rag_ablate` does, and writes sys.modules at exit (also after sys.exit)
+ENTRY = """
+import atexit, json, runpy, sys
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+runpy.run_module("rag_ablate", run_name="__main__", alter_sys=True)
+"""
+
+HEAVY = ("torch", "sentence_transformers", "matplotlib", "httpx", "httpx_sse")
+
+
+def _run_and_list_modules(tmp_path: Path, *overrides: str) -> tuple[set[str], Path]:
+    write_dataset(tmp_path / "tiny")
+    listing = tmp_path / "modules.json"
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            ENTRY,
+            str(listing),
+            "dataset=custom",
+            "dataset.path=tiny",
+            "progress=false",
+            f"hydra.run.dir={run_dir}",
+            *overrides,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return set(json.loads(listing.read_text(encoding="utf-8"))), run_dir
+
+
+def _top(modules: set[str]) -> set[str]:
+    return {m.split(".", 1)[0] for m in modules}
+
+
+def test_bm25_run_with_mlflow_imports_no_torch_matplotlib_or_httpx(tmp_path: Path) -> None:
+    modules, run_dir = _run_and_list_modules(tmp_path)
+    assert (run_dir / RECORDS_FILE).is_file() and (run_dir / PROFILE_FILE).is_file()
+    # the run did retrieve with BM25 and log to MLflow: the absence below is not a run that did nothing
+    assert {"bm25s", "mlflow"} <= _top(modules)
+    assert "rag_ablate.pipeline.retrievers.bm25" in modules
+    assert not _top(modules) & set(HEAVY), sorted(_top(modules) & set(HEAVY))
+
+
+def test_bm25_run_without_tracking_imports_no_mlflow(tmp_path: Path) -> None:
+    modules, run_dir = _run_and_list_modules(tmp_path, "tracking=none")
+    assert (run_dir / RECORDS_FILE).is_file()
+    assert "bm25s" in _top(modules)
+    assert not _top(modules) & {*HEAVY, "mlflow", "pandas", "sqlalchemy", "alembic"}
+
+
+def test_mlflow_telemetry_is_off_unless_the_user_sets_it() -> None:
+    """MLflow's usage telemetry would reach the internet from every run: off by default."""
+    code = "import os, rag_ablate.tracking; print(os.environ['MLFLOW_DISABLE_TELEMETRY'])"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_DISABLE_TELEMETRY"}
+    env["PYTHONPATH"] = str(REPO)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "true"
+    env["MLFLOW_DISABLE_TELEMETRY"] = "false"  # the user's own choice is kept
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "false"
