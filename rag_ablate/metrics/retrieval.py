@@ -9,17 +9,19 @@ Evidence level: chunks are *not* de-duplicated (a chunk is a (doc_id, start,
 end) character range); a gold evidence span counts as covered when one of the
 first k chunks lies in the same document and overlaps it.
 
-Cost: one pass over the ranked list that stops after ``max(ks)`` unique
-documents, one sort of the relevant grades, then O(1) work per k.
+Cost (:func:`retrieval_metrics`): the ranking is scanned at C speed (a set of
+its ids, ``list.index`` per relevant document), the Python work runs over the
+relevant documents only, the ideal DCG is cached per grade pattern and the
+discounts ``log2(rank + 1)`` come from a table; then O(log n) work per k. The
+values are bit-identical to summing gains rank by rank over the whole ranking.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from functools import lru_cache
 
 from rag_ablate.errors import ConfigError
 from rag_ablate.metrics.registry import metric_name
@@ -28,6 +30,7 @@ __all__ = [
     "RETRIEVAL_BASES",
     "SET_BASES",
     "evidence_recall",
+    "evidence_recall_at",
     "retrieval_metrics",
     "set_metrics",
     "unique_docs",
@@ -61,13 +64,66 @@ def _check_ks(ks: Sequence[int]) -> list[int]:
     return checked
 
 
-@lru_cache(maxsize=256)
-def _names_at(k: int) -> tuple[str, ...]:
-    return tuple(metric_name(base, k) for base in RETRIEVAL_BASES)
+_GAINS: tuple[float, ...] = tuple(float(2**g - 1) for g in range(64))
+"""``2**g - 1`` as a float for grades 0..63 (larger grades compute it)."""
+
+_LOG2: list[float] = [0.0] + [math.log2(rank + 1) for rank in range(1, 1025)]
+"""``log2(rank + 1)`` per rank (index 0 unused), replaced by a longer one on demand: the nDCG discounts."""
+
+_NAMES: dict[tuple[int, ...], tuple[str, ...]] = {}
+_IDEAL: dict[tuple[int, ...], list[float]] = {}
+_SMALL_RELEVANT = 16  # up to this many judged docs: C-level scans of the ranking; more: one dict
 
 
 def _gain(grade: int) -> float:
-    return float(2**grade - 1)
+    return _GAINS[grade] if grade < 64 else float(2**grade - 1)
+
+
+def _log2(rank: int) -> float:
+    global _LOG2
+    table = _LOG2
+    if rank >= len(table):  # a longer table replaces the old one whole (threads may score at once)
+        table = _LOG2 = table + [math.log2(r + 1) for r in range(len(table), 2 * rank + 1)]
+    return table[rank]
+
+
+def _cutoffs(ks: Sequence[int]) -> tuple[tuple[int, ...], int]:
+    """``ks`` as a tuple and its largest value (0 for none); ConfigError for a bad k."""
+    if isinstance(ks, (str, bytes)):
+        raise TypeError("ks must be a sequence of integers, not a string")
+    key = tuple(ks)
+    max_k = 0
+    for k in key:
+        if (type(k) is not int and (isinstance(k, bool) or not isinstance(k, int))) or k < 1:
+            raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
+        if k > max_k:
+            max_k = k
+    return key, max_k
+
+
+def _names(ks: tuple[int, ...]) -> tuple[str, ...]:
+    names = _NAMES.get(ks)
+    if names is None:
+        if len(_NAMES) > 256:
+            _NAMES.clear()
+        names = _NAMES[ks] = tuple(metric_name(base, k) for k in ks for base in RETRIEVAL_BASES)
+    return names
+
+
+def _ideal(grades: list[int], max_k: int) -> list[float]:
+    """Ideal DCG prefix sums (index i: the best i grades), cached per grade pattern."""
+    top = tuple(heapq.nlargest(max_k, grades))
+    ideal = _IDEAL.get(top)
+    if ideal is None:
+        if len(_IDEAL) > 4096:
+            _IDEAL.clear()
+        ideal = [0.0]
+        acc = 0.0
+        for rank, grade in enumerate(top, start=1):
+            acc = acc + _gain(grade) / _log2(rank)
+            ideal.append(acc)
+        _IDEAL[top] = ideal
+    return ideal
 
 
 def retrieval_metrics(
@@ -87,63 +143,83 @@ def retrieval_metrics(
 
     Raises ``ValueError`` when no document has grade >= 1 and ``ConfigError`` for
     a cutoff that is not a positive integer.
+
+    Cost: the work runs over the relevant documents, not over the ranking: each is
+    looked up in the ranking (C-level scans, or one dict of first positions when
+    many documents are judged), the unique rank of each found one is the number of
+    distinct ids before it plus one, and the sums run in rank order (so values are
+    bit-identical to summing over the whole ranking, see docs/metrics.md).
     """
     if isinstance(ranked_doc_ids, (str, bytes)):
         raise TypeError("ranked_doc_ids must be a sequence of doc ids, not a string")
-    checked_ks = _check_ks(ks)
-    grades = [g for g in relevant.values() if g >= 1]
+    key, max_k = _cutoffs(ks)
+    n = len(ranked_doc_ids)
+    grades: list[int] = []
+    found: list[tuple[int, int]] = []  # (index of the first occurrence in the ranking, grade)
+    if len(relevant) <= _SMALL_RELEVANT:
+        present = set(ranked_doc_ids)
+        index = ranked_doc_ids.index
+        for doc_id, grade in relevant.items():
+            if grade >= 1:
+                grades.append(grade)
+                if doc_id in present:
+                    found.append((index(doc_id), grade))
+        has_duplicates = len(present) != n
+    else:
+        first = dict(zip(reversed(ranked_doc_ids), range(n - 1, -1, -1), strict=True))
+        for doc_id, grade in relevant.items():
+            if grade >= 1:
+                grades.append(grade)
+                i = first.get(doc_id)
+                if i is not None:
+                    found.append((i, grade))
+        has_duplicates = len(first) != n
     n_rel = len(grades)
     if n_rel == 0:
         raise ValueError(
             "retrieval metrics need at least one relevant document (grade >= 1); "
             "unanswerable cases must not enter retrieval means"
         )
-    if not checked_ks:
+    if not key:
         return {}
-    max_k = max(checked_ks)
 
-    # Prefix sums over the first max_k unique documents: index i covers ranks 1..i.
-    hits_prefix = [0]
-    dcg_prefix = [0.0]
-    first_rel_rank = 0  # 0: no relevant document seen
+    # ranks (1-based, among unique documents) of the relevant documents found, ascending,
+    # and the DCG prefix sums over them (index h: the first h found)
+    found.sort()
+    ranks: list[int] = []
+    dcg = [0.0]
+    acc = 0.0
     seen: set[str] = set()
-    for doc_id in ranked_doc_ids:
-        if doc_id in seen:
-            continue
-        seen.add(doc_id)
-        rank = len(hits_prefix)
-        grade = relevant.get(doc_id, 0)
-        if grade >= 1:
-            hits_prefix.append(hits_prefix[-1] + 1)
-            dcg_prefix.append(dcg_prefix[-1] + _gain(grade) / math.log2(rank + 1))
-            if first_rel_rank == 0:
-                first_rel_rank = rank
+    prev = 0
+    for i, grade in found:
+        if has_duplicates:
+            seen.update(ranked_doc_ids[prev:i])
+            prev = i
+            rank = len(seen) + 1
         else:
-            hits_prefix.append(hits_prefix[-1])
-            dcg_prefix.append(dcg_prefix[-1])
-        if rank == max_k:
+            rank = i + 1
+        if rank > max_k:
             break
-    n_ranked = len(hits_prefix) - 1
+        ranks.append(rank)
+        acc = acc + _gain(grade) / _log2(rank)
+        dcg.append(acc)
+    ideal = _ideal(grades, max_k)
+    first_rank = ranks[0] if ranks else 0
 
-    ideal_prefix = [0.0]
-    for rank, grade in enumerate(heapq.nlargest(max_k, grades), start=1):
-        ideal_prefix.append(ideal_prefix[-1] + _gain(grade) / math.log2(rank + 1))
-
-    out: dict[str, float] = {}
-    for k in checked_ks:
-        upto = min(k, n_ranked)
-        hits = hits_prefix[upto]
-        values = (
-            1.0 if hits > 0 else 0.0,
-            hits / n_rel,
-            hits / k,
-            1.0 / first_rel_rank if 0 < first_rel_rank <= k else 0.0,
-            dcg_prefix[upto] / ideal_prefix[min(k, n_rel)],
-            1.0 if hits == n_rel else 0.0,
+    values: list[float] = []
+    for k in key:
+        hits = bisect_right(ranks, k)
+        values.extend(
+            (
+                1.0 if hits > 0 else 0.0,
+                hits / n_rel,
+                hits / k,
+                1.0 / first_rank if 0 < first_rank <= k else 0.0,
+                dcg[hits] / ideal[k if k < n_rel else n_rel],
+                1.0 if hits == n_rel else 0.0,
+            )
         )
-        for name, value in zip(_names_at(k), values, strict=True):
-            out[name] = value
-    return out
+    return dict(zip(_names(key), values, strict=True))
 
 
 def set_metrics(
@@ -185,21 +261,6 @@ def set_metrics(
     return out
 
 
-def _merge(ranges: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
-    """Sorted, disjoint union of non-empty [start, end) ranges, as starts and ends."""
-    starts: list[int] = []
-    ends: list[int] = []
-    for start, end in sorted(ranges):
-        if end <= start:
-            continue  # an empty chunk covers nothing
-        if ends and start < ends[-1]:
-            ends[-1] = max(ends[-1], end)
-        else:
-            starts.append(start)
-            ends.append(end)
-    return starts, ends
-
-
 def evidence_recall(
     ranked_chunks: Sequence[tuple[str, int, int]],
     evidence: Sequence[tuple[str, int, int]],
@@ -215,31 +276,41 @@ def evidence_recall(
 
     Raises ``ValueError`` for empty evidence, a span with ``end <= start``, a
     chunk with ``end < start`` or any negative offset, and ``ConfigError`` for
-    a k that is not a positive integer.
+    a k that is not a positive integer. :func:`evidence_recall_at` gives every
+    cutoff at once.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
+    return evidence_recall_at(ranked_chunks, evidence, [k])[0]
+
+
+def evidence_recall_at(
+    ranked_chunks: Sequence[tuple[str, int, int]],
+    evidence: Sequence[tuple[str, int, int]],
+    ks: Sequence[int],
+) -> list[float]:
+    """:func:`evidence_recall` at every k in ``ks`` (in that order), in one pass over the chunks.
+
+    Each span is covered from the position of the first chunk (same document, non-empty)
+    that overlaps it; the value at k is the share of spans covered within the first k
+    chunks. Every chunk among the first ``max(ks)`` is checked (same errors as
+    :func:`evidence_recall`).
+    """
+    key, max_k = _cutoffs(ks)
     if len(evidence) == 0:
         raise ValueError("evidence_recall needs at least one evidence span")
+    pending: dict[str, list[tuple[int, int]]] = {}  # doc id -> spans no chunk has covered yet
     for doc_id, start, end in evidence:
         if start < 0 or end <= start:
             raise ValueError(f"evidence span ({doc_id!r}, {start}, {end}) must satisfy 0 <= start < end")
-
-    per_doc: dict[str, list[tuple[int, int]]] = {}
-    for doc_id, start, end in ranked_chunks[:k]:
+        pending.setdefault(doc_id, []).append((start, end))
+    covered_at: list[int] = []  # per covered span, the (1-based) position of its first chunk; ascending
+    for pos, (doc_id, start, end) in enumerate(ranked_chunks[:max_k], start=1):
         if start < 0 or end < start:
             raise ValueError(f"chunk ({doc_id!r}, {start}, {end}) must satisfy 0 <= start <= end")
-        per_doc.setdefault(doc_id, []).append((start, end))
-    merged = {doc_id: _merge(ranges) for doc_id, ranges in per_doc.items()}
-
-    covered = 0
-    for doc_id, start, end in evidence:
-        if doc_id not in merged:
-            continue
-        starts, ends = merged[doc_id]
-        # Last merged range starting before the span ends; the ranges are
-        # disjoint and sorted, so it reaches furthest right among candidates.
-        i = bisect_left(starts, end) - 1
-        if i >= 0 and ends[i] > start:
-            covered += 1
-    return covered / len(evidence)
+        spans = pending.get(doc_id)
+        if spans and start < end:
+            left = [(s, e) for s, e in spans if not (start < e and s < end)]
+            if len(left) < len(spans):
+                covered_at.extend([pos] * (len(spans) - len(left)))
+                pending[doc_id] = left
+    n = len(evidence)
+    return [bisect_right(covered_at, k) / n for k in key]

@@ -1,0 +1,284 @@
+"""Scoring against pytrec_eval, and scoring a 6,000-query run (issue 16).
+
+Two measurements, each in this one process:
+
+1. **Per-query retrieval metrics against pytrec_eval**, side by side: 5,000 queries x 100
+   retrieved documents (graded qrels, 1-5 relevant documents per query, some judged 0),
+   cutoffs 10 and 100. pytrec_eval's time is building its ``RelevanceEvaluator`` with the
+   measures equivalent to ours (``success``, ``recall``, ``P``, ``ndcg_cut`` at 10 and 100,
+   and ``recip_rank``), ``evaluate`` on the run, and reading every value out of its result
+   dicts. Ours is :func:`rag_ablate.metrics.retrieval_metrics` called once per query on the
+   ranked list (de-duplication included), which returns more (``mrr`` at both cutoffs and
+   ``full_recall``). The two run alternately; the ratio is of the median round. Neither side's
+   input preparation is timed (pytrec_eval's run dict, and its qrels re-graded ``g -> 2**g - 1``
+   so its linear-gain nDCG equals ours); every value is checked against pytrec_eval. A second
+   row scores rankings of 100 *chunks* whose documents repeat (what the runner hands over);
+   pytrec_eval cannot see repeats and gets the de-duplicated (shorter) ranking.
+2. **Scoring a 6,000-query run**: a synthetic Chinese corpus of 1,000 documents (paragraphs of
+   the embedded sample, shuffled), cut into 256-character chunks; 6,000 records with 10 retrieved
+   chunks each (about 90 % answerable, with evidence spans); ``ks = [1, 3, 5, 10]``. Timed:
+   :func:`rag_ablate.records.rescore` (every record scored as the runner does, chunk token counts
+   memoised for the run), and, when the memo exists, the same seeded with every chunk's count (what a
+   local system caches with its chunks). A digest of every metric value shows that two versions
+   of the code agree.
+
+Run it on the current code, and on an older checkout to compare (``PYTHONPATH=<old tree>``)::
+
+    python benchmarks/bench_scoring.py [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pytrec_eval
+
+import rag_ablate
+from rag_ablate import records as records_mod
+from rag_ablate.dataset import Dataset, Document, Query, Span, sample_dataset_path
+from rag_ablate.metrics import count_tokens, retrieval_metrics
+
+N_QUERIES, N_RETRIEVED, KS = 5_000, 100, (10, 100)
+RECORD_QUERIES, RECORD_DOCS, CHUNK, OVERLAP, TOP_K = 6_000, 1_000, 256, 32, 10
+RECORD_KS = [1, 3, 5, 10]
+
+
+def retrieval_cases(seed: int) -> tuple[list[list[str]], list[dict[str, int]]]:
+    """5,000 rankings of 100 distinct doc ids and their graded qrels (R never empty)."""
+    rng = random.Random(seed)
+    rankings: list[list[str]] = []
+    qrels: list[dict[str, int]] = []
+    for _ in range(N_QUERIES):
+        ranking = [f"doc{d:06d}" for d in rng.sample(range(200_000), N_RETRIEVED)]
+        rel: dict[str, int] = {}
+        for _ in range(rng.randint(1, 5)):
+            doc = (
+                ranking[rng.randrange(N_RETRIEVED)]
+                if rng.random() < 0.6
+                else f"doc{rng.randrange(200_000):06d}"
+            )
+            rel[doc] = rng.randint(1, 3)
+        if rng.random() < 0.3:
+            rel.setdefault(f"doc{rng.randrange(200_000):06d}", 0)  # judged non-relevant
+        rankings.append(ranking)
+        qrels.append(rel)
+    return rankings, qrels
+
+
+def with_repeats(ranking: list[str], rng: random.Random) -> list[str]:
+    """A ranking of 100 chunks: the documents of ``ranking`` in order, about 40 % of the
+    places taken by another chunk of a document already listed (what the runner scores)."""
+    out: list[str] = []
+    for doc in ranking:
+        while out and rng.random() < 0.4 and len(out) < N_RETRIEVED:
+            out.append(out[rng.randrange(len(out))])
+        if len(out) == N_RETRIEVED:
+            break
+        out.append(doc)
+    return out
+
+
+def time_side_by_side(
+    rankings: list[list[str]], qrels: list[dict[str, int]], rounds: int
+) -> tuple[list[float], list[float], float, int]:
+    """Alternating rounds of pytrec_eval and ours on the same queries: both time lists, max abs
+    difference, number of values compared. pytrec_eval sees each ranking de-duplicated."""
+    qids = [f"q{i:05d}" for i in range(len(rankings))]
+    run = {}
+    for q, rk in zip(qids, rankings, strict=True):
+        docs = list(dict.fromkeys(rk))
+        run[q] = {d: float(len(docs) - r) for r, d in enumerate(docs)}
+    regraded = {
+        q: {d: 2**g - 1 if g > 0 else 0 for d, g in rel.items()} for q, rel in zip(qids, qrels, strict=True)
+    }
+    cut = ",".join(map(str, KS))
+    measures = {f"success.{cut}", f"recall.{cut}", f"P.{cut}", f"ndcg_cut.{cut}", "recip_rank"}
+    pt_names = [f"{m}_{k}" for m in ("success", "recall", "P", "ndcg_cut") for k in KS] + ["recip_rank"]
+    our_names = [f"{m}_at_{k}" for m in ("hit", "recall", "precision", "ndcg") for k in KS] + [
+        f"mrr_at_{max(KS)}"
+    ]
+
+    def pytrec() -> list[list[float]]:
+        res = pytrec_eval.RelevanceEvaluator(regraded, measures).evaluate(run)
+        return [[res[q][name] for name in pt_names] for q in qids]
+
+    def ours() -> list[dict[str, float]]:
+        ks = list(KS)
+        return [retrieval_metrics(rk, rel, ks) for rk, rel in zip(rankings, qrels, strict=True)]
+
+    ref, got = pytrec(), ours()
+    max_diff = max(
+        abs(r - g[name])
+        for rv, g in zip(ref, got, strict=True)
+        for r, name in zip(rv, our_names, strict=True)
+    )
+    times: dict[str, list[float]] = {"pytrec_eval": [], "rag_ablate": []}
+    for _ in range(rounds):
+        for name, fn in (("pytrec_eval", pytrec), ("rag_ablate", ours)):
+            gc.collect()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times["pytrec_eval"], times["rag_ablate"], max_diff, len(ref) * len(pt_names)
+
+
+def bench_pytrec(rounds: int) -> list[str]:
+    rankings, qrels = retrieval_cases(seed=16)
+    rng = random.Random(17)
+    chunk_rankings = [with_repeats(rk, rng) for rk in rankings]
+    pt_version = version("pytrec_eval-terrier")
+    lines = [
+        f"{N_QUERIES:,} queries x {N_RETRIEVED} retrieved, cutoffs {', '.join(map(str, KS))}; seconds are the "
+        f"median of {rounds} alternating rounds (min in brackets). pytrec_eval {pt_version} "
+        "(pytrec_eval-terrier): evaluator + evaluate + reading every value, measures success, recall, P, "
+        "ndcg_cut at 10 and 100 and recip_rank; rag_ablate: `retrieval_metrics` per query, hit, recall, "
+        "precision, mrr, ndcg, full_recall at 10 and 100 (de-duplication included).",
+        "",
+        "| rankings | pytrec_eval (s) | rag_ablate (s) | ratio | max abs difference |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, rks in (
+        ("100 distinct documents", rankings),
+        ("100 chunks, repeated documents (pytrec_eval gets them de-duplicated)", chunk_rankings),
+    ):
+        pt, us, diff, n_values = time_side_by_side(rks, qrels, rounds)
+        mp, mu = statistics.median(pt), statistics.median(us)
+        lines.append(
+            f"| {label} | {mp:.3f} [{min(pt):.3f}] | {mu:.3f} [{min(us):.3f}] | {mu / mp:.2f}x "
+            f"| {diff:.1e} over {n_values:,} values |"
+        )
+    return lines
+
+
+def synthetic_run(seed: int) -> tuple[Dataset, list[dict[str, Any]], dict[tuple[str, int, int], str]]:
+    """A 1,000-document Chinese corpus from the sample's paragraphs, and 6,000 scored-to-be records."""
+    rng = random.Random(seed)
+    paragraphs = [
+        p.strip()
+        for line in (sample_dataset_path() / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+        if line.strip()
+        for p in json.loads(line)["text"].split("\n")
+        if len(p.strip()) > 20
+    ]
+    docs: dict[str, Document] = {}
+    chunks: dict[tuple[str, int, int], str] = {}
+    by_doc: dict[str, list[tuple[str, int, int]]] = {}
+    for i in range(RECORD_DOCS):
+        doc_id = f"D{i:04d}"
+        text = "\n".join(rng.sample(paragraphs, rng.randint(16, 48)))
+        docs[doc_id] = Document(doc_id, text, f"文档{i}")
+        starts = range(0, max(1, len(text) - OVERLAP), CHUNK - OVERLAP)
+        by_doc[doc_id] = [(doc_id, s, min(s + CHUNK, len(text))) for s in starts]
+        for key in by_doc[doc_id]:
+            chunks[key] = text[key[1] : key[2]]
+    all_chunks = list(chunks)
+    doc_ids = list(docs)
+    queries: list[Query] = []
+    recs: list[dict[str, Any]] = []
+    for i in range(RECORD_QUERIES):
+        answerable = rng.random() < 0.9
+        rel_docs = rng.sample(doc_ids, rng.randint(1, 3)) if answerable else []
+        relevant = {d: rng.randint(1, 2) for d in rel_docs}
+        evidence: tuple[Span, ...] = ()
+        if rel_docs:
+            doc_id, s, e = rng.choice(by_doc[rel_docs[0]])
+            a = rng.randrange(s, max(s + 1, e - 30))
+            evidence = (Span(doc_id, a, min(a + 30, len(docs[doc_id].text))),)
+        q = Query(
+            f"q{i:05d}", f"问题{i}", relevant, evidence, answerable, True, (), None, None,
+            "dev" if i % 4 else "holdout", f"g{i}",
+        )  # fmt: skip
+        retrieved = [rng.choice(all_chunks) for _ in range(TOP_K)]
+        if rel_docs and rng.random() < 0.7:
+            retrieved[rng.randrange(TOP_K)] = rng.choice(by_doc[rel_docs[0]])
+        queries.append(q)
+        recs.append(
+            {
+                "query_id": q.query_id,
+                "split": q.split,
+                "group": q.group,
+                "kind": q.kind,
+                "status": "ok",
+                "retrieved": [
+                    {"chunk_id": f"{d}@{s}", "doc_id": d, "start": s, "end": e, "score": 1.0 / (r + 1)}
+                    for r, (d, s, e) in enumerate(retrieved)
+                ],
+                "timings_ms": {"total": 1.0},
+            }
+        )
+    dataset = Dataset("synthetic-zh", Path("."), docs, tuple(queries), {}, "c", "q")
+    return dataset, recs, chunks
+
+
+def bench_records(rounds: int) -> list[str]:
+    dataset, recs, chunks = synthetic_run(seed=6)
+    rescore: Callable[..., list[dict[str, Any]]] = records_mod.rescore
+    memo_cls = getattr(records_mod, "TokenCounts", None)
+    rows: list[tuple[str, float]] = []
+    t0 = time.perf_counter()
+    first = rescore(recs, dataset, RECORD_KS, False)
+    rows.append(("rescore, first call", time.perf_counter() - t0))
+    times = []
+    for _ in range(rounds - 1):
+        gc.collect()
+        t0 = time.perf_counter()
+        rescore(recs, dataset, RECORD_KS, False)
+        times.append(time.perf_counter() - t0)
+    rows.append((f"rescore again, median of {rounds - 1} calls", statistics.median(times)))
+    if memo_cls is not None:
+        seed = {key: count_tokens(text) for key, text in chunks.items()}  # what the chunk cache holds
+        seeded = []
+        for _ in range(rounds - 1):
+            gc.collect()
+            t0 = time.perf_counter()
+            again = rescore(recs, dataset, RECORD_KS, False, tokens=memo_cls(seed))
+            seeded.append(time.perf_counter() - t0)
+        assert [r["metrics"] for r in again] == [r["metrics"] for r in first]
+        rows.append(("rescore with a memo seeded by every chunk's count", statistics.median(seeded)))
+    digest = hashlib.sha256(json.dumps([r["metrics"] for r in first], sort_keys=True).encode()).hexdigest()[
+        :16
+    ]
+    n_ok = sum(1 for r in first if r["status"] == "ok")
+    lines = [
+        f"{len(recs):,} records ({sum(1 for q in dataset.queries if q.answerable):,} answerable), "
+        f"{len(dataset.documents):,} documents, {len(chunks):,} chunks of {CHUNK} characters, "
+        f"{TOP_K} retrieved per query, ks={RECORD_KS}; {n_ok:,} scored ok:",
+        "",
+        "| scoring | seconds |",
+        "|---|---:|",
+        *(f"| {name} | {sec:.2f} |" for name, sec in rows),
+        "",
+        f"digest of every metric value: `{digest}`",
+    ]
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=7, help="timed rounds per side (default 7)")
+    ap.add_argument("--part", choices=["all", "pytrec", "records"], default="all")
+    args = ap.parse_args()
+    print(f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"- code: {Path(rag_ablate.__file__).parent}")
+    print(f"- command: `python benchmarks/bench_scoring.py {' '.join(sys.argv[1:])}`".rstrip() + "\n")
+    if args.part in ("all", "pytrec"):
+        print("\n".join(bench_pytrec(args.rounds)) + "\n")
+    if args.part in ("all", "records"):
+        print("\n".join(bench_records(max(2, args.rounds))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""The fast scoring paths (issue 16) equal the previous implementation and the reference tools.
+
+``retrieval_metrics`` now works over the relevant documents (C-level scans of the ranking,
+a table of discounts, the ideal DCG cached per grade pattern) and ``evidence_recall_at``
+scores every cutoff in one pass. The previous implementations are kept below, verbatim in
+substance, as the reference: the new values must be *equal* (``==``, not approximately),
+on random cases with duplicates, grade-0 judgements, short and long rankings, and more
+judged documents than the small-relevant path handles. pytrec_eval and ranx check the
+same cases to 1e-9 (see tests/test_metrics_retrieval.py for the measure mapping).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+
+import pytest
+import pytrec_eval
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ranx import Qrels, Run, evaluate
+
+from rag_ablate.errors import ConfigError
+from rag_ablate.metrics import evidence_recall, metric_name, retrieval_metrics, unique_docs
+from rag_ablate.metrics.retrieval import RETRIEVAL_BASES, evidence_recall_at
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:unsafe cast from uint64 to int64:numba.core.errors.NumbaTypeSafetyWarning"
+)
+
+TOL = 1e-9
+
+
+# ------------------------------------------------------------------ the previous implementations
+
+
+def previous_retrieval_metrics(
+    ranked_doc_ids: Sequence[str], relevant: Mapping[str, int], ks: Sequence[int]
+) -> dict[str, float]:
+    """retrieval_metrics as of commit bb01fea: one pass over the ranking, prefix sums per rank."""
+    grades = [g for g in relevant.values() if g >= 1]
+    n_rel = len(grades)
+    if n_rel == 0:
+        raise ValueError("unanswerable")
+    max_k = max(ks)
+    hits_prefix = [0]
+    dcg_prefix = [0.0]
+    first_rel_rank = 0
+    seen: set[str] = set()
+    for doc_id in ranked_doc_ids:
+        if doc_id in seen:
+            continue
+        seen.add(doc_id)
+        rank = len(hits_prefix)
+        grade = relevant.get(doc_id, 0)
+        if grade >= 1:
+            hits_prefix.append(hits_prefix[-1] + 1)
+            dcg_prefix.append(dcg_prefix[-1] + float(2**grade - 1) / math.log2(rank + 1))
+            if first_rel_rank == 0:
+                first_rel_rank = rank
+        else:
+            hits_prefix.append(hits_prefix[-1])
+            dcg_prefix.append(dcg_prefix[-1])
+        if rank == max_k:
+            break
+    n_ranked = len(hits_prefix) - 1
+    ideal_prefix = [0.0]
+    for rank, grade in enumerate(heapq.nlargest(max_k, grades), start=1):
+        ideal_prefix.append(ideal_prefix[-1] + float(2**grade - 1) / math.log2(rank + 1))
+    out: dict[str, float] = {}
+    for k in ks:
+        upto = min(k, n_ranked)
+        hits = hits_prefix[upto]
+        values = (
+            1.0 if hits > 0 else 0.0,
+            hits / n_rel,
+            hits / k,
+            1.0 / first_rel_rank if 0 < first_rel_rank <= k else 0.0,
+            dcg_prefix[upto] / ideal_prefix[min(k, n_rel)],
+            1.0 if hits == n_rel else 0.0,
+        )
+        for base, value in zip(RETRIEVAL_BASES, values, strict=True):
+            out[metric_name(base, k)] = value
+    return out
+
+
+def previous_evidence_recall(
+    ranked_chunks: Sequence[tuple[str, int, int]], evidence: Sequence[tuple[str, int, int]], k: int
+) -> float:
+    """evidence_recall as of commit bb01fea: merged chunk ranges per document, one bisect per span."""
+    per_doc: dict[str, list[tuple[int, int]]] = {}
+    for doc_id, start, end in ranked_chunks[:k]:
+        per_doc.setdefault(doc_id, []).append((start, end))
+    covered = 0
+    for doc_id, start, end in evidence:
+        starts: list[int] = []
+        ends: list[int] = []
+        for s, e in sorted(per_doc.get(doc_id, [])):
+            if e <= s:
+                continue
+            if ends and s < ends[-1]:
+                ends[-1] = max(ends[-1], e)
+            else:
+                starts.append(s)
+                ends.append(e)
+        i = bisect_left(starts, end) - 1
+        if i >= 0 and ends[i] > start:
+            covered += 1
+    return covered / len(evidence)
+
+
+# ------------------------------------------------------------------ random cases
+
+
+@st.composite
+def ranking_case(
+    draw: st.DrawFn, pool: int = 30, min_len: int = 0
+) -> tuple[list[str], dict[str, int], list[int]]:
+    docs = [f"d{i}" for i in range(pool)]
+    qrels = draw(st.dictionaries(st.sampled_from(docs), st.integers(-1, 4), max_size=pool))
+    qrels[draw(st.sampled_from(docs))] = draw(st.integers(1, 4))  # R is never empty
+    ranking = draw(st.lists(st.sampled_from([*docs, "x1", "x2", "x3"]), min_size=min_len, max_size=60))
+    ks = draw(st.lists(st.integers(1, 70), min_size=1, max_size=5))
+    return ranking, qrels, ks
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=ranking_case())
+def test_retrieval_metrics_equal_the_previous_implementation(
+    case: tuple[list[str], dict[str, int], list[int]],
+) -> None:
+    ranking, qrels, ks = case
+    got = retrieval_metrics(ranking, qrels, ks)
+    assert got == previous_retrieval_metrics(ranking, qrels, ks)
+    assert list(got) == list(previous_retrieval_metrics(ranking, qrels, ks))  # same key order
+    assert retrieval_metrics(tuple(ranking), qrels, tuple(ks)) == got  # any sequence
+
+
+def test_many_judged_documents_and_long_rankings_equal_the_previous_implementation() -> None:
+    # > 16 judged documents take the dict-of-first-positions path; long lists cross the discount table
+    import random
+
+    rng = random.Random(16)
+    for _ in range(200):
+        pool = rng.randint(20, 3000)
+        ranking = [f"d{rng.randrange(pool)}" for _ in range(rng.randint(0, 2500))]
+        qrels = {f"d{rng.randrange(pool)}": rng.randint(0, 5) for _ in range(rng.randint(1, 400))}
+        qrels[f"d{rng.randrange(pool)}"] = rng.randint(1, 70)  # grades beyond the gain table too
+        ks = rng.sample([1, 2, 5, 10, 100, 1000, 2000, 5000], rng.randint(1, 4))
+        assert retrieval_metrics(ranking, qrels, ks) == previous_retrieval_metrics(ranking, qrels, ks)
+
+
+def _pytrec_and_ranx(
+    cases: Sequence[tuple[list[str], dict[str, int]]], ks: Sequence[int]
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    qrels = {f"q{i}": dict(rel) for i, (_, rel) in enumerate(cases)}
+    runs: dict[str, dict[str, float]] = {}
+    for i, (ranking, _) in enumerate(cases):
+        docs = unique_docs(ranking)
+        runs[f"q{i}"] = {d: float(len(docs) - r) for r, d in enumerate(docs)}
+    cut = ",".join(map(str, ks))
+    regraded = {q: {d: 2**g - 1 if g > 0 else 0 for d, g in r.items()} for q, r in qrels.items()}
+    pt = pytrec_eval.RelevanceEvaluator(
+        regraded, {f"success.{cut}", f"recall.{cut}", f"P.{cut}", f"ndcg_cut.{cut}"}
+    )
+    pt_res = pt.evaluate(runs)
+    rx_names = {"hit": "hit_rate@{k}", "recall": "recall@{k}", "precision": "precision@{k}", "mrr": "mrr@{k}"}
+    rx_names["ndcg"] = "ndcg_burges@{k}"
+    run = Run(runs)
+    evaluate(
+        Qrels(qrels), run, [t.format(k=k) for k in ks for t in rx_names.values()], save_results_in_run=True
+    )
+    pt_out: dict[str, dict[str, float]] = {}
+    rx_out: dict[str, dict[str, float]] = {}
+    for q in qrels:
+        pt_out[q] = {}
+        rx_out[q] = {}
+        for k in ks:
+            for base, name in (
+                ("hit", "success"),
+                ("recall", "recall"),
+                ("precision", "P"),
+                ("ndcg", "ndcg_cut"),
+            ):
+                pt_out[q][f"{base}_at_{k}"] = pt_res[q][f"{name}_{k}"]
+            for base, template in rx_names.items():
+                rx_out[q][f"{base}_at_{k}"] = float(run.scores[template.format(k=k)][q])
+    return pt_out, rx_out
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases=st.lists(ranking_case(pool=40, min_len=1), min_size=1, max_size=5))
+def test_fast_metrics_match_pytrec_eval_and_ranx(
+    cases: list[tuple[list[str], dict[str, int], list[int]]],
+) -> None:
+    ks = (1, 3, 10, 25)
+    pairs = [(ranking, {d: g for d, g in rel.items() if g >= 0}) for ranking, rel, _ in cases]
+    pairs = [(r, rel) for r, rel in pairs if any(g >= 1 for g in rel.values())]
+    if not pairs:
+        return
+    pt, rx = _pytrec_and_ranx(pairs, ks)
+    for i, (ranking, rel) in enumerate(pairs):
+        ours = retrieval_metrics(ranking, rel, ks)
+        for name, value in pt[f"q{i}"].items():
+            assert ours[name] == pytest.approx(value, abs=TOL), ("pytrec_eval", name)
+        for name, value in rx[f"q{i}"].items():
+            assert ours[name] == pytest.approx(value, abs=TOL), ("ranx", name)
+
+
+def test_worked_example_with_duplicates_and_a_relevant_doc_past_the_cutoff() -> None:
+    # unique ranks: x=1, a=2, y=3, b=4, c=5; relevant a (3), b (1), c (2, past k=4)
+    m = retrieval_metrics(["x", "a", "a", "x", "y", "b", "c"], {"a": 3, "b": 1, "c": 2, "z": 0}, [4, 2])
+    dcg4 = 7 / math.log2(3) + 1 / math.log2(5)
+    idcg4 = 7 + 3 / math.log2(3) + 1 / math.log2(4)
+    assert m["ndcg_at_4"] == pytest.approx(dcg4 / idcg4, abs=1e-12)
+    assert (m["recall_at_4"], m["precision_at_4"], m["mrr_at_4"], m["full_recall_at_4"]) == (
+        2 / 3,
+        0.5,
+        0.5,
+        0.0,
+    )
+    assert (m["hit_at_2"], m["recall_at_2"], m["precision_at_2"]) == (1.0, 1 / 3, 0.5)
+    assert list(m)[:6] == [f"{b}_at_4" for b in RETRIEVAL_BASES]
+
+
+def test_cutoff_errors_are_unchanged() -> None:
+    for bad in (0, -3, True, 2.0, "5"):
+        with pytest.raises(ConfigError, match="positive integer"):
+            retrieval_metrics(["a"], {"a": 1}, [1, bad])  # type: ignore[list-item]
+        with pytest.raises(ConfigError, match="positive integer"):
+            evidence_recall_at([("a", 0, 5)], [("a", 0, 5)], [bad])  # type: ignore[list-item]
+
+
+# ------------------------------------------------------------------ evidence recall at every k
+
+
+@st.composite
+def evidence_case(
+    draw: st.DrawFn,
+) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]], list[int]]:
+    doc = st.sampled_from(["a", "b", "c"])
+    chunk = st.tuples(doc, st.integers(0, 60), st.integers(0, 15)).map(lambda t: (t[0], t[1], t[1] + t[2]))
+    span = st.tuples(doc, st.integers(0, 60), st.integers(1, 10)).map(lambda t: (t[0], t[1], t[1] + t[2]))
+    chunks = draw(st.lists(chunk, max_size=14))
+    spans = draw(st.lists(span, min_size=1, max_size=6))
+    ks = draw(st.lists(st.integers(1, 16), min_size=1, max_size=4))
+    return chunks, spans, ks
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=evidence_case())
+def test_evidence_recall_at_equals_the_previous_implementation_at_every_k(
+    case: tuple[list[tuple[str, int, int]], list[tuple[str, int, int]], list[int]],
+) -> None:
+    chunks, spans, ks = case
+    got = evidence_recall_at(chunks, spans, ks)
+    assert got == [previous_evidence_recall(chunks, spans, k) for k in ks]
+    assert got == [evidence_recall(chunks, spans, k) for k in ks]
+    brute = [
+        sum(any(cd == d and cs < ce and s < ce and cs < e for cd, cs, ce in chunks[:k]) for d, s, e in spans)
+        / len(spans)
+        for k in ks
+    ]
+    assert got == brute
+
+
+def test_evidence_recall_at_checks_every_chunk_up_to_the_largest_k() -> None:
+    chunks = [("a", 0, 10), ("a", 10, 20), ("a", 30, 20)]  # the third is broken
+    assert evidence_recall_at(chunks, [("a", 0, 5)], [1, 2]) == [1.0, 1.0]
+    with pytest.raises(ValueError, match="start <= end"):
+        evidence_recall_at(chunks, [("a", 0, 5)], [1, 3])
+    with pytest.raises(ValueError, match="at least one"):
+        evidence_recall_at(chunks, [], [1])
+    with pytest.raises(ValueError, match="start < end"):
+        evidence_recall_at(chunks, [("a", 4, 4)], [1])
