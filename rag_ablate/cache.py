@@ -255,6 +255,58 @@ class Cache:
         self._record(kind, False, seconds, seconds)
         return arr
 
+    def matrix(
+        self,
+        kind: str,
+        parts: Mapping[str, Any],
+        shape: tuple[int, int],
+        fill: Callable[[np.ndarray], None],
+    ) -> np.ndarray:
+        """A float32 ``shape`` matrix that ``fill(out)`` writes in place (batch by batch), stored as
+        ``data.npy`` and returned memory-mapped read-only: a million embeddings are never held
+        twice (no list of batches, no concatenation), and a hit reads only the pages it touches.
+
+        Disabled, or for an empty matrix, ``out`` is an ordinary array kept in memory.
+        """
+        entry = self.entry(kind, parts)
+        if self._present(entry):
+            try:
+                arr: np.ndarray | None = np.load(entry / "data.npy", mmap_mode="r", allow_pickle=False)
+            except (OSError, ValueError):
+                arr = None
+            if arr is not None and arr.shape == shape and arr.dtype == np.float32:
+                self._hit(kind, entry)
+                return arr
+            self.discard(kind, parts)  # not the matrix asked for (a damaged entry): build it again
+        t0 = time.perf_counter()
+        if not self.enabled or 0 in shape:
+            out = np.empty(shape, dtype=np.float32)
+            fill(out)
+            seconds = time.perf_counter() - t0
+            if self.enabled:
+
+                def write(path: Path) -> None:
+                    with path.open("wb") as f:
+                        np.save(f, out, allow_pickle=False)
+
+                self._store(kind, entry, parts, "data.npy", seconds, write)
+            self._record(kind, False, seconds, seconds)
+            return out
+        tmp = self._new_tmp(entry)
+        try:
+            mm = np.lib.format.open_memmap(tmp / "data.npy", mode="w+", dtype=np.float32, shape=shape)
+            fill(mm)
+            mm.flush()
+            del mm
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        seconds = time.perf_counter() - t0
+        self._publish(kind, entry, tmp, parts, "data.npy", seconds)
+        self._record(kind, False, seconds, seconds)
+        stored: np.ndarray = np.load(entry / "data.npy", mmap_mode="r", allow_pickle=False)
+        return stored
+
     def json(self, kind: str, parts: Mapping[str, Any], build: Callable[[], Any]) -> Any:
         """A JSON-serialisable value, loaded from the cache or built and stored."""
         entry = self.entry(kind, parts)
@@ -307,6 +359,12 @@ class Cache:
         self._publish(kind, entry, tmp, parts, "data", seconds)
         self._record(kind, False, seconds, seconds)
         return entry / "data"
+
+    def discard(self, kind: str, parts: Mapping[str, Any]) -> None:
+        """Remove an entry its reader found unusable (another layout, damaged), so it is built again."""
+        entry = self.entry(kind, parts)
+        if entry.exists():
+            shutil.rmtree(entry, ignore_errors=True)
 
     def metrics(self) -> dict[str, float]:
         """Per-kind hits, misses and build seconds, as run metrics."""

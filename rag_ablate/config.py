@@ -97,7 +97,9 @@ class DenseConfig:
         "auto"  # auto (e5-small for Chinese corpora, minilm otherwise) | minilm | e5-small | st:<folder>
     )
     batch_size: int = 32  # texts per encoder batch
-    index: str = "exact"  # exact (numpy) | usearch (approximate HNSW, for large corpora)
+    index: str = "auto"  # auto (exact up to approximate_above chunks, usearch above) | exact | usearch
+    approximate_above: int = 1_000_000  # index=auto: chunks above which the approximate HNSW index is used
+    build_threads: int = 1  # usearch build threads (1: the same graph every run; more: faster, varies)
 
 
 @dataclass
@@ -436,6 +438,9 @@ def check_names(s: RunConfig) -> None:
     GENERATORS.check(s.generator.name)
     JUDGES.check(s.judge.name)
     check_encoder("retrieval.dense.encoder", s.retrieval.dense.encoder)
+    from rag_ablate.pipeline.dense import choose_index
+
+    choose_index(s.retrieval.dense.index, 0, 0)  # UnknownNameError lists auto | exact | usearch
     check_encoder("rerank.encoder", s.rerank.encoder)
 
 
@@ -550,6 +555,12 @@ def validate(s: RunConfig) -> None:
         raise ConfigError(f"chunk.unit must be auto, char or token, got '{c.unit}'")
     if s.retrieval.top_k < 1:
         raise ConfigError(f"retrieval.top_k must be >= 1, got {s.retrieval.top_k}")
+    dense = s.retrieval.dense
+    if dense.approximate_above < 0 or dense.build_threads < 1:
+        raise ConfigError(
+            "retrieval.dense.approximate_above must be >= 0 and retrieval.dense.build_threads >= 1, "
+            f"got {dense.approximate_above} and {dense.build_threads}"
+        )
     if not s.metrics.ks or any(k < 1 for k in s.metrics.ks):
         raise ConfigError(f"metrics.ks must be positive integers, got {s.metrics.ks}")
     if s.rerank.method != "none" and not 1 <= s.rerank.top_k <= s.rerank.candidates:

@@ -88,7 +88,7 @@ class Span:
     quote: str | None = None  # the text the label points at, when the dataset gives it
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: no per-document __dict__ (a corpus may hold millions)
 class Document:
     doc_id: str
     text: str
@@ -209,48 +209,61 @@ def sample_dataset_path() -> Path:
 
 
 def _read_jsonl(path: Path, errors: list[DatasetError]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Each line's JSON object with its line number, read one line at a time (a corpus of a
+    million documents is never held as one string or one list of lines)."""
     name = path.name
     try:
-        raw = path.read_bytes()
+        f = path.open("rb")
     except OSError as exc:
         errors.append(DatasetError(f"cannot read file: {exc.strerror}", file=name))
         return
-    try:
-        text = raw.decode("utf-8-sig")  # a byte-order mark at the start is accepted (and dropped)
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        errors.append(DatasetError("not valid UTF-8", file=name, line=line))
-        return
-    # lines end at "\n" (a "\r" before it is dropped: CRLF files are fine); never at the other
-    # characters str.splitlines() breaks on (U+2028, form feed, ...), which JSON strings may hold
-    for lineno, line_text in enumerate(text.split("\n"), start=1):
-        if not line_text.strip():
-            continue
-        try:
-            obj = json.loads(line_text.removesuffix("\r"))
-        except json.JSONDecodeError as exc:
-            errors.append(DatasetError(f"invalid JSON: {exc.msg}", file=name, line=lineno))
-            continue
-        except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
-            what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-            errors.append(DatasetError(f"invalid JSON: {what}", file=name, line=lineno))
-            continue
-        if not isinstance(obj, dict):
-            errors.append(DatasetError("a line must be a JSON object", file=name, line=lineno))
-            continue
-        yield lineno, obj
+    with f:
+        # a binary file's lines end at b"\n" only (a "\r" before it is dropped: CRLF files are fine);
+        # never at the other characters str.splitlines() breaks on (U+2028, form feed, ...), which
+        # JSON strings may hold. "\n" never occurs inside a multi-byte UTF-8 character, so decoding
+        # line by line equals decoding the whole file.
+        for lineno, line_bytes in enumerate(f, start=1):
+            if lineno == 1:
+                line_bytes = line_bytes.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is accepted
+            try:
+                line_text = line_bytes.decode("utf-8")
+            except UnicodeDecodeError:
+                errors.append(DatasetError("not valid UTF-8", file=name, line=lineno))
+                return
+            if not line_text.strip():
+                continue
+            try:
+                obj = json.loads(line_text.removesuffix("\n").removesuffix("\r"))
+            except json.JSONDecodeError as exc:
+                errors.append(DatasetError(f"invalid JSON: {exc.msg}", file=name, line=lineno))
+                continue
+            except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
+                what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                errors.append(DatasetError(f"invalid JSON: {what}", file=name, line=lineno))
+                continue
+            if not isinstance(obj, dict):
+                errors.append(DatasetError("a line must be a JSON object", file=name, line=lineno))
+                continue
+            yield lineno, obj
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _fingerprint(records: list[dict[str, Any]]) -> str:
-    h = hashlib.sha256()
-    for rec in records:
-        h.update(json.dumps(rec, sort_keys=True, ensure_ascii=False).encode("utf-8"))
-        h.update(b"\n")
-    return h.hexdigest()
+class _Fingerprint:
+    """sha256 over a file's records (each as sorted-key JSON and a newline), fed one record at a time:
+    independent of the file's formatting (key order, spaces, CRLF, a byte-order mark)."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+
+    def add(self, record: dict[str, Any]) -> None:
+        self._h.update(json.dumps(record, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+        self._h.update(b"\n")
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
 
 
 class _Checker:
@@ -304,9 +317,9 @@ def _load_corpus(path: Path, errors: list[DatasetError]) -> tuple[dict[str, Docu
     chk = _Checker(path.name, errors)
     docs: dict[str, Document] = {}
     first_line: dict[str, int] = {}
-    raw: list[dict[str, Any]] = []
+    fingerprint = _Fingerprint()
     for line, obj in _read_jsonl(path, errors):
-        raw.append(obj)
+        fingerprint.add(obj)
         chk.unknown(line, obj, _CORPUS_FIELDS)
         doc_id = chk.string(line, obj, "doc_id", required=True)
         text = chk.string(line, obj, "text", required=True)
@@ -325,7 +338,7 @@ def _load_corpus(path: Path, errors: list[DatasetError]) -> tuple[dict[str, Docu
         docs[doc_id] = Document(doc_id, text, title, metadata, allowed)
     if not docs and not errors:
         chk.err(1, None, "the corpus holds no documents")
-    return docs, _fingerprint(raw)
+    return docs, fingerprint.hexdigest()
 
 
 def _load_intents(path: Path, errors: list[DatasetError]) -> dict[str, Intent]:
@@ -557,9 +570,9 @@ def _load_queries(
     chk = _Checker(path.name, errors)
     out: list[_RawQuery] = []
     seen: dict[str, int] = {}
-    raw: list[dict[str, Any]] = []
+    fingerprint = _Fingerprint()
     for line, obj in _read_jsonl(path, errors):
-        raw.append(obj)
+        fingerprint.add(obj)
         n_err = len(errors)
         chk.unknown(line, obj, _QUERY_FIELDS)
         qid = chk.string(line, obj, "query_id", required=True)
@@ -658,7 +671,7 @@ def _load_queries(
         )
     if not out and not errors:
         chk.err(1, None, "the file holds no queries")
-    return out, _fingerprint(raw)
+    return out, fingerprint.hexdigest()
 
 
 def _assign_groups_and_splits(

@@ -4,14 +4,25 @@ Units are characters for CJK text (no spaces to split on) and whitespace tokens
 for space-separated text; ``unit=auto`` decides per corpus. Every chunk keeps its
 ``doc_id`` and its ``[start, end)`` character offsets in the document text, so
 evidence spans can be judged against any chunking.
+
+For large corpora the chunks of a corpus are kept as :class:`ChunkSpans` (numpy arrays of
+document position, start, end and token count: about 24 bytes a chunk) and read through
+lazy views: :class:`Chunks` (a ``Sequence[Chunk]`` that slices a chunk's text from its
+document when asked), :class:`IndexTexts` (a ``Sequence[str]`` of the indexed texts) and
+:class:`ChunkTokenCounts` (a ``Mapping`` from ``(doc_id, start, end)`` to the token count).
+No second copy of the corpus text is ever made.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
 
 from rag_ablate.cache import code_parts
 from rag_ablate.dataset import Document
@@ -111,6 +122,230 @@ def chunk_corpus(
     return chunks, unit
 
 
+# --------------------------------------------------------------------------- compact chunks
+
+_SPAN_FIELDS = ("doc", "start", "end", "tokens")
+
+
+@dataclass(frozen=True)
+class ChunkSpans:
+    """Every chunk of a corpus as parallel arrays, in corpus order then position in the document.
+
+    ``doc`` is the document's position in the corpus (int32), ``start``/``end`` its character
+    offsets (int64) and ``tokens`` :func:`~rag_ablate.metrics.text.count_tokens` of
+    ``text[start:end]`` (int32; the title is not counted).
+    """
+
+    doc: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.doc.shape[0])
+
+    @classmethod
+    def empty(cls) -> ChunkSpans:
+        return cls(*(np.zeros(0, dtype=t) for t in (np.int32, np.int64, np.int64, np.int32)))
+
+    def save(self, folder: Path) -> None:
+        """One ``.npy`` file per field in ``folder`` (an existing folder)."""
+        for name in _SPAN_FIELDS:
+            np.save(folder / f"{name}.npy", getattr(self, name), allow_pickle=False)
+
+    @classmethod
+    def load(cls, folder: Path, n_docs: int) -> ChunkSpans:
+        """Read what :meth:`save` wrote; ValueError when a file is missing or the arrays disagree
+        (an entry of another layout, a damaged one, or one of another corpus)."""
+        arrays: dict[str, np.ndarray] = {}
+        for name in _SPAN_FIELDS:
+            try:
+                arrays[name] = np.load(folder / f"{name}.npy", allow_pickle=False)
+            except (OSError, ValueError, EOFError) as exc:
+                raise ValueError(f"chunk entry {folder}: cannot read {name}.npy ({exc})") from exc
+        n = arrays["doc"].shape
+        if any(a.ndim != 1 or a.shape != n for a in arrays.values()):
+            raise ValueError(f"chunk entry {folder}: arrays of different lengths")
+        doc = arrays["doc"]
+        if doc.size and (doc.min() < 0 or doc.max() >= n_docs or np.any(np.diff(doc) < 0)):
+            raise ValueError(f"chunk entry {folder}: document positions outside the corpus or out of order")
+        return cls(**arrays)
+
+
+def chunk_spans(
+    docs: Sequence[Document], size: int, overlap: int, unit: str, snap: bool = True
+) -> ChunkSpans:
+    """The chunks of ``docs`` (``unit`` resolved to ``char`` or ``token``) with their token counts,
+    one document at a time: memory holds the arrays, never the chunk texts together.
+
+    Equal to :func:`chunk_corpus`'s chunks, in the same order.
+    """
+    from rag_ablate.metrics.text import count_tokens
+
+    windows = _windows_char if unit == "char" else _windows_token
+    doc, start, end, tokens = array("i"), array("q"), array("q"), array("i")
+    for i, d in enumerate(docs):
+        text = d.text
+        for s, e in windows(text, size, overlap, snap):
+            doc.append(i)
+            start.append(s)
+            end.append(e)
+            tokens.append(count_tokens(text[s:e]))
+    return ChunkSpans(
+        np.frombuffer(doc, dtype=np.int32).copy(),
+        np.frombuffer(start, dtype=np.int64).copy(),
+        np.frombuffer(end, dtype=np.int64).copy(),
+        np.frombuffer(tokens, dtype=np.int32).copy(),
+    )
+
+
+def tiebreak_ranks(docs: Sequence[Document], spans: ChunkSpans) -> np.ndarray:
+    """Each chunk's position in (doc_id, chunk number) order: lower wins a score tie."""
+    n_docs = len(docs)
+    by_id = sorted(range(n_docs), key=lambda i: docs[i].doc_id)
+    doc_rank = np.empty(n_docs, dtype=np.int64)
+    doc_rank[by_id] = np.arange(n_docs)
+    order = np.argsort(doc_rank[spans.doc], kind="stable")  # rows of a document stay in order
+    ranks = np.empty(len(spans), dtype=np.int64)
+    ranks[order] = np.arange(len(spans))
+    return ranks
+
+
+class Chunks(Sequence[Chunk]):
+    """A lazy ``Sequence[Chunk]`` over :class:`ChunkSpans`: ``chunks[i]`` builds chunk i (its text
+    sliced from its document) when asked; chunk ids are ``<doc_id>#<number in the document>``."""
+
+    def __init__(self, docs: Sequence[Document], spans: ChunkSpans) -> None:
+        self.docs = docs
+        self.spans = spans
+        # the first row of every document (rows are in document order), for chunk numbers
+        self.first = np.searchsorted(spans.doc, np.arange(len(docs) + 1), side="left")
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def _one(self, i: int) -> Chunk:
+        sp = self.spans
+        d = int(sp.doc[i])
+        doc = self.docs[d]
+        s, e = int(sp.start[i]), int(sp.end[i])
+        return Chunk(f"{doc.doc_id}#{i - int(self.first[d])}", doc.doc_id, s, e, doc.text[s:e], doc.title)
+
+    @overload
+    def __getitem__(self, i: int) -> Chunk: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Chunk]: ...
+
+    def __getitem__(self, i: int | slice) -> Chunk | list[Chunk]:
+        if isinstance(i, slice):
+            return [self._one(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        j = int(i)
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise IndexError(f"chunk index {i} out of range for {n} chunks")
+        return self._one(j)
+
+    def __iter__(self) -> Iterator[Chunk]:
+        for i in range(len(self)):
+            yield self._one(i)
+
+    def numbers(self) -> np.ndarray:
+        """Each chunk's number within its document (the part of its id after ``#``)."""
+        numbers: np.ndarray = np.arange(len(self), dtype=np.int64) - self.first[self.spans.doc]
+        return numbers
+
+    def doc_id(self, i: int) -> str:
+        """The document of chunk ``i`` (without building the chunk)."""
+        return self.docs[int(self.spans.doc[i])].doc_id
+
+
+class IndexTexts(Sequence[str]):
+    """A lazy ``Sequence[str]`` of each chunk's indexed text (:meth:`Chunk.index_text`), sliced from
+    its document on demand. Iterate it or index it; ``list()`` of a large corpus copies all its text."""
+
+    def __init__(self, chunks: Chunks, include_title: bool) -> None:
+        self.chunks = chunks
+        self.include_title = include_title
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def _one(self, i: int) -> str:
+        sp = self.chunks.spans
+        doc = self.chunks.docs[int(sp.doc[i])]
+        text = doc.text[int(sp.start[i]) : int(sp.end[i])]
+        return f"{doc.title}\n{text}" if self.include_title and doc.title else text
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self._one(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        j = int(i)
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise IndexError(f"text index {i} out of range for {n} chunks")
+        return self._one(j)
+
+    def __iter__(self) -> Iterator[str]:
+        for i in range(len(self)):
+            yield self._one(i)
+
+    def lengths(self) -> np.ndarray:
+        """Each text's length in characters, without slicing any text."""
+        sp = self.chunks.spans
+        n: np.ndarray = (sp.end - sp.start).astype(np.int64)
+        if self.include_title and len(sp):
+            extra = np.array([len(d.title) + 1 if d.title else 0 for d in self.chunks.docs], dtype=np.int64)
+            n += extra[sp.doc]
+        return n
+
+
+ChunkKey = tuple[str, int, int]  # (doc_id, start, end)
+
+
+class ChunkTokenCounts(Mapping[ChunkKey, int]):
+    """``(doc_id, start, end) -> count_tokens(text[start:end])`` for every chunk, read from the arrays
+    (no dictionary of a million tuples); an unknown key is a KeyError, so ``get`` gives None."""
+
+    def __init__(self, chunks: Chunks) -> None:
+        self.chunks = chunks
+        self._doc_pos: dict[str, int] | None = None  # built at the first lookup
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def __iter__(self) -> Iterator[ChunkKey]:
+        sp = self.chunks.spans
+        docs = self.chunks.docs
+        for i in range(len(sp)):
+            yield (docs[int(sp.doc[i])].doc_id, int(sp.start[i]), int(sp.end[i]))
+
+    def __getitem__(self, key: ChunkKey) -> int:
+        if self._doc_pos is None:
+            self._doc_pos = {d.doc_id: i for i, d in enumerate(self.chunks.docs)}
+        try:
+            doc_id, start, end = key
+            d = self._doc_pos[doc_id]
+        except (TypeError, ValueError):
+            raise KeyError(key) from None
+        lo, hi = int(self.chunks.first[d]), int(self.chunks.first[d + 1])
+        sp = self.chunks.spans
+        j = lo + int(np.searchsorted(sp.start[lo:hi], start))  # starts rise within a document
+        if j < hi and sp.start[j] == start and sp.end[j] == end:
+            return int(sp.tokens[j])
+        raise KeyError(key)
+
+
 # chunk settings that change the indexed text but not where chunks start and end
 # (the BM25 and embedding keys hold them)
 _TEXT_ONLY_SETTINGS = ("include_title",)
@@ -121,7 +356,8 @@ def chunk_key_parts(settings: ChunkConfig, corpus_fingerprint: str, unit: str) -
 
     Every chunk setting except ``include_title`` (with ``unit`` replaced by the resolved
     ``char`` or ``token``, so ``auto`` shares the entry of what it resolves to), the corpus
-    fingerprint, and the code: package and Python versions and a hash of this module.
+    fingerprint, and the code: package and Python versions and a hash of this module and of
+    :mod:`rag_ablate.metrics.text` (the entry holds each chunk's token count).
     """
     if unit not in ("char", "token"):
         raise ValueError(f"unit must be resolved to 'char' or 'token' before keying, got {unit!r}")
@@ -130,5 +366,6 @@ def chunk_key_parts(settings: ChunkConfig, corpus_fingerprint: str, unit: str) -
         "corpus": corpus_fingerprint,
         **chosen,
         "unit": unit,
-        "code": code_parts("rag_ablate.pipeline.chunking"),
+        # the entry holds each chunk's count_tokens too, so the counting code is part of the key
+        "code": code_parts("rag_ablate.pipeline.chunking", "rag_ablate.metrics.text"),
     }

@@ -7,6 +7,14 @@ Two kinds of index:
                candidates are re-scored exactly against the matrix and sorted with
                the same tie rule, so the only approximation is which chunks are found
 
+``retrieval.dense.index=auto`` (:func:`choose_index`) takes ``exact`` up to
+``retrieval.dense.approximate_above`` chunks and ``usearch`` above. The graph is built
+with one thread by default (``retrieval.dense.build_threads``): a multi-threaded build
+is about twice as fast on two cores but inserts in a racy order, so its graph, and the
+approximate results, differ from run to run. A built graph can be saved
+(:meth:`DenseIndex.save_graph`) and opened memory-mapped (``graph=``), so a cache entry
+serves every later run. docs/architecture.md "Large corpora" has the measured trade-off.
+
 Scores are dot products of unit vectors, i.e. cosine similarities. Equal scores
 are ordered by ``tiebreak`` ascending, as in BM25.
 
@@ -23,6 +31,7 @@ candidates get the very scores of the exact index.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,20 +42,36 @@ from rag_ablate.pipeline.bm25 import top_k_indices
 Hit = tuple[int, float]  # (chunk index, cosine score)
 
 INDEX_KINDS: tuple[str, ...] = ("exact", "usearch")
+INDEX_SETTINGS: tuple[str, ...] = ("auto", *INDEX_KINDS)  # what retrieval.dense.index accepts
 _NORM_TOLERANCE = 1e-3
+# HNSW settings of the usearch index (graph degree, beam widths when adding and searching)
+_CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH = 32, 200, 128
 _MAX_SCORE_CELLS = 1 << 24  # bound the (queries x chunks) float32 score block to 64 MB
 
 
+def choose_index(setting: str, n_chunks: int, approximate_above: int) -> str:
+    """The index kind for ``retrieval.dense.index``: ``auto`` is ``exact`` up to ``approximate_above``
+    chunks and ``usearch`` above; ``exact`` and ``usearch`` are taken as they are."""
+    if setting == "auto":
+        return "usearch" if n_chunks > approximate_above else "exact"
+    if setting not in INDEX_KINDS:
+        raise UnknownNameError("dense index", setting, INDEX_SETTINGS)
+    return setting
+
+
+_CHECK_ROWS = 1 << 16  # rows checked at a time: no temporary the size of a million-row matrix
+
+
 def _check_unit_rows(x: np.ndarray, what: str) -> None:
-    if x.size == 0:
-        return
-    if not np.all(np.isfinite(x)):
-        raise ValueError(f"{what} contains NaN or infinite values")
-    norms = np.linalg.norm(x, axis=1)
-    bad = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
-    if bad.size:
-        row = int(bad[0])
-        raise ValueError(f"{what} must have L2-normalised rows; row {row} has norm {norms[row]:.6g}")
+    for s in range(0, x.shape[0] if x.size else 0, _CHECK_ROWS):
+        block = x[s : s + _CHECK_ROWS]
+        if not np.all(np.isfinite(block)):
+            raise ValueError(f"{what} contains NaN or infinite values")
+        norms = np.linalg.norm(block, axis=1)
+        bad = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
+        if bad.size:
+            row = int(bad[0])
+            raise ValueError(f"{what} must have L2-normalised rows; row {s + row} has norm {norms[row]:.6g}")
 
 
 def _check_k(k: int) -> None:
@@ -63,13 +88,17 @@ class DenseIndex:
         tiebreak: np.ndarray,
         *,
         kind: str = "exact",
-        connectivity: int = 32,
-        expansion_add: int = 200,
-        expansion_search: int = 128,
+        connectivity: int = _CONNECTIVITY,
+        expansion_add: int = _EXPANSION_ADD,
+        expansion_search: int = _EXPANSION_SEARCH,
+        threads: int = 1,
+        graph: Path | None = None,
     ) -> None:
         """``matrix`` (n, d) float32 with unit rows; ``tiebreak`` (n,) integer ranks (lower wins ties).
 
-        ``connectivity`` and the ``expansion_*`` sizes are the HNSW settings of ``kind="usearch"``.
+        ``connectivity`` and the ``expansion_*`` sizes are the HNSW settings of ``kind="usearch"``,
+        ``threads`` its build threads (1: the same graph on every build). ``graph``: a file written
+        by :meth:`save_graph` for this matrix, opened memory-mapped instead of building.
         """
         if kind not in INDEX_KINDS:
             raise UnknownNameError("dense index", kind, INDEX_KINDS)
@@ -89,15 +118,15 @@ class DenseIndex:
         self._ann: Any = None
         self._expansion_search = expansion_search
         if kind == "usearch":
-            self._ann = self._build_usearch(connectivity, expansion_add, expansion_search)
+            if graph is not None:
+                self._ann = self._open_usearch(graph, expansion_search)
+            else:
+                self._ann = self._build_usearch(connectivity, expansion_add, expansion_search, threads)
 
-    def _build_usearch(self, connectivity: int, expansion_add: int, expansion_search: int) -> Any:
-        try:
-            from usearch.index import Index
-        except ImportError as e:
-            raise ConfigError(
-                "dense index 'usearch' needs the usearch package: pip install usearch (or use index 'exact')"
-            ) from e
+    def _build_usearch(
+        self, connectivity: int, expansion_add: int, expansion_search: int, threads: int
+    ) -> Any:
+        Index = _usearch_index()
         if self.n == 0:
             return None
         index = Index(
@@ -111,8 +140,26 @@ class DenseIndex:
         # One build thread: a multi-threaded HNSW build inserts in a racy order and gives a different
         # graph (so different approximate results) on every run. copy=False: the graph points into
         # self.matrix, which this object keeps alive and never changes.
-        index.add(np.arange(self.n, dtype=np.uint64), self.matrix, copy=False, threads=1)
+        index.add(np.arange(self.n, dtype=np.uint64), self.matrix, copy=False, threads=threads)
         return index
+
+    def _open_usearch(self, path: Path, expansion_search: int) -> Any:
+        if self.n == 0:
+            return None
+        index = _usearch_index().restore(str(path), view=True)
+        if index is None or len(index) != self.n or index.ndim != self.dim:
+            raise ValueError(f"{path} is not a usearch graph of this matrix ({self.n} x {self.dim})")
+        index.expansion_search = expansion_search
+        return index
+
+    def save_graph(self, path: Path) -> None:
+        """Write the usearch graph (with its vectors) to ``path``; ``graph=path`` opens it again."""
+        if self.kind != "usearch":
+            raise ValueError(f"a {self.kind!r} index has no graph to save")
+        if self._ann is None:
+            path.write_bytes(b"")  # no chunks: nothing to search
+        else:
+            self._ann.save(str(path))
 
     @property
     def nbytes(self) -> int:
@@ -179,6 +226,31 @@ class DenseIndex:
         exact = _exact_scores(self.matrix[cand], query)
         top = top_k_indices(exact, self.tiebreak[cand], k, positive_only=False)
         return [(int(cand[j]), float(exact[j])) for j in top]
+
+
+def graph_key_parts(passage_parts: dict[str, Any], build_threads: int) -> dict[str, Any]:
+    """The cache key parts of the ``dense_graph`` stage (a usearch graph): the passage embeddings'
+    key parts, the HNSW build settings and threads, this module's code and usearch's version."""
+    from rag_ablate.cache import code_parts, library_versions
+
+    return {
+        "embeddings": dict(passage_parts),
+        "connectivity": _CONNECTIVITY,
+        "expansion_add": _EXPANSION_ADD,
+        "build_threads": build_threads,
+        "code": code_parts("rag_ablate.pipeline.dense"),
+        "libraries": library_versions("usearch"),
+    }
+
+
+def _usearch_index() -> Any:
+    try:
+        from usearch.index import Index
+    except ImportError as e:
+        raise ConfigError(
+            "dense index 'usearch' needs the usearch package: pip install usearch (or use index 'exact')"
+        ) from e
+    return Index
 
 
 def _exact_scores(rows: np.ndarray, query: np.ndarray) -> np.ndarray:

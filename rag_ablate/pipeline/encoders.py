@@ -68,11 +68,24 @@ class Encoder(Protocol):
     settings: EncoderSettings  # the wrapper's settings, for cache keys
 
     def encode_queries(
-        self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False
-    ) -> np.ndarray: ...
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        progress: bool = False,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Rows for ``texts``; written into ``out`` (an (n, dim) float32 array, e.g. a memory map)
+        when given, so a large corpus is encoded batch by batch without a second matrix."""
+        ...
 
     def encode_passages(
-        self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        progress: bool = False,
+        out: np.ndarray | None = None,
     ) -> np.ndarray: ...
 
     def count_tokens(self, texts: Sequence[str], *, query: bool) -> list[int]:
@@ -102,38 +115,55 @@ class _BatchedEncoder:
         raise NotImplementedError
 
     def encode_queries(
-        self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        progress: bool = False,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
-        return self._encode(texts, query=True, batch_size=batch_size, progress=progress)
+        return self._encode(texts, query=True, batch_size=batch_size, progress=progress, out=out)
 
     def encode_passages(
-        self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        progress: bool = False,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
-        return self._encode(texts, query=False, batch_size=batch_size, progress=progress)
+        return self._encode(texts, query=False, batch_size=batch_size, progress=progress, out=out)
 
-    def _encode(self, texts: Sequence[str], *, query: bool, batch_size: int, progress: bool) -> np.ndarray:
+    def _encode(
+        self, texts: Sequence[str], *, query: bool, batch_size: int, progress: bool, out: np.ndarray | None
+    ) -> np.ndarray:
+        """Encode in batches of similar length into ``out`` (allocated when None). ``texts`` is read
+        by index, a batch at a time (a lazy sequence of a million chunk texts is never copied)."""
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings, not a single string")
-        items = list(texts)
-        for i, t in enumerate(items):
-            if not isinstance(t, str):
-                raise TypeError(f"texts[{i}] is {type(t).__name__}, not str")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        out = np.empty((len(items), self.dim), dtype=np.float32)
-        if not items:
+        lengths = _lengths(texts)
+        n = len(lengths)
+        if out is None:
+            out = np.empty((n, self.dim), dtype=np.float32)
+        elif out.shape != (n, self.dim) or out.dtype != np.float32:
+            raise ValueError(
+                f"out must be a float32 array of shape ({n}, {self.dim}), got {out.dtype} {out.shape}"
+            )
+        if not n:
             return out
         # Longest first (stable, so deterministic): batches of similar length pad less.
-        order = sorted(range(len(items)), key=lambda i: -len(items[i]))
+        order = np.argsort(-lengths, kind="stable")
         from tqdm import tqdm
 
         what = "queries" if query else "passages"
-        starts = range(0, len(items), batch_size)
+        starts = range(0, n, batch_size)
         for s in tqdm(
             starts, desc=f"encoding {what} ({self.name})", unit="batch", disable=not progress, leave=False
         ):
             idx = order[s : s + batch_size]
-            vecs = np.asarray(self._encode_batch([items[i] for i in idx], query=query), dtype=np.float32)
+            vecs = np.asarray(self._encode_batch([texts[int(i)] for i in idx], query=query), dtype=np.float32)
             if vecs.shape != (len(idx), self.dim):
                 raise RuntimeError(
                     f"encoder '{self.name}' returned shape {vecs.shape} for {len(idx)} texts, "
@@ -141,6 +171,22 @@ class _BatchedEncoder:
                 )
             out[idx] = vecs
         return out
+
+
+def _lengths(texts: Sequence[str]) -> np.ndarray:
+    """Each text's length in characters (a TypeError names the first item that is not a str).
+
+    A sequence with a ``lengths()`` method (the chunks' lazy index texts) answers without
+    slicing its texts; its items are str by construction."""
+    known = getattr(texts, "lengths", None)
+    if callable(known):
+        return np.asarray(known(), dtype=np.int64)
+    out = np.empty(len(texts), dtype=np.int64)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"texts[{i}] is {type(t).__name__}, not str")
+        out[i] = len(t)
+    return out
 
 
 class SentenceTransformerEncoder(_BatchedEncoder):

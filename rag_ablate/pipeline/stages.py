@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from rag_ablate.dataset import Intent, Query
     from rag_ablate.pipeline.bm25 import BM25Retriever
     from rag_ablate.pipeline.chunking import Chunk
+    from rag_ablate.pipeline.dense import DenseIndex
     from rag_ablate.pipeline.encoders import Encoder
 
 Hits = list[tuple[int, float]]  # (chunk index, score), best first
@@ -89,12 +90,17 @@ class Embeddings:
 class Resources(Protocol):
     """What the local system offers its stages once the corpus is chunked."""
 
-    chunks: list[Chunk]
+    @property
+    def chunks(self) -> Sequence[Chunk]:
+        """The chunks, in index order (a lazy sequence: index it, don't copy it)."""
+        ...
+
     tiebreak: np.ndarray  # per chunk: its position in (doc_id, chunk number) order, breaks score ties
     language: str  # "zh" or "en", detected from the corpus
 
-    def texts(self) -> list[str]:
-        """Each chunk's indexed text (title prefixed when chunk.include_title)."""
+    def texts(self) -> Sequence[str]:
+        """Each chunk's indexed text (title prefixed when chunk.include_title); a lazy sequence:
+        iterate it or index it in batches, never ``list()`` it for a large corpus."""
         ...
 
     def bm25_index(self) -> tuple[BM25Retriever, str]:
@@ -103,6 +109,10 @@ class Resources(Protocol):
 
     def embeddings(self, encoder: str) -> Embeddings:
         """Passage and query embeddings of a resolved encoder name (built once per name)."""
+        ...
+
+    def dense_index(self, encoder: str) -> tuple[DenseIndex, str]:
+        """The dense index over a resolved encoder's passages and its kind (exact or usearch)."""
         ...
 
 

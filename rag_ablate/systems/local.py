@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,8 +36,17 @@ from rag_ablate.generators.base import Context, GenerationError, Generator
 from rag_ablate.metrics.acl import may_see
 from rag_ablate.metrics.text import is_cjk_text
 from rag_ablate.pipeline.analyzers import get_analyzer
-from rag_ablate.pipeline.bm25 import BM25Retriever, bm25_key_parts
-from rag_ablate.pipeline.chunking import Chunk, chunk_corpus, chunk_key_parts, detect_unit
+from rag_ablate.pipeline.bm25 import BM25Retriever, ScoreMatrix, bm25_key_parts
+from rag_ablate.pipeline.chunking import (
+    Chunks,
+    ChunkSpans,
+    ChunkTokenCounts,
+    IndexTexts,
+    chunk_key_parts,
+    chunk_spans,
+    detect_unit,
+    tiebreak_ranks,
+)
 from rag_ablate.pipeline.stages import (
     RERANKERS,
     RETRIEVERS,
@@ -49,8 +59,12 @@ from rag_ablate.pipeline.stages import (
     Retriever,
     Router,
 )
+from rag_ablate.pipeline.tokens import TokenMatrix, tokens_key_parts
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.base import RetrievedChunk, TokenUsage, Trace
+
+if TYPE_CHECKING:
+    from rag_ablate.pipeline.dense import DenseIndex
 
 
 @SYSTEMS.register("local")
@@ -60,12 +74,16 @@ class LocalSystem:
     def __init__(self, settings: RunConfig, cache: Cache | None = None) -> None:
         self.s = settings
         self.cache = cache or Cache(Path("outputs") / "cache", enabled=False)
-        self.chunks: list[Chunk] = []
+        self.chunks = Chunks([], ChunkSpans.empty())  # a lazy Sequence[Chunk] over compact arrays
+        # (doc_id, start, end) -> count_tokens of the chunk's text (no title); empty until prepare()
+        self.chunk_token_counts: Mapping[tuple[str, int, int], int] = {}
         self.tiebreak = np.zeros(0, dtype=np.int64)
         self.language = "en"
         self._dataset: Dataset | None = None
         self._chunk_parts: dict[str, Any] = {}
         self._embeddings: dict[str, Embeddings] = {}  # per resolved encoder name
+        self._passage_parts: dict[str, dict[str, Any]] = {}  # per encoder: its passage embeddings' key
+        self._dense: dict[str, tuple[DenseIndex, str]] = {}  # per encoder: the dense index and its kind
         self._hidden: dict[frozenset[str], frozenset[int]] = {}  # acl_filter: user groups -> hidden chunks
         self.bm25: BM25Retriever | None = None
         self.retriever: Retriever = RETRIEVERS.get(settings.retrieval.method)(settings)
@@ -85,41 +103,46 @@ class LocalSystem:
         unit = c.unit if c.unit != "auto" else detect_unit(d.text for d in docs)
         parts = chunk_key_parts(c, dataset.corpus_fingerprint, unit)
 
-        def build() -> list[list[Any]]:
-            chunks, _ = chunk_corpus(docs, c.size, c.overlap, unit, c.snap)
-            return [[ch.doc_id, ch.start, ch.end] for ch in chunks]
+        def build(folder: Path) -> None:
+            chunk_spans(docs, c.size, c.overlap, unit, c.snap).save(folder)
 
-        rows = self.cache.json("chunks", parts, build)
-        counters: dict[str, int] = {}
-        self.chunks = []
-        for doc_id, start, end in rows:
-            i = counters.get(doc_id, 0)
-            counters[doc_id] = i + 1
-            d = dataset.documents[doc_id]
-            self.chunks.append(Chunk(f"{doc_id}#{i}", doc_id, start, end, d.text[start:end], d.title))
-        order = sorted(range(len(self.chunks)), key=lambda j: (self.chunks[j].doc_id, j))
-        self.tiebreak = np.empty(len(self.chunks), dtype=np.int64)
-        self.tiebreak[order] = np.arange(len(self.chunks))
+        try:
+            spans = ChunkSpans.load(self.cache.folder("chunks", parts, build), len(docs))
+        except ValueError:  # an entry of an older layout (a JSON list) or a damaged one: build it again
+            self.cache.discard("chunks", parts)
+            spans = ChunkSpans.load(self.cache.folder("chunks", parts, build), len(docs))
+        self.chunks = Chunks(docs, spans)
+        self.chunk_token_counts = ChunkTokenCounts(self.chunks)
+        self.tiebreak = tiebreak_ranks(docs, spans)
         return unit, parts
 
-    def _texts(self) -> list[str]:
-        return [ch.index_text(self.s.chunk.include_title) for ch in self.chunks]
+    def _texts(self) -> IndexTexts:
+        """Each chunk's indexed text, sliced from its document when read (no copy of the corpus)."""
+        return IndexTexts(self.chunks, self.s.chunk.include_title)
 
     def _bm25(self, chunk_parts: dict[str, Any], language: str) -> tuple[str, int]:
+        """The BM25 index (``bm25`` cache stage), built from the chunks' analysed tokens
+        (``tokens`` stage: analysed once per chunking and analyzer, shared by every k1, b and
+        method). The tokens entry is asked for first, so a warm run finds both and reads
+        only the index."""
         b = self.s.retrieval.bm25
         analyzer_name = b.analyzer if b.analyzer != "auto" else language
         analyzer = get_analyzer(analyzer_name)
-        parts = bm25_key_parts(b, analyzer_name, chunk_parts, self.s.chunk.include_title)
-        texts = self._texts()
-        keys = [(ch.doc_id, int(ch.chunk_id.rsplit("#", 1)[1])) for ch in self.chunks]
+        include_title = self.s.chunk.include_title
+
+        def analyse(folder: Path) -> None:  # reads the texts once, in batches
+            TokenMatrix.build(self.texts(), analyzer, progress=self.s.progress).save(folder)
+
+        token_parts = tokens_key_parts(analyzer_name, chunk_parts, include_title)
+        tokens = self.cache.folder("tokens", token_parts, analyse)
 
         def build(folder: Path) -> None:
-            BM25Retriever(
-                texts, keys, analyzer, k1=b.k1, b=b.b, method=b.method, show_progress=self.s.progress
-            ).save(folder)
+            matrix = ScoreMatrix.from_tokens(TokenMatrix.load(tokens), k1=b.k1, b=b.b, method=b.method)
+            matrix.save(folder)
 
+        parts = bm25_key_parts(b, analyzer_name, chunk_parts, include_title)
         folder = self.cache.folder("bm25", parts, build)
-        self.bm25 = BM25Retriever.load(folder, keys, analyzer)
+        self.bm25 = BM25Retriever.load(folder, self.tiebreak, analyzer)
         return analyzer_name, self.bm25.nbytes
 
     def _embed(
@@ -135,20 +158,31 @@ class LocalSystem:
         enc = load_encoder(encoder_name)
         bs = self.s.retrieval.dense.batch_size
         texts = self._texts()
-        passages = self.cache.array(
+
+        def fill_passages(out: np.ndarray) -> None:  # batch by batch into the (memory-mapped) matrix
+            got = enc.encode_passages(texts, batch_size=bs, progress=self.s.progress, out=out)
+            if got is not out:  # an encoder that returns its own array
+                out[...] = got
+
+        pparts = passage_embedding_key_parts(enc.settings, chunk_parts, self.s.chunk.include_title, bs)
+        self._passage_parts[encoder_name] = pparts
+        passages = self.cache.matrix(
             "embeddings",
-            passage_embedding_key_parts(enc.settings, chunk_parts, self.s.chunk.include_title, bs),
-            lambda: enc.encode_passages(texts, batch_size=bs, progress=self.s.progress),
+            pparts,
+            (len(texts), enc.dim),
+            fill_passages,
         )
         queries = [q.query for q in dataset.queries]
         qparts = query_embedding_key_parts(enc.settings, queries, bs)
         before = self.cache.stats.get("query_embeddings")
         stored_before = before.stored_build_seconds if before else 0.0
-        qmat = self.cache.array(
-            "query_embeddings",
-            qparts,
-            lambda: enc.encode_queries(queries, batch_size=bs, progress=self.s.progress),
-        )
+
+        def fill_queries(out: np.ndarray) -> None:
+            got = enc.encode_queries(queries, batch_size=bs, progress=self.s.progress, out=out)
+            if got is not out:
+                out[...] = got
+
+        qmat = self.cache.matrix("query_embeddings", qparts, (len(queries), enc.dim), fill_queries)
         stored = self.cache.stats["query_embeddings"].stored_build_seconds - stored_before
         vectors = {q.query_id: qmat[i] for i, q in enumerate(dataset.queries)}
         counts = enc.count_tokens(queries, query=True)  # each query's embedding tokens (usage)
@@ -157,7 +191,7 @@ class LocalSystem:
 
     # ------------------------------------------------------------------ resources for the stages
 
-    def texts(self) -> list[str]:
+    def texts(self) -> IndexTexts:
         return self._texts()
 
     def bm25_index(self) -> tuple[BM25Retriever, str]:
@@ -173,6 +207,30 @@ class LocalSystem:
             passages, queries, model_id = self._embed(self._dataset, self._chunk_parts, encoder)
             self._embeddings[encoder] = Embeddings(passages, queries, model_id)
         return self._embeddings[encoder]
+
+    def dense_index(self, encoder: str) -> tuple[DenseIndex, str]:
+        """The dense index over ``encoder``'s passage embeddings and its kind: ``retrieval.dense.index``,
+        with ``auto`` resolved by the number of chunks (:func:`~rag_ablate.pipeline.dense.choose_index`).
+        A usearch graph is a cache entry (``dense_graph``): built once per embeddings and settings."""
+        if encoder not in self._dense:
+            from rag_ablate.pipeline.dense import DenseIndex, choose_index, graph_key_parts
+
+            d = self.s.retrieval.dense
+            passages = self.embeddings(encoder).passages
+            kind = choose_index(d.index, passages.shape[0], d.approximate_above)
+            if kind != "usearch":
+                index = DenseIndex(passages, self.tiebreak, kind=kind)
+            else:
+                parts = graph_key_parts(self._passage_parts[encoder], d.build_threads)
+
+                def build(folder: Path) -> None:
+                    index = DenseIndex(passages, self.tiebreak, kind=kind, threads=d.build_threads)
+                    index.save_graph(folder / "graph.usearch")
+
+                folder = self.cache.folder("dense_graph", parts, build)
+                index = DenseIndex(passages, self.tiebreak, kind=kind, graph=folder / "graph.usearch")
+            self._dense[encoder] = (index, kind)
+        return self._dense[encoder]
 
     # ------------------------------------------------------------------ system contract
 
@@ -217,10 +275,10 @@ class LocalSystem:
         key = frozenset(user_groups or ())
         hidden = self._hidden.get(key)
         if hidden is None:
-            docs = self._dataset.documents if self._dataset is not None else {}
-            hidden = frozenset(
-                i for i, c in enumerate(self.chunks) if not may_see(docs[c.doc_id].allowed_groups, key)
-            )
+            docs = self.chunks.docs
+            hidden_docs = [d for d, doc in enumerate(docs) if not may_see(doc.allowed_groups, key)]
+            rows = np.flatnonzero(np.isin(self.chunks.spans.doc, hidden_docs))
+            hidden = frozenset(int(i) for i in rows)
             self._hidden[key] = hidden
         return hidden
 

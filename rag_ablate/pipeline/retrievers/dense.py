@@ -26,14 +26,16 @@ class DenseStage:
         self.queries: Embedded | None = None
 
     def prepare(self, res: Resources) -> dict[str, Any]:
-        from rag_ablate.pipeline.dense import DenseIndex
-
         d = self.settings.retrieval.dense
         name = resolve_encoder(d.encoder, res.language)
         emb = res.embeddings(name)
         self.queries = emb.queries
-        self.index = DenseIndex(emb.passages, res.tiebreak, kind=d.index)
-        return {"retrieval.dense.encoder_resolved": name, "retrieval.dense.model_id": emb.model_id}
+        self.index, kind = res.dense_index(name)
+        return {
+            "retrieval.dense.encoder_resolved": name,
+            "retrieval.dense.model_id": emb.model_id,
+            "retrieval.dense.index_resolved": kind,  # auto: exact or usearch, by the number of chunks
+        }
 
     @property
     def nbytes(self) -> int:
