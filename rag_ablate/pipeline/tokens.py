@@ -19,7 +19,12 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Mapping, Sized
+import multiprocessing
+import os
+import warnings
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,8 @@ from rag_ablate.cache import code_parts
 from rag_ablate.pipeline.analyzers import Analyzer, analyzer_key_parts
 
 BATCH = 4096  # texts analysed per batch
+PARALLEL_MIN = 2048  # fewer texts than this are analysed in this process
+_SUB = 256  # texts per task sent to a worker process
 _FILES = ("doc_len", "indptr", "docs", "tf")
 
 
@@ -61,9 +68,22 @@ class TokenMatrix:
 
     @classmethod
     def build(
-        cls, texts: Iterable[str], analyzer: Analyzer, *, batch: int = BATCH, progress: bool = False
+        cls,
+        texts: Iterable[str],
+        analyzer: Analyzer,
+        *,
+        batch: int = BATCH,
+        progress: bool = False,
+        workers: int | None = None,
     ) -> TokenMatrix:
-        """Analyse ``texts`` (read once, in order; a lazy sequence stays lazy) in batches."""
+        """Analyse ``texts`` (read once, in order; a lazy sequence stays lazy) in batches.
+
+        ``workers``: processes that run the analyzer (None: :func:`default_workers`). With more
+        than one and at least :data:`PARALLEL_MIN` texts, forked worker processes analyse blocks
+        of texts while this process maps their tokens to ids, in the texts' order: the result is
+        the same whatever the number of workers. A few blocks are in flight at a time, so memory
+        stays bounded.
+        """
         vocab: dict[str, int] = {}
         lens: list[np.ndarray] = []
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per batch: terms, docs, tf
@@ -73,22 +93,25 @@ class TokenMatrix:
 
             total = len(texts) if isinstance(texts, Sized) else None
             it = iter(tqdm(it, total=total, desc="tokens", unit="chunk", leave=False))
-        start = 0
-        while True:
-            block = list(itertools.islice(it, batch))
-            if not block:
-                break
-            ids: list[int] = []
-            counts = np.empty(len(block), dtype=np.int64)
-            add = vocab.setdefault
-            for j, text in enumerate(block):
-                toks = analyzer(text)
-                counts[j] = len(toks)
-                ids.extend([add(t, len(vocab)) for t in toks])
-            del block
-            parts.append(_count_pairs(np.asarray(ids, dtype=np.int64), counts, start))
-            lens.append(counts.astype(np.int32))
-            start += counts.shape[0]
+        n_workers = default_workers() if workers is None else max(1, workers)
+        if n_workers > 1 and not (isinstance(texts, Sized) and len(texts) >= PARALLEL_MIN):
+            n_workers = 1
+        with _TokenLists(it, analyzer, n_workers) as token_lists:
+            start = 0
+            while True:
+                block = list(itertools.islice(token_lists, batch))
+                if not block:
+                    break
+                ids: list[int] = []
+                counts = np.empty(len(block), dtype=np.int64)
+                add = vocab.setdefault
+                for j, toks in enumerate(block):
+                    counts[j] = len(toks)
+                    ids.extend([add(t, len(vocab)) for t in toks])
+                del block
+                parts.append(_count_pairs(np.asarray(ids, dtype=np.int64), counts, start))
+                lens.append(counts.astype(np.int32))
+                start += counts.shape[0]
         doc_len = np.concatenate(lens) if lens else np.zeros(0, dtype=np.int32)
         indptr, docs, tf = _token_major(parts, len(vocab))
         return cls(list(vocab), doc_len, indptr, docs, tf)
@@ -111,6 +134,75 @@ class TokenMatrix:
         }
         vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
         return cls(vocab, arrays["doc_len"], arrays["indptr"], arrays["docs"], arrays["tf"])
+
+
+def default_workers() -> int:
+    """Analyzer processes for a large build: ``RAG_ABLATE_TOKEN_WORKERS`` if set, else the CPUs this
+    process may use (at most 8); 1 where processes cannot be forked."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    env = os.environ.get("RAG_ABLATE_TOKEN_WORKERS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return min(8, cpus)
+
+
+# the analyzer of the build that forked the workers (inherited by them; nothing is pickled)
+_WORKER_ANALYZER: list[Analyzer] = []
+
+
+def _analyse(texts: list[str]) -> list[list[str]]:
+    analyzer = _WORKER_ANALYZER[0]
+    return [analyzer(t) for t in texts]
+
+
+class _TokenLists:
+    """Each text's tokens, in order: analysed here, or by forked workers a few blocks ahead."""
+
+    def __init__(self, texts: Iterator[str], analyzer: Analyzer, workers: int) -> None:
+        self.texts, self.analyzer, self.workers = texts, analyzer, workers
+        self.pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Iterator[list[str]]:
+        if self.workers <= 1:
+            return (self.analyzer(t) for t in self.texts)
+        # the first text is analysed here, before the fork: what the analyzer loads on first use
+        # (jieba's dictionary) is then loaded once, and the workers inherit it
+        first = list(itertools.islice(self.texts, 1))
+        head = [self.analyzer(t) for t in first]
+        _WORKER_ANALYZER[:] = [self.analyzer]
+        self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"))
+        return itertools.chain(head, self._parallel(self.pool))
+
+    def _parallel(self, pool: ProcessPoolExecutor) -> Iterator[list[str]]:
+        pending: deque[Future[list[list[str]]]] = deque()
+        ahead = 4 * self.workers
+        while True:
+            while len(pending) < ahead:
+                block = list(itertools.islice(self.texts, _SUB))
+                if not block:
+                    break
+                with warnings.catch_warnings():
+                    # Python 3.12+ warns that forking a threaded process may deadlock a child that
+                    # takes a lock another thread held; the workers only run the analyzer
+                    warnings.filterwarnings("ignore", r".*multi-threaded.*fork", DeprecationWarning)
+                    pending.append(pool.submit(_analyse, block))
+            if not pending:
+                return
+            yield from pending.popleft().result()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+        _WORKER_ANALYZER.clear()
 
 
 def _count_pairs(
