@@ -78,14 +78,60 @@ def test_effects_and_adjustment() -> None:
         assert r.ci_low <= r.effect <= r.ci_high
         same = c.row(split, "same", "hit_at_5")
         assert same is not None and same.effect == 0 and same.p_value == 1 and not same.significant
-    # Holm on holdout, BH on dev, each over variants x metrics
+    # Holm on holdout, BH on dev, each over variants x metrics of one family: latency apart
     for split, fn in (("holdout", stats.holm), ("dev", stats.benjamini_hochberg)):
-        fam = [r for r in c.rows if r.split == split]
-        assert [r.p_adjusted for r in fam] == pytest.approx(list(fn([r.p_value for r in fam])))
-        assert {r.adjustment for r in fam} == {"holm" if split == "holdout" else "bh"}
+        for family, metric in (("main", "hit_at_5"), ("timing", "latency_ms")):
+            fam = [r for r in c.rows if r.split == split and r.metric == metric]
+            assert len(fam) == 2 and {r.family for r in fam} == {family}
+            assert [r.p_adjusted for r in fam] == pytest.approx(list(fn([r.p_value for r in fam])))
+            assert {r.adjustment for r in fam} == {"holm" if split == "holdout" else "bh"}
     # direction: hits up is better, latency up is worse
     assert c.row("dev", "better", "hit_at_5").verdict == "better"  # type: ignore[union-attr]
     assert c.row("dev", "better", "latency_ms").verdict == "worse"  # type: ignore[union-attr]
+
+
+def test_timing_noise_does_not_move_quality_rows() -> None:
+    """A rerun's latencies differ (the clock); the quality rows keep every number, adjusted p too."""
+    variants, _, _ = _sweep()
+    metrics = ["hit_at_5", "latency_ms", "latency_p95_ms"]
+    first = compare.compare(variants, metrics=metrics, B=500, seed=2)
+    rng = np.random.default_rng(7)
+    rerun = [
+        VariantData(
+            v.label,
+            [
+                {
+                    **r,
+                    "metrics": {
+                        **r["metrics"],
+                        "latency_ms": r["metrics"]["latency_ms"] * rng.uniform(0.2, 5),
+                    },
+                }
+                for r in v.records
+            ],
+            info=v.info,
+        )
+        for v in variants
+    ]
+    second = compare.compare(rerun, metrics=metrics, B=500, seed=2)
+    quality = [(r.split, r.variant) for r in first.rows if r.metric == "hit_at_5"]
+    assert len(quality) == 4
+    for split, variant in quality:
+        a, b = first.row(split, variant, "hit_at_5"), second.row(split, variant, "hit_at_5")
+        assert a is not None and b is not None and a.family == "main"
+        assert (a.p_value, a.p_adjusted, a.ci_low, a.ci_high) == (
+            b.p_value,
+            b.p_adjusted,
+            b.ci_low,
+            b.ci_high,
+        )
+    # the latency rows did move, and were adjusted among themselves
+    moved = [
+        r.metric
+        for r in second.rows
+        if r.family == "timing" and r.p_value != first.row(r.split, r.variant, r.metric).p_value  # type: ignore[union-attr]
+    ]
+    assert moved
 
 
 def test_rerun_gives_identical_numbers() -> None:

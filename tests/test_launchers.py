@@ -27,13 +27,14 @@ from rag_ablate.tracking import OWNER_TAG, PARENT_TAG
 # chunk=8 splits the tiny corpus's documents and changes what is retrieved: the comparison has
 # non-zero effects, so "equal to the serial sweep" is not satisfied by two rows of zeros
 FACTOR = "chunk=8,512"
-# metrics without timings: every number of the comparison, adjusted p included, is then reproducible
+# latency rows differ between any two runs; they are adjusted apart, so every number of the other
+# rows, adjusted p included, is reproducible
 COMMON = [
     "dataset=custom",
     "dataset.path=tiny",
     "progress=false",
     "compare.B=200",
-    "compare.metrics=[recall_at_5,ndcg_at_10,mrr_at_10,context_tokens_at_5]",
+    "compare.metrics=[recall_at_5,ndcg_at_10,mrr_at_10,context_tokens_at_5,latency_ms,latency_p95_ms]",
 ]
 TABLES_CREATED = "Creating initial MLflow database tables"
 
@@ -104,7 +105,17 @@ def _results(cwd: Path) -> dict[str, Any]:
             metrics = json.loads((job / METRICS_FILE).read_text(encoding="utf-8"))
             per_variant[label] = {k: v for k, v in metrics.items() if not _timing(k)}
     comparison = json.loads((sweep / COMPARISON_JSON).read_text(encoding="utf-8"))
-    return {"variants": per_variant, "rows": comparison["rows"], "flips": comparison["flips"]}
+    timing = [r for r in comparison["rows"] if r["family"] == "timing"]
+    assert {r["metric"] for r in timing} == {"latency_ms", "latency_p95_ms"}
+    flips = {
+        v: {m: f for m, f in by_metric.items() if not _timing(m)}
+        for v, by_metric in comparison["flips"].items()
+    }
+    return {
+        "variants": per_variant,
+        "rows": [r for r in comparison["rows"] if r not in timing],
+        "flips": flips,
+    }
 
 
 def _owner_pid(run: Run) -> int:

@@ -53,6 +53,14 @@ USES_FAILED = frozenset({ERROR_RATE, LATENCY})
 UNBOUNDED = frozenset({"latency_ms", "context_tokens"})
 #: percentiles of latency compared as statistics of the split (not per-query means): metric -> q
 QUANTILES = {"latency_p50_ms": 50.0, "latency_p95_ms": 95.0}
+#: metrics read off the clock: they differ between any two runs of one variant, so they are adjusted
+#: in a family of their own and their noise never moves another row's adjusted p
+TIMING = frozenset({LATENCY, *QUANTILES})
+
+
+def family_of(metric: str) -> str:
+    """The multiple-comparison family of a metric within a split: ``timing`` or ``main``."""
+    return "timing" if metric in TIMING else "main"
 
 
 def per_query(metric: str) -> str:
@@ -576,11 +584,14 @@ def _add_flips(
 
 
 def _adjust(rows: list[Row], alpha: float) -> None:
-    """Holm on holdout, BH on dev, each over the split's tested variants x metrics."""
-    for split in {r.split for r in rows}:
-        family = [r for r in rows if r.split == split and r.tested]
-        if not family:
-            continue
+    """Holm on holdout, BH on dev, each over the split's tested variants x metrics of one family
+    (:func:`family_of`: the timing metrics apart from the rest)."""
+    families: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        r.family = family_of(r.metric)
+        if r.tested:
+            families.setdefault((r.split, r.family), []).append(r)
+    for (split, _), family in sorted(families.items()):
         p = np.array([r.p_value for r in family])
         if split == "holdout":
             adj, how = stats.holm(p), "holm"

@@ -71,6 +71,7 @@ class Row:
     n_failed_variant: int = 0
     p_adjusted: float = math.nan
     adjustment: str = ""
+    family: str = ""  # the adjustment's family in the split: "main", or "timing" (latency metrics)
     significant: bool = False
     verdict: str = ""  # better | worse | "" (not significant)
     flag: str = ""  # dev and holdout disagree, see analysis._flag_disagreements

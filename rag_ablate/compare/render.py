@@ -105,7 +105,8 @@ def format_terminal(c: Comparison) -> str:
     lines = [
         f"comparison against baseline '{c.baseline}' ({sizes}effect = variant - baseline; 95% CI by "
         f"inverting the group sign-flip test that gives p (~ Monte Carlo); p_adj: Holm on holdout, BH on "
-        f"dev; + better / - worse at alpha {c.alpha}; bootstrap B={c.B} SE and interval in comparison.json)",
+        f"dev, latency a family apart; + better / - worse at alpha {c.alpha}; bootstrap B={c.B} SE and "
+        "interval in comparison.json)",
         format_table(headers, rows),
         # the terminal shows the first (primary) metric's production mix; comparison.md every metric
         *mix_terminal(c.mix, c.variants, c.metrics[:1], c.splits, c.mix_weights, c.B),
@@ -280,7 +281,9 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
         "group sign-flip test (the shifts it does not reject) and p comes from the same test; the group "
         f"bootstrap (B = {c.B}, seed {c.seed}) gives the SE and a percentile interval (`se`, `boot_ci_low`, "
         "`boot_ci_high` in comparison.json). p_adj is Holm over variants x metrics on holdout and "
-        f"Benjamini-Hochberg on dev. `+` significantly better, `-` significantly worse at alpha {c.alpha} "
+        "Benjamini-Hochberg on dev; the latency metrics are a family of their own (`family` in "
+        "comparison.json), so timing noise does not move the other rows' p_adj. "
+        f"`+` significantly better, `-` significantly worse at alpha {c.alpha} "
         "(by the metric's direction); `~` marks a Monte Carlo p.",
         "",
         "| " + " | ".join(headers) + " |",
