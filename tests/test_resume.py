@@ -282,7 +282,9 @@ def _same_where_logged(logged: dict[str, float], reference: dict[str, float]) ->
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    # PYTHONFAULTHANDLER: a process that does not end when told can be made to print every thread's
+    # stack (SIGABRT, see _stopped), so a hang is diagnosed, not just timed out
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "rag_ablate", *args],
         cwd=cwd,
@@ -292,6 +294,19 @@ def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
         text=True,
         start_new_session=True,
     )
+
+
+def _stopped(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    """``proc``'s stderr once it has ended; if it has not ended within ``timeout`` seconds, fail with
+    the stacks of its threads (faulthandler prints them on SIGABRT) and what it wrote."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        _, err = proc.communicate(timeout=30)
+        pytest.fail(
+            f"the run did not end within {timeout} s of the signal; its stacks and stderr:\n{err[-8000:]}"
+        )
 
 
 def _wait_for_records(proc: subprocess.Popen[str], records: Any, at_least: int, timeout: float = 120) -> Path:
@@ -471,7 +486,7 @@ def test_ctrl_c_ends_a_single_run_with_one_line_and_a_killed_run(server: RerankS
 
     job = _wait_for_records(proc, run_records, 2).parent
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    err = _stopped(proc)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
@@ -498,7 +513,7 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_killed_runs_then_resume_finishes_
 
     path = _wait_for_records(proc, variant_records, 2)
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    err = _stopped(proc)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
