@@ -59,13 +59,19 @@ def assert_same_as_eager(docs: list[Document], size: int, overlap: int, unit: st
     assert len(lazy) == len(eager)
     assert list(lazy) == eager  # ids, documents, offsets, text and title
     assert [lazy[i] for i in range(-len(eager), 0)] == eager
-    assert lazy[1:3] == eager[1:3]
+    assert lazy[1:3] == eager[1:3] and lazy[::-2] == eager[::-2]
+    for out in (len(eager), -len(eager) - 1):  # like a list: out of range is an IndexError
+        with pytest.raises(IndexError, match="chunk index"):
+            lazy[out]
     assert np.array_equal(tiebreak_ranks(docs, spans), eager_tiebreak(eager))
     assert lazy.numbers().tolist() == [int(c.chunk_id.rsplit("#", 1)[1]) for c in eager]
     for include_title in (True, False):
         texts = IndexTexts(lazy, include_title)
         want = [c.index_text(include_title) for c in eager]
         assert list(texts) == want
+        assert [texts[i] for i in range(-len(want), 0)] == want and texts[1:3] == want[1:3]
+        with pytest.raises(IndexError, match="text index"):
+            texts[len(want)]
         assert texts.lengths().tolist() == [len(t) for t in want]
     counts = ChunkTokenCounts(lazy)
     assert len(counts) == len(eager)

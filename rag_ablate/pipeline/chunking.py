@@ -20,7 +20,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
 
@@ -211,9 +211,44 @@ def tiebreak_ranks(docs: Sequence[Document], spans: ChunkSpans) -> np.ndarray:
     return ranks
 
 
-class Chunks(Sequence[Chunk]):
+T = TypeVar("T")
+
+
+class _LazySequence(Sequence[T]):
+    """A sequence whose item ``i`` is built by ``_one(i)`` when asked (never stored)."""
+
+    what = "item"  # named in the IndexError
+
+    def _one(self, i: int) -> T:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[T]: ...
+
+    def __getitem__(self, i: int | slice) -> T | list[T]:
+        if isinstance(i, slice):
+            return [self._one(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        j = int(i)
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise IndexError(f"{self.what} index {i} out of range for {n} chunks")
+        return self._one(j)
+
+    def __iter__(self) -> Iterator[T]:
+        for i in range(len(self)):
+            yield self._one(i)
+
+
+class Chunks(_LazySequence[Chunk]):
     """A lazy ``Sequence[Chunk]`` over :class:`ChunkSpans`: ``chunks[i]`` builds chunk i (its text
     sliced from its document) when asked; chunk ids are ``<doc_id>#<number in the document>``."""
+
+    what = "chunk"
 
     def __init__(self, docs: Sequence[Document], spans: ChunkSpans) -> None:
         self.docs = docs
@@ -231,27 +266,6 @@ class Chunks(Sequence[Chunk]):
         s, e = int(sp.start[i]), int(sp.end[i])
         return Chunk(f"{doc.doc_id}#{i - int(self.first[d])}", doc.doc_id, s, e, doc.text[s:e], doc.title)
 
-    @overload
-    def __getitem__(self, i: int) -> Chunk: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[Chunk]: ...
-
-    def __getitem__(self, i: int | slice) -> Chunk | list[Chunk]:
-        if isinstance(i, slice):
-            return [self._one(j) for j in range(*i.indices(len(self)))]
-        n = len(self)
-        j = int(i)
-        if j < 0:
-            j += n
-        if not 0 <= j < n:
-            raise IndexError(f"chunk index {i} out of range for {n} chunks")
-        return self._one(j)
-
-    def __iter__(self) -> Iterator[Chunk]:
-        for i in range(len(self)):
-            yield self._one(i)
-
     def numbers(self) -> np.ndarray:
         """Each chunk's number within its document (the part of its id after ``#``)."""
         numbers: np.ndarray = np.arange(len(self), dtype=np.int64) - self.first[self.spans.doc]
@@ -262,9 +276,11 @@ class Chunks(Sequence[Chunk]):
         return self.docs[int(self.spans.doc[i])].doc_id
 
 
-class IndexTexts(Sequence[str]):
+class IndexTexts(_LazySequence[str]):
     """A lazy ``Sequence[str]`` of each chunk's indexed text (:meth:`Chunk.index_text`), sliced from
     its document on demand. Iterate it or index it; ``list()`` of a large corpus copies all its text."""
+
+    what = "text"
 
     def __init__(self, chunks: Chunks, include_title: bool) -> None:
         self.chunks = chunks
@@ -278,27 +294,6 @@ class IndexTexts(Sequence[str]):
         doc = self.chunks.docs[int(sp.doc[i])]
         text = doc.text[int(sp.start[i]) : int(sp.end[i])]
         return f"{doc.title}\n{text}" if self.include_title and doc.title else text
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [self._one(j) for j in range(*i.indices(len(self)))]
-        n = len(self)
-        j = int(i)
-        if j < 0:
-            j += n
-        if not 0 <= j < n:
-            raise IndexError(f"text index {i} out of range for {n} chunks")
-        return self._one(j)
-
-    def __iter__(self) -> Iterator[str]:
-        for i in range(len(self)):
-            yield self._one(i)
 
     def lengths(self) -> np.ndarray:
         """Each text's length in characters, without slicing any text."""
