@@ -246,14 +246,20 @@ class Cache:
         arr = build()
         seconds = time.perf_counter() - t0
         if self.enabled:
-
-            def write(path: Path) -> None:
-                with path.open("wb") as f:
-                    np.save(f, arr, allow_pickle=False)
-
-            self._store(kind, entry, parts, "data.npy", seconds, write)
+            self._store_array(kind, entry, parts, arr, seconds)
         self._record(kind, False, seconds, seconds)
         return arr
+
+    def _store_array(
+        self, kind: str, entry: Path, parts: Mapping[str, Any], arr: np.ndarray, seconds: float
+    ) -> None:
+        """Store ``arr`` as the entry's ``data.npy``."""
+
+        def write(path: Path) -> None:
+            with path.open("wb") as f:
+                np.save(f, arr, allow_pickle=False)
+
+        self._store(kind, entry, parts, "data.npy", seconds, write)
 
     def matrix(
         self,
@@ -284,12 +290,7 @@ class Cache:
             fill(out)
             seconds = time.perf_counter() - t0
             if self.enabled:
-
-                def write(path: Path) -> None:
-                    with path.open("wb") as f:
-                        np.save(f, out, allow_pickle=False)
-
-                self._store(kind, entry, parts, "data.npy", seconds, write)
+                self._store_array(kind, entry, parts, out, seconds)
             self._record(kind, False, seconds, seconds)
             return out
         tmp = self._new_tmp(entry)
