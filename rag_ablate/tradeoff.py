@@ -658,8 +658,13 @@ CJK_FONTS = (
 
 def pyplot() -> Any:
     """matplotlib's pyplot on the Agg backend with a CJK-capable font list (imported here only)."""
+    import logging
+
     import matplotlib
 
+    # CJK fonts such as WenQuanYi Zen Hei come in one weight (500): matplotlib uses it for normal and
+    # bold text, which is what we want, but warns on every lookup, into the sweep's log and terminal
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib import font_manager

@@ -310,6 +310,26 @@ def test_plot_is_a_real_png_with_cjk_labels(tmp_path: Path) -> None:
         assert colors is not None and len(colors) > 50  # markers, bars, frontier, bar line, anti-aliased text
 
 
+def test_plotting_logs_no_font_lookups(tmp_path: Path) -> None:
+    """A sweep logs at INFO (Hydra's logging): drawing the plot must not add matplotlib's font
+    lookup lines ("findfont: Failed to find font weight normal ...") to the user's terminal."""
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO); "
+        "from rag_ablate import tradeoff; plt = tradeoff.pyplot(); "
+        "fig, ax = plt.subplots(); ax.set_title('分块 chunk', weight='bold'); ax.set_xlabel('延迟 ms'); "
+        "tradeoff.save_figure(fig, __import__('pathlib').Path(sys.argv[1]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "p.png")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    assert "findfont" not in out.stderr, out.stderr
+
+
 def test_a_plain_import_does_not_load_matplotlib() -> None:
     code = (
         "import sys, rag_ablate.tradeoff, rag_ablate.html_report, rag_ablate.callbacks, rag_ablate.runner; "
