@@ -43,6 +43,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench_stats import cpu_model  # benchmarks/ is on sys.path when a script here runs
+
 REPO = Path(__file__).resolve().parent.parent
 SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
 GOAL_SECONDS = 600.0
@@ -54,16 +56,6 @@ GOAL_MB = 8 * 1024.0
 
 def load_avg() -> float:
     return os.getloadavg()[0]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def machine_line() -> str:
