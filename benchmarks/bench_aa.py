@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 try:
-    from rag_ablate import stats
+    from rag_ablate.compare import stats
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from rag_ablate import stats
+    from rag_ablate.compare import stats
 
 from bench_stats import cpu_model  # benchmarks/ is on sys.path when a script here runs
 

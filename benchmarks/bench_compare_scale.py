@@ -5,7 +5,7 @@
 Per size it generates a sweep folder in the layout the jobs write (``<out>/n<size>/``
 with ``sweep.json``, ``plan.json`` and job folders ``0``, ``1``, ``2``, each holding
 ``records.jsonl``, ``variant.json``, ``config.yaml``, ``summary.json`` and ``run.json``;
-names from :mod:`rag_ablate.layout`), then runs the comparison step on it and prints a
+names from :mod:`rag_ablate.core.layout`), then runs the comparison step on it and prints a
 markdown table of wall seconds and peak RSS per phase.
 
 The data: query texts from ``bench_grouping.make_queries`` (Chinese and English, ~20%
@@ -59,7 +59,7 @@ except ImportError:  # running from a checkout without an install
 from bench_grouping import make_queries  # noqa: E402  (benchmarks/ is on sys.path)
 from bench_stats import cpu_model  # noqa: E402
 
-from rag_ablate.layout import (  # noqa: E402
+from rag_ablate.core.layout import (  # noqa: E402
     CONFIG_FILE,
     PLAN_FILE,
     RECORDS_FILE,
@@ -168,7 +168,8 @@ def _retrieved(rng: np.random.Generator, n_docs: int) -> list[dict[str, Any]]:
 
 def build_dataset(n: int, seed: int = 0) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Queries with their group, split, intent and tags; the grouping phase's timings."""
-    from rag_ablate.grouping import assign_splits, group_near_duplicates
+    from rag_ablate.dataset.grouping.groups import group_near_duplicates
+    from rag_ablate.dataset.grouping.splits import assign_splits
 
     texts = make_queries(n, seed=seed)
     ids = [f"q{i:07d}" for i in range(n)]
@@ -199,7 +200,7 @@ def build_dataset(n: int, seed: int = 0) -> tuple[list[dict[str, Any]], dict[str
 def _config_yaml(chunk: str) -> str:
     from omegaconf import OmegaConf
 
-    from rag_ablate.config import RunConfig
+    from rag_ablate.config.schema import RunConfig
 
     cfg = OmegaConf.structured(RunConfig())
     cfg.chunk.size = int(chunk)
@@ -297,12 +298,11 @@ def write_sweep(sweep: Path, queries: list[dict[str, Any]], seed: int = 0) -> No
 
 def run_phases(sweep: Path, B: int, seed: int) -> tuple[Phases, Any]:
     """The comparison step of ``rag-ablate compare <sweep>``, phase by phase (module docstring)."""
-    from rag_ablate import stats
-    from rag_ablate.compare import analysis, pairwise, render, run, slices
+    from rag_ablate.compare import analysis, pairwise, render, run, slices, stats
+    from rag_ablate.compare.guard import check
     from rag_ablate.compare.load import pick_baseline
-    from rag_ablate.config import CompareConfig
-    from rag_ablate.guard import check
-    from rag_ablate.html_report import write_report
+    from rag_ablate.config.schema import CompareConfig
+    from rag_ablate.report.html import write_report
 
     ph = Phases()
     ph.wrap(analysis._CountCache, "run", "bootstrap draws, each streamed once to all its tests")

@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 try:
-    from rag_ablate.grouping import group_near_duplicates
+    from rag_ablate.dataset.grouping.groups import group_near_duplicates
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from rag_ablate.grouping import group_near_duplicates
+    from rag_ablate.dataset.grouping.groups import group_near_duplicates
 
 ZH_TEMPLATES = [
     "订单{order} {date}签收的{product}，现在还能退吗",

@@ -49,8 +49,8 @@ except ImportError:  # running from a checkout without an install
 
 from bench_grouping import make_queries
 
-from rag_ablate.grouping import group_near_duplicates
-from rag_ablate.grouping.join import (
+from rag_ablate.dataset.grouping.groups import group_near_duplicates
+from rag_ablate.dataset.grouping.join import (
     _connect_buckets,
     _lsh_params,
     _lsh_prefilter,
@@ -58,7 +58,7 @@ from rag_ablate.grouping.join import (
     _Stats,
     shingle,
 )
-from rag_ablate.grouping.normalize import normalize_many
+from rag_ablate.dataset.grouping.normalize import normalize_many
 
 THRESHOLD, N, NUM_PERM = 0.7, 4, 128
 

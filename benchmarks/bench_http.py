@@ -128,10 +128,10 @@ def cpu_seconds(pid: int) -> float:
 
 def timed_run(base_url: str, data: Path, concurrency: int, server_pid: int) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
-    from rag_ablate.config import RunConfig
-    from rag_ablate.dataset import load_dataset
-    from rag_ablate.records import aggregate
-    from rag_ablate.runner import evaluate
+    from rag_ablate.config.schema import RunConfig
+    from rag_ablate.dataset.load import load_dataset
+    from rag_ablate.records.scoring import aggregate
+    from rag_ablate.run.runner import evaluate
     from rag_ablate.systems.http import HttpSystem
 
     s = RunConfig(progress=False)

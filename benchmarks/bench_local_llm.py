@@ -51,9 +51,9 @@ from bench_stats import cpu_model  # benchmarks/ is on sys.path when a script he
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rag_ablate import local_llm  # noqa: E402
 from rag_ablate.judges import JUDGE_METRICS  # noqa: E402
-from rag_ablate.judging import judge_run_metrics  # noqa: E402
+from rag_ablate.llm import local as local_llm  # noqa: E402
+from rag_ablate.run.judging import judge_run_metrics  # noqa: E402
 
 SAMPLE = REPO / "rag_ablate" / "data" / "sample"
 

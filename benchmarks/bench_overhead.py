@@ -6,7 +6,7 @@ Side by side in one run, on a Chinese dataset of about 1,000 documents and 6,000
 (a) bare bm25s: a fresh ``python`` process that reads the dataset's two files (``json.loads``
     per line, no validation), chunks it with rag_ablate.pipeline.chunking at the default
     settings (512 / 64, unit auto, titles prefixed as the pipeline indexes them), analyses every chunk with the same analyzer the
-    pipeline resolves for it (``rag_ablate.pipeline.analyzers.get_analyzer("zh")``), builds a
+    pipeline resolves for it (``rag_ablate.text.analyzers.get_analyzer("zh")``), builds a
     ``bm25s.BM25`` index (k1 1.5, b 0.75, lucene, as conf/retrieval/bm25.yaml) and answers every
     query (analysed the same way) with top-k = retrieval.top_k (10);
 (b) ``python -m rag_ablate dataset.path=<zh>`` (one variant, the default config), cold (a fresh
@@ -50,9 +50,9 @@ def bare(dataset: Path) -> dict[str, Any]:
     t = {"start": time.perf_counter()}
     import bm25s
 
-    from rag_ablate.dataset import Document
-    from rag_ablate.pipeline.analyzers import get_analyzer
+    from rag_ablate.dataset.model import Document
     from rag_ablate.pipeline.chunking import chunk_corpus
+    from rag_ablate.text.analyzers import get_analyzer
 
     analyzer = get_analyzer("zh")
     t["imports"] = time.perf_counter()

@@ -7,8 +7,8 @@ scores, timings, metrics: about 2 kB each) to a file in FOLDER (default: a
 temporary folder under ./outputs, i.e. the disk runs write to) four ways and
 prints the microseconds per record of each:
 
-* ``at end``: :func:`rag_ablate.records.write_records` once (the old behaviour; one fsync);
-* ``flush each``: :class:`~rag_ablate.records.RecordWriter` with fsync only on close;
+* ``at end``: :func:`rag_ablate.records.jsonl.write_records` once (the old behaviour; one fsync);
+* ``flush each``: :class:`~rag_ablate.records.jsonl.RecordWriter` with fsync only on close;
 * ``writer (default)``: RecordWriter as runs use it (flush each, fsync at most every second);
 * ``fsync each``: RecordWriter fsyncing after every record.
 """
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rag_ablate.records import FSYNC_SECONDS, RecordWriter, write_records
+from rag_ablate.records.jsonl import FSYNC_SECONDS, RecordWriter, write_records
 
 
 def record(i: int) -> dict[str, Any]:

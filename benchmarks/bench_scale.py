@@ -8,7 +8,7 @@ tracking, in a fresh output folder:
 
 and the script records the job's wall time, CPU time and peak memory (RSS of the process,
 sampled from /proc every 0.2 s, and the kernel's high-water mark), and where both went per
-stage. The stage breakdown comes from the job's ``profile.json`` (rag_ablate/profiling.py)
+stage. The stage breakdown comes from the job's ``profile.json`` (rag_ablate/core/profiling.py)
 when the code writes one; otherwise, and with ``--spy``, from a py-spy sampling profile of
 the job (each sample of the main thread is put in a stage by the outermost-to-innermost
 pipeline function it is in: imports, hydra, store, load, chunk, index, query, score, write,
@@ -284,11 +284,11 @@ def spy_stages(
 
 
 def profile_stages(job_dirs: Sequence[Path], multirun: bool = False) -> dict[str, Stage]:
-    """The stage breakdown the code wrote (rag_ablate/profiling.py: each job's profile.json, and
+    """The stage breakdown the code wrote (rag_ablate/core/profiling.py: each job's profile.json, and
     the sweep's), summed over jobs; the sweep's ``jobs`` stage is replaced by the jobs' stages and
     what is left of it (the launcher's own time) is ``launch``. {} when there is none."""
     try:
-        from rag_ablate import layout
+        from rag_ablate.core import layout
 
         name = getattr(layout, "PROFILE_FILE", "profile.json")
     except ImportError:

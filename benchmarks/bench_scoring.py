@@ -17,7 +17,7 @@ Two measurements, each in this one process:
 2. **Scoring a 6,000-query run**: a synthetic Chinese corpus of 1,000 documents (paragraphs of
    the embedded sample, shuffled), cut into 256-character chunks; 6,000 records with 10 retrieved
    chunks each (about 90 % answerable, with evidence spans); ``ks = [1, 3, 5, 10]``. Timed:
-   :func:`rag_ablate.records.rescore` (every record scored as the runner does, chunk token counts
+   :func:`rag_ablate.records.scoring.rescore` (every record scored as the runner does, chunk token counts
    memoised for the run), and, when the memo exists, the same seeded with every chunk's count (what a
    local system caches with its chunks). A digest of every metric value shows that two versions
    of the code agree.
@@ -47,9 +47,10 @@ from typing import Any
 import pytrec_eval
 
 import rag_ablate
-from rag_ablate import records as records_mod
-from rag_ablate.dataset import Dataset, Document, Query, Span, sample_dataset_path
-from rag_ablate.metrics import count_tokens, retrieval_metrics
+from rag_ablate.dataset.model import Dataset, Document, Query, Span, sample_dataset_path
+from rag_ablate.metrics.retrieval import retrieval_metrics
+from rag_ablate.records import scoring as records_mod
+from rag_ablate.text.count import count_tokens
 
 N_QUERIES, N_RETRIEVED, KS = 5_000, 100, (10, 100)
 RECORD_QUERIES, RECORD_DOCS, CHUNK, OVERLAP, TOP_K = 6_000, 1_000, 256, 32, 10

@@ -8,7 +8,7 @@ Workload (docs/statistics.md): one variant pair, 10,000 queries x 10 metrics,
 Prints a markdown table (machine, command, times, ratio). Timings of
 rag_ablate are the median of ``--repeats`` runs after one warm-up; scipy runs
 once per configuration (it is the slow reference). ``--ref`` also times
-``rag_ablate/stats.py`` as of a git revision (e.g. the commit before a change),
+``rag_ablate/compare/stats.py`` as of a git revision (e.g. the commit before a change),
 loaded from ``git show`` and run in the same process, interleaved with the
 current code so both see the same machine load.
 """
@@ -35,10 +35,10 @@ from scipy import stats as sps
 
 REPO = Path(__file__).resolve().parents[1]
 try:
-    from rag_ablate import stats as current
+    from rag_ablate.compare import stats as current
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(REPO))
-    from rag_ablate import stats as current
+    from rag_ablate.compare import stats as current
 
 bootstrap_counts, derive_seed = current.bootstrap_counts, current.derive_seed
 group_sums, paired_test = current.group_sums, current.paired_test
@@ -89,9 +89,9 @@ def interleaved(fns: list[Callable[[], object]], repeats: int) -> list[tuple[flo
 
 
 def load_ref(rev: str) -> ModuleType:
-    """``rag_ablate/stats.py`` as of git revision ``rev``, as a stand-alone module."""
+    """``rag_ablate/compare/stats.py`` as of git revision ``rev``, as a stand-alone module."""
     src = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{rev}:rag_ablate/stats.py"],
+        ["git", "-C", str(REPO), "show", f"{rev}:rag_ablate/compare/stats.py"],
         check=True,
         capture_output=True,
         text=True,
@@ -120,7 +120,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-scipy", action="store_true")
-    ap.add_argument("--ref", metavar="GIT_REV", help="also time rag_ablate/stats.py of this git revision")
+    ap.add_argument("--ref", metavar="GIT_REV", help="also time rag_ablate/compare/stats.py of this git revision")
     args = ap.parse_args()
 
     base, var, labels = make_data()

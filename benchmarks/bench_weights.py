@@ -24,12 +24,14 @@ from pathlib import Path
 import numpy as np
 
 try:
-    from rag_ablate import stats
-    from rag_ablate.weights import TagWeights, weighted_paired_bootstrap, weighted_paired_bootstraps
+    from rag_ablate.compare import stats
+    from rag_ablate.compare.mix import weighted_paired_bootstrap, weighted_paired_bootstraps
+    from rag_ablate.dataset.weights import TagWeights
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from rag_ablate import stats
-    from rag_ablate.weights import TagWeights, weighted_paired_bootstrap, weighted_paired_bootstraps
+    from rag_ablate.compare import stats
+    from rag_ablate.compare.mix import weighted_paired_bootstrap, weighted_paired_bootstraps
+    from rag_ablate.dataset.weights import TagWeights
 
 EFFECTS = {"": 0.02, "numeric": 0.10, "edge": -0.30}
 SHARES = {"": 0.6, "numeric": 0.3, "edge": 0.1}

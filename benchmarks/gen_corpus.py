@@ -27,7 +27,7 @@ queries as ``en``.
 
     python benchmarks/gen_corpus.py en /tmp/bench_en_100k --chunks 100000 --queries 10000
     python benchmarks/gen_corpus.py zh /tmp/bench_zh --docs 1000 --queries 6000
-    python benchmarks/gen_corpus.py ... --validate     # then load it with rag_ablate.dataset.load_dataset
+    python benchmarks/gen_corpus.py ... --validate     # then load it with rag_ablate.dataset.load.load_dataset
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from rag_ablate.dataset import CORPUS_FILE, QUERIES_FILE, load_dataset, sample_dataset_path
-from rag_ablate.pipeline.analyzers import EN_STOPWORDS
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import CORPUS_FILE, QUERIES_FILE, sample_dataset_path
+from rag_ablate.text.analyzers import EN_STOPWORDS
 
 _ONSETS = ["b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z"]
 _ONSETS += ["br", "cr", "dr", "fl", "gr", "pl", "st", "tr", "sh", "ch", "th", "sk", "sp"]

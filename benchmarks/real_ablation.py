@@ -105,8 +105,8 @@ def cross_check(sweep_dirs: list[Path]) -> str:
     from ranx import Qrels, Run
     from ranx import evaluate as rx_evaluate
 
-    from rag_ablate.metrics import retrieval_metrics
-    from rag_ablate.records import read_records
+    from rag_ablate.metrics.retrieval import retrieval_metrics
+    from rag_ablate.records.jsonl import read_records
 
     warnings.filterwarnings("ignore", category=Warning, module="numba")
     ours_names = {
@@ -198,8 +198,8 @@ def cross_check(sweep_dirs: list[Path]) -> str:
 def bootstrap_timing(sweep_dir: Path) -> str:
     from scipy import stats as sps
 
-    from rag_ablate import stats
-    from rag_ablate.records import read_records
+    from rag_ablate.compare import stats
+    from rag_ablate.records.jsonl import read_records
 
     jobs = sorted(p.parent for p in sweep_dir.glob("*/records.jsonl"))
     base = {r["query_id"]: r for r in read_records(jobs[0] / "records.jsonl")}
@@ -242,7 +242,7 @@ def main() -> None:
         sys.exit(f"no data at {data}")
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    cli = [sys.executable, "-m", "rag_ablate.cli"]
+    cli = [sys.executable, "-m", "rag_ablate.cli.main"]
     t_imp_c, imp_c = sh(
         [*cli, "import", "squad", str(data / "covid-qa" / "200423_covidQA.json"), str(out / "covid")]
     )

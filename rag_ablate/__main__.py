@@ -1,18 +1,18 @@
 """Entry point: ``python -m rag_ablate [overrides]`` (``-m`` for a sweep).
 
 Before Hydra parses the command line, values of numeric config groups are quoted
-and chunk sizes without a preset file are registered (:mod:`rag_ablate.overrides`),
+and chunk sizes without a preset file are registered (:mod:`rag_ablate.config.overrides`),
 so ``python -m rag_ablate -m chunk=300,600`` works exactly as typed; ``resume=DIR``
-becomes the folder's own command line (:mod:`rag_ablate.resume`).
+becomes the folder's own command line (:mod:`rag_ablate.run.resume`).
 """
 
 from __future__ import annotations
 
 import sys
 
-from rag_ablate.errors import ConfigError
-from rag_ablate.overrides import check_override_keys, normalize_overrides
-from rag_ablate.resume import rewrite_argv
+from rag_ablate.config.overrides import check_override_keys, normalize_overrides
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.run.resume import rewrite_argv
 
 if __name__ == "__main__":
     try:
@@ -22,7 +22,7 @@ if __name__ == "__main__":
         print(f"rag_ablate: error: {exc}", file=sys.stderr)
         sys.exit(2)
     try:
-        from rag_ablate.app import main
+        from rag_ablate.cli.hydra_app import main
 
         main()
     except KeyboardInterrupt:  # before a run or sweep exists (they handle their own Ctrl-C)

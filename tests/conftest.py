@@ -303,7 +303,7 @@ def serving(
 def mlflow_ui(log_path: Path, *, cwd: Path | None = None, uri: str | None = None) -> Iterator[int]:
     """``rag-ablate ui`` on a free port, up and answering /health; yields the port."""
     port = free_port()
-    args = [sys.executable, "-m", "rag_ablate.cli", "ui", "--port", str(port)]
+    args = [sys.executable, "-m", "rag_ablate.cli.main", "ui", "--port", str(port)]
     if uri is not None:
         args += ["--uri", uri]
     with serving("the MLflow UI", args, port, log_path, cwd=cwd):

@@ -12,10 +12,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from rag_ablate.ablation import Plan, build_plan, check_plan
-from rag_ablate.app import CONF_DIR, normalize_overrides
-from rag_ablate.config import RunConfig, register_configs
-from rag_ablate.errors import ConfigError
+from rag_ablate.config.overrides import CONF_DIR, normalize_overrides
+from rag_ablate.config.schema import RunConfig, register_configs
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.sweep.plan import Plan, build_plan, check_plan
 from tests.conftest import run_module
 
 register_configs()

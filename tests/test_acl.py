@@ -19,14 +19,15 @@ from hypothesis import strategies as st
 
 from rag_ablate.compare.analysis import compare
 from rag_ablate.compare.model import VariantData
-from rag_ablate.config import COMPARE_METRICS, RunConfig
-from rag_ablate.dataset import Dataset, Document, load_dataset
-from rag_ablate.metrics import direction_of, display_name, parse_metric_name
+from rag_ablate.config.schema import COMPARE_METRICS, RunConfig
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import Dataset, Document
 from rag_ablate.metrics.acl import acl_metrics, has_restrictions, may_see
+from rag_ablate.metrics.registry import direction_of, display_name, parse_metric_name
 from rag_ablate.pipeline.stages import QueryState
-from rag_ablate.records import aggregate, score_record
-from rag_ablate.report import summary_rows
-from rag_ablate.runner import evaluate
+from rag_ablate.records.scoring import aggregate, score_record
+from rag_ablate.run.runner import evaluate
+from rag_ablate.run.summary import summary_rows
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.local import LocalSystem
 from tests.conftest import DOCS, QUERIES, run_module, write_dataset
@@ -325,7 +326,7 @@ def test_runs_without_restricted_documents_get_no_leak_rows_or_column() -> None:
 def test_system_http_sends_each_users_groups_and_the_reference_service_filters_by_them(
     acl_dataset: Dataset,
 ) -> None:
-    from rag_ablate.serve import EvalRequest, ReferenceService, create_app
+    from rag_ablate.cli.serve import EvalRequest, ReferenceService, create_app
     from tests.test_http_system import uvicorn_app
 
     def through_http(settings: RunConfig) -> tuple[list[dict[str, Any]], list[EvalRequest]]:

@@ -17,12 +17,12 @@ from pathlib import Path
 import jieba
 import pytest
 
-import rag_ablate.cache as cache_mod
-from rag_ablate.config import BM25Config
-from rag_ablate.pipeline import analyzers
-from rag_ablate.pipeline.analyzers import ZhSegmenter, analyze_zh, analyzer_key_parts, zh_segmenter
+import rag_ablate.core.cache as cache_mod
+from rag_ablate.config.schema import BM25Config
 from rag_ablate.pipeline.bm25 import bm25_key_parts
 from rag_ablate.pipeline.tokens import tokens_key_parts
+from rag_ablate.text import analyzers
+from rag_ablate.text.analyzers import ZhSegmenter, analyze_zh, analyzer_key_parts, zh_segmenter
 
 _real_dist_version = cache_mod._dist_version
 
@@ -112,7 +112,7 @@ def _library(dist: str) -> Callable[[pytest.MonkeyPatch], None]:
             lambda mp: mp.setattr(
                 cache_mod,
                 "_module_source",
-                lambda m: b"# edited" if m == "rag_ablate.pipeline.analyzers" else _real_source(m),
+                lambda m: b"# edited" if m == "rag_ablate.text.analyzers" else _real_source(m),
             ),
             id="analyzer code",
         ),

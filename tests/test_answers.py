@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.config import DEFAULT_REFUSAL_PHRASES
-from rag_ablate.dataset import Document, Query
+from rag_ablate.config.schema import DEFAULT_REFUSAL_PHRASES
+from rag_ablate.dataset.model import Document, Query
 from rag_ablate.generators import GENERATORS
 from rag_ablate.generators.base import Context
 from rag_ablate.generators.extractive import ExtractiveGenerator
-from rag_ablate.metrics import REGISTRY
 from rag_ablate.metrics.answers import (
     AnswerScoring,
     answer_metrics,
@@ -28,7 +27,8 @@ from rag_ablate.metrics.answers import (
     supports,
     token_f1,
 )
-from rag_ablate.metrics.text import count_tokens
+from rag_ablate.metrics.registry import REGISTRY
+from rag_ablate.text.count import count_tokens
 from tests.conftest import run_module
 
 # --------------------------------------------------------------------------- exact match and token F1

@@ -18,11 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_ablate.dataset import Dataset, load_dataset
-from rag_ablate.pipeline.analyzers import Analyzer, get_analyzer
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import Dataset
 from rag_ablate.pipeline.bm25 import BM25Retriever, ScoreMatrix
 from rag_ablate.pipeline.chunking import Chunks, IndexTexts, chunk_spans, tiebreak_ranks
 from rag_ablate.pipeline.tokens import TokenMatrix
+from rag_ablate.text.analyzers import Analyzer, get_analyzer
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 

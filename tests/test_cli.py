@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rag_ablate.app import CONF_DIR
-from rag_ablate.cli import build_parser, main
+from rag_ablate.cli.main import build_parser, main
+from rag_ablate.config.overrides import CONF_DIR
 from tests.conftest import QUERIES, mlflow_ui, write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def test_ui_without_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 @pytest.mark.slow
 def test_ui_serves_the_store_on_loopback(tmp_path: Path) -> None:
-    from rag_ablate import tracking
+    from rag_ablate.tracking import store as tracking
 
     uri = tracking.default_uri(tmp_path)
     tracking.ensure_experiment(uri, "rag_ablate", tmp_path / "art")

@@ -14,10 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_ablate import compare, stats
-from rag_ablate.compare import VariantData
-from rag_ablate.errors import ComparisonError, UnknownNameError
-from rag_ablate.guard import changed_factors, confounded_variants
+from rag_ablate.compare import stats
+from rag_ablate.compare.analysis import DEFAULT_METRICS, compare, delta_metrics
+from rag_ablate.compare.gate import gate
+from rag_ablate.compare.guard import changed_factors, confounded_variants
+from rag_ablate.compare.model import Comparison, VariantData
+from rag_ablate.compare.render import format_markdown, format_terminal, write_outputs
+from rag_ablate.compare.run import run_comparison
+from rag_ablate.core.errors import ComparisonError, UnknownNameError
 from tests.conftest import REPO
 
 
@@ -64,7 +68,7 @@ def _sweep(seed: int = 0, n: int = 120) -> tuple[list[VariantData], list[str], l
 
 def test_effects_and_adjustment() -> None:
     variants, splits, groups = _sweep()
-    c = compare.compare(variants, metrics=["hit_at_5", "latency_ms"], B=2000, seed=1)
+    c = compare(variants, metrics=["hit_at_5", "latency_ms"], B=2000, seed=1)
     assert c.baseline == "baseline" and c.variants == ["better", "same"]
     assert len(c.rows) == 2 * 2 * 2
     for split in ("dev", "holdout"):
@@ -94,7 +98,7 @@ def test_timing_noise_does_not_move_quality_rows() -> None:
     """A rerun's latencies differ (the clock); the quality rows keep every number, adjusted p too."""
     variants, _, _ = _sweep()
     metrics = ["hit_at_5", "latency_ms", "latency_p95_ms"]
-    first = compare.compare(variants, metrics=metrics, B=500, seed=2)
+    first = compare(variants, metrics=metrics, B=500, seed=2)
     rng = np.random.default_rng(7)
     rerun = [
         VariantData(
@@ -113,7 +117,7 @@ def test_timing_noise_does_not_move_quality_rows() -> None:
         )
         for v in variants
     ]
-    second = compare.compare(rerun, metrics=metrics, B=500, seed=2)
+    second = compare(rerun, metrics=metrics, B=500, seed=2)
     quality = [(r.split, r.variant) for r in first.rows if r.metric == "hit_at_5"]
     assert len(quality) == 4
     for split, variant in quality:
@@ -136,10 +140,10 @@ def test_timing_noise_does_not_move_quality_rows() -> None:
 
 def test_rerun_gives_identical_numbers() -> None:
     variants, _, _ = _sweep()
-    a = compare.compare(variants, metrics=["hit_at_5", "latency_ms"], B=1000, seed=3).to_dict()
-    b = compare.compare(variants, metrics=["hit_at_5", "latency_ms"], B=1000, seed=3).to_dict()
+    a = compare(variants, metrics=["hit_at_5", "latency_ms"], B=1000, seed=3).to_dict()
+    b = compare(variants, metrics=["hit_at_5", "latency_ms"], B=1000, seed=3).to_dict()
     assert a == b
-    c = compare.compare(variants, metrics=["hit_at_5", "latency_ms"], B=1000, seed=4).to_dict()
+    c = compare(variants, metrics=["hit_at_5", "latency_ms"], B=1000, seed=4).to_dict()
     # another seed draws other bootstrap resamples (the test-inverted CI may coincide: it snaps to data)
     assert [r["se"] for r in a["rows"]] != [r["se"] for r in c["rows"]]
     assert [r["boot_ci_low"] for r in a["rows"]] != [r["boot_ci_low"] for r in c["rows"]]
@@ -148,8 +152,8 @@ def test_rerun_gives_identical_numbers() -> None:
 def test_metric_names_as_typed_in_tables_are_accepted() -> None:
     """``--metrics hit@5`` (the terminal spelling) compares the same values as ``hit_at_5``."""
     variants, _, _ = _sweep()
-    typed = compare.compare(variants, metrics=["hit@5"], B=500, seed=2).to_dict()
-    canonical = compare.compare(variants, metrics=["hit_at_5"], B=500, seed=2).to_dict()
+    typed = compare(variants, metrics=["hit@5"], B=500, seed=2).to_dict()
+    canonical = compare(variants, metrics=["hit_at_5"], B=500, seed=2).to_dict()
     assert typed["metrics"] == ["hit_at_5"]
     assert typed["rows"] == canonical["rows"] and len(typed["rows"]) == 4
     assert all(r["n_queries"] > 0 for r in typed["rows"])
@@ -157,7 +161,7 @@ def test_metric_names_as_typed_in_tables_are_accepted() -> None:
 
 def test_flips_list_the_queries_that_changed() -> None:
     variants, _, _ = _sweep()
-    c = compare.compare(variants, metrics=["hit_at_5", "latency_ms"], B=500)
+    c = compare(variants, metrics=["hit_at_5", "latency_ms"], B=500)
     fl = c.flips["better"]["hit_at_5"]["dev"]
     expected = {
         r0["query_id"]
@@ -181,11 +185,11 @@ def test_disagreement_flag() -> None:
         VariantData("baseline", _records({"hit_at_5": base}, splits, groups)),
         VariantData("v", _records({"hit_at_5": var}, splits, groups)),
     ]
-    c = compare.compare(vs, metrics=["hit_at_5"], B=1000)
+    c = compare(vs, metrics=["hit_at_5"], B=1000)
     assert c.row("dev", "v", "hit_at_5").verdict == "better"  # type: ignore[union-attr]
     assert c.row("holdout", "v", "hit_at_5").flag == "better on dev only"  # type: ignore[union-attr]
-    assert "better on dev only" in compare.format_terminal(c)
-    assert "failed queries: none; no query left out of any pair" in compare.format_terminal(c)
+    assert "better on dev only" in format_terminal(c)
+    assert "failed queries: none; no query left out of any pair" in format_terminal(c)
 
 
 def test_gate() -> None:
@@ -198,15 +202,15 @@ def test_gate() -> None:
         VariantData("baseline", _records({"recall_at_5": base}, splits, groups)),
         VariantData("worse", _records({"recall_at_5": worse}, splits, groups)),
     ]
-    c = compare.compare(vs, metrics=["recall_at_5"], B=2000)
-    failures = compare.gate(c, ["holdout/recall_at_5<-0.02"])
+    c = compare(vs, metrics=["recall_at_5"], B=2000)
+    failures = gate(c, ["holdout/recall_at_5<-0.02"])
     assert len(failures) == 1 and "worse: holdout/recall_at_5 effect -0.1000" in failures[0]
-    assert compare.gate(c, ["holdout/recall_at_5<-0.2"]) == []  # beyond the bound only
-    assert compare.gate(c, ["holdout/recall@5<-0.02"])  # display spelling accepted
+    assert gate(c, ["holdout/recall_at_5<-0.2"]) == []  # beyond the bound only
+    assert gate(c, ["holdout/recall@5<-0.02"])  # display spelling accepted
     with pytest.raises(ComparisonError, match="expected SPLIT/METRIC<BOUND"):
-        compare.gate(c, ["recall_at_5 below 2%"])
+        gate(c, ["recall_at_5 below 2%"])
     with pytest.raises(ComparisonError, match="is not compared"):
-        compare.gate(c, ["holdout/ndcg_at_10<-0.02"])
+        gate(c, ["holdout/ndcg_at_10<-0.02"])
 
 
 def test_gate_ignores_non_significant_effects() -> None:
@@ -216,24 +220,24 @@ def test_gate_ignores_non_significant_effects() -> None:
         VariantData("baseline", _records({"recall_at_5": [1, 1, 1, 1, 1, 1]}, splits, groups)),
         VariantData("v", _records({"recall_at_5": [0, 1, 1, 1, 1, 1]}, splits, groups)),
     ]
-    c = compare.compare(vs, metrics=["recall_at_5"], splits=["holdout"], B=1000)
+    c = compare(vs, metrics=["recall_at_5"], splits=["holdout"], B=1000)
     r = c.row("holdout", "v", "recall_at_5")
     assert r is not None and r.effect < -0.02 and not r.significant
-    assert compare.gate(c, ["holdout/recall_at_5<-0.02"]) == []
+    assert gate(c, ["holdout/recall_at_5<-0.02"]) == []
 
 
 def test_unknown_metric_and_baseline() -> None:
     variants, _, _ = _sweep(n=20)
     with pytest.raises(UnknownNameError, match="recall_at_<k>"):
-        compare.compare(variants, metrics=["recal_at_5"])
+        compare(variants, metrics=["recal_at_5"])
     with pytest.raises(ComparisonError, match="variants: baseline, better, same"):
-        compare.compare(variants, baseline="nope", metrics=["hit_at_5"])
+        compare(variants, baseline="nope", metrics=["hit_at_5"])
 
 
 def test_outputs_have_the_documented_columns(tmp_path: Path) -> None:
     variants, _, _ = _sweep()
-    c = compare.compare(variants, metrics=["hit_at_5"], B=500)
-    paths = compare.write_outputs(c, tmp_path)
+    c = compare(variants, metrics=["hit_at_5"], B=500)
+    paths = write_outputs(c, tmp_path)
     data = json.loads(paths[0].read_text())
     need = {
         "split",
@@ -260,7 +264,7 @@ def test_outputs_have_the_documented_columns(tmp_path: Path) -> None:
     md = paths[1].read_text()
     assert "| better | hit@5 |" in md and "Per-query flips" in md
     row = c.row("holdout", "better", "hit_at_5")
-    assert row is not None and compare.delta_metrics(c, "better")["delta/holdout/hit_at_5"] == row.effect
+    assert row is not None and delta_metrics(c, "better")["delta/holdout/hit_at_5"] == row.effect
 
 
 def test_guard_names_changed_factors() -> None:
@@ -312,7 +316,7 @@ def test_failed_queries_are_counted_compared_and_named() -> None:
     variants = _holdout12([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0])
     _fail(variants[1].records, {"q0", "q1", "q2", "q3"}, latency=5000.0)  # four timeouts in the variant
     _fail(variants[0].records, {"q11"}, latency=10.0)  # one failure in the baseline
-    c = compare.compare(
+    c = compare(
         variants, metrics=["recall_at_5", "error_rate", "latency_ms"], splits=["holdout"], B=5000
     )
 
@@ -344,17 +348,17 @@ def test_failed_queries_are_counted_compared_and_named() -> None:
     assert lat is not None and lat.n_queries == 12
     assert lat.variant_mean == pytest.approx((4 * 5000 + 8 * 10) / 12) and lat.effect > 0
 
-    text = compare.format_terminal(c)
+    text = format_terminal(c)
     assert "holdout, v: failed 1/12 in baseline, 4/12 in variant" in text
     assert "left out 5 (1 failed in baseline, 4 failed in variant)" in text
-    md = compare.format_markdown(c)
+    md = format_markdown(c)
     assert "| holdout | v | 12 | 1/12 | 4/12 | 7 | 5 (1 failed in baseline, 4 failed in variant) |" in md
 
 
 def test_error_rate_is_compared_by_default() -> None:
-    assert "error_rate" in compare.DEFAULT_METRICS
-    from rag_ablate.config import CompareConfig
-    from rag_ablate.metrics import REGISTRY
+    assert "error_rate" in DEFAULT_METRICS
+    from rag_ablate.config.schema import CompareConfig
+    from rag_ablate.metrics.registry import REGISTRY
 
     assert "error_rate" in CompareConfig().metrics
     spec = REGISTRY["error_rate"]
@@ -364,7 +368,7 @@ def test_error_rate_is_compared_by_default() -> None:
 def test_a_variant_whose_queries_all_failed_shows_rows_that_say_so() -> None:
     variants = _holdout12([1.0] * 12)
     _fail(variants[1].records, {f"q{i}" for i in range(12)}, latency=30000.0)
-    c = compare.compare(
+    c = compare(
         variants, metrics=["recall_at_5", "error_rate", "latency_ms"], splits=["holdout"], B=5000
     )
     recall = c.row("holdout", "v", "recall_at_5")
@@ -373,16 +377,16 @@ def test_a_variant_whose_queries_all_failed_shows_rows_that_say_so() -> None:
     err = c.row("holdout", "v", "error_rate")
     assert err is not None and err.effect == 1.0 and err.verdict == "worse"
     assert err.p_value == pytest.approx(2 / 2**12)  # exact: all 12 groups must share a sign
-    text = compare.format_terminal(c)
+    text = format_terminal(c)
     assert "all 12 failed in variant" in text
     data = c.to_dict()
     row = next(r for r in data["rows"] if r["metric"] == "recall_at_5")
     assert row["effect"] is None and row["note"] == "all 12 failed in variant"  # JSON has no NaN
     # a gate on the untestable metric fails: a broken variant does not pass by producing no numbers
-    failures = compare.gate(c, ["holdout/recall_at_5<-0.02"])
+    failures = gate(c, ["holdout/recall_at_5<-0.02"])
     assert len(failures) == 1 and "could not be tested (all 12 failed in variant)" in failures[0]
     # MLflow gets the effects that exist; an untestable metric logs nothing rather than NaN
-    assert set(compare.delta_metrics(c, "v")) == {
+    assert set(delta_metrics(c, "v")) == {
         "delta/holdout/error_rate",
         "p_adj/holdout/error_rate",
         "delta/holdout/latency_ms",
@@ -395,7 +399,7 @@ def test_failed_in_both_and_missing_records_are_counted_apart() -> None:
     _fail(variants[0].records, {"q0", "q1"})
     _fail(variants[1].records, {"q1"})
     variants[1].records = [r for r in variants[1].records if r["query_id"] != "q2"]  # no record
-    c = compare.compare(variants, metrics=["recall_at_5", "error_rate"], splits=["holdout"], B=5000)
+    c = compare(variants, metrics=["recall_at_5", "error_rate"], splits=["holdout"], B=5000)
     pair = c.pair("holdout", "v")
     assert pair is not None
     assert pair.left_out_text() == "3 (1 failed in baseline, 1 failed in both, 1 no record on one side)"
@@ -413,16 +417,16 @@ def test_adding_a_variant_leaves_the_other_rows_unchanged() -> None:
     keys = ("effect", "ci_low", "ci_high", "boot_ci_low", "boot_ci_high", "se", "p_value", "p_exact")
     metrics = ["hit_at_5", "latency_ms", "error_rate"]
 
-    def numbers(c: compare.Comparison) -> dict[tuple[str, str, str], tuple[Any, ...]]:
+    def numbers(c: Comparison) -> dict[tuple[str, str, str], tuple[Any, ...]]:
         return {
             (r.split, r.variant, r.metric): tuple(getattr(r, k) for k in keys)
             for r in c.rows
             if r.variant == "better"
         }
 
-    two = numbers(compare.compare([base, better], metrics=metrics, B=1000, seed=7))
-    three = numbers(compare.compare([base, better, same], metrics=metrics, B=1000, seed=7))
-    reordered = numbers(compare.compare([base, same, better], metrics=metrics, B=1000, seed=7))
+    two = numbers(compare([base, better], metrics=metrics, B=1000, seed=7))
+    three = numbers(compare([base, better, same], metrics=metrics, B=1000, seed=7))
+    reordered = numbers(compare([base, same, better], metrics=metrics, B=1000, seed=7))
     assert two == three == reordered
     assert not all(v[7] for v in two.values())  # some p are Monte Carlo, so the seeds matter
 
@@ -431,7 +435,7 @@ def test_adding_a_variant_leaves_the_other_rows_unchanged() -> None:
 
 
 def test_guard_counts_a_key_set_inside_a_changed_group() -> None:
-    from rag_ablate.guard import changed_factors
+    from rag_ablate.compare.guard import changed_factors
 
     base = {"retrieval": {"method": "bm25", "top_k": 10, "hybrid": {"fusion": "rrf"}}, "seed": 0}
     hybrid = {"retrieval": {"method": "hybrid", "top_k": 10, "hybrid": {"fusion": "rrf"}}, "seed": 0}
@@ -478,7 +482,7 @@ def _fp(corpus: str, queries: str) -> dict[str, Any]:
 
 
 def test_guard_compares_the_data_by_fingerprint() -> None:
-    from rag_ablate.guard import check
+    from rag_ablate.compare.guard import check
 
     cfg = {"dataset": {"name": "sample", "path": None}, "chunk": {"size": 512}}
     moved = {"dataset": {"name": "copy", "path": "/elsewhere"}, "chunk": {"size": 512}}
@@ -498,7 +502,7 @@ def test_guard_compares_the_data_by_fingerprint() -> None:
 
 
 def test_guard_reports_an_unreadable_config_as_unchecked() -> None:
-    from rag_ablate.guard import check, unchecked_variants
+    from rag_ablate.compare.guard import check, unchecked_variants
 
     cfg = {"chunk": {"size": 512}}
     vs = [
@@ -533,7 +537,7 @@ def _write_job(
 
 def test_run_comparison_on_a_sweep_folder(tmp_path: Path) -> None:
     """The one sequence both the sweep's end and `rag-ablate compare` run, on files as jobs write them."""
-    from rag_ablate.config import CompareConfig
+    from rag_ablate.config.schema import CompareConfig
 
     variants, _, _ = _sweep(n=60)
     base, better, same = variants
@@ -546,7 +550,7 @@ def test_run_comparison_on_a_sweep_folder(tmp_path: Path) -> None:
     _write_job(tmp_path, 2, "same", same.records, "seed: 3\nchunk: [unclosed\n", fp)
     printed: list[str] = []
     settings = CompareConfig(metrics=["hit_at_5", "error_rate"], B=500, fail_on=["holdout/error_rate>0.5"])
-    run = compare.run_comparison(tmp_path, settings, echo=printed.append)
+    run = run_comparison(tmp_path, settings, echo=printed.append)
     c = run.comparison
     assert c.seed == 3  # the sweep's own seed
     assert list(c.unchecked) == ["same"] and c.unchecked["same"].startswith("config.yaml unreadable (")
@@ -591,7 +595,7 @@ def test_every_query_is_accounted_for(fates: list[str]) -> None:
     gone = {q for q, f in zip(ids, fates, strict=True) if f == "no_record"}
     variants[1].records = [r for r in variants[1].records if r["query_id"] not in gone]
     metrics = ["recall_at_5", "error_rate", "latency_ms"]
-    c = compare.compare(variants, metrics=metrics, splits=["holdout"], B=200)
+    c = compare(variants, metrics=metrics, splits=["holdout"], B=200)
 
     pair = c.pair("holdout", "v")
     assert pair is not None and pair.n_queries == n
@@ -629,7 +633,7 @@ def test_every_query_is_accounted_for(fates: list[str]) -> None:
 
 def _compare_cli(folder: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rag_ablate.cli", "compare", str(folder)],
+        [sys.executable, "-m", "rag_ablate.cli.main", "compare", str(folder)],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},

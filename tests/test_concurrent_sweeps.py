@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, write_dataset
 from mlflow.tracking import MlflowClient
 
-from rag_ablate.layout import COMPARISON_JSON, SWEEP_FILE
+from rag_ablate.core.layout import COMPARISON_JSON, SWEEP_FILE
 
 
 @pytest.mark.slow

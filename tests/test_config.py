@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig
 
-from rag_ablate.app import CONF_DIR, normalize_overrides, numeric_groups
-from rag_ablate.config import RunConfig, register_configs, to_settings
-from rag_ablate.errors import ConfigError
-from rag_ablate.overrides import preset_options
+from rag_ablate.config.overrides import CONF_DIR, normalize_overrides, numeric_groups, preset_options
+from rag_ablate.config.schema import RunConfig, register_configs
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.settings import to_settings
 
 register_configs()
 
@@ -153,7 +153,7 @@ def test_conf_dir_is_the_checkout_conf() -> None:
     ],
 )
 def test_a_misspelt_key_is_refused_before_hydra_naming_the_valid_ones(arg: str, message: str) -> None:
-    from rag_ablate.overrides import check_override_keys
+    from rag_ablate.config.overrides import check_override_keys
 
     with pytest.raises(ConfigError) as info:
         check_override_keys([arg])
@@ -174,7 +174,7 @@ def test_a_misspelt_key_is_refused_before_hydra_naming_the_valid_ones(arg: str, 
     ],
 )
 def test_valid_keys_pass_the_check(arg: str) -> None:
-    from rag_ablate.overrides import check_override_keys
+    from rag_ablate.config.overrides import check_override_keys
 
     check_override_keys([arg])
 

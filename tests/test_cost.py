@@ -11,18 +11,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from rag_ablate import stats
+from rag_ablate.compare import stats
 from rag_ablate.compare.analysis import compare
 from rag_ablate.compare.model import VariantData
-from rag_ablate.config import CostConfig, ModelPrice, RunConfig, validate
-from rag_ablate.cost import (
+from rag_ablate.config.schema import CostConfig, ModelPrice, RunConfig
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.run.cost import (
     cache_hit_rates,
     cost_metrics,
     final_context_tokens,
     percentile,
     run_cost_metrics,
 )
-from rag_ablate.errors import ConfigError
+from rag_ablate.settings import validate
 
 
 def _rec(

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.dataset import DatasetValidationError, load_dataset, sample_dataset_path
-from rag_ablate.errors import DatasetError
+from rag_ablate.core.errors import DatasetError
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import DatasetValidationError, sample_dataset_path
 from tests.conftest import DOCS, INTENTS, QUERIES, write_dataset
 
 

@@ -3,7 +3,7 @@
 Hypothesis mutates a valid dataset (tests/conftest.py's tiny one) the ways files break in the wild:
 broken JSON, wrong types, missing or unknown fields, unknown doc ids, bad offsets, duplicate ids,
 non-UTF-8 bytes, empty files, huge lines, deep nesting, numbers too long to convert. The loader must
-either accept the files (a valid mutation) or raise :class:`~rag_ablate.errors.DatasetError` naming the
+either accept the files (a valid mutation) or raise :class:`~rag_ablate.core.errors.DatasetError` naming the
 file (and the line and field when there is one); nothing is partially loaded (it returns a whole
 dataset or raises). A byte-order mark and CRLF line ends are valid and load the same dataset.
 """
@@ -20,8 +20,9 @@ from conftest import DOCS, QUERIES, write_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rag_ablate.dataset import CORPUS_FILE, QUERIES_FILE, load_dataset
-from rag_ablate.errors import DatasetError
+from rag_ablate.core.errors import DatasetError
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import CORPUS_FILE, QUERIES_FILE
 
 FILES = (CORPUS_FILE, QUERIES_FILE)
 

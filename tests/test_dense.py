@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rag_ablate.errors import ConfigError, UnknownNameError
-from rag_ablate.pipeline.analyzers import analyze_en, analyze_zh
+from rag_ablate.core.errors import ConfigError, UnknownNameError
 from rag_ablate.pipeline.bm25 import BM25Retriever
 from rag_ablate.pipeline.dense import DenseIndex
-from rag_ablate.pipeline.encoders import ENCODERS, default_encoder, load_encoder
-from rag_ablate.pipeline.stages import ST_ENCODER
+from rag_ablate.pipeline.encoders import default_encoder, load_encoder
+from rag_ablate.pipeline.stages import ENCODERS, ST_ENCODER
+from rag_ablate.text.analyzers import analyze_en, analyze_zh
 
 # the built-in encoders (the registry also holds the family st:<folder>, which needs a folder)
 BUILTIN_ENCODERS = tuple(n for n in ENCODERS if n != ST_ENCODER)

@@ -22,16 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from rag_ablate.dataset import load_dataset
-from rag_ablate.metrics import (
-    REGISTRY,
-    count_tokens,
-    evidence_recall,
-    intent_report,
-    intent_top1,
-    retrieval_metrics,
-)
-from rag_ablate.records import aggregate
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.metrics.intent import intent_report, intent_top1
+from rag_ablate.metrics.registry import REGISTRY
+from rag_ablate.metrics.retrieval import evidence_recall, retrieval_metrics
+from rag_ablate.records.scoring import aggregate
+from rag_ablate.text.count import count_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.dataset import load_dataset
-from rag_ablate.records import aggregate, read_records, rescore
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.records.jsonl import read_records
+from rag_ablate.records.scoring import aggregate, rescore
 from tests.conftest import free_port, run_module, write_dataset
 
 
@@ -125,7 +126,7 @@ def test_bad_dataset_path_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def _rag_ablate(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return run_module("rag_ablate.cli", args, cwd)
+    return run_module("rag_ablate.cli.main", args, cwd)
 
 
 @pytest.mark.slow
@@ -389,8 +390,8 @@ def test_sweeps_started_together_get_their_own_folders(tiny_dataset: Path, tmp_p
 
 
 def test_sqlite_store_is_checked_before_mlflow_touches_it(tmp_path: Path) -> None:
-    from rag_ablate import tracking
-    from rag_ablate.errors import TrackingError
+    from rag_ablate.core.errors import TrackingError
+    from rag_ablate.tracking import store as tracking
 
     a_file = tmp_path / "a_file"
     a_file.write_text("", encoding="utf-8")
@@ -411,7 +412,7 @@ def test_sqlite_store_is_checked_before_mlflow_touches_it(tmp_path: Path) -> Non
 
 def test_relative_sqlite_store_gets_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``tracking.uri=sqlite:///outputs/mlflow.db`` on a fresh checkout works like the default."""
-    from rag_ablate import tracking
+    from rag_ablate.tracking import store as tracking
 
     monkeypatch.chdir(tmp_path)
     tracking.open_store("sqlite:///outputs/mlflow.db", "rag_ablate", tmp_path / "art")

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from rag_ablate.config import RunConfig
-from rag_ablate.dataset import load_dataset
-from rag_ablate.export import trec_run_lines, write_trec
-from rag_ablate.runner import evaluate
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.run.export import trec_run_lines, write_trec
+from rag_ablate.run.runner import evaluate
 from rag_ablate.systems.local import LocalSystem
 
 pytestmark = pytest.mark.filterwarnings(

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_ablate.cache import Cache, content_key
-from rag_ablate.errors import UnknownNameError
+from rag_ablate.core.cache import Cache, content_key
+from rag_ablate.core.errors import UnknownNameError
 from rag_ablate.pipeline.fusion import fuse, rrf, weighted
 
 TIE = np.arange(10)

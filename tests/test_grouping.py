@@ -1,4 +1,4 @@
-"""Tests for rag_ablate.grouping: normalisation, the similarity join, near-duplicate groups, splits."""
+"""rag_ablate.dataset.grouping: normalisation, the similarity join, near-duplicate groups, splits."""
 
 from __future__ import annotations
 
@@ -10,18 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rag_ablate.errors import ConfigError, DatasetError
-from rag_ablate.grouping import (
-    MASKS,
-    GroupingResult,
-    assign_splits,
-    char_ngrams,
-    check_splits,
-    group_near_duplicates,
-    normalize,
-)
-from rag_ablate.grouping.join import components, shingle
-from rag_ablate.grouping.normalize import normalize_many
+from rag_ablate.core.errors import ConfigError, DatasetError
+from rag_ablate.dataset.grouping.groups import GroupingResult, group_near_duplicates
+from rag_ablate.dataset.grouping.join import components, shingle
+from rag_ablate.dataset.grouping.normalize import MASKS, char_ngrams, normalize, normalize_many
+from rag_ablate.dataset.grouping.splits import assign_splits, check_splits
 
 DATE, NUM = MASKS["date"], MASKS["number"]
 

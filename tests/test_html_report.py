@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from rag_ablate import cli, html_report, tradeoff
-from rag_ablate.config import CompareConfig
-from rag_ablate.layout import COMPARISON_JSON, FAILURES_FILE, SWEEP_FILE
+from rag_ablate.cli import main as cli
+from rag_ablate.compare import tradeoff
+from rag_ablate.config.schema import CompareConfig
+from rag_ablate.core.layout import COMPARISON_JSON, FAILURES_FILE, SWEEP_FILE
+from rag_ablate.report import html as html_report
 from tests.conftest import run_module
 
 SECTIONS = {
@@ -111,7 +113,7 @@ def test_report_and_compare_commands_rebuild_it(sweep: dict[str, Any], tmp_path:
 
 
 def test_report_without_a_comparison_says_what_to_run(tmp_path: Path) -> None:
-    from rag_ablate.errors import ComparisonError
+    from rag_ablate.core.errors import ComparisonError
 
     with pytest.raises(ComparisonError, match="rag-ablate compare"):
         html_report.write_report(tmp_path, CompareConfig())
@@ -209,7 +211,7 @@ def test_confounded_and_unchecked_variants_are_flagged(sweep: dict[str, Any], tm
 
 @pytest.mark.slow
 def test_intent_table_and_recall_curves_match_what_the_jobs_wrote(sweep: dict[str, Any]) -> None:
-    from rag_ablate.compare import load_sweep_dir
+    from rag_ablate.compare.load import load_sweep_dir
 
     variants = load_sweep_dir(sweep["dir"])
     order, table = html_report.intent_accuracy(variants)

@@ -1,6 +1,6 @@
 """system=http against real servers on 127.0.0.1.
 
-* Parity: the reference service (rag_ablate.serve on uvicorn) wraps the local pipeline;
+* Parity: the reference service (rag_ablate.cli.serve on uvicorn) wraps the local pipeline;
   evaluating through it gives the local system's retrieval and intent metrics.
 * Faults: a stdlib HTTP server that misbehaves on purpose per query (timeouts, 5xx
   bursts, 429 with Retry-After, malformed JSON, a mapping that does not match, a cut
@@ -27,20 +27,18 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.config import RunConfig, redact, redact_override, validate_system
-from rag_ablate.dataset import Dataset, load_dataset
-from rag_ablate.errors import ConfigError
-from rag_ablate.records import Record, aggregate
-from rag_ablate.runner import evaluate
-from rag_ablate.systems import SYSTEMS, Trace
-from rag_ablate.systems.http import (
-    HttpSystem,
-    excerpt,
-    get_path,
-    render_body,
-    request_values,
-    retry_after_seconds,
-)
+from rag_ablate.config.keys import redact, redact_override
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.core.retry import excerpt, retry_after_seconds
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import Dataset
+from rag_ablate.records.scoring import aggregate
+from rag_ablate.records.trace import Record, Trace
+from rag_ablate.run.runner import evaluate
+from rag_ablate.settings import validate_system
+from rag_ablate.systems import SYSTEMS
+from rag_ablate.systems.http import HttpSystem, get_path, render_body, request_values
 from rag_ablate.systems.local import LocalSystem
 from tests.conftest import DOCS, QUERIES, run_module, write_dataset
 
@@ -131,8 +129,9 @@ def test_http_settings_are_checked_with_clear_messages() -> None:
 def test_system_http_composes_from_conf_and_needs_its_base_url() -> None:
     from hydra import compose, initialize_config_dir
 
-    from rag_ablate.config import register_configs, to_settings
-    from rag_ablate.overrides import CONF_DIR
+    from rag_ablate.config.overrides import CONF_DIR
+    from rag_ablate.config.schema import register_configs
+    from rag_ablate.settings import to_settings
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -172,7 +171,7 @@ def test_header_values_are_redacted_nested_and_flat() -> None:
 
 
 def test_end_table_shows_statuses_and_time_percentiles() -> None:
-    from rag_ablate.report import summary_rows
+    from rag_ablate.run.summary import summary_rows
 
     local = {
         "label": "local",
@@ -418,7 +417,7 @@ def _quality(metrics: dict[str, float]) -> dict[str, float]:
 def test_metrics_through_the_reference_service_equal_the_local_system(
     dataset: str, tiny_dataset: Path
 ) -> None:
-    from rag_ablate.serve import ReferenceService, create_app
+    from rag_ablate.cli.serve import ReferenceService, create_app
 
     ds = load_dataset(tiny_dataset if dataset == "tiny" else None)
     settings = _local_settings() if dataset == "tiny" else RunConfig(progress=False)

@@ -1,4 +1,4 @@
-"""Dataset importers (rag_ablate.importers): SQuAD-style JSON, BEIR folders, ClapNQ.
+"""Dataset importers (rag_ablate.dataset.importers): SQuAD-style JSON, BEIR folders, ClapNQ.
 
 Every test imports a small hand-made source written into tmp_path, checks the
 mapping of each edge case, and checks that the output folder passes
@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.cli import main
-from rag_ablate.dataset import Dataset, load_dataset
-from rag_ablate.errors import ConfigError, DatasetError, UnknownNameError
-from rag_ablate.importers import (
+from rag_ablate.cli.main import main
+from rag_ablate.core.errors import ConfigError, DatasetError, UnknownNameError
+from rag_ablate.dataset.importers.common import (
     IMPORTERS,
     Case,
     Importer,
@@ -30,7 +29,7 @@ from rag_ablate.importers import (
     JsonlWriter,
     import_dataset,
 )
-from rag_ablate.importers.squad import (
+from rag_ablate.dataset.importers.squad import (
     ANSWERS_IGNORED,
     EMPTY_ANSWER_UNANSWERABLE,
     IMPOSSIBLE_AS_NUMBER,
@@ -38,6 +37,8 @@ from rag_ablate.importers.squad import (
     PLAUSIBLE_IGNORED,
     YES_NO_ANSWERABLE,
 )
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import Dataset
 from tests.conftest import shared_path
 
 # --------------------------------------------------------------------------- helpers

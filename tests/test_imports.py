@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import REPO, write_dataset
 
-from rag_ablate.layout import PROFILE_FILE, RECORDS_FILE
+from rag_ablate.core.layout import PROFILE_FILE, RECORDS_FILE
 
 # runs rag_ablate as `python -m rag_ablate` does, and writes sys.modules at exit (also after sys.exit)
 ENTRY = """
@@ -77,7 +77,7 @@ def test_bm25_run_without_tracking_imports_no_mlflow(tmp_path: Path) -> None:
 
 def test_mlflow_telemetry_is_off_unless_the_user_sets_it() -> None:
     """MLflow's usage telemetry would reach the internet from every run: off by default."""
-    code = "import os, rag_ablate.tracking; print(os.environ['MLFLOW_DISABLE_TELEMETRY'])"
+    code = "import os, rag_ablate.tracking.store; print(os.environ['MLFLOW_DISABLE_TELEMETRY'])"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_DISABLE_TELEMETRY"}
     env["PYTHONPATH"] = str(REPO)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from rag_ablate.cache import Cache
-from rag_ablate.config import RunConfig
-from rag_ablate.errors import ConfigError
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core.cache import Cache
+from rag_ablate.core.errors import ConfigError
 from rag_ablate.generators.base import Context
 from rag_ablate.judges import JUDGE_METRICS, JUDGES, JudgeInput
 from rag_ablate.judges.openai import (
@@ -578,8 +578,9 @@ def test_rubric_needs_six_levels_and_support_its_count() -> None:
 def test_composed_config_selects_and_checks_the_judge() -> None:
     from hydra import compose, initialize_config_dir
 
-    from rag_ablate.app import CONF_DIR, normalize_overrides
-    from rag_ablate.config import register_configs, to_settings
+    from rag_ablate.config.overrides import CONF_DIR, normalize_overrides
+    from rag_ablate.config.schema import register_configs
+    from rag_ablate.settings import to_settings
 
     register_configs()
 

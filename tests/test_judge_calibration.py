@@ -19,9 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import cohen_kappa_score
 
-from rag_ablate.cache import Cache
-from rag_ablate.config import RunConfig
-from rag_ablate.dataset import HUMAN_METRICS, DatasetValidationError, load_dataset
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core.cache import Cache
+from rag_ablate.core.layout import JUDGE_CALIBRATION_JSON, JUDGE_CALIBRATION_MD, RECORDS_FILE, RUN_FILE
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import HUMAN_METRICS, DatasetValidationError
 from rag_ablate.judges import JUDGE_METRICS
 from rag_ablate.judges.calibration import (
     agreement,
@@ -31,7 +33,6 @@ from rag_ablate.judges.calibration import (
     run_calibration,
     weighted_kappa,
 )
-from rag_ablate.layout import JUDGE_CALIBRATION_JSON, JUDGE_CALIBRATION_MD, RECORDS_FILE, RUN_FILE
 from tests.conftest import DOCS, QUERIES, run_module, write_dataset
 from tests.fake_llm import FakeLLM
 
@@ -256,7 +257,7 @@ def test_human_judgements_load(tmp_path: Path) -> None:
 
 
 def test_validate_counts_the_human_judgements(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from rag_ablate.cli import main
+    from rag_ablate.cli.main import main
 
     assert main(["validate", str(write_dataset(tmp_path / "d", queries=judged_queries()))]) == 0
     assert "human judgements  16 on 5 queries" in capsys.readouterr().out
@@ -381,8 +382,9 @@ def expected_pairs(metric: str) -> tuple[list[int], list[int], int, int]:
 def composed(*overrides: str) -> RunConfig:
     from hydra import compose, initialize_config_dir
 
-    from rag_ablate.app import CONF_DIR, normalize_overrides
-    from rag_ablate.config import register_configs, to_settings
+    from rag_ablate.config.overrides import CONF_DIR, normalize_overrides
+    from rag_ablate.config.schema import register_configs
+    from rag_ablate.settings import to_settings
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -20,11 +20,8 @@ import pytest
 from scipy.stats import spearmanr
 
 from rag_ablate.compare.analysis import judge_spread
-from rag_ablate.config import COMPARE_METRICS, ModelPrice, RunConfig
-from rag_ablate.dataset import Document, Query, load_dataset
-from rag_ablate.judges import JUDGE_METRICS
-from rag_ablate.judging import judge_run_metrics, metric_agreement, spearman
-from rag_ablate.layout import (
+from rag_ablate.config.schema import COMPARE_METRICS, ModelPrice, RunConfig
+from rag_ablate.core.layout import (
     COMPARISON_JSON,
     COMPARISON_MD,
     RECORDS_FILE,
@@ -32,8 +29,12 @@ from rag_ablate.layout import (
     SUMMARY_FILE,
     VARIANT_FILE,
 )
-from rag_ablate.metrics import REGISTRY
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import Document, Query
+from rag_ablate.judges import JUDGE_METRICS
 from rag_ablate.metrics.answers import JUDGED_METRICS, AnswerScoring, answer_metrics, judge_support
+from rag_ablate.metrics.registry import REGISTRY
+from rag_ablate.run.judging import judge_run_metrics, metric_agreement, spearman
 from tests.conftest import DOCS as CONFTEST_DOCS
 from tests.conftest import run_module
 from tests.fake_llm import FakeLLM
@@ -448,8 +449,9 @@ def _composed(*overrides: str) -> RunConfig:
     """The settings a run composes from conf/ (with the judge's templates and rubric)."""
     from hydra import compose, initialize_config_dir
 
-    from rag_ablate.app import CONF_DIR, normalize_overrides
-    from rag_ablate.config import register_configs, to_settings
+    from rag_ablate.config.overrides import CONF_DIR, normalize_overrides
+    from rag_ablate.config.schema import register_configs
+    from rag_ablate.settings import to_settings
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -515,9 +517,9 @@ def test_the_comparison_shows_the_judges_repeat_spread_next_to_the_ci(
 def test_judge_records_judges_only_answers_without_a_judgement_and_records_a_failed_call(
     fake_llm: FakeLLM, tiny_dataset: Path, tmp_path: Path
 ) -> None:
-    from rag_ablate.cache import Cache
+    from rag_ablate.core.cache import Cache
     from rag_ablate.judges import JUDGES
-    from rag_ablate.judging import judge_input, judge_records
+    from rag_ablate.run.judging import judge_input, judge_records
 
     fake_llm.respond = ScriptedJudge()
     fake_llm.failures = [(500, {})]  # the first call fails (no retries): that repeat's every key failed

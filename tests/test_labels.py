@@ -1,4 +1,4 @@
-"""Evidence labels checked against the current corpus (rag_ablate.labels, ``validate --fix``).
+"""Evidence labels checked against the current corpus (rag_ablate.dataset.labels, ``validate --fix``).
 
 Each test edits the tiny dataset's corpus the way documents really change (a
 sentence inserted before the quoted one, the quoted sentence rewritten, a phrase
@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.cli import main
-from rag_ablate.dataset import DatasetValidationError, load_dataset
-from rag_ablate.importers import IMPORTERS, import_dataset
-from rag_ablate.labels import LabelReport, check_dataset_labels, fix_queries, label_params, locate_quote
+from rag_ablate.cli.main import main
+from rag_ablate.dataset.importers.common import IMPORTERS, import_dataset
+from rag_ablate.dataset.labels import check_dataset_labels, fix_queries, label_params, locate_quote
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import DatasetValidationError, LabelReport
 from tests.conftest import DOCS, QUERIES, run_module, shared_path, write_dataset
 from tests.test_importers import _SOURCES
 

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_ablate.cache import Cache
-from rag_ablate.config import RunConfig
-from rag_ablate.dataset import Dataset, Document, load_dataset
-from rag_ablate.errors import UnknownNameError
-from rag_ablate.metrics.text import count_tokens
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core.cache import Cache
+from rag_ablate.core.errors import UnknownNameError
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import Dataset, Document
 from rag_ablate.pipeline import encoders
 from rag_ablate.pipeline.chunking import (
     Chunks,
@@ -34,6 +34,7 @@ from rag_ablate.pipeline.chunking import (
 from rag_ablate.pipeline.dense import DenseIndex, choose_index
 from rag_ablate.pipeline.encoders import _BatchedEncoder
 from rag_ablate.systems.local import LocalSystem
+from rag_ablate.text.count import count_tokens
 from tests.conftest import REPO, write_dataset
 
 SAMPLE_CHUNKINGS = ((128, 16), (256, 32), (512, 64))

@@ -21,8 +21,9 @@ from conftest import REPO, write_dataset
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from rag_ablate.layout import COMPARISON_JSON, METRICS_FILE, SWEEP_FILE, VARIANT_FILE
-from rag_ablate.tracking import OWNER_TAG, PARENT_TAG
+from rag_ablate.core.layout import COMPARISON_JSON, METRICS_FILE, SWEEP_FILE, VARIANT_FILE
+from rag_ablate.tracking.store import OWNER_TAG
+from rag_ablate.tracking.tags import PARENT_TAG
 
 # chunk=8 splits the tiny corpus's documents and changes what is retrieved: the comparison has
 # non-zero effects, so "equal to the serial sweep" is not satisfied by two rows of zeros

@@ -1,4 +1,4 @@
-"""rag_ablate.llm.ChatClient against the deterministic OpenAI-compatible server of tests/fake_llm.py
+"""rag_ablate.llm.client.ChatClient against the deterministic OpenAI-compatible server of tests/fake_llm.py
 (real HTTP on 127.0.0.1, the real wire format, streamed and not)."""
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.cache import Cache, content_key
-from rag_ablate.errors import ConfigError
-from rag_ablate.generators.base import GenerationError
-from rag_ablate.llm import CACHE_KIND, ChatClient
-from rag_ablate.metrics.text import count_tokens
+from rag_ablate.core.cache import Cache, content_key
+from rag_ablate.core.errors import ConfigError, GenerationError
+from rag_ablate.llm.client import CACHE_KIND, ChatClient
+from rag_ablate.text.count import count_tokens
 from tests.fake_llm import FakeLLM
 
 CANARY = "sk-canary-llm-91c3e07d5a"  # a fake key: must never reach a file

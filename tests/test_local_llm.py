@@ -20,11 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
-from rag_ablate import local_llm
-from rag_ablate.cli import main
-from rag_ablate.errors import RagAblateError
+from rag_ablate.cli.main import main
+from rag_ablate.core.errors import RagAblateError
 from rag_ablate.judges import JUDGE_METRICS
-from rag_ablate.metrics.text import count_tokens
+from rag_ablate.llm import local as local_llm
+from rag_ablate.text.count import count_tokens
 from tests.conftest import REPO, free_port, run_module
 
 SAMPLE = REPO / "rag_ablate" / "data" / "sample"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rag_ablate.metrics import NO_PREDICTION, IntentReport, IntentRow, intent_report, intent_top1
+from rag_ablate.metrics.intent import NO_PREDICTION, IntentReport, IntentRow, intent_report, intent_top1
 
 CASES: list[tuple[str | None, str, str | None]] = [
     ("KNOWLEDGE", "S14_returns", "S14_returns"),

@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag_ablate.errors import ConfigError, RagAblateError, UnknownNameError
-from rag_ablate.metrics import (
+from rag_ablate.core.errors import ConfigError, RagAblateError, UnknownNameError
+from rag_ablate.core.registry import Registry
+from rag_ablate.metrics import registry as registry_module
+from rag_ablate.metrics.registry import (
     REGISTRY,
     MetricSpec,
     direction_of,
@@ -17,11 +19,9 @@ from rag_ablate.metrics import (
     metric_name,
     parse_metric_name,
     register,
-    retrieval_metrics,
     valid_metric_names,
 )
-from rag_ablate.metrics import registry as registry_module
-from rag_ablate.registry import Registry
+from rag_ablate.metrics.retrieval import retrieval_metrics
 
 BUILTIN = {
     # base: (direction, binary, takes_k)

@@ -53,15 +53,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ranx import Qrels, Run, evaluate
 
-from rag_ablate.errors import ConfigError
-from rag_ablate.metrics import (
-    context_tokens,
-    count_tokens,
-    evidence_recall,
-    is_cjk_text,
-    retrieval_metrics,
-    unique_docs,
-)
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.metrics.retrieval import evidence_recall, retrieval_metrics, unique_docs
+from rag_ablate.text.count import context_tokens, count_tokens, is_cjk_text
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:unsafe cast from uint64 to int64:numba.core.errors.NumbaTypeSafetyWarning"

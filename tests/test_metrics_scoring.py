@@ -22,9 +22,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ranx import Qrels, Run, evaluate
 
-from rag_ablate.errors import ConfigError
-from rag_ablate.metrics import evidence_recall, metric_name, retrieval_metrics, unique_docs
-from rag_ablate.metrics.retrieval import RETRIEVAL_BASES, evidence_recall_at
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.metrics.registry import metric_name
+from rag_ablate.metrics.retrieval import (
+    RETRIEVAL_BASES,
+    evidence_recall,
+    evidence_recall_at,
+    retrieval_metrics,
+    unique_docs,
+)
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:unsafe cast from uint64 to int64:numba.core.errors.NumbaTypeSafetyWarning"

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from rag_ablate import mlflow_traces as mt
-from rag_ablate.errors import ConfigError
-from rag_ablate.records import read_records
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.records.jsonl import read_records
+from rag_ablate.tracking import traces as mt
 from tests.conftest import DOCS, QUERIES, chromium, mlflow_ui, require_chromium, run_module, write_dataset
 
 COMPARED = ["recall_at_5", "ndcg_at_10", "mrr_at_10", "evidence_recall_at_5", "intent_top1", "latency_ms"]
@@ -369,7 +369,7 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
     from mlflow.tracing.client import TracingClient
     from mlflow.tracking import MlflowClient
 
-    from rag_ablate.dataset import load_dataset
+    from rag_ablate.dataset.load import load_dataset
 
     data = write_dataset(tmp_path / "tiny")
     dataset = load_dataset(str(data), name="tiny", holdout_share=0.3, group_threshold=0.7, seed=0)

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rag_ablate.cli import main
-from rag_ablate.mlflow_ui import baseline_run_name, headline_metrics, mlflow_metrics
-from rag_ablate.records import read_records
+from rag_ablate.cli.main import main
+from rag_ablate.records.jsonl import read_records
+from rag_ablate.tracking.ui import baseline_run_name, headline_metrics, mlflow_metrics
 from tests.conftest import chromium, mlflow_ui, require_chromium, run_module
 
 NOTE = "mlflow.note.content"
@@ -184,7 +184,7 @@ def test_mlflow_gets_the_configured_metrics_and_metrics_json_the_grid() -> None:
 
 
 def test_ui_starts_light(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from rag_ablate import tracking
+    from rag_ablate.tracking import store as tracking
 
     uri = tracking.default_uri(tmp_path)
     tracking.ensure_experiment(uri, "rag_ablate", tmp_path / "art")

@@ -14,19 +14,19 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from rag_ablate.cache import Cache
-from rag_ablate.config import RunConfig
-from rag_ablate.errors import ConfigError
-from rag_ablate.generators import GENERATORS, Context
-from rag_ablate.generators.base import GenerationError
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core.cache import Cache
+from rag_ablate.core.errors import ConfigError, GenerationError
+from rag_ablate.generators import GENERATORS
+from rag_ablate.generators.base import Context
 from rag_ablate.generators.openai import (
     OpenAIGenerator,
     build_prompt,
     citations_from_markers,
     prompt_hash,
 )
-from rag_ablate.metrics.text import count_tokens
-from rag_ablate.systems.base import Citation
+from rag_ablate.records.trace import Citation
+from rag_ablate.text.count import count_tokens
 from tests.conftest import REPO, run_module
 from tests.fake_llm import FakeLLM, serve
 
@@ -304,8 +304,9 @@ def test_run_logs_money_and_never_the_key(
 def test_composed_config_is_checked_before_any_job() -> None:
     from hydra import compose, initialize_config_dir
 
-    from rag_ablate.app import CONF_DIR, normalize_overrides
-    from rag_ablate.config import register_configs, to_settings
+    from rag_ablate.config.overrides import CONF_DIR, normalize_overrides
+    from rag_ablate.config.schema import register_configs
+    from rag_ablate.settings import to_settings
 
     register_configs()
 
@@ -323,7 +324,7 @@ def test_composed_config_is_checked_before_any_job() -> None:
 
 
 def test_local_system_keeps_retrieval_when_the_model_fails(llm: tuple[FakeLLM, str], tmp_path: Path) -> None:
-    from rag_ablate.dataset import load_dataset
+    from rag_ablate.dataset.load import load_dataset
     from rag_ablate.systems.local import LocalSystem
 
     state, url = llm

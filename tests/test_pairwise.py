@@ -22,21 +22,16 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rag_ablate import stats
-from rag_ablate.app import CONF_DIR
-from rag_ablate.compare.model import Comparison, VariantData
-from rag_ablate.compare.pairwise import (
-    PairwiseQuery,
-    outcome_of,
-    pairwise_section,
-    run_pairwise,
-    summarise,
-)
+from rag_ablate.compare import stats
+from rag_ablate.compare.model import Comparison, PairwiseQuery, VariantData
+from rag_ablate.compare.pairwise import outcome_of, pairwise_section, run_pairwise, summarise
 from rag_ablate.compare.render import format_markdown, format_terminal, write_outputs
 from rag_ablate.compare.run import Source, run_comparison
-from rag_ablate.config import CompareConfig, register_configs
-from rag_ablate.dataset import Dataset, load_dataset
-from rag_ablate.generators.base import GenerationError
+from rag_ablate.config.overrides import CONF_DIR
+from rag_ablate.config.schema import CompareConfig, register_configs
+from rag_ablate.core.errors import GenerationError
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import Dataset
 from rag_ablate.judges import JudgeInput
 from tests.conftest import run_module, write_dataset
 from tests.fake_llm import FakeLLM

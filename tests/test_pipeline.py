@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_ablate.dataset import Document, Intent
-from rag_ablate.errors import UnknownNameError
-from rag_ablate.pipeline.analyzers import analyze_en, analyze_zh, get_analyzer
+from rag_ablate.core.errors import UnknownNameError
+from rag_ablate.dataset.model import Document, Intent
 from rag_ablate.pipeline.bm25 import BM25Retriever, top_k_indices
 from rag_ablate.pipeline.chunking import chunk_corpus, chunk_document, detect_unit
 from rag_ablate.pipeline.router import IntentRouter
+from rag_ablate.text.analyzers import analyze_en, analyze_zh, get_analyzer
 
 ZH = (
     "七天无理由退货适用于大部分商品。商品需保持完好，配件齐全。"

@@ -1,4 +1,4 @@
-"""Confidential corpora: privacy.store_text=false and privacy.redact=true (rag_ablate.privacy).
+"""Confidential corpora: privacy.store_text=false and privacy.redact=true (rag_ablate.core.privacy).
 
 The detectors are checked on hand-worked examples in Chinese and English, negatives included
 (order numbers, dates, prices, ids with a wrong check character, card-like numbers that fail the
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_ablate.privacy import (
+from rag_ablate.core.privacy import (
     PLACEHOLDERS,
     WITHHELD,
     Privacy,
@@ -34,7 +34,7 @@ from rag_ablate.privacy import (
     redact_text,
     withhold_quotes,
 )
-from rag_ablate.systems.http import excerpt
+from rag_ablate.core.retry import excerpt
 from tests.conftest import run_module, write_dataset
 
 # --------------------------------------------------------------------------- detectors

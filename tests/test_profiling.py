@@ -1,4 +1,4 @@
-"""Per-stage wall time and peak memory (rag_ablate.profiling), and the profile.json files runs write."""
+"""Per-stage wall time and peak memory (rag_ablate.core.profiling), and the profile.json files runs write."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from conftest import run_module, write_dataset
 from mlflow.tracking import MlflowClient
 
-from rag_ablate import profiling
-from rag_ablate.layout import PROFILE_FILE, SUMMARY_FILE, SWEEP_FILE
+from rag_ablate.core import profiling
+from rag_ablate.core.layout import PROFILE_FILE, SUMMARY_FILE, SWEEP_FILE
 
 JOB_STAGES = ["imports", "config", "store", "load", "index", "query", "score", "write", "judge", "log"]
 

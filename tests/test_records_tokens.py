@@ -1,6 +1,6 @@
 """context_tokens_at_k counts each distinct retrieved chunk once per run (issue 16).
 
-:class:`rag_ablate.records.TokenCounts` memoises ``count_tokens`` per ``(doc_id, start, end)``
+:class:`rag_ablate.records.scoring.TokenCounts` memoises ``count_tokens`` per ``(doc_id, start, end)``
 and takes counts known already (a local system's, cached with its chunks) through ``seed``.
 Checked here: the memo equals ``count_tokens`` (random texts with CJK, Latin, punctuation,
 combining marks), ``context_tokens_at_k`` equals the previous definition
@@ -21,14 +21,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_ablate import records as records_mod
-from rag_ablate.dataset import Dataset, Document, Query, load_dataset
-from rag_ablate.errors import ConfigError
-from rag_ablate.metrics import context_tokens, count_tokens
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import Dataset, Document, Query
 from rag_ablate.pipeline.chunking import chunk_corpus
-from rag_ablate.records import TokenCounts, rescore, score_record, scored
-from rag_ablate.runner import evaluate
-from rag_ablate.systems.base import RetrievedChunk, Trace
+from rag_ablate.records import scoring as records_mod
+from rag_ablate.records.scoring import TokenCounts, rescore, score_record, scored
+from rag_ablate.records.trace import RetrievedChunk, Trace
+from rag_ablate.run.runner import evaluate
+from rag_ablate.text.count import context_tokens, count_tokens
 
 FIXTURE = Path(__file__).parent / "data" / "sample_tokens.json"
 

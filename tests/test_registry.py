@@ -19,18 +19,21 @@ from hydra import compose, initialize_config_dir
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag_ablate.app import CONF_DIR, normalize_overrides
-from rag_ablate.config import RunConfig, register_configs, to_settings
-from rag_ablate.dataset import load_dataset
-from rag_ablate.errors import UnknownNameError
+from rag_ablate.config.overrides import CONF_DIR, normalize_overrides
+from rag_ablate.config.schema import RunConfig, register_configs
+from rag_ablate.core.errors import UnknownNameError
+from rag_ablate.core.registry import Registry
+from rag_ablate.dataset.importers.common import IMPORTERS
+from rag_ablate.dataset.load import load_dataset
 from rag_ablate.generators import GENERATORS
-from rag_ablate.importers import IMPORTERS
 from rag_ablate.judges import JUDGES
-from rag_ablate.metrics import REGISTRY as METRICS
+from rag_ablate.metrics.registry import REGISTRY as METRICS
 from rag_ablate.pipeline.stages import ENCODERS, FUSIONS, RERANKERS, RETRIEVERS, ROUTERS, _modules
-from rag_ablate.records import make_record, read_records, write_records
-from rag_ablate.registry import Registry
-from rag_ablate.systems import SYSTEMS, Citation, RetrievedChunk, TokenUsage, Trace
+from rag_ablate.records.jsonl import read_records, write_records
+from rag_ablate.records.scoring import make_record
+from rag_ablate.records.trace import Citation, RetrievedChunk, TokenUsage, Trace
+from rag_ablate.settings import to_settings
+from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.local import LocalSystem
 
 register_configs()
@@ -168,8 +171,9 @@ def test_a_bm25_run_never_imports_model_libraries() -> None:
     out = _run(
         """
         import sys
-        from rag_ablate.config import RunConfig, validate
-        from rag_ablate.dataset import load_dataset
+        from rag_ablate.config.schema import RunConfig
+        from rag_ablate.settings import validate
+        from rag_ablate.dataset.load import load_dataset
         from rag_ablate.pipeline.stages import ENCODERS, RERANKERS, RETRIEVERS
         from rag_ablate.systems import SYSTEMS
         s = RunConfig(); s.progress = False
@@ -192,8 +196,9 @@ def test_a_new_retriever_needs_only_its_module() -> None:
     out = _run(
         """
         import json
-        from rag_ablate.config import RunConfig, validate
-        from rag_ablate.dataset import load_dataset
+        from rag_ablate.config.schema import RunConfig
+        from rag_ablate.settings import validate
+        from rag_ablate.dataset.load import load_dataset
         from rag_ablate.pipeline.stages import RETRIEVERS
         from rag_ablate.systems import SYSTEMS
 

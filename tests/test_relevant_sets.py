@@ -17,10 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_ablate.dataset import DatasetValidationError, load_dataset
-from rag_ablate.errors import ConfigError
-from rag_ablate.metrics import REGISTRY, parse_metric_name, retrieval_metrics, set_metrics
-from rag_ablate.records import aggregate, score_record
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import DatasetValidationError
+from rag_ablate.metrics.registry import REGISTRY, parse_metric_name
+from rag_ablate.metrics.retrieval import retrieval_metrics, set_metrics
+from rag_ablate.records.scoring import aggregate, score_record
 from tests.conftest import QUERIES, write_dataset
 
 # S1 = {A, B} and S2 = {C, D, E}: either set answers the question.

@@ -15,17 +15,17 @@ import numpy as np
 import pytest
 from rerank_server import RerankServer, overlap_score
 
-from rag_ablate.errors import ConfigError, UnknownNameError
+from rag_ablate.core.errors import ConfigError, UnknownNameError
 from rag_ablate.pipeline import rerank
 from rag_ablate.pipeline.rerank import (
     CROSS_ENCODER_HINT,
-    RERANKERS,
     CrossEncoderReranker,
     HttpReranker,
     Reranker,
     RerankError,
     make_reranker,
 )
+from rag_ablate.pipeline.stages import RERANKERS
 
 # --------------------------------------------------------------------------- fixtures
 

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 from rerank_server import RerankServer
 
-from rag_ablate.errors import ConfigError
-from rag_ablate.layout import METRICS_FILE, PLAN_FILE, RECORDS_FILE, RUN_FILE, SWEEP_FILE
-from rag_ablate.records import (
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.core.layout import METRICS_FILE, PLAN_FILE, RECORDS_FILE, RUN_FILE, SWEEP_FILE
+from rag_ablate.records.jsonl import (
     RecordsError,
     RecordWriter,
     final_records,
@@ -37,7 +37,7 @@ from rag_ablate.records import (
     scan_records,
     write_records,
 )
-from rag_ablate.resume import rewrite_argv
+from rag_ablate.run.resume import rewrite_argv
 
 # ---------------------------------------------------------------- the reader and the writer
 
@@ -445,7 +445,7 @@ def test_kill_a_sweep_then_resume_finishes_it_in_the_same_folder_and_runs(
     assert client.get_run(child).info.status == "RUNNING"
 
     # the next time rag_ablate opens that store, the runs whose process is gone are marked
-    from rag_ablate import tracking
+    from rag_ablate.tracking import store as tracking
 
     experiment = client.get_run(child).info.experiment_id
     orphans = tracking.mark_orphans(info["tracking_uri"], experiment)
@@ -547,9 +547,9 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_killed_runs_then_resume_finishes_
 @pytest.fixture(scope="module")
 def slow_service(work: Path) -> Iterator[str]:
     """The reference service (``rag-ablate serve``'s app) streaming each answer slowly."""
-    from rag_ablate.config import RunConfig
-    from rag_ablate.dataset import load_dataset
-    from rag_ablate.serve import ReferenceService, create_app
+    from rag_ablate.cli.serve import ReferenceService, create_app
+    from rag_ablate.config.schema import RunConfig
+    from rag_ablate.dataset.load import load_dataset
     from rag_ablate.systems.local import LocalSystem
     from tests.test_http_system import uvicorn_app
 
@@ -601,7 +601,7 @@ def test_kill_an_http_run_with_queries_in_flight_then_resume(slow_service: str, 
 def test_owner_of_a_run_is_gone_only_when_its_process_on_this_host_ended() -> None:
     import socket
 
-    from rag_ablate import tracking
+    from rag_ablate.tracking import store as tracking
 
     me = tracking.owner_tag()
     assert not tracking.owner_gone(me)  # this process is alive

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.config import RunConfig
-from rag_ablate.dataset import Dataset, Query, load_dataset
-from rag_ablate.records import aggregate, rescore
-from rag_ablate.runner import evaluate, variant_label
-from rag_ablate.systems import Trace
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import Dataset, Query
+from rag_ablate.records.scoring import aggregate, rescore
+from rag_ablate.records.trace import Trace
+from rag_ablate.run.runner import evaluate, variant_label
 from rag_ablate.systems.local import LocalSystem
 from tests.conftest import QUERIES, run_module, write_dataset
 

@@ -85,8 +85,8 @@ def test_values_read_from_the_environment_are_stored_as_their_interpolation(
     never as the value; header values are masked whatever they hold."""
     from omegaconf import OmegaConf
 
-    from rag_ablate.config import env_interpolated, redact
-    from rag_ablate.runner import flatten
+    from rag_ablate.config.keys import env_interpolated, redact
+    from rag_ablate.run.runner import flatten
 
     monkeypatch.setenv("RAG_BODY_TOKEN", "canary-body-token-8e2f7a1c")
     cfg = OmegaConf.create(

@@ -23,9 +23,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from rag_ablate.metrics.text import count_tokens
-from rag_ablate.pipeline.chunking import Chunk
-from rag_ablate.serve import (
+from rag_ablate.cli.serve import (
     ANSWER_CHUNKS,
     PIECE_DELAY_S,
     RequestError,
@@ -33,9 +31,11 @@ from rag_ablate.serve import (
     extractive_answer,
     parse_request,
     pieces,
-    sentences,
 )
-from rag_ablate.systems.base import Trace
+from rag_ablate.metrics.answers import sentences
+from rag_ablate.pipeline.chunking import Chunk
+from rag_ablate.records.trace import Trace
+from rag_ablate.text.count import count_tokens
 from tests.conftest import DOCS, QUERIES, REPO, free_port, run_module, write_dataset
 
 TOPICS = ["billing", "login", "search", "upload", "export", "payment", "profile", "report"]
@@ -71,7 +71,7 @@ def service(overrides: list[str], cwd: Path, name: str, ready_s: float = 240.0) 
     port = free_port()
     log = cwd / f"{name}.log"
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "rag_ablate.cli", "serve", "--port", str(port), *overrides]
+    cmd = [sys.executable, "-m", "rag_ablate.cli.main", "serve", "--port", str(port), *overrides]
     with log.open("wb") as err:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=err, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -111,8 +111,8 @@ def base(workdir: Path) -> Iterator[Service]:
 
 def local_traces(overrides: list[str], queries: list[tuple[str, str]]) -> tuple[list[Trace], list[Chunk]]:
     """What the local system in this process returns for (query_id, text) pairs under ``overrides``."""
-    from rag_ablate.dataset import Query
-    from rag_ablate.runner import get_dataset
+    from rag_ablate.dataset.model import Query
+    from rag_ablate.run.runner import get_dataset
     from rag_ablate.systems.local import LocalSystem
 
     settings = compose_settings(overrides)
@@ -312,7 +312,7 @@ def test_a_bad_override_fails_at_start_with_one_line(workdir: Path) -> None:
         (["retrieval=bm52"], "bm52"),
     ):
         done = subprocess.run(
-            [sys.executable, "-m", "rag_ablate.cli", "serve", "--port", str(free_port()), *overrides],
+            [sys.executable, "-m", "rag_ablate.cli.main", "serve", "--port", str(free_port()), *overrides],
             cwd=workdir,
             env=env,
             capture_output=True,
@@ -326,7 +326,8 @@ def test_a_bad_override_fails_at_start_with_one_line(workdir: Path) -> None:
 
 def test_serving_imports_no_web_framework_until_serve_runs() -> None:
     code = (
-        "import sys, rag_ablate.cli, rag_ablate.serve, rag_ablate.runner, rag_ablate.systems.local;"
+        "import sys, rag_ablate.cli.main, rag_ablate.cli.serve, rag_ablate.run.runner, "
+        "rag_ablate.systems.local;"
         "print(sorted(m for m in ('starlette', 'uvicorn') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)

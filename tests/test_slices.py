@@ -20,16 +20,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rag_ablate.compare import compare, format_markdown, format_terminal, load_sweep_dir, run_comparison
+from rag_ablate.compare.analysis import compare
+from rag_ablate.compare.load import load_sweep_dir
 from rag_ablate.compare.model import VariantData
+from rag_ablate.compare.render import format_markdown, format_terminal
+from rag_ablate.compare.run import run_comparison
 from rag_ablate.compare.slices import compare_slices, resolve_metrics
-from rag_ablate.config import CompareConfig
-from rag_ablate.errors import ConfigError, UnknownNameError
-from rag_ablate.html_report import write_report
-from rag_ablate.layout import COMPARISON_JSON, RECORDS_FILE, SLICES_JSON, SLICES_MD, VARIANT_FILE
-from rag_ablate.mlflow_ui import child_description, sweep_description
-from rag_ablate.records import read_records, write_records
-from rag_ablate.slices import (
+from rag_ablate.config.schema import CompareConfig
+from rag_ablate.core.errors import ConfigError, UnknownNameError
+from rag_ablate.core.layout import COMPARISON_JSON, RECORDS_FILE, SLICES_JSON, SLICES_MD, VARIANT_FILE
+from rag_ablate.records.jsonl import read_records, write_records
+from rag_ablate.report.html import write_report
+from rag_ablate.report.mlflow_ui import child_description, sweep_description
+from rag_ablate.run.slices import (
     MLFLOW_MAX_SLICES,
     MLFLOW_MIN_QUERIES,
     SliceKey,

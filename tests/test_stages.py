@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.cache import Cache
-from rag_ablate.config import RunConfig
-from rag_ablate.dataset import load_dataset
-from rag_ablate.runner import evaluate
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core.cache import Cache
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.run.runner import evaluate
 from rag_ablate.systems.local import LocalSystem
 from tests.conftest import run_module
 

@@ -1,4 +1,4 @@
-"""Tests of rag_ablate.stats against the reference vectors, scipy, brute force and properties.
+"""Tests of rag_ablate.compare.stats against the reference vectors, scipy, brute force and properties.
 
 Reference vectors: ``../shared/design/stats-vectors.json`` (through ``shared_path``: the
 tests skip locally without ``../shared`` and fail in CI). Every value in it is checked
@@ -37,8 +37,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from rag_ablate.errors import ComparisonError
-from rag_ablate.stats import (
+from rag_ablate.compare.stats import (
     MIN_RELIABLE_GROUPS,
     PairedResult,
     benjamini_hochberg,
@@ -51,6 +50,7 @@ from rag_ablate.stats import (
     paired_test,
     signflip_pvalue,
 )
+from rag_ablate.core.errors import ComparisonError
 from tests.conftest import shared_path
 
 TOL = 1e-12

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_ablate import stats
+from rag_ablate.compare import stats
 from rag_ablate.compare.draws import CHUNK, SharedDraws, quantiles, ratios
 
 

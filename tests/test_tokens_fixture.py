@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.cache import Cache
-from rag_ablate.config import RunConfig
-from rag_ablate.dataset import Dataset, load_dataset
-from rag_ablate.metrics.text import count_tokens
-from rag_ablate.pipeline.analyzers import analyze_en, analyze_zh
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core.cache import Cache
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import Dataset
 from rag_ablate.pipeline.tokens import TokenMatrix
 from rag_ablate.systems.local import LocalSystem
+from rag_ablate.text.analyzers import analyze_en, analyze_zh
+from rag_ablate.text.count import count_tokens
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "data" / "sample_tokens.json"

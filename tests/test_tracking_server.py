@@ -19,8 +19,8 @@ import pytest
 from conftest import REPO, free_port, serving, write_dataset
 from mlflow.tracking import MlflowClient
 
-from rag_ablate.layout import COMPARISON_JSON, METRICS_FILE, RECORDS_FILE, SWEEP_FILE, VARIANT_FILE
-from rag_ablate.tracking import PARENT_TAG
+from rag_ablate.core.layout import COMPARISON_JSON, METRICS_FILE, RECORDS_FILE, SWEEP_FILE, VARIANT_FILE
+from rag_ablate.tracking.tags import PARENT_TAG
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
 

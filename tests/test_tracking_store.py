@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rag_ablate import tracking
+from rag_ablate.tracking import store as tracking
 
 
 @pytest.fixture(autouse=True)

@@ -13,10 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_ablate import cost, stats, tradeoff
-from rag_ablate.compare import VariantData
-from rag_ablate.config import CompareConfig, ModelPrice
-from rag_ablate.errors import ConfigError, UnknownNameError
+from rag_ablate.compare import stats, tradeoff
+from rag_ablate.compare.model import VariantData
+from rag_ablate.config.schema import CompareConfig, ModelPrice
+from rag_ablate.core.errors import ConfigError, UnknownNameError
+from rag_ablate.report import plots as report_plots
+from rag_ablate.run import cost
 from tests.conftest import REPO
 
 # --------------------------------------------------------------------------- frontier
@@ -300,7 +302,7 @@ def test_plot_is_a_real_png_with_cjk_labels(tmp_path: Path) -> None:
 
     variants = [_variant("baseline", 0.0, 1), _variant("分块=256", -0.1, 2), _variant("chunk=1024", 0.2, 3)]
     t = tradeoff.compute(variants, CompareConfig(B=200, quality_bar=0.6), seed=0)
-    path = tradeoff.plot(t, tmp_path / tradeoff.PLOT_FILE, labels={"baseline": "baseline (chunk=512)"})
+    path = report_plots.plot(t, tmp_path / tradeoff.PLOT_FILE, labels={"baseline": "baseline (chunk=512)"})
     raw = path.read_bytes()
     assert raw[:8] == b"\x89PNG\r\n\x1a\n" and len(raw) > 20_000
     with Image.open(path) as im:
@@ -315,9 +317,9 @@ def test_plotting_logs_no_font_lookups(tmp_path: Path) -> None:
     lookup lines ("findfont: Failed to find font weight normal ...") to the user's terminal."""
     code = (
         "import logging, sys; logging.basicConfig(level=logging.INFO); "
-        "from rag_ablate import tradeoff; plt = tradeoff.pyplot(); "
+        "from rag_ablate.report import plots as report_plots; plt = report_plots.pyplot(); "
         "fig, ax = plt.subplots(); ax.set_title('分块 chunk', weight='bold'); ax.set_xlabel('延迟 ms'); "
-        "tradeoff.save_figure(fig, __import__('pathlib').Path(sys.argv[1]))"
+        "report_plots.save_figure(fig, __import__('pathlib').Path(sys.argv[1]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "p.png")],
@@ -332,7 +334,8 @@ def test_plotting_logs_no_font_lookups(tmp_path: Path) -> None:
 
 def test_a_plain_import_does_not_load_matplotlib() -> None:
     code = (
-        "import sys, rag_ablate.tradeoff, rag_ablate.html_report, rag_ablate.callbacks, rag_ablate.runner; "
+        "import sys, rag_ablate.compare.tradeoff, rag_ablate.report.html, rag_ablate.sweep.driver, "
+        "rag_ablate.run.runner; "
         "print('matplotlib' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
@@ -357,4 +360,4 @@ def test_a_variant_whose_queries_all_failed_has_no_quality_and_is_off_the_fronti
     d = json.loads(json.dumps(t.to_dict()))  # NaN becomes null
     assert [q["quality"] for q in d["splits"][1]["points"] if q["variant"] == "broken"] == [None]
     assert "| broken | - [-, -] |" in t.to_markdown()
-    assert tradeoff.plot(t, tmp_path / "p.png").is_file()
+    assert report_plots.plot(t, tmp_path / "p.png").is_file()

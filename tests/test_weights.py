@@ -12,13 +12,15 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from rag_ablate import stats
-from rag_ablate.app import CONF_DIR, normalize_overrides
-from rag_ablate.compare import VariantData, compare, delta_metrics, format_markdown, format_terminal
-from rag_ablate.config import DatasetConfig, register_configs, to_settings
-from rag_ablate.errors import ConfigError
-from rag_ablate.records import aggregate
-from rag_ablate.weights import (
+from rag_ablate.compare import stats
+from rag_ablate.compare.analysis import compare, delta_metrics
+from rag_ablate.compare.mix import weighted_paired_bootstrap, weighted_paired_bootstraps
+from rag_ablate.compare.model import VariantData
+from rag_ablate.compare.render import format_markdown, format_terminal
+from rag_ablate.config.overrides import CONF_DIR, normalize_overrides
+from rag_ablate.config.schema import DatasetConfig, register_configs
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.dataset.weights import (
     TagWeights,
     check_folder,
     effective_n,
@@ -26,9 +28,9 @@ from rag_ablate.weights import (
     run_metrics,
     validate,
     weighted_mean,
-    weighted_paired_bootstrap,
-    weighted_paired_bootstraps,
 )
+from rag_ablate.records.scoring import aggregate
+from rag_ablate.settings import to_settings
 from tests.conftest import DOCS, QUERIES, run_module, write_dataset
 
 register_configs()
@@ -492,7 +494,7 @@ def test_statistics_md_worked_example_matches_the_code() -> None:
 
 
 def test_mlflow_gets_the_prod_and_edge_means_of_the_configured_metrics_only() -> None:
-    from rag_ablate.mlflow_ui import mlflow_metrics
+    from rag_ablate.tracking.ui import mlflow_metrics
 
     full = {
         "dev/prod/recall_at_5": 0.8,

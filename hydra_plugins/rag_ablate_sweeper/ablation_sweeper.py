@@ -1,4 +1,4 @@
-"""The ablation sweeper: Hydra's thin plugin class over :mod:`rag_ablate.ablation`.
+"""The ablation sweeper: Hydra's thin plugin class over :mod:`rag_ablate.sweep.plan`.
 
 No ``from __future__ import annotations`` here: Hydra imports plugins in a way that
 breaks dataclasses with string annotations.
@@ -42,7 +42,7 @@ ConfigStore.instance().store(
 
 
 def _stop(exc: BaseException, code: int) -> NoReturn:
-    from rag_ablate.app import one_line
+    from rag_ablate.core.errors import one_line
 
     print(f"rag_ablate: error: {one_line(exc)}", file=sys.stderr)
     sys.exit(code)
@@ -67,7 +67,7 @@ class AblationSweeper(Sweeper):
         )
 
     def _interrupted(self, plan: Any) -> NoReturn:
-        from rag_ablate.callbacks import EXIT_INTERRUPTED, interrupt_sweep
+        from rag_ablate.sweep.driver import EXIT_INTERRUPTED, interrupt_sweep
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the cleanup
         assert self.config is not None
@@ -83,10 +83,10 @@ class AblationSweeper(Sweeper):
             sys.exit(130)
 
     def _sweep(self, arguments: list[str]) -> Any:
-        from rag_ablate.ablation import build_plan, check_plan, format_plan
-        from rag_ablate.callbacks import EXIT_INVALID, finish_sweep, start_sweep
-        from rag_ablate.errors import RagAblateError
-        from rag_ablate.profiling import sweep_profile
+        from rag_ablate.core.errors import RagAblateError
+        from rag_ablate.core.profiling import sweep_profile
+        from rag_ablate.sweep.driver import EXIT_INVALID, finish_sweep, start_sweep
+        from rag_ablate.sweep.plan import build_plan, check_plan, format_plan
 
         prof = sweep_profile()  # where the sweep's time goes: <sweep dir>/profile.json
         if self.config is None or self.launcher is None or self.hydra_context is None:

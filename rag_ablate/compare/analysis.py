@@ -33,16 +33,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rag_ablate import stats
+from rag_ablate.compare import stats
 from rag_ablate.compare.draws import Chunk, Collector, SharedDraws, products, quantiles, ratios
 from rag_ablate.compare.load import pick_baseline
+from rag_ablate.compare.mix import MixRow, mix_rows, mix_weights, weighted_group_sums
+from rag_ablate.compare.mix import settle as settle_weights
 from rag_ablate.compare.model import Comparison, Flip, Flips, Pair, Row, VariantData
-from rag_ablate.config import COMPARE_METRICS
-from rag_ablate.errors import ComparisonError
-from rag_ablate.metrics import direction_of, metric_name, parse_metric_name
-from rag_ablate.records import Record
-from rag_ablate.weights import MixRow, TagWeights, mix_rows, mix_weights, weighted_group_sums
-from rag_ablate.weights import settle as settle_weights
+from rag_ablate.config.schema import COMPARE_METRICS
+from rag_ablate.core.errors import ComparisonError
+from rag_ablate.dataset.weights import TagWeights
+from rag_ablate.metrics.registry import direction_of, metric_name, parse_metric_name
+from rag_ablate.records.trace import Record
 
 DEFAULT_METRICS = COMPARE_METRICS
 ERROR_RATE = "error_rate"
@@ -255,7 +256,7 @@ def compare(
 ) -> Comparison:
     """Compare every variant with the baseline. See the module docstring.
 
-    ``weights``: the production mix (:mod:`rag_ablate.weights`); None = the baseline's
+    ``weights``: the production mix (:mod:`rag_ablate.dataset.weights`); None = the baseline's
     ``dataset.slice_weights``/``edge_tags``. Its rows go to ``Comparison.mix``.
 
     Two passes: the first pairs the queries and registers every test's use of its split's
@@ -496,8 +497,8 @@ def judge_spread(
     repeats' mean); when the SE is small next to the CI, the uncertainty is query sampling and more
     repeats would not narrow it. NaN when the judge ran once per query.
     """
-    from rag_ablate.judging import repeat_spread
     from rag_ablate.metrics.answers import JUDGED_METRICS
+    from rag_ablate.run.judging import repeat_spread
 
     if metric not in JUDGED_METRICS or not qids:
         return {}
@@ -632,7 +633,7 @@ def delta_metrics(c: Comparison, variant: str) -> dict[str, float]:
         if r.variant == variant and r.tested:
             out[f"delta/{r.split}/{r.metric}"] = r.effect
             out[f"p_adj/{r.split}/{r.metric}"] = r.p_adjusted
-    for w in c.mix:  # the production-weighted effect (rag_ablate.weights): delta/holdout/prod/recall_at_5
+    for w in c.mix:  # the production-weighted effect (compare.mix): delta/holdout/prod/recall_at_5
         if w.variant == variant and w.mix == "production" and math.isfinite(w.effect):
             out[f"delta/{w.split}/prod/{w.metric}"] = w.effect
     return out

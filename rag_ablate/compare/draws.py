@@ -10,7 +10,7 @@ drawing them again for every test that uses them costs time.
 So the comparison first *plans* its tests, registering for each the draw it needs (a key,
 its seed and G) and what it computes from a chunk of count vectors (a consumer); then
 :meth:`SharedDraws.run` draws each distinct draw once, chunk by chunk
-(:func:`rag_ablate.stats.bootstrap_counts`: 250 count vectors per chunk, refilled in one
+(:func:`rag_ablate.compare.stats.bootstrap_counts`: 250 count vectors per chunk, refilled in one
 buffer), hands every chunk to each of its consumers and moves on. Memory is one chunk (as
 counts and as float64: 2.5 KB per group) plus each consumer's (B, columns) result. The
 numbers are exactly those of the same tests run on the whole draw: every product is taken
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rag_ablate import stats
+from rag_ablate.compare import stats
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -108,7 +108,7 @@ class SharedDraws:
 
 
 def ratios(sums_sizes: FloatArray) -> Callable[[Chunk], FloatArray]:
-    """A consumer computing :func:`rag_ablate.stats.bootstrap_ratios` (the means' ``theta*``)."""
+    """A consumer computing :func:`rag_ablate.compare.stats.bootstrap_ratios` (the means' ``theta*``)."""
     return lambda ch: stats.bootstrap_ratios(ch.f64, sums_sizes)
 
 
@@ -118,5 +118,5 @@ def products(sums: FloatArray) -> Callable[[Chunk], FloatArray]:
 
 
 def quantiles(setup: stats.QuantileSetup) -> Callable[[Chunk], FloatArray]:
-    """A consumer computing :func:`rag_ablate.stats.quantile_effects` (latency percentiles)."""
+    """A consumer computing :func:`rag_ablate.compare.stats.quantile_effects` (latency percentiles)."""
     return lambda ch: stats.quantile_effects(ch.counts, setup, ch.f64)

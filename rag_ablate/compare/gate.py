@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rag_ablate.compare.model import Comparison, Row
-from rag_ablate.errors import ComparisonError
-from rag_ablate.metrics import parse_metric_name
+from rag_ablate.core.errors import ComparisonError
+from rag_ablate.metrics.registry import parse_metric_name
 
 _RULE = re.compile(
     r"^\s*(?P<split>dev|holdout)/(?P<metric>[A-Za-z0-9_@]+)\s*(?P<op><|>)\s*(?P<bound>[-+]?[0-9.]+)\s*$"

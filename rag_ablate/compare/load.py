@@ -1,7 +1,7 @@
 """Finding the variants: a sweep folder on disk, or a sweep's parent run in MLflow.
 
 Each job leaves ``records.jsonl``, ``variant.json`` and ``config.yaml`` (names in
-:mod:`rag_ablate.layout`) in its folder and as artifacts of its child run; the
+:mod:`rag_ablate.core.layout`) in its folder and as artifacts of its child run; the
 comparison reads only these, never anything held in memory.
 """
 
@@ -15,9 +15,10 @@ from types import MappingProxyType
 from typing import Any
 
 from rag_ablate.compare.model import VariantData
-from rag_ablate.errors import ComparisonError
-from rag_ablate.layout import CONFIG_FILE, RECORDS_FILE, SUMMARY_FILE, VARIANT_FILE
-from rag_ablate.records import Record, read_records
+from rag_ablate.core.errors import ComparisonError
+from rag_ablate.core.layout import CONFIG_FILE, RECORDS_FILE, SUMMARY_FILE, VARIANT_FILE
+from rag_ablate.records.jsonl import read_records
+from rag_ablate.records.trace import Record
 
 
 def read_config(path: Path) -> tuple[dict[str, Any] | None, str]:
@@ -115,7 +116,7 @@ def load_sweep_dir(sweep_dir: Path) -> list[VariantData]:
 
 def load_mlflow_parent(uri: str, parent_run_id: str) -> list[VariantData]:
     """The variants of a sweep's parent run, from its child runs' artifacts."""
-    from rag_ablate import tracking
+    from rag_ablate.tracking import store as tracking
 
     children = tracking.child_runs(uri, parent_run_id)
     if not children:

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rag_ablate.records import Record
-from rag_ablate.weights import MixRow
-
-if TYPE_CHECKING:
-    from rag_ablate.compare.pairwise import PairwiseReport
+from rag_ablate.compare.mix import MixRow
+from rag_ablate.records.trace import Record
 
 
 @dataclass
@@ -232,7 +229,7 @@ class Comparison:
     confounded: dict[str, list[str]] = field(default_factory=dict)  # variant -> what it changes (guard)
     unchecked: dict[str, str] = field(default_factory=dict)  # variant -> why the guard could not check it
     slices: SliceSection | None = None  # per-slice effects (rag_ablate.compare.slices); None: not computed
-    mix: list[MixRow] = field(default_factory=list)  # production-weighted and edge rows (rag_ablate.weights)
+    mix: list[MixRow] = field(default_factory=list)  # production-weighted and edge rows (compare.mix)
     mix_weights: str = ""  # the weighting of ``mix``, in words
     pairwise: PairwiseReport | None = None  # judge.mode=pairwise (rag_ablate.compare.pairwise); None: not run
 
@@ -278,3 +275,74 @@ class Comparison:
 def _finite(d: dict[str, Any]) -> dict[str, Any]:
     """NaN and inf become null: JSON has no NaN."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+VERDICTS = ("a", "b", "tie")
+
+
+@dataclass
+class PairwiseQuery:
+    """One query's outcome: +1 variant wins, -1 baseline wins, 0 tie/inconsistent, None error."""
+
+    query_id: str
+    group: str
+    outcome: int | None
+    verdicts: list[str | None]  # per order, in the judge's order: "a" (baseline), "b" (variant), "tie"
+    firsts: list[str]  # which answer was shown first in each order
+    consistent: bool | None
+    error: str | None = None
+    identical: bool = False  # the two answers are the same text: a tie, the judge is not asked
+
+
+@dataclass
+class PairwiseResult:
+    """One split x variant against the baseline."""
+
+    split: str
+    variant: str
+    n_pairs: int  # queries ok with an answer on both sides
+    n: int  # of those, judged without error
+    wins: int
+    losses: int
+    ties: int  # identical answers included
+    inconsistent: int
+    errors: int
+    identical: int  # ties because both answers are the same text (the judge was not asked)
+    net_win_rate: float  # (wins - losses) / n
+    ci_low: float  # paired group-bootstrap percentile interval of the net win rate
+    ci_high: float
+    se: float
+    p_value: float  # group sign-flip test of net win rate = 0
+    p_exact: bool
+    n_groups: int
+    inconsistent_share: float  # inconsistent / n
+    first_position_share: float  # decided order verdicts that picked the answer shown first
+    error_queries: list[dict[str, str]] = field(default_factory=list)  # [{query_id, error}]
+    note: str = ""  # why there are no numbers
+    queries: list[PairwiseQuery] = field(default_factory=list)
+
+
+@dataclass
+class PairwiseReport:
+    baseline: str
+    model: str
+    prompt_hash: str
+    B: int
+    seed: int
+    alpha: float
+    results: list[PairwiseResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "baseline": self.baseline,
+            "model": self.model,
+            "prompt_hash": self.prompt_hash,
+            "B": self.B,
+            "seed": self.seed,
+            "alpha": self.alpha,
+            "outcome": "+1 variant wins, -1 baseline wins, 0 tie or inconsistent orders; errors not in n",
+            "interval": "paired group bootstrap, percentile",
+            "results": [_finite(asdict(r)) for r in self.results],
+        }
+
+

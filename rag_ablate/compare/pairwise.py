@@ -13,7 +13,7 @@ two answers as "Answer 1" and "Answer 2", twice with the positions swapped. Per 
 
 Reported per split and variant: wins, losses, ties, inconsistent, errors, the net win rate
 ``(wins - losses) / n`` over the n judged queries with its paired group-bootstrap interval (the
-mean of the per-query outcomes, resampling near-duplicate groups, :func:`rag_ablate.stats.paired_test`
+mean of the per-query outcomes, resampling near-duplicate groups, :func:`rag_ablate.compare.stats.paired_test`
 against 0) and the group sign-flip p, the share of inconsistent orders, and the share of
 decided order verdicts that picked the answer shown first (0.5 for a judge without position bias).
 
@@ -26,95 +26,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag_ablate import stats
+from rag_ablate.compare import stats
 from rag_ablate.compare.analysis import failed
 from rag_ablate.compare.model import Comparison, VariantData
-from rag_ablate.errors import ComparisonError, RagAblateError
-from rag_ablate.records import Record
+from rag_ablate.core.errors import ComparisonError, RagAblateError
+from rag_ablate.records.trace import Record
 
 if TYPE_CHECKING:
-    from rag_ablate.config import RunConfig
-    from rag_ablate.dataset import Dataset
+    from rag_ablate.config.schema import RunConfig
+    from rag_ablate.dataset.model import Dataset
     from rag_ablate.judges import Judge
-
-VERDICTS = ("a", "b", "tie")
-
-
-@dataclass
-class PairwiseQuery:
-    """One query's outcome: +1 variant wins, -1 baseline wins, 0 tie/inconsistent, None error."""
-
-    query_id: str
-    group: str
-    outcome: int | None
-    verdicts: list[str | None]  # per order, in the judge's order: "a" (baseline), "b" (variant), "tie"
-    firsts: list[str]  # which answer was shown first in each order
-    consistent: bool | None
-    error: str | None = None
-    identical: bool = False  # the two answers are the same text: a tie, the judge is not asked
-
-
-@dataclass
-class PairwiseResult:
-    """One split x variant against the baseline."""
-
-    split: str
-    variant: str
-    n_pairs: int  # queries ok with an answer on both sides
-    n: int  # of those, judged without error
-    wins: int
-    losses: int
-    ties: int  # identical answers included
-    inconsistent: int
-    errors: int
-    identical: int  # ties because both answers are the same text (the judge was not asked)
-    net_win_rate: float  # (wins - losses) / n
-    ci_low: float  # paired group-bootstrap percentile interval of the net win rate
-    ci_high: float
-    se: float
-    p_value: float  # group sign-flip test of net win rate = 0
-    p_exact: bool
-    n_groups: int
-    inconsistent_share: float  # inconsistent / n
-    first_position_share: float  # decided order verdicts that picked the answer shown first
-    error_queries: list[dict[str, str]] = field(default_factory=list)  # [{query_id, error}]
-    note: str = ""  # why there are no numbers
-    queries: list[PairwiseQuery] = field(default_factory=list)
-
-
-@dataclass
-class PairwiseReport:
-    baseline: str
-    model: str
-    prompt_hash: str
-    B: int
-    seed: int
-    alpha: float
-    results: list[PairwiseResult]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "baseline": self.baseline,
-            "model": self.model,
-            "prompt_hash": self.prompt_hash,
-            "B": self.B,
-            "seed": self.seed,
-            "alpha": self.alpha,
-            "outcome": "+1 variant wins, -1 baseline wins, 0 tie or inconsistent orders; errors not in n",
-            "interval": "paired group bootstrap, percentile",
-            "results": [_finite(asdict(r)) for r in self.results],
-        }
-
-
-def _finite(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
-
+from rag_ablate.compare.model import VERDICTS, PairwiseQuery, PairwiseReport, PairwiseResult
 
 # --------------------------------------------------------------------------- one query
 
@@ -284,13 +211,13 @@ def settings_of(config: Mapping[str, Any]) -> RunConfig:
     """A resolved config (``config.yaml`` of a job) as validated settings."""
     from omegaconf import OmegaConf
 
-    from rag_ablate.config import to_settings
+    from rag_ablate.config.schema import parse_config
 
-    return to_settings(OmegaConf.create(dict(config)))
+    return parse_config(OmegaConf.create(dict(config)))
 
 
 def _default_judge(s: RunConfig) -> Judge | None:
-    from rag_ablate.cache import Cache
+    from rag_ablate.core.cache import Cache
     from rag_ablate.judges import JUDGES
 
     root = Path(s.cache.dir) if s.cache.dir else Path.cwd() / s.paths.output_root / "cache"
@@ -298,7 +225,7 @@ def _default_judge(s: RunConfig) -> Judge | None:
 
 
 def _default_dataset(s: RunConfig) -> Dataset:
-    from rag_ablate.dataset import load_dataset
+    from rag_ablate.dataset.load import load_dataset
 
     d = s.dataset
     return load_dataset(

@@ -6,10 +6,10 @@ import json
 import math
 from pathlib import Path
 
+from rag_ablate.compare.mix import mix_markdown, mix_terminal
 from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, Pair, Row, SliceRow
-from rag_ablate.layout import COMPARISON_JSON, COMPARISON_MD
-from rag_ablate.metrics import display_name
-from rag_ablate.weights import mix_markdown, mix_terminal
+from rag_ablate.core.layout import COMPARISON_JSON, COMPARISON_MD
+from rag_ablate.metrics.registry import display_name
 
 WHICH_QUERIES = (
     "quality metrics compare the queries ok on both sides; error_rate every query with a record on both "
@@ -91,7 +91,7 @@ def pair_line(p: Pair) -> str:
 
 
 def format_terminal(c: Comparison) -> str:
-    from rag_ablate.report import format_table
+    from rag_ablate.core.fmt import format_table
 
     headers, rows = table_rows(c, groups=False)
     tested = [r for r in c.rows if r.tested]

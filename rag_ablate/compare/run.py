@@ -16,16 +16,16 @@ from pathlib import Path
 
 from rag_ablate.compare.analysis import compare, delta_metrics
 from rag_ablate.compare.gate import gate
+from rag_ablate.compare.guard import check
 from rag_ablate.compare.load import load_mlflow_parent, load_sweep_dir, pick_baseline
 from rag_ablate.compare.model import Comparison, VariantData
 from rag_ablate.compare.pairwise import delta_metrics as pairwise_metrics
 from rag_ablate.compare.pairwise import pairwise_section
 from rag_ablate.compare.render import format_terminal, write_outputs
 from rag_ablate.compare.slices import compare_slices, resolve_metrics
-from rag_ablate.config import CompareConfig
-from rag_ablate.errors import ComparisonError
-from rag_ablate.guard import check
-from rag_ablate.layout import SWEEP_FILE
+from rag_ablate.config.schema import CompareConfig
+from rag_ablate.core.errors import ComparisonError
+from rag_ablate.core.layout import SWEEP_FILE
 
 
 @dataclass
@@ -58,7 +58,7 @@ def load_source(source: str | Path, tracking_uri: str | None = None, out_dir: Pa
             tracking_uri or info.get("tracking_uri"),
             info.get("parent_run_id"),
         )
-    from rag_ablate import tracking
+    from rag_ablate.tracking import store as tracking
 
     uri = tracking_uri or tracking.default_uri(Path.cwd() / "outputs")
     run_id = str(source)
@@ -137,7 +137,7 @@ def run_comparison(
     failures = gate(c, settings.fail_on)
     echo(format_terminal(c))
     if log and src.tracking_uri and src.parent_run_id:
-        from rag_ablate import tracking
+        from rag_ablate.tracking import store as tracking
 
         tracking.log_artifacts(src.tracking_uri, src.parent_run_id, paths)
         for v in src.variants:

@@ -1,7 +1,7 @@
 """Where a variant helps and where it hurts: the comparison run within each slice.
 
 A slice is the queries sharing a tag, a parent intent or a leaf intent
-(:mod:`rag_ablate.slices`); a query's slices are read from the baseline's record
+(:mod:`rag_ablate.run.slices`); a query's slices are read from the baseline's record
 (the variant's when the baseline has none). For each split, each variant against
 the baseline, each slice and each slice metric (``compare.slice_metrics``; ``auto`` is
 the comparison's quality metric: ``compare.quality_metric``, else an answer metric
@@ -16,7 +16,7 @@ when the records have one, else ``recall_at_5``):
   listed as ``too small`` (its means shown, no test): with G groups the group sign-flip
   test cannot give p below 2 / 2**G;
 * otherwise the effect, its interval (inverting the group sign-flip test) and p come
-  from :func:`rag_ablate.stats.paired_test` on the slice's queries alone, with seeds
+  from :func:`rag_ablate.compare.stats.paired_test` on the slice's queries alone, with seeds
   derived from (seed, split, slice) for the bootstrap and (seed, split, variant, slice,
   metric) for the sign flips;
 * p is adjusted by Benjamini-Hochberg over the slices tested for the same split,
@@ -39,16 +39,16 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from rag_ablate import stats
+from rag_ablate.compare import stats
 from rag_ablate.compare.analysis import QUANTILES, _by_id, _pair, _untested_note, value
 from rag_ablate.compare.draws import Collector, SharedDraws, ratios
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, SliceRow, SliceSection, VariantData
-from rag_ablate.config import CompareConfig
-from rag_ablate.errors import ConfigError
-from rag_ablate.metrics import direction_of, metric_name, parse_metric_name
-from rag_ablate.records import Record
-from rag_ablate.slices import SliceKey, record_tags, slice_keys
+from rag_ablate.config.schema import CompareConfig
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.metrics.registry import direction_of, metric_name, parse_metric_name
+from rag_ablate.records.trace import Record
+from rag_ablate.run.slices import SliceKey, record_tags, slice_keys
 
 AUTO = "auto"
 
@@ -75,7 +75,7 @@ def _canonical(m: str) -> str:
 
 def resolve_metrics(variants: Sequence[VariantData], settings: CompareConfig) -> list[str]:
     """The slice metrics, ``auto`` resolved to the comparison's quality metric (see the module docstring)."""
-    from rag_ablate.tradeoff import ANSWER_METRICS, DEFAULT_QUALITY
+    from rag_ablate.compare.tradeoff import ANSWER_METRICS, DEFAULT_QUALITY
 
     out: list[str] = []
     for m in settings.slice_metrics:

@@ -8,8 +8,8 @@ module that registers its factory with ``@GENERATORS.register("<name>")``, liste
 
 from __future__ import annotations
 
-from rag_ablate.generators.base import Context, Generation, Generator, GeneratorFactory
-from rag_ablate.registry import Registry
+from rag_ablate.core.registry import Registry
+from rag_ablate.generators.base import GeneratorFactory
 
 GENERATORS: Registry[GeneratorFactory] = Registry(
     "generator",
@@ -20,4 +20,3 @@ GENERATORS: Registry[GeneratorFactory] = Registry(
     ),
 )
 
-__all__ = ["GENERATORS", "Context", "Generation", "Generator", "GeneratorFactory"]

@@ -15,12 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from rag_ablate.errors import RagAblateError
-from rag_ablate.systems.base import Citation, Status, TokenUsage
+from rag_ablate.records.trace import Citation, TokenUsage
 
 if TYPE_CHECKING:
-    from rag_ablate.cache import Cache
-    from rag_ablate.config import RunConfig
+    from rag_ablate.config.schema import RunConfig
+    from rag_ablate.core.cache import Cache
 
 
 @dataclass(frozen=True)
@@ -54,17 +53,6 @@ class Generation:
     cached: bool = False
     usage_count: str | None = None  # "local": usage is rag_ablate's own count (metrics/text.py)
     latency_ms: float | None = None  # the model call's own time; a cached call reports the original's
-
-
-class GenerationError(RagAblateError):
-    """A generator's model call failed (after its retries): the query ends with ``status``
-    (``timeout``, ``http_error``, ``access_denied``, ``bad_response``, ``stream_cut``), its
-    retrieval kept."""
-
-    def __init__(self, status: Status, message: str, http_status: int | None = None) -> None:
-        super().__init__(message)
-        self.status: Status = status
-        self.http_status = http_status
 
 
 class Generator(Protocol):

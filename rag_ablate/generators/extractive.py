@@ -10,7 +10,7 @@ and a sentence two overlapping chunks share counts once, for the higher-ranked c
 Otherwise the answer is the refusal sentence (``generator.refusal_zh`` for a Chinese query or
 corpus, ``generator.refusal_en`` otherwise) and cites nothing.
 
-Token usage is rag_ablate's own count (:func:`rag_ablate.metrics.text.count_tokens`), marked
+Token usage is rag_ablate's own count (:func:`rag_ablate.text.count.count_tokens`), marked
 ``usage_count="local"``: prompt = the query and the chunks read, completion = the answer.
 """
 
@@ -22,19 +22,19 @@ from typing import TYPE_CHECKING
 from rag_ablate.generators import GENERATORS
 from rag_ablate.generators.base import Context, Generation
 from rag_ablate.metrics.answers import overlap_terms, sentences
-from rag_ablate.metrics.text import count_tokens, is_cjk_text
-from rag_ablate.systems.base import TokenUsage
+from rag_ablate.records.trace import TokenUsage
+from rag_ablate.text.count import count_tokens, is_cjk_text
 
 if TYPE_CHECKING:
-    from rag_ablate.cache import Cache
-    from rag_ablate.config import GeneratorConfig, RunConfig
+    from rag_ablate.config.schema import GeneratorConfig, RunConfig
+    from rag_ablate.core.cache import Cache
 
 USAGE_COUNT = "local"  # Generation.usage_count: token counts are rag_ablate's own, not a model tokenizer's
 
 
 @dataclass(frozen=True)
 class ExtractiveGenerator:
-    """The extractive answer (module docstring); settings as in :class:`rag_ablate.config.GeneratorConfig`."""
+    """The extractive answer (module docstring); settings: ``GeneratorConfig``."""
 
     max_chunks: int = 3
     max_sentences: int = 2

@@ -1,6 +1,6 @@
 """``generator=openai``: answers from any OpenAI-compatible chat-completions endpoint.
 
-One streamed request per query through :class:`rag_ablate.llm.ChatClient` (shared with
+One streamed request per query through :class:`rag_ablate.llm.client.ChatClient` (shared with
 ``judge=openai``; its docstring describes the wire format, retries, usage and the cache):
 
 * ``ttft_ms`` is taken at the first streamed piece of the answer, counted from when the
@@ -28,16 +28,16 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rag_ablate.errors import ConfigError
+from rag_ablate.core.errors import ConfigError
 from rag_ablate.generators import GENERATORS
 from rag_ablate.generators.base import Context, Generation
-from rag_ablate.llm import CACHE_KIND, ChatClient
-from rag_ablate.metrics.text import is_cjk_text
-from rag_ablate.systems.base import Citation, TokenUsage
+from rag_ablate.llm.client import CACHE_KIND, ChatClient
+from rag_ablate.records.trace import Citation, TokenUsage
+from rag_ablate.text.count import is_cjk_text
 
 if TYPE_CHECKING:
-    from rag_ablate.cache import Cache
-    from rag_ablate.config import GeneratorConfig, RunConfig
+    from rag_ablate.config.schema import GeneratorConfig, RunConfig
+    from rag_ablate.core.cache import Cache
 
 __all__ = ["CACHE_KIND", "OpenAIGenerator", "build_prompt", "citations_from_markers", "prompt_hash"]
 

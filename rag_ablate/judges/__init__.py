@@ -27,12 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rag_ablate.core.registry import Registry
 from rag_ablate.generators.base import Context
-from rag_ablate.registry import Registry
 
 if TYPE_CHECKING:
-    from rag_ablate.cache import Cache
-    from rag_ablate.config import RunConfig
+    from rag_ablate.config.schema import RunConfig
+    from rag_ablate.core.cache import Cache
 
 JUDGE_METRICS = ("faithfulness", "relevance", "completeness")
 SUPPORT_KEY = "citation_support"  # the ``errors`` key when the judge's ``support`` list failed

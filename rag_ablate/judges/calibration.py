@@ -26,10 +26,10 @@ integer (with ``judge.repeats=1``: its score). A metric the judge failed on (a j
 counted as ``judge_errors`` and left out of the pairs, never scored 0; a metric the judge was
 not asked (``completeness`` when the query has no reference answer) is counted as
 ``not_judged``. The judge's own repeat agreement (``judge/<metric>/agreement_exact`` and
-``agreement_within1`` of the run, :mod:`rag_ablate.judging`) is reported next to it.
+``agreement_within1`` of the run, :mod:`rag_ablate.run.judging`) is reported next to it.
 
 Outputs in the job folder: ``judge_calibration.json`` and ``judge_calibration.md`` (names in
-:mod:`rag_ablate.layout`), and the run metrics ``judge/<metric>/human_kappa``,
+:mod:`rag_ablate.core.layout`), and the run metrics ``judge/<metric>/human_kappa``,
 ``human_exact``, ``human_within1`` and ``human_n``.
 """
 
@@ -46,18 +46,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from rag_ablate.dataset import HUMAN_METRICS, HUMAN_SCORE_MAX, Dataset, Document, HumanJudgement, Query
+from rag_ablate.core.layout import JUDGE_CALIBRATION_JSON, JUDGE_CALIBRATION_MD
+from rag_ablate.dataset.model import HUMAN_METRICS, HUMAN_SCORE_MAX, Dataset, Document, HumanJudgement, Query
 from rag_ablate.generators.base import Context
-from rag_ablate.layout import JUDGE_CALIBRATION_JSON, JUDGE_CALIBRATION_MD
 
 if TYPE_CHECKING:
-    from rag_ablate.cache import Cache
-    from rag_ablate.config import RunConfig
+    from rag_ablate.config.schema import RunConfig
+    from rag_ablate.core.cache import Cache
     from rag_ablate.judges import Judge, JudgeInput
 
 #: the score categories of every judged metric
 CATEGORIES = HUMAN_SCORE_MAX + 1
-#: the judge's own repeat agreement (run metrics computed by rag_ablate.judging) shown beside
+#: the judge's own repeat agreement (run metrics computed by rag_ablate.run.judging) shown beside
 REPEAT_KEYS = ("agreement_exact", "agreement_within1", "repeat_sd")
 
 
@@ -394,7 +394,7 @@ def run_calibration(
     if cal is None:
         return {}
     # the answers and judge errors as privacy.store_text / privacy.redact let them be stored
-    from rag_ablate.privacy import Privacy
+    from rag_ablate.core.privacy import Privacy
 
     guard = Privacy.from_config(s.privacy)
     cal.items = [guard.judged_answer(item) for item in cal.items]

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from rag_ablate.judges import JUDGES
 
 if TYPE_CHECKING:
-    from rag_ablate.cache import Cache
-    from rag_ablate.config import RunConfig
+    from rag_ablate.config.schema import RunConfig
+    from rag_ablate.core.cache import Cache
     from rag_ablate.judges import Judge
 
 

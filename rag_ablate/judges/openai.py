@@ -34,16 +34,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rag_ablate.errors import ConfigError
-from rag_ablate.generators.base import Context, GenerationError
+from rag_ablate.core.errors import ConfigError, GenerationError
+from rag_ablate.generators.base import Context
 from rag_ablate.judges import JUDGE_METRICS, JUDGES, SUPPORT_KEY, JudgeInput
-from rag_ablate.llm import ChatClient, ChatResult
+from rag_ablate.llm.client import ChatClient, ChatResult
 from rag_ablate.metrics.answers import answer_sentences
-from rag_ablate.metrics.text import is_cjk_text
+from rag_ablate.text.count import is_cjk_text
 
 if TYPE_CHECKING:
-    from rag_ablate.cache import Cache
-    from rag_ablate.config import JudgeConfig, RunConfig
+    from rag_ablate.config.schema import JudgeConfig, RunConfig
+    from rag_ablate.core.cache import Cache
 
 MODES = ("pointwise", "pairwise")
 LEVELS = 6  # score levels 0..5

@@ -31,7 +31,7 @@ from rag_ablate.metrics.retrieval import (
     set_metrics,
     unique_docs,
 )
-from rag_ablate.metrics.text import CJK_RANGES, context_tokens, count_tokens, is_cjk_text
+from rag_ablate.text.count import CJK_RANGES, context_tokens, count_tokens, is_cjk_text
 
 __all__ = [
     "CJK_RANGES",

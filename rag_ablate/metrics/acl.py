@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from rag_ablate.metrics.registry import metric_name
 
 if TYPE_CHECKING:
-    from rag_ablate.dataset import Document
+    from rag_ablate.dataset.model import Document
 
 __all__ = ["ACL_BASES", "acl_metrics", "has_restrictions", "may_see"]
 

@@ -26,11 +26,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rag_ablate.metrics.text import CJK_RANGES
+from rag_ablate.text.count import CJK_RANGES
 
 if TYPE_CHECKING:
-    from rag_ablate.config import MetricsConfig
-    from rag_ablate.dataset import Document, Query
+    from rag_ablate.config.schema import MetricsConfig
+    from rag_ablate.dataset.model import Document, Query
 
 __all__ = [
     "JUDGED_METRICS",
@@ -74,7 +74,7 @@ def overlap_terms(text: str, cjk: bool) -> set[str]:
     """What support is counted in: characters (letters and digits, stopwords dropped) for Chinese;
     for English the content words of the BM25 analyzer, a plural ``s`` dropped from words longer than
     three letters (``items`` and ``item`` match)."""
-    from rag_ablate.pipeline.analyzers import ZH_STOPWORDS, analyze_en
+    from rag_ablate.text.analyzers import ZH_STOPWORDS, analyze_en
 
     if cjk:
         return {ch for ch in text.lower() if ch.isalnum() and ch not in ZH_STOPWORDS}
@@ -206,7 +206,7 @@ def citation_scores(
 class AnswerScoring:
     """How answers are scored: ``metrics.refusal_phrases`` and ``metrics.citation_support``."""
 
-    refusal_phrases: tuple[str, ...] | None = None  # None = the defaults of rag_ablate.config
+    refusal_phrases: tuple[str, ...] | None = None  # None = the defaults of rag_ablate.config.schema
     citation_support: float = 0.5
 
     @classmethod
@@ -216,7 +216,7 @@ class AnswerScoring:
     def phrases(self) -> tuple[str, ...]:
         if self.refusal_phrases is not None:
             return self.refusal_phrases
-        from rag_ablate.config import DEFAULT_REFUSAL_PHRASES
+        from rag_ablate.config.schema import DEFAULT_REFUSAL_PHRASES
 
         return DEFAULT_REFUSAL_PHRASES
 

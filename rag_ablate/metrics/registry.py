@@ -15,11 +15,11 @@ Errors:
 
 * an unknown metric, or a name that does not have the shape its metric needs
   (``"recall"`` without a cutoff, ``"intent_top1_at_5"`` with one) raises
-  :class:`~rag_ablate.errors.UnknownNameError`, whose message lists every valid
+  :class:`~rag_ablate.core.errors.UnknownNameError`, whose message lists every valid
   name as it would be typed (``recall_at_<k>``, ``intent_top1``, ...);
 * a bad cutoff value (``recall_at_0``, ``recall_at_05``, ``metric_name("recall", 0)``,
   a missing or superfluous k in ``metric_name``) raises
-  :class:`~rag_ablate.errors.ConfigError`: cutoffs come from the configuration;
+  :class:`~rag_ablate.core.errors.ConfigError`: cutoffs come from the configuration;
 * an invalid :class:`MetricSpec` or registering a base twice raises ``ValueError``
   (a programming error in the code that registers it).
 """
@@ -31,8 +31,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from rag_ablate.errors import ConfigError, UnknownNameError
-from rag_ablate.registry import Registry
+from rag_ablate.core.errors import ConfigError, UnknownNameError
+from rag_ablate.core.registry import Registry
 
 __all__ = [
     "REGISTRY",

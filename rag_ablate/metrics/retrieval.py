@@ -23,7 +23,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 
-from rag_ablate.errors import ConfigError
+from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.registry import metric_name
 
 __all__ = [

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag_ablate.cache import code_parts, library_versions
-from rag_ablate.pipeline.analyzers import Analyzer
+from rag_ablate.core.cache import code_parts, library_versions
 from rag_ablate.pipeline.tokens import TOKENS_CODE, TokenMatrix, tokens_key_parts
+from rag_ablate.text.analyzers import Analyzer
 
 if TYPE_CHECKING:
-    from rag_ablate.config import BM25Config
+    from rag_ablate.config.schema import BM25Config
 
 Hit = tuple[int, float]  # (chunk index, score)
 

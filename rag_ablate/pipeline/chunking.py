@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
 
-from rag_ablate.cache import code_parts
-from rag_ablate.dataset import Document
-from rag_ablate.metrics.text import is_cjk_text
+from rag_ablate.core.cache import code_parts
+from rag_ablate.dataset.model import Document
+from rag_ablate.text.count import is_cjk_text
 
 if TYPE_CHECKING:
-    from rag_ablate.config import ChunkConfig
+    from rag_ablate.config.schema import ChunkConfig
 
 # characters after which a chunk may end (sentence or clause boundaries, line breaks)
 _BOUNDARY = frozenset("。！？；!?;\n")
@@ -132,7 +132,7 @@ class ChunkSpans:
     """Every chunk of a corpus as parallel arrays, in corpus order then position in the document.
 
     ``doc`` is the document's position in the corpus (int32), ``start``/``end`` its character
-    offsets (int64) and ``tokens`` :func:`~rag_ablate.metrics.text.count_tokens` of
+    offsets (int64) and ``tokens`` :func:`~rag_ablate.text.count.count_tokens` of
     ``text[start:end]`` (int32; the title is not counted).
     """
 
@@ -180,7 +180,7 @@ def chunk_spans(
 
     Equal to :func:`chunk_corpus`'s chunks, in the same order.
     """
-    from rag_ablate.metrics.text import count_tokens
+    from rag_ablate.text.count import count_tokens
 
     windows = _windows_char if unit == "char" else _windows_token
     doc, start, end, tokens = array("i"), array("q"), array("q"), array("i")
@@ -352,7 +352,7 @@ def chunk_key_parts(settings: ChunkConfig, corpus_fingerprint: str, unit: str) -
     Every chunk setting except ``include_title`` (with ``unit`` replaced by the resolved
     ``char`` or ``token``, so ``auto`` shares the entry of what it resolves to), the corpus
     fingerprint, and the code: package and Python versions and a hash of this module and of
-    :mod:`rag_ablate.metrics.text` (the entry holds each chunk's token count).
+    :mod:`rag_ablate.text.count` (the entry holds each chunk's token count).
     """
     if unit not in ("char", "token"):
         raise ValueError(f"unit must be resolved to 'char' or 'token' before keying, got {unit!r}")
@@ -362,5 +362,5 @@ def chunk_key_parts(settings: ChunkConfig, corpus_fingerprint: str, unit: str) -
         **chosen,
         "unit": unit,
         # the entry holds each chunk's count_tokens too, so the counting code is part of the key
-        "code": code_parts("rag_ablate.pipeline.chunking", "rag_ablate.metrics.text"),
+        "code": code_parts("rag_ablate.pipeline.chunking", "rag_ablate.text.count"),
     }

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_ablate.errors import ConfigError, UnknownNameError
+from rag_ablate.core.errors import ConfigError, UnknownNameError
 from rag_ablate.pipeline.bm25 import top_k_indices
 
 Hit = tuple[int, float]  # (chunk index, cosine score)
@@ -231,7 +231,7 @@ class DenseIndex:
 def graph_key_parts(passage_parts: dict[str, Any], build_threads: int) -> dict[str, Any]:
     """The cache key parts of the ``dense_graph`` stage (a usearch graph): the passage embeddings'
     key parts, the HNSW build settings and threads, this module's code and usearch's version."""
-    from rag_ablate.cache import code_parts, library_versions
+    from rag_ablate.core.cache import code_parts, library_versions
 
     return {
         "embeddings": dict(passage_parts),

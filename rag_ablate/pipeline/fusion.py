@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rag_ablate.errors import ConfigError
+from rag_ablate.core.errors import ConfigError
 from rag_ablate.pipeline.stages import FUSIONS, Hits, Run
 
 __all__ = ["FUSIONS", "fuse", "rrf", "weighted"]

@@ -34,15 +34,16 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from rag_ablate.errors import ConfigError, RagAblateError
-from rag_ablate.pipeline.stages import RERANKERS, Embedded, Hits, QueryState, Resources, resolve_encoder
-from rag_ablate.privacy import body_excerpts_allowed
+from rag_ablate.core.errors import ConfigError, RagAblateError
+from rag_ablate.core.privacy import body_excerpts_allowed
+from rag_ablate.pipeline.encoders import resolve_encoder
+from rag_ablate.pipeline.stages import RERANKERS, Embedded, Hits, QueryState, Resources
 
 if TYPE_CHECKING:  # httpx is imported when a rerank service is used, not when the registry lists it
     import httpx
     from sentence_transformers import CrossEncoder
 
-    from rag_ablate.config import RunConfig
+    from rag_ablate.config.schema import RunConfig
 
 EXCERPT_CHARS = 300  # characters of a response body quoted in error messages
 MAX_WAIT_SECONDS = 5.0  # cap on one wait between retries (backoff or Retry-After)

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rag_ablate.dataset import Intent
-from rag_ablate.errors import UnknownNameError
+from rag_ablate.core.errors import UnknownNameError
+from rag_ablate.dataset.model import Intent
 from rag_ablate.pipeline.stages import ROUTERS
 
 if TYPE_CHECKING:  # scipy is imported when a router is built, not when the registry lists it
     from scipy import sparse
 
-    from rag_ablate.config import RunConfig
+    from rag_ablate.config.schema import RunConfig
 
 _DROP = re.compile(r"[\s\W_]+", re.UNICODE)
 

@@ -31,15 +31,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from rag_ablate import pipeline as _package
-from rag_ablate.registry import Registry
+from rag_ablate.core.registry import Registry
 
 if TYPE_CHECKING:
-    from rag_ablate.config import RunConfig
-    from rag_ablate.dataset import Intent, Query
+    from rag_ablate.config.schema import RunConfig
+    from rag_ablate.dataset.model import Intent, Query
     from rag_ablate.pipeline.bm25 import BM25Retriever
     from rag_ablate.pipeline.chunking import Chunk
     from rag_ablate.pipeline.dense import DenseIndex
-    from rag_ablate.pipeline.encoders import Encoder
 
 Hits = list[tuple[int, float]]  # (chunk index, score), best first
 Run = Sequence[tuple[int, float]]
@@ -203,15 +202,58 @@ def encoder_key(name: str) -> str:
 def check_encoder(setting: str, name: str) -> None:
     """Raise UnknownNameError unless ``name`` is ``auto`` or a registered encoder."""
     if name != AUTO and encoder_key(name) not in ENCODERS:
-        from rag_ablate.errors import UnknownNameError
+        from rag_ablate.core.errors import UnknownNameError
 
         raise UnknownNameError(f"encoder ({setting})", name, [AUTO, *ENCODERS.names()])
 
 
-def resolve_encoder(configured: str, language: str) -> str:
-    """``auto`` becomes the default encoder of the corpus language; other names stay."""
-    if configured != AUTO:
-        return configured
-    from rag_ablate.pipeline.encoders import default_encoder
+@dataclass(frozen=True)
+class EncoderSettings:
+    """What an encoder wrapper does around its model; all but ``name`` enter the embedding cache keys."""
 
-    return default_encoder(language)
+    name: str  # the registry name as configured (a label: not part of the keys)
+    model_id: str  # the weights: model name and package version, or a model folder's content hash
+    query_prefix: str  # text put before every query ("" when none)
+    passage_prefix: str  # text put before every passage ("" when none)
+    normalize: bool  # rows scaled to unit L2 norm
+    max_tokens: int | None  # the longest input the model reads, in tokens
+    long_inputs: str  # beyond max_tokens: "truncate" or "mean-of-windows"
+    dim: int  # vector size (after any truncation of the model's output)
+    libraries: tuple[str, ...]  # distributions whose versions enter the keys
+
+
+class Encoder(Protocol):
+    """A text encoder: queries and passages to L2-normalised float32 rows."""
+
+    name: str  # the registry name as configured: "minilm", "e5-small" or "st:<folder>"
+    model_id: str  # weights + version, for cache keys
+    dim: int
+    settings: EncoderSettings  # the wrapper's settings, for cache keys
+
+    def encode_queries(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        progress: bool = False,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Rows for ``texts``; written into ``out`` (an (n, dim) float32 array, e.g. a memory map)
+        when given, so a large corpus is encoded batch by batch without a second matrix."""
+        ...
+
+    def encode_passages(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        progress: bool = False,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray: ...
+
+    def count_tokens(self, texts: Sequence[str], *, query: bool) -> list[int]:
+        """Tokens the model reads for each text (prefix and special tokens included, after truncation):
+        the embedding tokens an embedding API would bill."""
+        ...
+
+

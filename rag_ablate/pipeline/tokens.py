@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from rag_ablate.cache import code_parts
-from rag_ablate.pipeline.analyzers import Analyzer, analyzer_key_parts
+from rag_ablate.core.cache import code_parts
+from rag_ablate.text.analyzers import Analyzer, analyzer_key_parts
 
 BATCH = 4096  # texts analysed per batch
 PARALLEL_MIN = 2048  # fewer texts than this are analysed in this process
@@ -248,7 +248,7 @@ def _token_major(
     return indptr, docs, tf
 
 
-TOKENS_CODE = ("rag_ablate.pipeline.analyzers", "rag_ablate.pipeline.tokens")
+TOKENS_CODE = ("rag_ablate.text.analyzers", "rag_ablate.pipeline.tokens")
 
 
 def tokens_key_parts(analyzer: str, chunks: Mapping[str, Any], include_title: bool) -> dict[str, Any]:

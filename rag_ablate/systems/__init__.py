@@ -8,36 +8,10 @@ config group. Adding a system means a module that registers its factory with
 
 from __future__ import annotations
 
-from rag_ablate.registry import Registry
-from rag_ablate.systems.base import (
-    STATUSES,
-    BatchSystem,
-    Citation,
-    OnDone,
-    RetrievedChunk,
-    Status,
-    System,
-    SystemFactory,
-    TokenUsage,
-    Trace,
-    batch_runner,
-)
+from rag_ablate.core.registry import Registry
+from rag_ablate.systems.base import SystemFactory
 
 SYSTEMS: Registry[SystemFactory] = Registry(
     "system", providers=("rag_ablate.systems.local", "rag_ablate.systems.http")
 )
 
-__all__ = [
-    "STATUSES",
-    "SYSTEMS",
-    "BatchSystem",
-    "Citation",
-    "OnDone",
-    "RetrievedChunk",
-    "Status",
-    "System",
-    "SystemFactory",
-    "TokenUsage",
-    "Trace",
-    "batch_runner",
-]

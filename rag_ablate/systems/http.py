@@ -1,7 +1,7 @@
 """Your own RAG service as the system under test (``system=http``).
 
 Each query is sent to two endpoints of the service, together, and both answers
-merge into one :class:`~rag_ablate.systems.base.Trace`:
+merge into one :class:`~rag_ablate.records.trace.Trace`:
 
 * ``POST {base_url}{eval_path}`` returns JSON: the retrieved evidence, the intent
   codes and the service's own stage timings;
@@ -11,7 +11,7 @@ merge into one :class:`~rag_ablate.systems.base.Trace`:
 
 The default request body and response mappings are the wire format of
 ``rag-ablate serve``; ``system.body`` (a template, see :func:`render_body`) and
-``system.response`` (dotted paths, :class:`~rag_ablate.config.HttpResponseConfig`)
+``system.response`` (dotted paths, :class:`~rag_ablate.config.schema.HttpResponseConfig`)
 adapt them to another service. README "Evaluate your own RAG service over HTTP"
 describes every setting.
 
@@ -45,7 +45,6 @@ decorators, and it saves a dependency for the one place that retries.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import logging
 import random
@@ -53,20 +52,20 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rag_ablate.cache import Cache
-from rag_ablate.config import RunConfig, validate_system
-from rag_ablate.dataset import Dataset, Document, Query
-from rag_ablate.privacy import body_excerpts_allowed
+from rag_ablate.config.schema import RunConfig, validate_system
+from rag_ablate.core.cache import Cache
+from rag_ablate.core.retry import Status
+from rag_ablate.dataset.model import Dataset, Document, Query
+from rag_ablate.records.trace import Citation, RetrievedChunk, TokenUsage, Trace
 from rag_ablate.systems import SYSTEMS
-from rag_ablate.systems.base import Citation, OnDone, RetrievedChunk, Status, TokenUsage, Trace
+from rag_ablate.systems.base import OnDone
 
 if TYPE_CHECKING:  # httpx is imported when a run talks HTTP, not when the registry lists this system
     import httpx
+from rag_ablate.core.retry import backoff_wait, excerpt, retry_after_seconds, status_meaning
 
-EXCERPT_CHARS = 200  # how much of a response body an error message quotes
 PLACEHOLDERS = ("query", "query_id", "top_k", "user_groups")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 _MISSING: Any = object()
@@ -134,47 +133,6 @@ def get_path(obj: Any, path: str) -> Any:
     return obj
 
 
-def excerpt(text: str | bytes) -> str:
-    """The start of a body, on one line, for error messages; only its size while a job with
-    ``privacy.store_text=false`` runs (:func:`rag_ablate.privacy.body_excerpts_allowed`)."""
-    if not body_excerpts_allowed():
-        size = len(text if isinstance(text, bytes) else text.encode("utf-8"))
-        return f"<{size} bytes, not quoted: privacy.store_text=false>"
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="replace")
-    flat = " ".join(text.split())
-    return flat if len(flat) <= EXCERPT_CHARS else flat[:EXCERPT_CHARS] + "..."
-
-
-def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
-    """A Retry-After header as seconds to wait: delta-seconds or an HTTP date; None if absent or bad."""
-    if value is None or not value.strip():
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    current = datetime.now(UTC).timestamp() if now is None else now
-    return max(0.0, when.timestamp() - current)
-
-
-def backoff_wait(
-    retries: int, retry_after: float | None, backoff_s: float, backoff_max_s: float, rng: random.Random
-) -> float:
-    """Seconds to wait before try ``retries + 1``: the response's Retry-After when it has one,
-    else ``backoff_s * 2**retries`` with jitter (a random 50-100% of it); capped at ``backoff_max_s``.
-
-    Shared by every client that retries 429/5xx (``system=http``, ``generator=openai``).
-    """
-    wait = retry_after if retry_after is not None else backoff_s * 2**retries * rng.uniform(0.5, 1.0)
-    return min(wait, backoff_max_s)
-
-
 # ---------------------------------------------------------------------- failures
 
 
@@ -213,16 +171,6 @@ def _transport_failure(what: str, exc: httpx.TransportError) -> _Failure | _Retr
     if isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
         return _Retry(_Failure("http_error", detail))
     return _Failure("http_error", detail)
-
-
-def status_meaning(code: int) -> tuple[Status, bool] | None:
-    """What an HTTP status means for a query: None for 2xx, else its failure status and whether
-    sending the request again may help (429 and 5xx). Shared by every HTTP client here."""
-    if 200 <= code < 300:
-        return None
-    if code in (401, 403):
-        return "access_denied", False
-    return "http_error", code == 429 or code >= 500
 
 
 def _status_failure(what: str, response: httpx.Response, body: bytes) -> _Failure | _Retry | None:

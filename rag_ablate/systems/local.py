@@ -28,14 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag_ablate.cache import Cache
-from rag_ablate.config import RunConfig
-from rag_ablate.dataset import Dataset, Query
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core.cache import Cache
+from rag_ablate.core.errors import GenerationError
+from rag_ablate.dataset.model import Dataset, Query
 from rag_ablate.generators import GENERATORS
-from rag_ablate.generators.base import Context, GenerationError, Generator
+from rag_ablate.generators.base import Context, Generator
 from rag_ablate.metrics.acl import may_see
-from rag_ablate.metrics.text import is_cjk_text
-from rag_ablate.pipeline.analyzers import get_analyzer
 from rag_ablate.pipeline.bm25 import BM25Retriever, ScoreMatrix, bm25_key_parts
 from rag_ablate.pipeline.chunking import (
     Chunks,
@@ -60,8 +59,10 @@ from rag_ablate.pipeline.stages import (
     Router,
 )
 from rag_ablate.pipeline.tokens import TokenMatrix, tokens_key_parts
+from rag_ablate.records.trace import RetrievedChunk, TokenUsage, Trace
 from rag_ablate.systems import SYSTEMS
-from rag_ablate.systems.base import RetrievedChunk, TokenUsage, Trace
+from rag_ablate.text.analyzers import get_analyzer
+from rag_ablate.text.count import is_cjk_text
 
 if TYPE_CHECKING:
     from rag_ablate.pipeline.dense import DenseIndex

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rag_ablate.pipeline.stages import RETRIEVERS, Hits, QueryState, Resources
 
 if TYPE_CHECKING:
-    from rag_ablate.config import RunConfig
+    from rag_ablate.config.schema import RunConfig
     from rag_ablate.pipeline.bm25 import BM25Retriever
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from rag_ablate.pipeline.stages import RETRIEVERS, Embedded, Hits, QueryState, Resources, resolve_encoder
+from rag_ablate.pipeline.encoders import resolve_encoder
+from rag_ablate.pipeline.stages import RETRIEVERS, Embedded, Hits, QueryState, Resources
 
 if TYPE_CHECKING:
-    from rag_ablate.config import RunConfig
+    from rag_ablate.config.schema import RunConfig
     from rag_ablate.pipeline.dense import DenseIndex
 
 

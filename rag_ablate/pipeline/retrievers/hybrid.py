@@ -15,7 +15,7 @@ import numpy as np
 from rag_ablate.pipeline.stages import FUSIONS, RETRIEVERS, Hits, QueryState, Resources
 
 if TYPE_CHECKING:
-    from rag_ablate.config import RunConfig
+    from rag_ablate.config.schema import RunConfig
 
 
 @RETRIEVERS.register("hybrid")

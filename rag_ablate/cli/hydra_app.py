@@ -1,0 +1,57 @@
+"""The Hydra application: compose the config, run one variant.
+
+A single run (``python -m rag_ablate ...``) that fails prints one line and exits 2
+for an error rag_ablate raises on purpose (a bad dataset, an unusable MLflow store);
+anything else exits 1 with Hydra's report. Ctrl-C prints one line with the resume
+command and exits 130 (the run is marked KILLED). Inside a sweep the error is raised
+instead, so Hydra records the job as failed and the sweeper lists it at the end.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from rag_ablate.config.overrides import CONF_DIR, normalize_overrides, numeric_groups, register_resolvers
+from rag_ablate.config.schema import register_configs
+from rag_ablate.core.errors import RagAblateError, one_line
+
+__all__ = ["CONF_DIR", "main", "normalize_overrides", "numeric_groups"]
+
+register_configs()
+register_resolvers()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    from rag_ablate.run.runner import run_variant
+    from rag_ablate.settings import to_settings
+
+    hc = HydraConfig.get()
+    try:
+        return run_variant(cfg, to_settings(cfg))
+    except KeyboardInterrupt:
+        if hc.mode == RunMode.MULTIRUN:
+            raise  # the sweeper ends the sweep's runs and says how to resume
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(
+            "\nrag_ablate: interrupted (Ctrl-C); the MLflow run is marked KILLED; resume with: "
+            f"python -m rag_ablate resume={hc.runtime.output_dir}",
+            file=sys.stderr,
+        )
+        sys.exit(130)
+    except Exception as exc:
+        if hc.mode == RunMode.MULTIRUN:
+            print(f"rag_ablate: job #{hc.job.num} failed: {one_line(exc)}", file=sys.stderr)
+            raise  # recorded by Hydra as a failed job; the sweeper reports it
+        if isinstance(exc, RagAblateError):
+            print(f"rag_ablate: error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        raise
+
+

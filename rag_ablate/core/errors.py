@@ -1,0 +1,112 @@
+"""The project's exception tree.
+
+Every error a user can cause is one of these, with a message that says what to
+fix. Nothing user-facing is an ``assert`` or a bare traceback.
+
+    RagAblateError                 base of everything below
+    ├── DatasetError               a dataset folder breaks the contract (file, line, field)
+    ├── ConfigError                a config value or combination is invalid
+    ├── UnknownNameError           a name not in a registry (lists the valid names)
+    ├── TrackingError              MLflow store / run problems
+    ├── ErrorRateError             a run's share of failed queries is above system.max_error_rate
+    ├── ComparisonError            the comparison step cannot be computed
+    └── LocalModelError            the offline model (extra [local-llm]) is missing, corrupt or did not start
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rag_ablate.core.retry import Status
+
+
+class RagAblateError(Exception):
+    """Base class of all errors raised on purpose by rag_ablate."""
+
+
+class DatasetError(RagAblateError):
+    """A dataset file breaks the contract in docs/dataset-format.md.
+
+    ``file``, ``line`` (1-based, or None for file-level problems) and ``field``
+    say exactly where.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.file = file
+        self.line = line
+        self.field = field
+        self.reason = message
+        where = file or "<dataset>"
+        if line is not None:
+            where += f":{line}"
+        if field is not None:
+            where += f": field '{field}'"
+        super().__init__(f"{where}: {message}")
+
+
+class ConfigError(RagAblateError):
+    """A configuration value is invalid or inconsistent."""
+
+
+class UnknownNameError(RagAblateError, KeyError):
+    """A name that is not in a registry. The message lists the valid names."""
+
+    def __init__(self, kind: str, name: str, valid: Iterable[str]) -> None:
+        self.kind = kind
+        self.name = name
+        self.valid = sorted(valid)
+        msg = f"unknown {kind} '{name}'; valid: {', '.join(self.valid)}"
+        super().__init__(msg)
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class TrackingError(RagAblateError):
+    """MLflow could not be reached or used as configured."""
+
+
+class ErrorRateError(RagAblateError):
+    """A run finished, was logged and marked FAILED: too many of its queries failed."""
+
+
+class ComparisonError(RagAblateError):
+    """The comparison step cannot be computed from what is on disk."""
+
+
+class LocalModelError(RagAblateError):
+    """The offline model cannot be prepared or served (rag_ablate/llm/local.py): the extra is not
+    installed, a part is missing or corrupt, or the server did not start. Says the fixing command."""
+
+
+class JudgeCalibrationError(RagAblateError):
+    """The judge calibration step (the dataset's human judgements) failed after the run was logged."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its type unless it is one of ours, and its first line."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if isinstance(exc, RagAblateError):
+        return first or type(exc).__name__
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+class GenerationError(RagAblateError):
+    """A generator's model call failed (after its retries): the query ends with ``status``
+    (``timeout``, ``http_error``, ``access_denied``, ``bad_response``, ``stream_cut``), its
+    retrieval kept."""
+
+    def __init__(self, status: Status, message: str, http_status: int | None = None) -> None:
+        super().__init__(message)
+        self.status: Status = status
+        self.http_status = http_status
+
+

@@ -1,0 +1,387 @@
+"""Confidential corpora: what of a query's text is stored, and redaction of personal data.
+
+Two settings (``privacy`` in the config, docs/architecture.md "Confidential corpora"):
+
+* ``privacy.store_text=false``: passage text, query text and answers never reach a file the run
+  writes or MLflow. Records keep ids, offsets, scores, statuses, timings and metrics; their
+  ``query`` and ``answer`` keys are left out; error messages lose the response-body excerpts
+  they would quote (:func:`body_excerpts_allowed`) and any quoted text; MLflow traces carry ids
+  only. Answer metrics are computed before the text is dropped, so they are in the records but
+  cannot be recomputed from them.
+* ``privacy.redact=true``: every text that is stored (query text, answers, error messages,
+  trace inputs and outputs, the passages of a trace, flips) goes through :func:`redact_text`
+  first. It replaces e-mail addresses, phone numbers, Chinese national id numbers and bank card
+  numbers by ``[EMAIL]``, ``[PHONE]``, ``[CN_ID]`` and ``[CARD]``; each record counts what was
+  replaced (``redacted``) and the run logs the sums as ``privacy/redacted_<kind>``.
+
+Worked examples (``redact_text`` returns the text and the counts)::
+
+    "Mail zhang.san@example.com or call +1 (415) 555-0100"
+        -> "Mail [EMAIL] or call [PHONE]"                       {"email": 1, "phone": 1}
+    "请拨打 138 1234 5678，身份证 11010519491231002X"
+        -> "请拨打 [PHONE]，身份证 [CN_ID]"                      {"phone": 1, "cn_id": 1}
+    "卡号 4111-1111-1111-1111，订单号 20240501123456，价格 ¥1299.00"
+        -> "卡号 [CARD]，订单号 20240501123456，价格 ¥1299.00"  {"card": 1}
+
+The order number is not a card: 20240501123456 fails the Luhn check (its digit sum is 37).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any, Protocol, TypeVar
+
+KINDS = ("email", "phone", "cn_id", "card")  # in the order they are searched for
+PLACEHOLDERS = {kind: f"[{kind.upper()}]" for kind in KINDS}  # [EMAIL] [PHONE] [CN_ID] [CARD]
+METRIC_PREFIX = "privacy/redacted_"  # run metrics: privacy/redacted_email, ..., privacy/redacted_total
+WITHHELD = "<withheld: privacy.store_text=false>"  # what stands where quoted text was
+
+Counts = dict[str, int]
+Record = dict[str, Any]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class JudgedAnswer(Protocol):
+    """Anything with an answer and per-metric error messages (a judge calibration item)."""
+
+    answer: str
+    errors: dict[str, str]
+
+
+T = TypeVar("T", bound=JudgedAnswer)
+
+# ---------------------------------------------------------------------------- detectors
+
+_EMAIL = re.compile(
+    r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
+    r"(?![A-Za-z0-9-])"
+)
+# 6-digit region, birth date YYYYMMDD (1800-2099), 3-digit sequence, check character
+_CN_ID = re.compile(
+    r"(?<![0-9A-Za-z])[1-9]\d{5}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx]"
+    r"(?![0-9A-Za-z])"
+)
+# a run of digits with single spaces or dashes between them (card candidates are cut from it)
+_DIGIT_RUN = re.compile(r"(?<![0-9A-Za-z+.,])\d+(?:[ -]\d+)*(?![0-9A-Za-z])")
+_PHONES = (
+    # Chinese mobile: 1[3-9]x xxxx xxxx, spaces or dashes between the groups, +86 / 0086 optional
+    re.compile(r"(?<![\d+])(?:(?:\+|00)86[ -]?)?1[3-9]\d(?:[ -]?\d{4}){2}(?!\d)"),
+    # international with a leading +: +1 415 555 0100, +44 20 7946 0958, +1 (415) 555-0100
+    re.compile(r"(?<![\w+])\+\d{1,3}(?:[ -]?(?:\(\d{1,4}\)|\d{1,4})){2,6}(?!\d)"),
+    # North American: (415) 555-0100, (415)555-0100, 415-555-0100, 415.555.0100
+    re.compile(r"(?<![\w+.-])(?:\([2-9]\d{2}\) ?\d{3}[- ]\d{4}|[2-9]\d{2}([-.])\d{3}\1\d{4})(?![\w-])"),
+    # Chinese landline with its area code: 010-12345678, (021) 6123 4567, 0755-1234567
+    re.compile(r"(?<![\w+-])(?:\(0\d{2,3}\) ?|0\d{2,3}-)\d{3,4} ?\d{4}(?!\d)"),
+)
+_CN_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
+_CN_ID_CHECK = "10X98765432"  # the check character for (weighted sum mod 11) = 0, 1, ..., 10
+
+
+def cn_id_check_char(first17: str) -> str:
+    """The check character of a Chinese national id number (GB 11643): the first 17 digits
+    weighted by 7 9 10 5 8 4 2 1 6 3 7 9 10 5 8 4 2, summed, mod 11, looked up in ``10X98765432``."""
+    total = sum(int(d) * w for d, w in zip(first17, _CN_ID_WEIGHTS, strict=True))
+    return _CN_ID_CHECK[total % 11]
+
+
+def is_cn_id(text: str) -> bool:
+    """An 18-character Chinese national id number: a real birth date and a matching check character.
+
+    One random 18-digit number in eleven has a matching check character; the birth date (a real
+    calendar day from 1800 on) rules out most of the rest, so order numbers are not taken for ids.
+    """
+    if not _CN_ID.fullmatch(text):
+        return False
+    try:
+        datetime.date(int(text[6:10]), int(text[10:12]), int(text[12:14]))
+    except ValueError:
+        return False
+    return cn_id_check_char(text[:17]) == text[17].upper()
+
+
+def luhn_valid(digits: str) -> bool:
+    """The Luhn check of a card number: from the right, every second digit doubled (minus 9 above
+    9), all summed; valid when the sum is a multiple of 10."""
+    if not digits.isdigit():
+        return False
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2 == 1:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+@dataclass(frozen=True)
+class Found:
+    """One piece of personal data in a text: its kind and its ``[start, end)`` character span."""
+
+    kind: str
+    start: int
+    end: int
+
+
+def _card_spans(text: str) -> Iterator[tuple[int, int]]:
+    """Bank card numbers: 13-19 digits, Luhn-valid, written whole or in groups of at least 3 digits
+    with one kind of separator (4111 1111 1111 1111, 6222-0213-8123-4567-890). In a longer run of
+    groups (a card and a year) the longest valid run of whole groups is taken."""
+    for m in _DIGIT_RUN.finditer(text):
+        groups = [(g.start() + m.start(), g.end() + m.start()) for g in re.finditer(r"\d+", m.group())]
+        seps = set(re.findall(r"[ -]", m.group()))
+        if len(groups) == 1:
+            digits = m.group()
+            if 13 <= len(digits) <= 19 and luhn_valid(digits):
+                yield m.start(), m.end()
+            continue
+        if len(seps) > 1:
+            continue
+        i = 0
+        while i < len(groups):
+            best = None
+            for j in range(len(groups), i, -1):  # the longest run of whole groups first
+                part = groups[i:j]
+                if any(e - s < 3 for s, e in part):
+                    continue
+                digits = "".join(text[s:e] for s, e in part)
+                if 13 <= len(digits) <= 19 and luhn_valid(digits):
+                    best = j
+                    break
+            if best is None:
+                i += 1
+            else:
+                yield groups[i][0], groups[best - 1][1]
+                i = best
+
+
+def _phone_ok(span: str) -> bool:
+    n = sum(ch.isdigit() for ch in span)
+    return 7 <= n <= 15
+
+
+def find_pii(text: str) -> list[Found]:
+    """Every piece of personal data in ``text``, in text order, without overlaps.
+
+    Searched for in this order, each over what the earlier ones left: e-mail addresses, Chinese
+    national id numbers (:func:`is_cn_id`), bank card numbers (:func:`luhn_valid`), phone numbers
+    (Chinese mobiles with optional +86 and separators, + international numbers, North American
+    ``(415) 555-0100`` / ``415-555-0100``, Chinese landlines with an area code ``010-12345678``).
+    """
+    taken = [False] * len(text)
+    found: list[Found] = []
+
+    def add(kind: str, start: int, end: int) -> None:
+        if not any(taken[start:end]):
+            taken[start:end] = [True] * (end - start)
+            found.append(Found(kind, start, end))
+
+    for m in _EMAIL.finditer(text):
+        add("email", m.start(), m.end())
+    for m in _CN_ID.finditer(text):
+        if is_cn_id(m.group()):
+            add("cn_id", m.start(), m.end())
+    for start, end in _card_spans(text):
+        add("card", start, end)
+    for pattern in _PHONES:
+        for m in pattern.finditer(text):
+            if _phone_ok(m.group()):
+                add("phone", m.start(), m.end())
+    return sorted(found, key=lambda f: f.start)
+
+
+def redact_text(text: str) -> tuple[str, Counts]:
+    """``text`` with every piece of personal data (:func:`find_pii`) replaced by its placeholder
+    (``[EMAIL]``, ``[PHONE]``, ``[CN_ID]``, ``[CARD]``), and how many of each kind were replaced."""
+    counts: Counts = {}
+    out: list[str] = []
+    pos = 0
+    for f in find_pii(text):
+        out.append(text[pos : f.start])
+        out.append(PLACEHOLDERS[f.kind])
+        counts[f.kind] = counts.get(f.kind, 0) + 1
+        pos = f.end
+    out.append(text[pos:])
+    return "".join(out), counts
+
+
+def add_counts(total: Counts, more: Mapping[str, int]) -> Counts:
+    """``total`` plus ``more``, kind by kind (a new dict)."""
+    out = dict(total)
+    for kind, n in more.items():
+        if n:
+            out[kind] = out.get(kind, 0) + int(n)
+    return out
+
+
+# ---------------------------------------------------------------------------- quoted text
+
+# a quoted part long enough to be text (a short one names a key, a path or a one-word reply)
+_QUOTED = re.compile(r"'[^'\n]{16,}'|\"[^\"\n]{16,}\"|“[^”\n]{16,}”|‘[^’\n]{16,}’|「[^」\n]{16,}」")
+_body_lock = threading.Lock()
+_bodies_allowed = True  # process-wide: jobs of a sweep run one after another in one process
+
+
+def body_excerpts_allowed() -> bool:
+    """False while a job with ``privacy.store_text=false`` runs: error messages then say how long
+    a response body was instead of quoting it (``rag_ablate.core.retry.excerpt``)."""
+    return _bodies_allowed
+
+
+@contextmanager
+def body_excerpts(allowed: bool) -> Iterator[None]:
+    """Allow or forbid quoting response bodies in error messages while the block runs."""
+    global _bodies_allowed
+    with _body_lock:
+        before, _bodies_allowed = _bodies_allowed, allowed
+    try:
+        yield
+    finally:
+        with _body_lock:
+            _bodies_allowed = before
+
+
+def scoped(fn: F) -> F:
+    """Run a job (a function of the composed Hydra config) under its ``privacy.store_text``:
+    response bodies are not quoted in its error messages when it is false."""
+
+    @wraps(fn)
+    def wrapper(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        section = cfg.get("privacy") if hasattr(cfg, "get") else None
+        store = True if section is None else bool(section.get("store_text", True))
+        with body_excerpts(store):
+            return fn(cfg, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def withhold_quotes(message: str, known: Iterable[str | None] = ()) -> str:
+    """An error message without the text it quotes: every quoted part of 16 characters or more
+    (``'...'``, ``"..."``, ``“...”``) and every occurrence of a ``known`` text (the query, the answer)
+    becomes :data:`WITHHELD`. Shorter quotes (a key, a mapping path, a one-word reply) and what the
+    message says about ids, statuses and sizes are kept."""
+    for text in sorted({t for t in known if t and t.strip()}, key=len, reverse=True):
+        message = message.replace(text, WITHHELD)
+    return _QUOTED.sub(WITHHELD, message)
+
+
+# ---------------------------------------------------------------------------- the policy
+
+
+@dataclass(frozen=True)
+class Privacy:
+    """What a run stores of its text: built from ``privacy`` (``PrivacyConfig``)."""
+
+    store_text: bool = True
+    redact: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> Privacy:
+        return cls(store_text=bool(cfg.store_text), redact=bool(cfg.redact))
+
+    @property
+    def active(self) -> bool:
+        """True when anything is withheld or redacted (the default stores text as it is)."""
+        return not self.store_text or self.redact
+
+    def text(self, value: str | None) -> str | None:
+        """A passage, query or answer as it may be stored: None when text is not stored, redacted
+        with ``redact``, else as it is."""
+        if value is None or not self.store_text:
+            return None
+        return redact_text(value)[0] if self.redact else value
+
+    def message(self, value: str, known: Iterable[str | None] = ()) -> tuple[str, Counts]:
+        """An error message as it may be stored, and what redaction replaced in it."""
+        if not self.store_text:
+            value = withhold_quotes(value, known)
+        return redact_text(value) if self.redact else (value, {})
+
+    def record(self, rec: Mapping[str, Any]) -> Record:
+        """The stored form of a record (a new dict; ``rec`` is left as it is).
+
+        ``store_text=false``: no ``query`` and ``answer`` keys, error messages without quoted
+        text. ``redact=true``: query, answer, error messages (the record's and the judge's)
+        redacted, and ``redacted`` holds the counts of what was replaced, added to the counts the
+        record had (a record redacted before keeps its counts: resume= reads it back).
+        """
+        if not self.active:
+            return dict(rec)
+        out: Record = dict(rec)
+        counts: Counts = dict(rec.get("redacted") or {})
+        known = (rec.get("query"), rec.get("answer"))
+        for key in ("query", "answer"):
+            if key not in out:
+                continue
+            if not self.store_text:
+                del out[key]
+            elif self.redact and isinstance(out[key], str):
+                out[key], found = redact_text(out[key])
+                counts = add_counts(counts, found)
+        if isinstance(out.get("error"), str):
+            out["error"], found = self.message(out["error"], known)
+            counts = add_counts(counts, found)
+        if out.get("judge") is not None:
+            out["judge"], found = self._messages(out["judge"], known)
+            counts = add_counts(counts, found)
+        if self.redact:
+            out["redacted"] = {kind: counts.get(kind, 0) for kind in KINDS}
+        return out
+
+    def judged_answer(self, item: T) -> T:
+        """A judged answer that is not a record (a dataclass with ``answer`` and ``errors``, such as
+        a judge calibration item) as it may be stored: its answer empty without ``store_text``,
+        redacted with ``redact``; its error messages as :meth:`message` stores them."""
+        if not self.active:
+            return item
+        answer = str(item.answer)
+        errors = {k: self.message(v, [answer])[0] for k, v in item.errors.items()}
+        return dataclasses.replace(item, answer=self.text(answer) or "", errors=errors)  # type: ignore[type-var]
+
+    def _messages(self, node: Any, known: Sequence[str | None]) -> tuple[Any, Counts]:
+        """Every ``error``/``errors`` string inside a judge's value, as :meth:`message` stores it."""
+        counts: Counts = {}
+        if isinstance(node, list):
+            items = []
+            for item in node:
+                value, found = self._messages(item, known)
+                items.append(value)
+                counts = add_counts(counts, found)
+            return items, counts
+        if not isinstance(node, dict):
+            return node, counts
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "error" and isinstance(value, str):
+                out[key], found = self.message(value, known)
+            elif key == "errors" and isinstance(value, dict):
+                out[key] = {}
+                found = {}
+                for name, msg in value.items():
+                    if isinstance(msg, str):
+                        out[key][name], more = self.message(msg, known)
+                        found = add_counts(found, more)
+                    else:
+                        out[key][name] = msg
+            else:
+                out[key], found = self._messages(value, known)
+            counts = add_counts(counts, found)
+        return out, counts
+
+    def run_metrics(self, records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+        """``privacy/redacted_<kind>`` and ``privacy/redacted_total``: what redaction replaced in
+        the stored records (nothing without ``redact``)."""
+        if not self.redact:
+            return {}
+        totals: Counts = {}
+        for rec in records:
+            totals = add_counts(totals, rec.get("redacted") or {})
+        out = {f"{METRIC_PREFIX}{kind}": float(totals.get(kind, 0)) for kind in KINDS}
+        out[f"{METRIC_PREFIX}total"] = float(sum(totals.values()))
+        return out

@@ -1,0 +1,154 @@
+"""Records on disk: one JSON line per query, appended as queries finish, read back tolerantly."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rag_ablate.core.errors import RagAblateError
+from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
+from rag_ablate.records.trace import Record
+
+FSYNC_SECONDS = 1.0  # RecordWriter: at most this long between fsyncs (each record is flushed at once)
+
+
+def write_records(path: Path, records: Iterable[Record]) -> None:
+    """Write ``records`` as the whole of ``path``, atomically (a temporary file, fsync'd, renamed)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+class RecordsError(RagAblateError):
+    """A records file has a line that is not a record (anywhere but a half-written last line)."""
+
+
+@dataclass
+class RecordsScan:
+    """What :func:`scan_records` found in a records file."""
+
+    records: list[Record]
+    good_bytes: int  # length of the valid prefix (every complete line)
+    torn_tail: bool  # the last line was half-written (no newline, not a complete record): ignored
+
+
+def scan_records(path: Path, project: Callable[[Record], Record] | None = None) -> RecordsScan:
+    """Read a records file written by :class:`RecordWriter` (or :func:`write_records`).
+
+    Lines end with a newline once they are complete. A last line without one that is
+    not a complete JSON object is what a process killed mid-write leaves: it is
+    ignored (``torn_tail``), never read as data. A last line that is a complete
+    object only lacks its newline and is kept. Blank lines are skipped. Any other
+    line that is not a JSON object raises :class:`RecordsError` naming file and line.
+    ``project``: applied to each record as it is read (the comparison keeps less of each).
+    """
+    data = path.read_bytes()
+    records: list[Record] = []
+    pos, lineno = 0, 0
+    torn = False
+    while pos < len(data):
+        lineno += 1
+        end = data.find(b"\n", pos)
+        last = end < 0
+        raw = data[pos:] if last else data[pos:end]
+        nxt = len(data) if last else end + 1
+        if raw.strip():
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                if last:
+                    torn = True
+                    break
+                excerpt = raw[:80].decode("utf-8", errors="replace")
+                raise RecordsError(f"{path}:{lineno}: not a JSON record ({exc}): {excerpt!r}") from exc
+            if not isinstance(rec, dict) or "query_id" not in rec:
+                if last:
+                    torn = True
+                    break
+                raise RecordsError(f"{path}:{lineno}: not a record (a JSON object with a query_id)")
+            records.append(rec if project is None else project(rec))
+        pos = nxt
+    return RecordsScan(records, pos, torn)
+
+
+def read_records(path: Path, project: Callable[[Record], Record] | None = None) -> list[Record]:
+    """Every record of ``path`` in file order (a half-written last line is ignored, see
+    :func:`scan_records`). While a run is in progress, or after it was interrupted, a
+    query can have several records: :func:`final_records` keeps the last one of each."""
+    return scan_records(path, project).records
+
+
+def final_records(records: Iterable[Record]) -> dict[str, Record]:
+    """The last record of each query id (a later attempt supersedes an earlier one)."""
+    out: dict[str, Record] = {}
+    for rec in records:
+        out.pop(rec["query_id"], None)  # keep completion order of the final attempts
+        out[rec["query_id"]] = rec
+    return out
+
+
+class RecordWriter:
+    """Appends records to a file as they complete: each is written and flushed at once
+    (a killed process loses at most the line it was writing), and fsync'd at most every
+    ``fsync_every`` seconds and when closed (an OS crash loses at most that window).
+
+    Opening repairs the file's end first: a half-written last line is cut off, and a
+    complete last record without its newline gets one, so appended lines stay whole.
+    Thread-safe: a concurrent runner may call :meth:`write` from several threads.
+    """
+
+    def __init__(self, path: Path, *, fsync_every: float = FSYNC_SECONDS) -> None:
+        self.path = path
+        self.fsync_every = fsync_every
+        self.written = 0
+        self.fsyncs = 0
+        self._lock = threading.Lock()
+        if path.is_file():
+            scan = scan_records(path)
+            size = path.stat().st_size
+            if scan.good_bytes < size:  # torn tail: cut it off
+                with path.open("r+b") as f:
+                    f.truncate(scan.good_bytes)
+            elif size and not path.read_bytes().endswith(b"\n"):
+                with path.open("ab") as f:
+                    f.write(b"\n")
+        self._f = path.open("a", encoding="utf-8")
+        self._last_sync = time.monotonic()
+
+    def write(self, rec: Record) -> None:
+        line = json.dumps(rec, ensure_ascii=False) + "\n"
+        with self._lock:
+            self._f.write(line)
+            self._f.flush()
+            self.written += 1
+            now = time.monotonic()
+            if now - self._last_sync >= self.fsync_every:
+                os.fsync(self._f.fileno())
+                self.fsyncs += 1
+                self._last_sync = now
+
+    def close(self) -> None:
+        with self._lock:
+            if self._f.closed:
+                return
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self.fsyncs += 1
+            self._f.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+

@@ -1,0 +1,284 @@
+"""Per-query records: write, read, score and aggregate.
+
+A record is one JSON line per query in ``records.jsonl``: the query's identity
+(id, split, group, kind, gold intent), the system's trace (retrieved chunks with
+doc ids, offsets and scores; predicted intent; status; stage timings) and the
+per-query metric values. :func:`score_record` computes the values from the
+record's own fields plus the dataset, so every number can be recomputed from disk.
+
+While a job runs, :class:`RecordWriter` appends each record as its query completes
+(flushed at once, fsync'd about every second), so an interrupted run keeps its
+finished queries and ``resume=`` reruns only the rest; the reader ignores a
+half-written last line. When the job ends, :func:`write_records` rewrites the file
+atomically with exactly one final record per query, in dataset order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from itertools import accumulate
+from typing import Any
+
+import numpy as np
+
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
+from rag_ablate.dataset.model import SPLITS, Dataset, Document, Query
+from rag_ablate.dataset.weights import TagWeights, run_metrics
+from rag_ablate.metrics.acl import acl_metrics, has_restrictions
+from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
+from rag_ablate.metrics.intent import intent_top1
+from rag_ablate.metrics.retrieval import evidence_recall_at, retrieval_metrics, set_metrics
+from rag_ablate.records.trace import Record, Trace
+from rag_ablate.text.count import count_tokens
+
+
+def make_record(query: Query, trace: Trace) -> Record:
+    """A query's record before scoring: its identity, tags and gold intents, and the system's trace.
+
+    ``tags`` (the query's tags) and the gold intents make the record enough to recompute its
+    slices (:mod:`rag_ablate.run.slices`); records written before tags were recorded have no
+    ``tags`` key and stay readable (their tag slices leave them out).
+    """
+    return {
+        "query_id": query.query_id,
+        "query": query.query,
+        "split": query.split,
+        "group": query.group,
+        "kind": query.kind,
+        "tags": list(query.tags),
+        "intent_gold": query.intent_l2,
+        "intent_gold_l1": query.intent_l1,
+        **{k: v for k, v in trace.to_dict().items() if k != "query_id"},
+    }
+
+
+ChunkKey = tuple[str, int, int]  # (doc_id, start, end): a chunk's character range in its document
+
+
+class TokenCounts:
+    """:func:`~rag_ablate.text.count.count_tokens` of chunk texts, each distinct chunk counted once.
+
+    A chunk is its ``(doc_id, start, end)``; its text is ``docs[doc_id].text[start:end]`` (no
+    title), what ``context_tokens_at_k`` sums. One memo serves a whole run (every query and
+    every cutoff): the same retrieved chunk is tokenised once, not once per query and k.
+    :meth:`seed` hands it counts known already (``LocalSystem.chunk_token_counts``, cached
+    with the chunks), which are then used as they are (they must equal ``count_tokens``).
+    Safe to share between threads (a race can only count a chunk twice, to the same value).
+    """
+
+    def __init__(self, counts: Mapping[ChunkKey, int] | None = None) -> None:
+        self._memo: dict[ChunkKey, int] = {}
+        self._seeds: list[Mapping[ChunkKey, int]] = []
+        self.tokenised = 0  # texts this memo tokenised itself (not seeded, not repeated)
+        if counts:
+            self.seed(counts)
+
+    def seed(self, counts: Mapping[ChunkKey, int]) -> None:
+        """Use ``counts`` ((doc_id, start, end) -> count) for the chunks it has; kept, not copied."""
+        if counts:
+            self._seeds.append(counts)
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    def count(self, doc_id: str, start: int, end: int, docs: Mapping[str, Document]) -> int:
+        """Tokens of ``docs[doc_id].text[start:end]`` (KeyError for an unknown document)."""
+        key = (doc_id, start, end)
+        n = self._memo.get(key)
+        return self._first(key, docs) if n is None else n
+
+    def _first(self, key: ChunkKey, docs: Mapping[str, Document]) -> int:
+        """A chunk not met before: its seeded count, or count_tokens of its text."""
+        for seeded in self._seeds:
+            n = seeded.get(key)
+            if n is not None:
+                break
+        else:
+            doc_id, start, end = key
+            n = count_tokens(docs[doc_id].text[start:end])
+            self.tokenised += 1
+        self._memo[key] = n
+        return n
+
+    def context_tokens_at(
+        self, retrieved: Sequence[Mapping[str, Any]], docs: Mapping[str, Document], ks: Sequence[int]
+    ) -> dict[str, float]:
+        """``context_tokens_at_k`` for every k: tokens of the first k retrieved chunks (all when
+        fewer), from prefix sums over the chunks' counts; equal to
+        :func:`~rag_ablate.text.count.context_tokens` of their texts. Every chunk's document
+        must exist (KeyError otherwise); only the first ``max(ks)`` chunks are counted."""
+        limit = max(ks, default=0)
+        counts: list[int] = []
+        memo = self._memo
+        for r in retrieved[:limit]:
+            key = (r["doc_id"], r["start"], r["end"])
+            n = memo.get(key)
+            counts.append(self._first(key, docs) if n is None else n)
+        for r in retrieved[limit:]:
+            if r["doc_id"] not in docs:
+                raise KeyError(r["doc_id"])
+        prefix = [0, *accumulate(counts)]
+        n = len(counts)
+        return {f"context_tokens_at_{k}": float(prefix[k if k < n else n]) for k in ks}
+
+
+def score_record(
+    rec: Mapping[str, Any],
+    query: Query,
+    docs: Mapping[str, Document],
+    ks: Sequence[int],
+    *,
+    routed: bool,
+    answers: AnswerScoring | None = None,
+    tokens: TokenCounts | None = None,
+) -> dict[str, float | None]:
+    """Per-query metric values of one record.
+
+    A failed query gets no quality values, only ``latency_ms`` (its time until
+    it failed), so latency percentiles include slow failures. A record with an
+    ``answer`` also gets the answer metrics (:func:`rag_ablate.metrics.answers.answer_metrics`,
+    scored with ``answers``, default :class:`~rag_ablate.metrics.answers.AnswerScoring`); when it
+    carries an LLM judge's verdicts (``judge``, added by :mod:`rag_ablate.run.judging`), the judged
+    metrics too, and the judge's refusal and citation-support verdicts enter those metrics.
+    When the corpus restricts documents (``allowed_groups``), every query that retrieved
+    (answerable and unanswerable) gets the access-control leak metrics
+    (:mod:`rag_ablate.metrics.acl`).
+
+    ``tokens`` is the run's memo of chunk token counts (:class:`TokenCounts`); without one,
+    this record's chunks are counted afresh.
+    """
+    out: dict[str, float | None] = {}
+    timings = rec.get("timings_ms") or {}
+    if "total" in timings:
+        out["latency_ms"] = float(timings["total"])
+    if rec["status"] != "ok":
+        return out
+    if routed and query.intent_l2 is not None:
+        out["intent_top1"] = intent_top1(query.intent_l2, rec.get("intent_pred"))
+    if rec.get("answer") is not None:
+        out.update(answer_metrics(rec, query, docs, answers or AnswerScoring()))
+    if query.kind == "no_rag":
+        return out
+    retrieved = rec.get("retrieved") or []
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
+    out.update((TokenCounts() if tokens is None else tokens).context_tokens_at(retrieved, docs, ks))
+    if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
+        out.update(acl_metrics([r["doc_id"] for r in retrieved], docs, query.user_groups, ks))
+    if query.kind == "answerable":
+        ranked = [r["doc_id"] for r in retrieved]
+        out.update(retrieval_metrics(ranked, query.relevant, ks))
+        if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
+            out.update(set_metrics(ranked, query.relevant_sets, ks))
+        if query.evidence:
+            chunks = [(r["doc_id"], r["start"], r["end"]) for r in retrieved]
+            spans = [(e.doc_id, e.start, e.end) for e in query.evidence]
+            for k, value in zip(ks, evidence_recall_at(chunks, spans, ks), strict=True):
+                out[f"evidence_recall_at_{k}"] = value
+    return out
+
+
+def scored(
+    rec: Record,
+    query: Query,
+    docs: Mapping[str, Document],
+    ks: Sequence[int],
+    *,
+    routed: bool,
+    answers: AnswerScoring | None = None,
+    tokens: TokenCounts | None = None,
+) -> Record:
+    """``rec`` with its ``metrics``; a crash while scoring makes the query failed, not the run.
+
+    The failed record keeps its trace and latency; ``error`` says ``scoring failed: ...``.
+    ``tokens``: the run's chunk token counts (:class:`TokenCounts`), shared by every record.
+    """
+    try:
+        metrics = score_record(rec, query, docs, ks, routed=routed, answers=answers, tokens=tokens)
+        return {**rec, "metrics": metrics}
+    except Exception as exc:  # a bad trace (unknown doc id, broken offsets, ...) fails one query only
+        failed = {**rec, "status": "failed", "error": f"scoring failed: {type(exc).__name__}: {exc}"}
+        total = (rec.get("timings_ms") or {}).get("total")
+        failed["metrics"] = {} if total is None else {"latency_ms": float(total)}
+        return failed
+
+
+def rescore(
+    records: Sequence[Record],
+    dataset: Dataset,
+    ks: Sequence[int],
+    routed: bool,
+    answers: AnswerScoring | None = None,
+    tokens: TokenCounts | None = None,
+) -> list[Record]:
+    """Recompute every record's metrics from its trace (records on disk suffice).
+
+    Each distinct retrieved chunk is tokenised once for all records (``tokens``, or a new memo).
+    """
+    by_id = {q.query_id: q for q in dataset.queries}
+    memo = TokenCounts() if tokens is None else tokens
+    docs = dataset.documents
+    return [
+        scored(r, by_id[r["query_id"]], docs, ks, routed=routed, answers=answers, tokens=memo)
+        for r in records
+    ]
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def aggregate(records: Sequence[Record], weights: TagWeights | None = None) -> dict[str, float]:
+    """Split-prefixed means and counts: ``dev/recall_at_5``, ``holdout/n_failed``, ``all/...``.
+
+    Means run over the queries that have a value (answerable ones for retrieval
+    metrics); failed queries count in ``n_failed`` and ``error_rate``, and in
+    ``latency_ms`` (timed until they failed), never in the quality metrics. A
+    metric no query has a value for (intent accuracy when every routed query
+    failed) is absent, not 0.
+
+    Each failure status the run has (``timeout``, ``http_error``, ... see
+    :data:`rag_ablate.core.retry.Status`) gets ``n_status_<status>`` and ``error_rate_<status>``
+    in every split; a streaming system's time to first token gets ``ttft_ms_p50``/``_p95``
+    (over the queries that got a first token).
+
+    With ``weights`` (the production mix, :mod:`rag_ablate.dataset.weights`), each split also gets
+    ``<split>/prod/<metric>`` (weighted means) and ``<split>/edge/<metric>`` (the edge cases'
+    own means) from the records' ``tags`` (see :func:`rag_ablate.dataset.weights.run_metrics`).
+    """
+    out: dict[str, float] = {}
+    failure_statuses = sorted({str(r["status"]) for r in records if r["status"] != "ok"})
+    for split in (*SPLITS, "all"):
+        rows = [r for r in records if split == "all" or r["split"] == split]
+        p = f"{split}/"
+        out[p + "n_queries"] = float(len(rows))
+        for kind in ("answerable", "unanswerable", "no_rag"):
+            out[p + f"n_{kind}"] = float(sum(1 for r in rows if r["kind"] == kind))
+        failed = sum(1 for r in rows if r["status"] != "ok")
+        out[p + "n_failed"] = float(failed)
+        out[p + "error_rate"] = failed / len(rows) if rows else 0.0
+        for status in failure_statuses:
+            n_status = sum(1 for r in rows if r["status"] == status)
+            out[p + f"n_status_{status}"] = float(n_status)
+            out[p + f"error_rate_{status}"] = n_status / len(rows) if rows else 0.0
+        ttft = [float(r["ttft_ms"]) for r in rows if r.get("ttft_ms") is not None]
+        if ttft:
+            out[p + "ttft_ms_p50"] = _percentile(ttft, 50)
+            out[p + "ttft_ms_p95"] = _percentile(ttft, 95)
+        values: dict[str, list[float]] = {}
+        for r in rows:
+            for name, v in (r.get("metrics") or {}).items():
+                if v is not None and not (isinstance(v, float) and math.isnan(v)):
+                    values.setdefault(name, []).append(float(v))
+        for name in sorted(values):
+            out[p + name] = float(np.mean(values[name]))
+        lat = values.get("latency_ms")
+        if lat:
+            out[p + "latency_ms_p50"] = _percentile(lat, 50)
+            out[p + "latency_ms_p95"] = _percentile(lat, 95)
+    if weights is not None:
+        out.update(run_metrics(records, weights, (*SPLITS, "all")))
+    return out

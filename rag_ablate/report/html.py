@@ -1,0 +1,645 @@
+"""``report.html``: one self-contained page that answers "which variant is better, and what does it cost".
+
+Written into the sweep folder at the end of every sweep and by ``rag-ablate
+compare`` / ``rag-ablate report``, and logged to the sweep's parent run. It
+needs nothing but a browser: CSS inline, images inlined as base64 PNGs, no
+script, no network. Sections:
+
+1. the plan: factors and levels, and each job's change (``plan.json``);
+2. quality against cost: the plot (``quality_vs_cost.png``), the trade-off
+   table per split with the Pareto frontier and the iso-quality choice
+   (``tradeoff.json``, see :mod:`rag_ablate.compare.tradeoff`);
+3. the comparison against the baseline for dev and holdout, with intervals,
+   adjusted p and significance (``comparison.json``); confounded and unchecked
+   variants flagged (here and in the trade-off table);
+4. where each variant hurts (and helps): slices by tag and intent with their own
+   effects, exploratory (``comparison.json``'s ``slices``, :mod:`rag_ablate.compare.slices`);
+5. per-intent accuracy per variant, worst intents first;
+6. recall@k curves per variant (``recall_at_k.png``);
+7. the queries that flipped most, with their text.
+
+Everything is read from files the jobs and the comparison wrote, so it can be
+rebuilt at any time: ``rag-ablate report SWEEP_DIR``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rag_ablate.compare import tradeoff
+from rag_ablate.compare.model import VariantData
+from rag_ablate.compare.run import Source, load_source
+from rag_ablate.config.schema import CompareConfig
+from rag_ablate.core.errors import ComparisonError
+from rag_ablate.core.layout import COMPARISON_JSON, PLAN_FILE
+from rag_ablate.metrics.intent import intent_report
+from rag_ablate.metrics.registry import display_name
+from rag_ablate.report import plots as report_plots
+
+REPORT_HTML = "report.html"
+RECALL_PLOT = "recall_at_k.png"
+TOP_FLIPS = 10  # flipped queries shown per variant, split and direction
+
+#: CJK-capable font stack: Chinese queries and intent names render on Linux, macOS and Windows
+FONT_STACK = (
+    'system-ui, -apple-system, "Segoe UI", Roboto, "Noto Sans", "Noto Sans CJK SC", '
+    '"Source Han Sans SC", "WenQuanYi Zen Hei", "PingFang SC", "Hiragino Sans GB", '
+    '"Microsoft YaHei", "Helvetica Neue", Arial, sans-serif'
+)
+
+_CSS = """
+body { font-family: %(fonts)s; margin: 0; color: #1d2733; background: #f6f7f9; line-height: 1.45; }
+main { max-width: 1180px; margin: 0 auto; padding: 24px 28px 60px; background: #fff; }
+h1 { font-size: 1.6em; margin: 0 0 4px; } h2 { border-bottom: 2px solid #e3e7ec; padding-bottom: 4px;
+  margin-top: 36px; } h3 { margin: 22px 0 8px; font-size: 1.08em; }
+nav a { margin-right: 14px; font-size: 0.92em; } .muted { color: #66717e; font-size: 0.9em; }
+table { border-collapse: collapse; margin: 8px 0 14px; font-size: 0.88em; }
+th, td { border: 1px solid #dde2e8; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #eef1f5; position: sticky; top: 0; } td.num { text-align: right; white-space: nowrap;
+  font-variant-numeric: tabular-nums; }
+tr.better td.eff { background: #dcf3e3; } tr.worse td.eff { background: #fbe0de; }
+.badge { display: inline-block; padding: 0 6px; border-radius: 8px; font-size: 0.8em; margin-left: 4px; }
+.b-better { background: #2a9d8f; color: #fff; } .b-worse { background: #d62828; color: #fff; }
+.b-warn { background: #f4a261; color: #1d2733; } .b-base { background: #264653; color: #fff; }
+.warn { background: #fff4e5; border-left: 4px solid #f4a261; padding: 8px 12px; margin: 10px 0; }
+.ok { background: #eaf6ef; border-left: 4px solid #2a9d8f; padding: 8px 12px; margin: 10px 0; }
+img { max-width: 100%%; height: auto; border: 1px solid #e3e7ec; }
+.flips td.q { max-width: 560px; } code { background: #eef1f5; padding: 0 3px; border-radius: 3px; }
+"""
+
+
+@dataclass
+class Report:
+    """What :func:`write_report` produced."""
+
+    html: Path
+    paths: list[Path]  # every file written (report.html, tradeoff.json/.md, the PNGs)
+    tradeoff: tradeoff.Tradeoff
+
+
+def _e(x: object) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _num(v: Any, unit: str = "") -> str:
+    return tradeoff.fmt(None if v is None else float(v), unit)
+
+
+def _signed(v: Any) -> str:
+    if v is None or not math.isfinite(float(v)):
+        return "-"
+    x = float(v)
+    return f"{x:+.1f}" if abs(x) >= 100 else f"{x:+.3f}"
+
+
+def _p(v: Any) -> str:
+    if v is None:
+        return "-"
+    return "<0.001" if float(v) < 0.001 else f"{float(v):.3f}"
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{_e(alt)}">'
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "", raw: bool = False) -> str:
+    """An HTML table; cells are escaped unless ``raw`` (then the caller escaped them)."""
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c if raw else _e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def variant_titles(plan: Mapping[str, Any] | None, baseline: str) -> dict[str, str]:
+    """Display names saying what each variant is: the baseline gets its levels, ``baseline (chunk=512)``."""
+    if not plan or baseline != "baseline":
+        return {}
+    levels = [f"{f['key']}={f['default']}" for f in plan.get("factors", []) if f.get("default") is not None]
+    return {baseline: f"baseline ({', '.join(levels)})"} if levels else {}
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _plan_section(plan: Mapping[str, Any] | None) -> str:
+    if not plan:
+        return '<p class="muted">No plan.json here (a comparison of an MLflow run): the variants below.</p>'
+    out = [f"<p>Mode <b>{_e(plan.get('mode', '?'))}</b>"]
+    common = plan.get("common") or []
+    if common:
+        out.append(f"; every job also runs with <code>{_e(' '.join(common))}</code>")
+    out.append(".</p>")
+    factors = plan.get("factors") or []
+    if factors:
+        rows = [
+            [_e(f["key"]), _e(f.get("default", "")), ", ".join(_e(x) for x in f.get("levels", []))]
+            for f in factors
+        ]
+        out.append(_table(["factor", "baseline level", "levels"], rows, raw=True))
+    jobs = plan.get("jobs") or []
+    if jobs:
+        rows = []
+        for j in jobs:
+            change = f"{j['factor']}={j['level']}" if j.get("factor") else "-"
+            rows.append([str(j.get("index", "")), str(j.get("label", "")), str(j.get("role", "")), change])
+        out.append(_table(["job", "variant", "role", "what it changes"], rows))
+    return "".join(out)
+
+
+def _systems(variants: Sequence[VariantData]) -> set[str]:
+    """The systems under test (``system.name`` of each job's config; ``local`` when unset)."""
+    return {str(((v.config or {}).get("system") or {}).get("name", "local")) for v in variants}
+
+
+def _flagged(comp: Mapping[str, Any]) -> dict[str, str]:
+    """variant -> ``confounded`` / ``unchecked``, from the confounding guard's findings."""
+    out = {str(v): "unchecked" for v in comp.get("unchecked") or {}}
+    out.update({str(v): "confounded" for v in comp.get("confounded") or {}})
+    return out
+
+
+def _guard_section(comp: Mapping[str, Any]) -> str:
+    confounded: Mapping[str, Sequence[str]] = comp.get("confounded") or {}
+    unchecked: Mapping[str, str] = comp.get("unchecked") or {}
+    if not confounded and not unchecked:
+        return (
+            '<div class="ok">Confounding check: every variant differs from the baseline only in what '
+            "its label says.</div>"
+        )
+    items = [
+        f"<li><b>{_e(v)}</b> is <b>confounded</b>: it also changes {_e(', '.join(diff))}</li>"
+        for v, diff in confounded.items()
+    ]
+    items += [f"<li><b>{_e(v)}</b> is <b>unchecked</b>: {_e(why)}</li>" for v, why in unchecked.items()]
+    return (
+        '<div class="warn">Confounding check: its effects cannot be attributed to its label alone.'
+        f"<ul>{''.join(items)}</ul></div>"
+    )
+
+
+def _comparison_section(comp: Mapping[str, Any], titles: Mapping[str, str]) -> str:
+    out = []
+    confounded = comp.get("confounded") or {}
+    unchecked = comp.get("unchecked") or {}
+    pairs = comp.get("pairs") or []
+    for split in comp.get("splits", []):
+        rows = [r for r in comp.get("rows", []) if r["split"] == split]
+        sizes = {(r["n_queries"], r["n_groups"]) for r in rows if not r.get("note")}
+        size = ", ".join(f"{n} queries in {g} groups" for n, g in sorted(sizes)[-1:])
+        adj = "Holm" if split == "holdout" else "Benjamini-Hochberg"
+        left = sum(p.get("n_left_out", 0) for p in pairs if p["split"] == split)
+        out.append(f'<h3 id="cmp-{_e(split)}">{_e(split)}</h3>')
+        out.append(
+            f'<p class="muted">{_e(size)}; p adjusted by {adj}; significant at alpha '
+            f"{_e(comp.get('alpha'))}; queries left out of pairs (failed or missing): {left}</p>"
+        )
+        body = []
+        for r in rows:
+            v = r["variant"]
+            badges = ""
+            if v in confounded:
+                badges += '<span class="badge b-warn">confounded</span>'
+            if v in unchecked:
+                badges += '<span class="badge b-warn">unchecked</span>'
+            verdict = r.get("verdict") or ""
+            sig = f'<span class="badge b-{verdict}">{verdict}</span>' if verdict else ""
+            if r.get("note"):
+                effect = f"<i>{_e(r['note'])}</i>"
+                means = "-"
+            else:
+                effect = f"{_signed(r['effect'])} [{_signed(r['ci_low'])}, {_signed(r['ci_high'])}]"
+                means = f"{_num(r['baseline_mean'])} &rarr; {_num(r['variant_mean'])}"
+            body.append(
+                f'<tr class="{_e(verdict)}"><td>{_e(titles.get(v, v))}{badges}</td>'
+                f"<td>{_e(display_name(r['metric']))}</td><td class=num>{means}</td>"
+                f'<td class="num eff">{effect}</td><td class=num>{_p(r.get("p_value"))}</td>'
+                f"<td class=num>{_p(r.get('p_adjusted'))}</td><td>{sig}</td>"
+                f"<td>{_e(r.get('flag', ''))}</td></tr>"
+            )
+        head = "".join(
+            f"<th>{h}</th>"
+            for h in (
+                "variant",
+                "metric",
+                f"{_e(comp.get('baseline', 'baseline'))} &rarr; variant",
+                "effect [95% CI]",
+                "p",
+                "p adjusted",
+                "significant",
+                "flag",
+            )
+        )
+        out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+    notes = comp.get("notes") or []
+    if notes:
+        out.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    return "".join(out)
+
+
+def _slice_rows(rows: Sequence[Mapping[str, Any]], titles: Mapping[str, str]) -> str:
+    body = []
+    for r in rows:
+        verdict = str(r.get("verdict", ""))
+        cls = {"hurts": "worse", "helps": "better"}.get(verdict, "")
+        badge = f'<span class="badge b-{cls}">{_e(verdict)}</span>' if cls else _e(verdict)
+        if r.get("ci_low") is None:
+            effect = _signed(r.get("effect"))
+        else:
+            effect = f"{_signed(r['effect'])} [{_signed(r['ci_low'])}, {_signed(r['ci_high'])}]"
+        body.append(
+            f'<tr class="{cls}"><td>{_e(titles.get(r["variant"], r["variant"]))}</td>'
+            f"<td>{_e(r['split'])}</td>"
+            f"<td>{_e(r['slice'])}</td><td>{_e(display_name(r['metric']))}</td>"
+            f"<td class=num>{r['n_queries']} ({r['n_groups']})</td>"
+            f"<td class=num>{r['n_failed_baseline']} / {r['n_failed_variant']}</td>"
+            f"<td class=num>{_num(r.get('baseline_mean'))} &rarr; {_num(r.get('variant_mean'))}</td>"
+            f'<td class="num eff">{effect}</td><td class=num>{_p(r.get("p_adjusted"))}</td>'
+            f"<td>{badge}</td></tr>"
+        )
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "variant",
+            "split",
+            "slice",
+            "metric",
+            "queries (groups)",
+            "failed base / var",
+            "baseline &rarr; variant",
+            "effect [95% CI]",
+            "p adjusted (BH)",
+            "verdict",
+        )
+    )
+    return f'<table class="slices"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _slices_section(comp: Mapping[str, Any], titles: Mapping[str, str]) -> str:
+    """Where each variant hurts (and helps): the per-slice comparison of ``comparison.json``."""
+    sec = comp.get("slices")
+    if not sec:
+        return '<p class="muted">No per-slice comparison in comparison.json (rerun the comparison).</p>'
+    rows: list[Mapping[str, Any]] = sec.get("rows") or []
+    metrics = ", ".join(display_name(m) for m in sec.get("metrics", []))
+    out = [
+        f"<p>Each slice (the queries sharing a tag, a parent intent or a leaf intent; slices overlap) is "
+        f"compared on its own on <b>{_e(metrics)}</b>, with the same paired, group-aware test as the whole "
+        f"comparison; p is adjusted by Benjamini-Hochberg across the slices of each split and variant. "
+        f"<b>Exploratory</b>: a slice verdict is a lead to look at, not a decision. Slices with fewer than "
+        f"{_e(sec.get('min_groups'))} paired groups are too small to test. Every slice: comparison.md.</p>"
+    ]
+    out += [f'<p class="muted">{_e(n)}</p>' for n in sec.get("notes") or []]
+    hurts = [r for r in rows if r.get("verdict") == "hurts"]
+    if hurts:
+        out.append(_slice_rows(hurts, titles))
+    elif rows:
+        out.append('<div class="ok">No slice where a variant is significantly worse than the baseline.</div>')
+    else:
+        out.append('<p class="muted">No slices: the records carry no tags and no gold intents.</p>')
+    helps = [r for r in rows if r.get("verdict") == "helps"]
+    if helps:
+        out.append("<h3>Where it helps</h3>")
+        out.append(_slice_rows(helps, titles))
+    counts = []
+    for v in comp.get("variants", []):
+        for split in comp.get("splits", []):
+            mine = [r for r in rows if r["variant"] == v and r["split"] == split]
+            if mine:
+                by = {k: sum(1 for r in mine if r.get("verdict") == k) for k in ("hurts", "helps")}
+                by["no evidence"] = sum(1 for r in mine if r.get("verdict") == "no evidence")
+                by["too small"] = sum(1 for r in mine if r.get("verdict") == "too small")
+                text = ", ".join(f"{n} {k}" for k, n in by.items() if n)
+                counts.append(f"<li>{_e(titles.get(v, v))}, {_e(split)}: {_e(text)}</li>")
+    if counts:
+        out.append(f'<ul class="muted">{"".join(counts)}</ul>')
+    return "".join(out)
+
+
+def _tradeoff_section(
+    t: tradeoff.Tradeoff,
+    plot: Path | None,
+    titles: Mapping[str, str],
+    flagged: Mapping[str, str],
+    systems: set[str],
+) -> str:
+    q, c = display_name(t.quality_metric), tradeoff.cost_display(t.cost_metric)
+    level = round(100 * (1 - t.alpha))
+    out = [
+        f"<p>Quality <b>{_e(q)}</b> (mean per query) against cost <b>{_e(c)}</b> "
+        f"(<code>{_e(t.cost_metric)}</code>), each with a {level}% group-bootstrap interval "
+        f"(B={t.B}). The <b>Pareto frontier</b> holds the variants no other variant beats on both "
+        "(at least as good on both, strictly better on one). Choose the axes with "
+        "<code>compare.quality_metric</code> and <code>compare.cost_metric</code>, the bar with "
+        "<code>compare.quality_bar</code>.</p>"
+    ]
+    if t.cost_metric.endswith("_ms") and "local" in systems:
+        out.append(
+            '<p class="muted">Latency of the local system is measured in-process, per query, with warm '
+            "caches (indexes built and loaded before the first query; no network, no model server).</p>"
+        )
+    if plot is not None and plot.is_file():
+        out.append(_img(plot, f"{t.plot_split}: {q} against {c}"))
+    for st in t.splits:
+        headers, rows = tradeoff.table_rows(t, st)
+        cells = []
+        for p, r in zip(st.points, rows, strict=True):
+            name = _e(titles.get(p.variant, p.variant))
+            if p.baseline and not name.startswith("baseline"):
+                name += '<span class="badge b-base">baseline</span>'
+            if p.variant in flagged:
+                name += f'<span class="badge b-warn">{_e(flagged[p.variant])}</span>'
+            cells.append([name, *(_e(x) for x in r[1:])])
+        out.append(f"<h3>{_e(st.split)} ({st.n_groups} groups)</h3>")
+        out.append(_table(headers, cells, raw=True))
+        if t.quality_bar is not None:
+            cls = "ok" if st.choice else "warn"
+            out.append(f'<div class="{cls}">{_e(tradeoff.choice_sentence(t, st))}</div>')
+    for n in t.notes:
+        out.append(f'<p class="muted">{_e(n)}</p>')
+    return "".join(out)
+
+
+def intent_accuracy(
+    variants: Sequence[VariantData],
+) -> tuple[list[str], dict[str, dict[str, tuple[int, float]]]]:
+    """Per leaf intent, per variant: (queries, accuracy) over routed queries that did not fail.
+
+    The same cases the job's ``intents.json`` counts. Intents come worst first
+    (lowest mean accuracy over the variants, then by name).
+    """
+    table: dict[str, dict[str, tuple[int, float]]] = {}
+    for v in variants:
+        cases = [
+            (r.get("intent_gold_l1"), str(r["intent_gold"]), r.get("intent_pred"))
+            for r in v.records
+            if r.get("intent_gold") is not None and r.get("status", "ok") == "ok"
+        ]
+        if not cases or all(r.get("intent_pred") is None for r in v.records):
+            continue
+        rep = intent_report(cases, top_confusions=0)
+        for row in rep.per_l2:
+            table.setdefault(row.name, {})[v.label] = (row.n, row.accuracy)
+    order = sorted(table, key=lambda k: (sum(a for _, a in table[k].values()) / len(table[k]), k))
+    return order, table
+
+
+def _heat(acc: float) -> str:
+    hue = round(120 * max(0.0, min(1.0, acc)))
+    return f"background: hsl({hue}, 70%, 85%)"
+
+
+def _intent_section(variants: Sequence[VariantData], titles: Mapping[str, str]) -> str:
+    order, table = intent_accuracy(variants)
+    if not order:
+        return '<p class="muted">No routed queries: the systems predict no intents.</p>'
+    labels = [v.label for v in variants if any(v.label in table[k] for k in order)]
+    head = "<th>intent</th><th>queries</th>" + "".join(f"<th>{_e(titles.get(v, v))}</th>" for v in labels)
+    body = []
+    for k in order:
+        n = max(n for n, _ in table[k].values())
+        cells = "".join(
+            f'<td class=num style="{_heat(table[k][v][1])}">{table[k][v][1]:.3f}</td>'
+            if v in table[k]
+            else "<td>-</td>"
+            for v in labels
+        )
+        body.append(f"<tr><td>{_e(k)}</td><td class=num>{n}</td>{cells}</tr>")
+    return (
+        '<p class="muted">Top-1 accuracy of the predicted leaf intent, all splits, queries that did not '
+        "fail; worst intents first.</p>"
+        f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+_RECALL_RE = re.compile(r"^recall_at_(\d+)$")
+
+
+def recall_curves(
+    variants: Sequence[VariantData], splits: Sequence[str]
+) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """split -> variant -> [(k, mean recall@k)] over the queries with a value, k ascending."""
+    out: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for split in splits:
+        for v in variants:
+            sums: dict[int, list[float]] = {}
+            for r in v.records:
+                if r.get("split") != split or r.get("status", "ok") != "ok":
+                    continue
+                for name, x in (r.get("metrics") or {}).items():
+                    m = _RECALL_RE.match(name)
+                    if m and x is not None:
+                        sums.setdefault(int(m.group(1)), []).append(float(x))
+            if sums:
+                out.setdefault(split, {})[v.label] = [
+                    (k, sum(xs) / len(xs)) for k, xs in sorted(sums.items())
+                ]
+    return out
+
+
+def plot_recall(
+    curves: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]],
+    path: Path,
+    titles: Mapping[str, str],
+    baseline: str,
+) -> Path | None:
+    """``recall_at_k.png``: one panel per split, k on x, recall on y, one line per variant."""
+    if not curves:
+        return None
+    plt = report_plots.pyplot()
+    splits = list(curves)
+    fig, axes = plt.subplots(1, len(splits), figsize=(5.2 * len(splits), 3.8), squeeze=False, sharey=True)
+    for ax, split in zip(axes[0], splits, strict=True):
+        for label, pts in curves[split].items():
+            ks = [k for k, _ in pts]
+            ys = [y for _, y in pts]
+            base = label == baseline
+            ax.plot(
+                ks,
+                ys,
+                marker="*" if base else "o",
+                lw=2.4 if base else 1.4,
+                ms=9 if base else 5,
+                color="#d62828" if base else None,
+                label=titles.get(label, label),
+            )
+        ks_all = sorted({k for pts in curves[split].values() for k, _ in pts})
+        ax.set_xticks(ks_all)
+        ax.set_xlabel("k (retrieved documents)")
+        ax.set_title(f"{split}: recall@k")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("recall@k (mean per query)")
+    axes[0][-1].legend(fontsize=8, loc="lower right")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report_plots.save_figure(fig, path)
+    return path
+
+
+def _flips_section(comp: Mapping[str, Any], metric: str, titles: Mapping[str, str]) -> str:
+    flips: Mapping[str, Any] = comp.get("flips") or {}
+    if not any(metric in by_m for by_m in flips.values()):
+        metric = next((m for m in comp.get("metrics", []) if any(m in b for b in flips.values())), metric)
+    out = [
+        f"<p>Queries whose <b>{_e(display_name(metric))}</b> changed between the baseline and a variant, "
+        f"largest changes first, at most {TOP_FLIPS} per direction (all of them: comparison.json).</p>"
+    ]
+    found = False
+    for variant, by_metric in flips.items():
+        by_split = by_metric.get(metric) or {}
+        for split in comp.get("splits", []):
+            d = by_split.get(split)
+            if not d:
+                continue
+            for direction in ("regressed", "improved"):
+                fl = sorted(
+                    d.get(direction, []), key=lambda f: (-abs(f["variant"] - f["baseline"]), f["query_id"])
+                )
+                if not fl:
+                    continue
+                found = True
+                # records stored without text (privacy.store_text=false): the query ids only
+                texts = any(f.get("query") for f in fl)
+                rows = [
+                    [
+                        _e(f["query_id"]),
+                        *([_e(f.get("query") or "")] if texts else []),
+                        _num(f["baseline"]),
+                        _num(f["variant"]),
+                    ]
+                    for f in fl[:TOP_FLIPS]
+                ]
+                more = f" (top {TOP_FLIPS} of {len(fl)})" if len(fl) > TOP_FLIPS else ""
+                out.append(
+                    f"<h3>{_e(titles.get(variant, variant))}: {_e(split)}, {len(fl)} {direction}{more}</h3>"
+                )
+                head = ["query id", *(["query"] if texts else []), "baseline", "variant"]
+                out.append(_table(head, rows, cls="flips", raw=True))
+    if not found:
+        out.append('<p class="muted">No query flipped.</p>')
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- page
+
+
+def render(
+    *,
+    title: str,
+    variants: Sequence[VariantData],
+    comparison: Mapping[str, Any],
+    plan: Mapping[str, Any] | None,
+    trade: tradeoff.Tradeoff,
+    tradeoff_png: Path | None,
+    recall_png: Path | None,
+) -> str:
+    """The whole page as one string (no scripts, no external resources)."""
+    baseline = str(comparison.get("baseline", trade.baseline))
+    titles = variant_titles(plan, baseline)
+    names = ", ".join(titles.get(v.label, v.label) for v in variants)
+    sections = [
+        ("plan", "Plan", _plan_section(plan)),
+        (
+            "tradeoff",
+            "Quality against cost",
+            _tradeoff_section(trade, tradeoff_png, titles, _flagged(comparison), _systems(variants)),
+        ),
+        (
+            "comparison",
+            "Comparison with the baseline",
+            _guard_section(comparison) + _comparison_section(comparison, titles),
+        ),
+        ("hurts", "Where it hurts", _slices_section(comparison, titles)),
+        ("intents", "Per-intent accuracy", _intent_section(variants, titles)),
+        (
+            "recall",
+            "Recall@k",
+            _img(recall_png, "recall@k per variant")
+            if recall_png is not None
+            else '<p class="muted">No recall@k values.</p>',
+        ),
+        ("flips", "Flipped queries", _flips_section(comparison, trade.quality_metric, titles)),
+    ]
+    nav = "".join(f'<a href="#{sid}">{_e(h)}</a>' for sid, h, _ in sections)
+    body = "".join(f'<section id="{sid}"><h2>{_e(h)}</h2>{content}</section>' for sid, h, content in sections)
+    splits = ", ".join(comparison.get("splits", []))
+    return (
+        '<!DOCTYPE html>\n<html lang="zh-CN"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{_CSS % {'fonts': FONT_STACK}}</style></head><body><main>"
+        f"<h1>{_e(title)}</h1>"
+        f'<p class="muted">Variants: {_e(names)}. Baseline: {_e(titles.get(baseline, baseline))}. '
+        f"Splits: {_e(splits)}. Bootstrap B={_e(comparison.get('B'))}, seed {_e(comparison.get('seed'))}.</p>"
+        f"<nav>{nav}</nav>{body}</main></body></html>\n"
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else None
+
+
+def write_report(
+    out_dir: Path,
+    settings: CompareConfig,
+    *,
+    source: Source | None = None,
+    seed: int | None = None,
+    log: bool = False,
+) -> Report:
+    """Write the trade-off, its plot, the recall curves and ``report.html`` into ``out_dir``.
+
+    ``out_dir`` must hold ``comparison.json`` (the comparison runs first);
+    ``source``: the variants (default: the job folders under ``out_dir``);
+    ``seed``: default the comparison's. ``log``: log every file to the sweep's
+    parent run when the source names one.
+    """
+    comp = _read_json(out_dir / COMPARISON_JSON)
+    if comp is None:
+        raise ComparisonError(f"no {COMPARISON_JSON} in {out_dir}: run `rag-ablate compare {out_dir}` first")
+    src = source if source is not None else load_source(out_dir)
+    plan = _read_json(out_dir / PLAN_FILE)
+    run_seed = int(comp.get("seed", 0)) if seed is None else seed
+    splits = [str(x) for x in comp.get("splits", settings.splits)]
+    t = tradeoff.compute(
+        src.variants, replace(settings, splits=splits), seed=run_seed, baseline=str(comp["baseline"])
+    )
+    paths = tradeoff.write(t, out_dir)
+    titles = variant_titles(plan, t.baseline)
+    png: Path | None = None
+    if t.splits:
+        png = report_plots.plot(t, out_dir / tradeoff.PLOT_FILE, labels=titles)
+        paths.append(png)
+    rec = plot_recall(
+        recall_curves(src.variants, list(comp.get("splits", []))), out_dir / RECALL_PLOT, titles, t.baseline
+    )
+    if rec is not None:
+        paths.append(rec)
+    page = render(
+        title=f"rag_ablate sweep report: {out_dir.name}",
+        variants=src.variants,
+        comparison=comp,
+        plan=plan,
+        trade=t,
+        tradeoff_png=png,
+        recall_png=rec,
+    )
+    out = out_dir / REPORT_HTML
+    out.write_text(page, encoding="utf-8")
+    paths.append(out)
+    if log and src.tracking_uri and src.parent_run_id:
+        from rag_ablate.tracking import store as tracking
+
+        tracking.log_artifacts(src.tracking_uri, src.parent_run_id, paths)
+    return Report(out, paths, t)

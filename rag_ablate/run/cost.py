@@ -1,0 +1,170 @@
+"""What a variant costs, from its per-query records.
+
+Every number here comes from per-query values (a percentile of the queries'
+end-to-end times, never a sum of stage means), so it can be recomputed from
+``records.jsonl`` alone. Names are un-prefixed; the runner logs them to MLflow
+as ``cost/<name>`` (all queries) and ``<split>/cost/<name>``.
+
+- ``latency_p50_ms``, ``latency_p95_ms``: end-to-end time per query
+  (``timings_ms["total"]``). Failed queries count with their time until they
+  failed, so a timeout cannot make p95 look better.
+- ``<stage>_p50_ms``, ``<stage>_p95_ms``: for every other stage any record
+  timed (``route``, ``retrieve``, ``rerank``, ``encode``, ...), over the queries
+  that timed it.
+- ``ttft_p50_ms``, ``ttft_p95_ms``: time to the first answer token, over the
+  queries whose trace carries ``ttft_ms`` (streaming systems only).
+- ``context_tokens``: mean tokens of the final retrieved list handed to a
+  generator (see :func:`final_context_tokens`).
+- ``prompt_tokens``, ``completion_tokens``, ``embedding_tokens``: mean tokens per
+  query over the queries whose trace reports that count.
+- ``usd_per_query``, ``usd_per_1k``: money, only when a price is given
+  (:class:`rag_ablate.config.schema.ModelPrice`); the spend of every query in the split
+  (failed ones bill what they reported) divided by the number of queries. Without
+  a price, or without any token usage, they are absent rather than 0: the
+  offline local pipeline calls no paid model, so it has no money cost to report.
+
+Percentiles are numpy's default (linear interpolation between order statistics).
+See docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from rag_ablate.config.schema import ModelPrice
+
+Record = dict[str, Any]
+
+PERCENTILES = (50, 95)
+USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "embedding_tokens")
+TOTAL = "total"  # the stage key holding a query's end-to-end time
+_CONTEXT_RE = re.compile(r"^context_tokens_at_(\d+)$")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile of ``values`` (numpy's linear interpolation); NaN when empty."""
+    if len(values) == 0:
+        return math.nan
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def query_latency_ms(rec: Mapping[str, Any]) -> float | None:
+    """A query's end-to-end time: ``timings_ms.total``, else its ``latency_ms`` metric."""
+    total = (rec.get("timings_ms") or {}).get(TOTAL)
+    if total is not None:
+        return float(total)
+    lat = (rec.get("metrics") or {}).get("latency_ms")
+    return None if lat is None else float(lat)
+
+
+def final_context_tokens(rec: Mapping[str, Any]) -> float | None:
+    """Tokens of the query's whole final retrieved list, read from its ``context_tokens_at_k``.
+
+    The value at the smallest cutoff k that covers the list (k >= number of
+    retrieved chunks) is the list's total; when the list is longer than every
+    configured cutoff, the largest cutoff's value is used (an undercount, as no
+    larger cutoff was scored). None for queries without retrieval (failed, no_rag).
+    """
+    by_k: dict[int, float] = {}
+    for name, v in (rec.get("metrics") or {}).items():
+        m = _CONTEXT_RE.match(name)
+        if m and v is not None:
+            by_k[int(m.group(1))] = float(v)
+    if not by_k:
+        return None
+    n = len(rec.get("retrieved") or [])
+    covering = [k for k in by_k if k >= n]
+    return by_k[min(covering)] if covering else by_k[max(by_k)]
+
+
+def query_usd(rec: Mapping[str, Any], price: ModelPrice) -> float:
+    """Money one query spent: its reported tokens times USD per 1M tokens (missing counts = 0)."""
+    usage = rec.get("usage") or {}
+    return (
+        float(usage.get("prompt_tokens") or 0) * price.prompt
+        + float(usage.get("completion_tokens") or 0) * price.completion
+        + float(usage.get("embedding_tokens") or 0) * price.embedding
+    ) / 1_000_000
+
+
+def _quantiles(out: dict[str, float], name: str, values: list[float]) -> None:
+    if values:
+        for q in PERCENTILES:
+            out[f"{name}_p{q}_ms"] = percentile(values, q)
+
+
+def cost_metrics(
+    records: Sequence[Record], split: str | None = None, *, price: ModelPrice | None = None
+) -> dict[str, float]:
+    """Cost of one variant over the records of ``split`` (None = all records); names un-prefixed.
+
+    See the module docstring for every name. A metric no query has a value for
+    is absent, not 0.
+    """
+    rows = [r for r in records if split is None or r.get("split") == split]
+    out: dict[str, float] = {}
+    latencies = [v for v in (query_latency_ms(r) for r in rows) if v is not None]
+    _quantiles(out, "latency", latencies)
+
+    stages: dict[str, list[float]] = {}
+    for r in rows:
+        for stage, ms in (r.get("timings_ms") or {}).items():
+            if stage != TOTAL and ms is not None:
+                stages.setdefault(str(stage), []).append(float(ms))
+    for stage in sorted(stages):
+        _quantiles(out, stage, stages[stage])
+
+    ttft = [float(r["ttft_ms"]) for r in rows if r.get("ttft_ms") is not None]
+    _quantiles(out, "ttft", ttft)
+
+    ctx = [v for v in (final_context_tokens(r) for r in rows) if v is not None]
+    if ctx:
+        out["context_tokens"] = float(np.mean(ctx))
+    any_usage = False
+    for name in USAGE_FIELDS:
+        counts = [float(u[name]) for r in rows if (u := r.get("usage")) and u.get(name) is not None]
+        if counts:
+            any_usage = True
+            out[name] = float(np.mean(counts))
+
+    if price is not None and any_usage and rows:
+        per_query = sum(query_usd(r, price) for r in rows) / len(rows)
+        out["usd_per_query"] = per_query
+        out["usd_per_1k"] = per_query * 1000
+    return out
+
+
+def run_cost_metrics(
+    records: Sequence[Record], splits: Sequence[str], *, price: ModelPrice | None = None
+) -> dict[str, float]:
+    """:func:`cost_metrics` of all records as ``cost/<name>`` and of each split as ``<split>/cost/<name>``."""
+    out = {f"cost/{k}": v for k, v in cost_metrics(records, price=price).items()}
+    for split in splits:
+        out.update({f"{split}/cost/{k}": v for k, v in cost_metrics(records, split, price=price).items()})
+    return out
+
+
+def cache_hit_rates(cache_metrics: Mapping[str, float]) -> dict[str, float]:
+    """``run/cache_<kind>_hit_rate`` (hits / lookups) per cache kind and ``run/cache_hit_rate`` overall,
+    from the ``run/cache_<kind>_hits`` and ``_misses`` counts; kinds never looked up are left out."""
+    out: dict[str, float] = {}
+    total_hits = total = 0.0
+    for key, hits in cache_metrics.items():
+        m = re.fullmatch(r"run/cache_(.+)_hits", key)
+        if not m:
+            continue
+        misses = float(cache_metrics.get(f"run/cache_{m.group(1)}_misses", 0.0))
+        lookups = float(hits) + misses
+        if lookups > 0:
+            out[f"run/cache_{m.group(1)}_hit_rate"] = float(hits) / lookups
+            total_hits += float(hits)
+            total += lookups
+    if total > 0:
+        out["run/cache_hit_rate"] = total_hits / total
+    return out

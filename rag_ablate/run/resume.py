@@ -1,0 +1,257 @@
+"""``resume=DIR``: finish an interrupted run or sweep where it stopped.
+
+A job appends each record to ``records.jsonl`` as its query completes and writes
+``run.json`` (its MLflow run id and its config) when it starts, so a run killed
+midway leaves everything needed to finish it:
+
+* :func:`rewrite_argv` runs before Hydra. ``resume=DIR`` names a run folder (it
+  has ``.hydra/overrides.yaml``) or a sweep folder (it has ``plan.json``); the
+  command line becomes the folder's own overrides plus ``hydra.run.dir=DIR`` (or
+  ``-m`` and ``hydra.sweep.dir=DIR``), so the same config is composed and the same
+  folder is written. Runtime settings (``progress``, ``tracking``, ...) may be
+  added; any other override that differs from the folder's is refused.
+* in each job, :func:`load_job` checks the composed config against ``run.json``
+  and returns what is kept: the ok records (the last record of each query counts);
+  queries with no record or a failed one run again, their records are appended,
+  and the same MLflow run is reopened and finished. At the end the job rewrites
+  ``records.jsonl`` with exactly one record per query, so the final metrics are
+  those of an uninterrupted run.
+* for a sweep, :func:`reopen_sweep` (called by the sweeper instead of creating a
+  new sweep) checks the plan is the one in ``plan.json`` and reopens the parent
+  run; jobs that finished with every query ok are skipped, the others resume, and
+  the comparison runs over all of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag_ablate.config.keys import RUNTIME_KEYS
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core.errors import ConfigError
+from rag_ablate.core.layout import PLAN_FILE, RECORDS_FILE, RUN_FILE, SUMMARY_FILE, SWEEP_FILE
+from rag_ablate.records.jsonl import final_records, read_records
+from rag_ablate.records.trace import Record
+
+RESUME_KEY = "resume"
+_HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def _is_runtime(override: str) -> bool:
+    key = _key(override)
+    return any(key == k or key.startswith(k + ".") for k in RUNTIME_KEYS)
+
+
+def _quote(path: Path) -> str:
+    text = str(path)
+    return f'"{text}"' if "'" in text else f"'{text}'"
+
+
+def _unquote(value: str) -> str:
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def folder_kind(folder: Path) -> str:
+    """``sweep`` (has plan.json), ``run`` (has .hydra/overrides.yaml); ConfigError otherwise."""
+    if not folder.is_dir():
+        raise ConfigError(f"resume={folder}: no such folder")
+    if (folder / PLAN_FILE).is_file():
+        return "sweep"
+    if (folder / _HYDRA_OVERRIDES).is_file():
+        return "run"
+    raise ConfigError(
+        f"resume={folder}: neither a run folder (no {_HYDRA_OVERRIDES}) nor a sweep folder (no {PLAN_FILE})"
+    )
+
+
+def saved_overrides(folder: Path) -> list[str]:
+    """The command-line overrides a run or sweep folder was made with (``resume=`` left out)."""
+    if folder_kind(folder) == "sweep":
+        info_path = folder / SWEEP_FILE
+        if info_path.is_file():
+            found = json.loads(info_path.read_text(encoding="utf-8")).get("overrides")
+        else:
+            from omegaconf import OmegaConf
+
+            found = OmegaConf.to_container(OmegaConf.load(folder / "multirun.yaml").hydra.overrides.task)
+    else:
+        import yaml
+
+        found = yaml.safe_load((folder / _HYDRA_OVERRIDES).read_text(encoding="utf-8"))
+    if not isinstance(found, list):
+        raise ConfigError(f"resume={folder}: its saved overrides are not a list")
+    return [str(o) for o in found if _key(str(o)) != RESUME_KEY]
+
+
+def rewrite_argv(args: list[str]) -> list[str]:
+    """The command line Hydra must see for ``resume=DIR`` (``args`` unchanged without it).
+
+    Raises ConfigError when DIR is not a run or sweep folder, or when an override
+    changes what the folder's run measured.
+    """
+    from rag_ablate.config.overrides import normalize_overrides
+
+    given = [a for a in args if not a.startswith("-") and _key(a) == RESUME_KEY]
+    if not given:
+        return args
+    if len(given) > 1:
+        raise ConfigError(f"resume= given {len(given)} times: {' '.join(given)}")
+    value = _unquote(given[0].split("=", 1)[1])
+    if value in ("", "null"):
+        return [a for a in args if a != given[0]]
+    folder = Path(value).expanduser().resolve()
+    kind = folder_kind(folder)
+    original = normalize_overrides(saved_overrides(folder))
+    flags, extra = [], []
+    for a in args:
+        if a == given[0] or a in ("-m", "--multirun"):
+            continue
+        if a.startswith("-") or "=" not in a:
+            flags.append(a)
+            continue
+        norm = normalize_overrides([a])[0]
+        if _key(norm) in ("hydra.run.dir", "hydra.sweep.dir"):
+            raise ConfigError(f"resume={folder}: {a} would move the {kind}; it is resumed in its own folder")
+        if _is_runtime(norm) or norm in original:
+            if norm not in original:
+                extra.append(norm)
+            continue
+        same_key = [o for o in original if _key(o) == _key(norm)]
+        was = " ".join(same_key) if same_key else "not set"
+        raise ConfigError(
+            f"resume={folder}: {a} changes the config of the {kind} being resumed ({was}); "
+            f"a resumed {kind} keeps its overrides ({' '.join(original) or 'none'}); "
+            "only runtime settings (progress, tracking, paths, ...) may be added"
+        )
+    if kind == "sweep":
+        head = ["-m", *original, f"hydra.sweep.dir={_quote(folder)}"]
+    else:
+        head = [*original, f"hydra.run.dir={_quote(folder)}"]
+    print(f"rag_ablate: resuming {kind} {folder}", file=sys.stderr)
+    return [*flags, *head, f"{RESUME_KEY}={_quote(folder)}", *extra]
+
+
+def factor_config(s: RunConfig, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The settings that define what a run measures (runtime settings left out), flattened; a value
+    read from the environment (``env``: :func:`rag_ablate.config.keys.env_interpolated`) as its
+    ``${oc.env:NAME}`` text."""
+    out: dict[str, Any] = {}
+    env = env or {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            key = prefix[:-1]
+            if not any(key == r or key.startswith(r + ".") for r in RUNTIME_KEYS):
+                out[key] = env.get(key, node)
+
+    walk(asdict(s), "")
+    return out
+
+
+@dataclass
+class JobState:
+    """What an earlier attempt of a job left in its folder."""
+
+    run_id: str | None = None  # its MLflow run (None: not tracked, or killed before it was created)
+    tracking_uri: str | None = None
+    finished: bool = False  # it completed with every query ok: nothing to resume
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def write_run_file(
+    job_dir: Path,
+    s: RunConfig,
+    run_id: str | None,
+    tracking_uri: str | None,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """``run.json``: written when a job starts, read by ``resume=``."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    data = {"run_id": run_id, "tracking_uri": tracking_uri, "config": factor_config(s, env)}
+    tmp = job_dir / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=1, default=str), encoding="utf-8")
+    tmp.replace(job_dir / RUN_FILE)
+
+
+def load_job(job_dir: Path, s: RunConfig, env: Mapping[str, str] | None = None) -> JobState:
+    """The state of a job folder being resumed; ConfigError when its config differs from ``s``."""
+    path = job_dir / RUN_FILE
+    if not path.is_file():  # killed before it started (a sweep's later jobs): a fresh job
+        return JobState()
+    data = json.loads(path.read_text(encoding="utf-8"))
+    saved = json.loads(json.dumps(data.get("config") or {}, default=str))
+    now = json.loads(json.dumps(factor_config(s, env), default=str))
+    changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    if changed:
+        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
+        raise ConfigError(f"resume: the config of {job_dir} differs from the one it started with ({shown})")
+    state = JobState(run_id=data.get("run_id"), tracking_uri=data.get("tracking_uri"))
+    summary_path = job_dir / SUMMARY_FILE
+    if summary_path.is_file():
+        state.summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        state.finished = int(state.summary.get("n_failed", 1)) == 0
+    return state
+
+
+def kept_records(job_dir: Path, query_ids: set[str]) -> dict[str, Record]:
+    """The ok records an earlier attempt left (the last record of each query of the dataset)."""
+    path = job_dir / RECORDS_FILE
+    if not path.is_file():
+        return {}
+    latest = final_records(read_records(path))
+    return {qid: r for qid, r in latest.items() if qid in query_ids and r.get("status") == "ok"}
+
+
+def _comparable(jobs: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    return [(str(j["label"]), [o for o in j["overrides"] if not _is_runtime(o)]) for j in jobs]
+
+
+def reopen_sweep(sweep_dir: Path, plan: Any) -> dict[str, Any]:
+    """Resume a sweep folder: check the plan is the saved one and reopen its parent run.
+
+    ``plan`` is the :class:`rag_ablate.sweep.plan.Plan` built from the resumed command
+    line; the folder's ``plan.json`` and ``sweep.json`` are kept as they are.
+    """
+    from rag_ablate.tracking import store as tracking
+
+    saved = json.loads((sweep_dir / PLAN_FILE).read_text(encoding="utf-8"))
+    if _comparable(saved["jobs"]) != _comparable([asdict(j) for j in plan.jobs]):
+        raise ConfigError(f"resume={sweep_dir}: the plan differs from the sweep's {PLAN_FILE}")
+    info_path = sweep_dir / SWEEP_FILE
+    info: dict[str, Any] = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+    if info.get("parent_run_id"):
+        tracking.reopen_run(info["tracking_uri"], info["parent_run_id"])
+    return info
+
+
+def end_interrupted(job_dir: Path, status: str) -> None:
+    """A job raised (``FAILED``) or was interrupted (``KILLED``) before finishing its run:
+    end the run it started, so MLflow does not show it running (``resume=`` reopens it)."""
+    path = job_dir / RUN_FILE
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    uri, run_id = data.get("tracking_uri"), data.get("run_id")
+    if not uri or not run_id:
+        return
+    from rag_ablate.tracking import store as tracking
+
+    with contextlib.suppress(Exception):  # best effort: the job's own error is what the user sees
+        if tracking.run_status(uri, run_id) == "RUNNING":
+            tracking.end_run(uri, run_id, status)

@@ -1,0 +1,679 @@
+"""Run one variant: load data, run the target over every query, score, record, log.
+
+Everything a job produces lands in its Hydra output folder first (records.jsonl,
+summary.json, intents.md, slices.json/.md, variant.json, config.yaml); MLflow gets a copy. The
+sweep-wide steps (summary table, comparison) read these files back, so they work
+whatever launcher ran the jobs.
+
+A job creates its MLflow run when it starts (RUNNING; its id in ``run.json``) and
+appends each record to records.jsonl as its query completes, so ``resume=`` can
+finish an interrupted job in the same folder and run (:mod:`rag_ablate.run.resume`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from rag_ablate.config.keys import RUNTIME_KEYS, env_interpolated, redact, redact_override
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core import privacy, profiling
+from rag_ablate.core.cache import Cache
+from rag_ablate.core.errors import ConfigError, ErrorRateError, JudgeCalibrationError
+from rag_ablate.core.layout import (
+    CONFIG_FILE,
+    INTENTS_JSON,
+    INTENTS_MD,
+    METRICS_FILE,
+    PLAN_FILE,
+    PROFILE_FILE,
+    RECORDS_FILE,
+    SUMMARY_FILE,
+    SWEEP_FILE,
+    VARIANT_FILE,
+)
+from rag_ablate.dataset.labels import label_params
+from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import SPLITS, Dataset, Query
+from rag_ablate.dataset.weights import TagWeights
+from rag_ablate.dataset.weights import validate as validate_weights
+from rag_ablate.judges import JUDGES
+from rag_ablate.judges.calibration import run_calibration
+from rag_ablate.metrics.answers import AnswerScoring
+from rag_ablate.metrics.intent import intent_report
+from rag_ablate.records.jsonl import RecordWriter, write_records
+from rag_ablate.records.scoring import TokenCounts, aggregate, make_record, scored
+from rag_ablate.records.trace import Record, Trace
+from rag_ablate.run import cost, resume, slices
+from rag_ablate.run.export import write_trec
+from rag_ablate.run.judging import judge_records, judge_run_metrics
+from rag_ablate.run.summary import print_table, ui_hint
+from rag_ablate.systems import SYSTEMS
+from rag_ablate.systems.base import System, batch_runner
+from rag_ablate.tracking import store as tracking
+from rag_ablate.tracking import traces as mlflow_traces
+from rag_ablate.tracking import ui as tracking_ui
+
+
+@lru_cache(maxsize=4)
+def _cached_dataset(
+    path: str | None, name: str, holdout_share: float, threshold: float, seed: int
+) -> Dataset:
+    ds = load_dataset(path, name=name, holdout_share=holdout_share, group_threshold=threshold, seed=seed)
+    if ds.labels.issues:  # quoted evidence that did not match the corpus: say so once per load
+        lab = ds.labels
+        print(
+            f"dataset {ds.name}: evidence labels whose quote moved: {lab.relocated} relocated, "
+            f"{lab.stale} stale and {lab.ambiguous} ambiguous (left out); `rag-ablate validate {ds.path}` "
+            "lists them and --fix repairs the relocated ones",
+            file=sys.stderr,
+        )
+    return ds
+
+
+def get_dataset(s: RunConfig) -> Dataset:
+    d = s.dataset
+    return _cached_dataset(d.path, d.name, d.holdout_share, d.group_threshold, s.seed)
+
+
+def _strip_quotes(override: str) -> str:
+    return override.replace("'", "").replace('"', "")
+
+
+def is_runtime_override(override: str) -> bool:
+    key = override.lstrip("+~").split("=", 1)[0]
+    return any(key == k or key.startswith(k + ".") for k in RUNTIME_KEYS)
+
+
+def variant_label(overrides: list[str]) -> str:
+    """A run's name: what it changes (``chunk=256``), or ``baseline``."""
+    factors = [_strip_quotes(o) for o in overrides if not is_runtime_override(o)]
+    return ",".join(factors) or "baseline"
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+
+def evaluate(
+    target: System,
+    dataset: Dataset,
+    ks: list[int],
+    *,
+    progress: bool = False,
+    label: str = "",
+    queries: Sequence[Query] | None = None,
+    on_record: Callable[[Record], None] | None = None,
+    answers: AnswerScoring | None = None,
+    timings: dict[str, float] | None = None,
+) -> list[Record]:
+    """Run every query (or only ``queries``) through the target and score it (answers with ``answers``).
+
+    A query that raises is recorded with status ``failed`` and its error, never
+    dropped or scored as a miss; so is a query whose scoring raises. Every query
+    keeps its elapsed time (``timings_ms["total"]``, the record's ``latency_ms``):
+    a failure is timed until it failed, so a timeout cannot improve p95. A
+    system's own ``total`` is kept when it reports one.
+
+    ``on_record`` gets each scored record as soon as its query completes (the job's
+    :class:`~rag_ablate.records.jsonl.RecordWriter` appends it to ``records.jsonl``).
+    ``timings["score"]`` (when given) gets the seconds spent scoring and handing on the records.
+    """
+    todo = dataset.queries if queries is None else queries
+    done: dict[str, Record] = {}
+    bar = RunProgress(target, len(todo), label, enabled=progress)
+    # each retrieved chunk is tokenised once per run (context_tokens_at_k); a local system's
+    # counts cached with its chunks are used as they are
+    tokens = TokenCounts(getattr(target, "chunk_token_counts", None))
+
+    def finish(q: Query, trace: Trace) -> None:
+        """One query is final: score it, hand it on, count it (a repeat report is ignored)."""
+        if q.query_id in done:
+            return
+        t_score = time.perf_counter()
+        rec = scored(
+            make_record(q, trace),
+            q,
+            dataset.documents,
+            ks,
+            routed=target.routes_intents,
+            answers=answers,
+            tokens=tokens,
+        )
+        done[q.query_id] = rec
+        if on_record is not None:
+            on_record(rec)
+        if timings is not None:
+            timings["score"] = timings.get("score", 0.0) + time.perf_counter() - t_score
+        bar.update(rec["status"])
+
+    run_many = batch_runner(target)
+    try:
+        if run_many is not None:
+            # the system runs the queries itself (system=http: concurrently) and reports each when done
+            t_batch = time.perf_counter()
+            try:
+                run_many(todo, finish)
+            except Exception as exc:  # queries it never reported are failed, never dropped
+                error = f"{type(exc).__name__}: {exc}"
+                total = {"total": (time.perf_counter() - t_batch) * 1000}
+                for q in todo:
+                    if q.query_id not in done:
+                        finish(q, Trace(q.query_id, status="failed", error=error, timings_ms=dict(total)))
+        else:
+            for q in todo:
+                t0 = time.perf_counter()
+                try:
+                    trace = target.run(q)
+                except Exception as exc:
+                    trace = Trace(q.query_id, status="failed", error=f"{type(exc).__name__}: {exc}")
+                elapsed_ms = (time.perf_counter() - t0) * 1000
+                trace.timings_ms.setdefault("total", elapsed_ms)
+                finish(q, trace)
+    finally:
+        bar.close()
+    return [done[q.query_id] for q in todo if q.query_id in done]  # in dataset order
+
+
+class RunProgress:
+    """The querying progress bar: queries done, live ok and failed counts, requests per second.
+
+    Requests come from the system's ``requests_sent`` counter when it has one
+    (system=http counts retries too); otherwise the rate is queries per second.
+    """
+
+    def __init__(self, target: System, total: int, label: str, *, enabled: bool) -> None:
+        self.target = target
+        self.ok = 0
+        self.failed = 0
+        self.t0 = time.perf_counter()
+        self.bar = tqdm(total=total, desc=f"querying [{label}]", unit="q", disable=not enabled, leave=False)
+
+    def update(self, status: str) -> None:
+        if status == "ok":
+            self.ok += 1
+        else:
+            self.failed += 1
+        sent = getattr(self.target, "requests_sent", None)
+        count = sent if isinstance(sent, int) else self.ok + self.failed
+        rate = count / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.set_postfix({"ok": self.ok, "failed": self.failed, "req/s": f"{rate:.1f}"}, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _ends_run_on_error(
+    fn: Callable[[DictConfig, RunConfig, profiling.Profile], float | None],
+) -> Callable[[DictConfig, RunConfig], float | None]:
+    """A job that raises ends the MLflow run it started (FAILED, or KILLED on Ctrl-C).
+
+    The job's stage profile (:mod:`rag_ablate.core.profiling`) is created here and its memory
+    sampler stopped however the job ends.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(cfg: DictConfig, s: RunConfig) -> float | None:
+        prof = profiling.Profile("job")
+        # the interpreter's start-up and imports, for the first job of a process (a sweep's
+        # driver counts them in the sweep's own profile instead)
+        prof.add("imports", *profiling.claim_startup())
+        try:
+            return fn(cfg, s, prof)
+        except BaseException as exc:
+            status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+            resume.end_interrupted(Path(HydraConfig.get().runtime.output_dir), status)
+            raise
+        finally:
+            prof.close()
+
+    return wrapper
+
+
+@_ends_run_on_error
+@privacy.scoped  # privacy.store_text=false: error messages quote no response bodies
+def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float | None:
+    """One job: the variant's records, metrics and files in its folder, logged to MLflow.
+
+    ``s`` is ``cfg`` checked (:func:`rag_ablate.settings.to_settings`, done by the caller, which knows
+    every registry); ``prof`` gets the wall seconds and peak memory of each stage (``profile.json``).
+    """
+    t_setup = time.perf_counter()
+    hc = HydraConfig.get()
+    job_dir = Path(hc.runtime.output_dir)
+    cwd = Path(hc.runtime.cwd)
+    output_root = (cwd / s.paths.output_root).resolve()
+    # values read from the environment (Hydra hands overrides over resolved) and header values are
+    # never stored: not in labels, variant.json, run.json, config.yaml or MLflow
+    env_values = env_interpolated(cfg)
+    overrides = [redact_override(o, env_values) for o in hc.overrides.task]
+    choices = {
+        k: str(v) for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None
+    }
+    multirun = hc.mode == RunMode.MULTIRUN
+    entry = job_entry(Path(hc.sweep.dir), int(hc.job.num)) if multirun else None
+    label = entry["label"] if entry else variant_label(overrides)
+    ablation = {
+        "role": entry["role"] if entry else ("variant" if multirun else "single"),
+        "factor": entry.get("factor") if entry else None,
+        "level": entry.get("level") if entry else None,
+        "mode": s.ablation.mode if entry else "none",
+    }
+
+    prof.add("config", time.perf_counter() - t_setup)
+
+    with prof.stage("store"):
+        # the MLflow store is opened before anything is spent: an unusable one fails at once
+        store = _open_store(s, output_root, Path(hc.sweep.dir) if multirun else None)
+        # resume=: what an earlier attempt left (its run, its ok records); a changed config is refused
+        prior = resume.load_job(job_dir, s, env_values) if s.resume else resume.JobState()
+        if prior.finished:
+            print(f"{label}: finished earlier with every query ok, nothing to resume ({job_dir})")
+            earlier = prior.summary.get("metrics", {}).get("holdout/recall_at_5")
+            return None if earlier is None else float(earlier)
+        run_id = _start_run(store, s, job_dir, label, prior, env_values)
+
+    t_start = time.perf_counter()
+    started_ns = time.time_ns()  # wall clock: the per-query traces replay their timings from here
+    prof.start("load")
+    dataset = get_dataset(s)
+    # the production mix: its tags must exist in the data (checked before anything is spent)
+    tag_weights = TagWeights.from_config(s.dataset)
+    tag_lists = [q.tags for q in dataset.queries]
+    for warning in validate_weights(tag_weights, tag_lists, f"dataset {dataset.path}"):
+        print(f"warning: {warning}", file=sys.stderr)
+    kept = resume.kept_records(job_dir, {q.query_id for q in dataset.queries}) if s.resume else {}
+    if not s.resume:
+        (job_dir / RECORDS_FILE).unlink(missing_ok=True)
+    cache = Cache(Path(s.cache.dir) if s.cache.dir else output_root / "cache", enabled=s.cache.enabled)
+    answers = AnswerScoring.from_config(s.metrics)
+    # what of the text is stored (privacy.store_text, privacy.redact): every record passes it on its way
+    # to disk; metrics are computed from the full record first (README "Confidential corpora")
+    guard = privacy.Privacy.from_config(s.privacy)
+    # the LLM judge (None: judge=none) is built before any query runs, so a bad setting costs nothing
+    judge = JUDGES.get(s.judge.name)(s, cache)
+    prof.stop()
+    timings: dict[str, float] = {}
+    try:
+        with prof.stage("index"):  # the system is built and prepared (chunks, indexes, models)
+            target = SYSTEMS.get(s.system.name)(s, cache)
+        try:
+            with prof.stage("index"):
+                build_info = target.prepare(dataset)
+            # each record is appended to records.jsonl as its query completes (resume= keeps them)
+            with prof.stage("query"), RecordWriter(job_dir / RECORDS_FILE) as writer:
+                todo = [q for q in dataset.queries if q.query_id not in kept]
+                new = evaluate(
+                    target,
+                    dataset,
+                    s.metrics.ks,
+                    progress=s.progress,
+                    label=label,
+                    queries=todo,
+                    on_record=lambda rec: writer.write(guard.record(rec)),
+                    answers=answers,
+                    timings=timings,
+                )
+        finally:
+            target.close()
+        # each query is scored as it completes: that time is scoring's, not querying's
+        prof.move("query", "score", timings.get("score", 0.0))
+        # one final record per query, in dataset order (write_records below rewrites the file so)
+        latest = {**kept, **{r["query_id"]: r for r in new}}
+        records = [latest[q.query_id] for q in dataset.queries]
+        if judge is not None and judge.mode == "pointwise":
+            # the judge phase: every answer without a judgement (resume= kept the earlier ones) is
+            # judged and scored again, appended as it completes (rag_ablate.run.judging)
+            with prof.stage("judge"), RecordWriter(job_dir / RECORDS_FILE) as writer:
+                records = judge_records(
+                    records,
+                    judge,
+                    dataset,
+                    ks=s.metrics.ks,
+                    routed=target.routes_intents,
+                    answers=answers,
+                    max_contexts=s.judge.max_contexts,
+                    concurrency=s.judge.concurrency,
+                    progress=s.progress,
+                    label=label,
+                    on_record=lambda rec: writer.write(guard.record(rec)),
+                )
+    finally:
+        if judge is not None:
+            judge.close()
+
+    n_failed = sum(1 for r in records if r["status"] != "ok")
+    wall = time.perf_counter() - t_start
+
+    job_dir.mkdir(parents=True, exist_ok=True)
+    with prof.stage("write"):
+        # the stored form of every record (without text, or redacted); the metrics below that need
+        # the text (the judge's length bias) still read the full records
+        stored = [guard.record(r) for r in records]
+        write_records(job_dir / RECORDS_FILE, stored)
+        write_trec(stored, dataset, job_dir, label)
+    prof.start("score")  # the aggregate metrics, cost, slices
+    metrics = aggregate(records, tag_weights)  # with <split>/prod/ and <split>/edge/ means
+    metrics["run/wall_seconds"] = wall
+    # whatever numeric facts the system reported (index size, build time, ...) as run/<key>
+    metrics.update(
+        {
+            "run/" + key.replace(".", "_"): float(value)
+            for key, value in build_info.items()
+            if isinstance(value, int | float) and not isinstance(value, bool)
+        }
+    )
+    metrics.update(cache.metrics())
+    metrics.update(cost.cache_hit_rates(metrics))
+    # cost from per-query values (percentiles of end-to-end and stage times, tokens, money)
+    price = s.cost.prices.get(s.cost.model) if s.cost.model else None
+    metrics.update(cost.run_cost_metrics(records, SPLITS, price=price))
+    # the judge's agreement, spread, length bias, errors, calls, tokens and money: evaluation cost,
+    # kept under judge/ apart from the system's cost/
+    judge_model = judge.model if judge is not None else s.judge.model
+    metrics.update(judge_run_metrics(records, price=s.cost.prices.get(judge_model) if judge_model else None))
+    # the judge against people: the dataset's human_judgements, judged and compared (pointwise judge
+    # only); judge_calibration.json/.md in the job folder, judge/<metric>/human_* metrics
+    calibration_error: str | None = None
+    try:
+        with prof.stage("judge"):
+            metrics.update(run_calibration(s, dataset, cache, metrics, job_dir))
+    except Exception as exc:  # everything else is still written and logged; then the run fails
+        calibration_error = f"{type(exc).__name__}: {exc}"
+    metrics.update(guard.run_metrics(stored))  # privacy/redacted_<kind>: what redaction replaced
+    metrics.update(tracking_ui.headline_metrics(metrics, tracking_ui.quality_metric(s.metrics.summary)))
+
+    # intent accuracy needs a routed query that did not fail; without one it is absent, not an error
+    if target.routes_intents and any(r["intent_gold"] is not None and r["status"] == "ok" for r in records):
+        by_id = {q.query_id: q for q in dataset.queries}
+        report = intent_report(
+            [
+                (by_id[r["query_id"]].intent_l1, r["intent_gold"], r["intent_pred"])
+                for r in records
+                if r["intent_gold"] is not None and r["status"] == "ok"
+            ]
+        )
+        (job_dir / INTENTS_MD).write_text(report.to_markdown(), encoding="utf-8")
+        (job_dir / INTENTS_JSON).write_text(
+            json.dumps(report.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8"
+        )
+
+    # every metric per tag and per gold intent (slices.json/.md); MLflow gets a bounded few of them
+    slice_table = slices.slice_metrics(records)
+    slices.write_slices(slice_table, job_dir, s.metrics.summary)
+    slice_logged = slices.mlflow_slice_metrics(slice_table, tracking_ui.quality_metric(s.metrics.summary))
+    prof.stop()
+
+    prof.start("write")
+    (job_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=1, sort_keys=True), encoding="utf-8")
+    # header values never stored; values read from the environment stored as ${oc.env:NAME}
+    resolved = redact(OmegaConf.to_container(cfg, resolve=True), env=env_values)
+    (job_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
+    variant = {
+        "label": label,
+        "overrides": overrides,
+        "choices": choices,
+        "job_num": hc.job.num if multirun else 0,
+        **ablation,
+        "dataset": dataset.name,
+        "corpus_fingerprint": dataset.corpus_fingerprint,
+        "queries_fingerprint": dataset.queries_fingerprint,
+    }
+    (job_dir / VARIANT_FILE).write_text(json.dumps(variant, ensure_ascii=False, indent=1), encoding="utf-8")
+    prof.stop()
+
+    # too many failed queries: everything is still written and logged, then the run is FAILED
+    error_rate = metrics.get("all/error_rate", 0.0)
+    too_many_failed = error_rate > s.system.max_error_rate
+    n_traces = 0
+    final_status = "FAILED" if too_many_failed or calibration_error else "FINISHED"
+    prof.start("log")
+    if store is not None:
+        run_id = _log_to_mlflow(
+            store,
+            ablation,
+            s,
+            cwd,
+            job_dir,
+            label,
+            choices,
+            dataset,
+            build_info,
+            metrics,
+            run_id=run_id,
+            final_status=None,  # ended below, once the profile (with this logging's time) is logged
+            extra_metrics=slice_logged,
+            judge_prompt_hash=judge.prompt_hash if judge is not None else None,
+            env_values=env_values,
+        )
+        n_traces = _log_traces(store, run_id, s, stored, dataset, started_ns)
+    prof.stop()
+    prof.write(job_dir)
+    if store is not None and run_id is not None:
+        # time/<stage>_s and memory/peak_mb, profile.json; then the run ends
+        tracking.finish_run(store.uri, run_id, prof.metrics(), [job_dir / PROFILE_FILE], status=final_status)
+    summary = {
+        "label": label,
+        "run_id": run_id,
+        "traces": n_traces,  # per-query MLflow traces logged
+        "metrics": metrics,
+        "n_failed": n_failed,
+        "build": build_info,
+        "job_dir": str(job_dir),
+    }
+    (job_dir / SUMMARY_FILE).write_text(json.dumps(summary, ensure_ascii=False, indent=1), encoding="utf-8")
+
+    if not multirun:
+        print_table([summary], s.metrics.summary)
+        print(f"\nrecords: {job_dir / RECORDS_FILE}")
+        print(f"{prof.line()} ({job_dir / PROFILE_FILE})")
+        if store is not None:
+            print(ui_hint(store.uri))
+    if calibration_error is not None:
+        raise JudgeCalibrationError(
+            f"{label}: the judge calibration against the dataset's human_judgements failed "
+            f"({calibration_error}); everything else is written and logged, the run is marked FAILED "
+            f"({job_dir})"
+        )
+    if too_many_failed:
+        statuses = ", ".join(
+            f"{k.removeprefix('all/n_status_')} {int(v)}"
+            for k, v in sorted(metrics.items())
+            if k.startswith("all/n_status_")
+        )
+        raise ErrorRateError(
+            f"{label}: {n_failed} of {len(records)} queries failed ({statuses}); error rate "
+            f"{error_rate:.3f} > system.max_error_rate={s.system.max_error_rate} (run marked FAILED; "
+            f"records: {job_dir / RECORDS_FILE})"
+        )
+    return metrics.get("holdout/recall_at_5")
+
+
+def _start_run(
+    store: _Store | None,
+    s: RunConfig,
+    job_dir: Path,
+    label: str,
+    prior: resume.JobState,
+    env_values: Mapping[str, str] | None = None,
+) -> str | None:
+    """Create the job's MLflow run (RUNNING) when it starts, or reopen the run of the
+    attempt being resumed; the run id (and the config) go to the job's ``run.json``."""
+    run_id = None
+    if store is not None:
+        if prior.run_id and prior.tracking_uri not in (None, store.uri):
+            raise ConfigError(
+                f"resume: the run of {job_dir} ({prior.run_id}) is tracked in {prior.tracking_uri}, "
+                f"not in {store.uri}; resume it with the same tracking settings"
+            )
+        if prior.run_id:
+            tracking.reopen_run(store.uri, prior.run_id)
+            run_id = prior.run_id
+        else:
+            run_id = tracking.start_run(store.uri, store.experiment_id, label, store.parent_run_id)
+    uri = store.uri if store is not None else prior.tracking_uri
+    resume.write_run_file(job_dir, s, run_id or prior.run_id, uri, env_values)
+    return run_id
+
+
+def resolve_tracking(s: RunConfig, output_root: Path) -> tuple[str, Path | None]:
+    """The tracking URI and artifact root of a run (see :func:`rag_ablate.tracking.store.resolve`)."""
+    return tracking.resolve(s.tracking, output_root)
+
+
+@dataclass(frozen=True)
+class _Store:
+    uri: str
+    experiment_id: str
+    parent_run_id: str | None
+
+
+def _open_store(s: RunConfig, output_root: Path, sweep_dir: Path | None) -> _Store | None:
+    """Where this run logs: the sweep's parent run (opened by the sweep driver), or a
+    store opened here; None without tracking. Raises TrackingError for an unusable store."""
+    if not s.tracking.enabled:
+        return None
+    if sweep_dir is not None and (sweep_dir / SWEEP_FILE).is_file():
+        info = json.loads((sweep_dir / SWEEP_FILE).read_text(encoding="utf-8"))
+        if info.get("parent_run_id"):
+            return _Store(info["tracking_uri"], info["experiment_id"], info["parent_run_id"])
+    uri, artifacts = resolve_tracking(s, output_root)
+    experiment_id = tracking.open_store(
+        uri, s.tracking.experiment, artifacts, create_folder=s.tracking.uri is None
+    )
+    return _Store(uri, experiment_id, None)
+
+
+def _log_traces(
+    store: _Store, run_id: str, s: RunConfig, records: list[Record], dataset: Dataset, started_ns: int
+) -> int:
+    """Per-query traces under the run (rag_ablate.tracking.traces), once the scores are on disk.
+
+    Traces are a view of records.jsonl: a failure here is reported, the run is kept.
+    """
+    per_split = mlflow_traces.parse_setting(s.tracking.traces)
+    if per_split == 0:
+        return 0
+    try:
+        return mlflow_traces.log_traces(
+            store.uri,
+            store.experiment_id,
+            run_id,
+            records,
+            dataset,
+            per_split=per_split,
+            metrics=s.compare.metrics,
+            start_ns=started_ns,
+            seed=s.seed,
+            privacy=privacy.Privacy.from_config(s.privacy),  # ids only, or redacted passages
+        )
+    except Exception as exc:
+        print(f"per-query MLflow traces not logged: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 0
+
+
+def _log_to_mlflow(
+    store: _Store,
+    ablation: dict[str, Any],
+    s: RunConfig,
+    cwd: Path,
+    job_dir: Path,
+    label: str,
+    choices: dict[str, str],
+    dataset: Dataset,
+    build_info: dict[str, Any],
+    metrics: dict[str, float],
+    run_id: str | None = None,
+    final_status: str | None = "FINISHED",
+    judge_prompt_hash: str | None = None,
+    extra_metrics: Mapping[str, float] | None = None,
+    env_values: Mapping[str, str] | None = None,
+) -> str:
+    # header values (API keys) and values read from the environment never reach MLflow
+    params = redact(flatten(asdict(s)), env=env_values)
+    params.pop("resume", None)  # how this attempt was started, not what the run is
+    params["dataset.resolved_path"] = str(dataset.path)
+    # how far the quoted evidence labels had to be repaired at load (docs/dataset-format.md, "Quotes")
+    params.update(label_params(dataset.labels))
+    if s.generator.name == "openai":  # the prompt's version: a hash of its templates
+        from rag_ablate.generators.openai import prompt_hash
+
+        params["generator.prompt_hash"] = prompt_hash(s.generator)
+    if judge_prompt_hash is not None:  # the judge's version: a hash of its templates and rubric
+        params["judge.prompt_hash"] = judge_prompt_hash
+    tags = tracking.base_tags(cwd)
+    # params are inputs only: what the system reported (index size, build time, ...) is an output,
+    # numbers as run/ metrics (run_variant), the rest (resolved unit, language) as build.* tags
+    tags.update(
+        {
+            f"build.{k}": str(v)
+            for k, v in build_info.items()
+            if not (isinstance(v, int | float) and not isinstance(v, bool))
+        }
+    )
+    if ablation["role"] == "baseline":  # say what the baseline is: "baseline (chunk=512)"
+        plan_path = job_dir.parent / PLAN_FILE
+        if plan_path.is_file():
+            factors = json.loads(plan_path.read_text(encoding="utf-8")).get("factors") or []
+            tags["mlflow.runName"] = tracking_ui.baseline_run_name(factors)
+    tags.update({f"choice.{k}": v for k, v in choices.items()})
+    tags["dataset.name"] = dataset.name
+    tags["dataset.corpus_fingerprint"] = dataset.corpus_fingerprint
+    tags["dataset.queries_fingerprint"] = dataset.queries_fingerprint
+    tags["variant"] = label
+    tags["ablation.role"] = str(ablation["role"])
+    tags["ablation.mode"] = str(ablation["mode"])
+    tags["ablation.factor"] = (
+        "baseline" if ablation["role"] == "baseline" else str(ablation["factor"] or label)
+    )
+    tags["ablation.level"] = "baseline" if ablation["role"] == "baseline" else str(ablation["level"] or label)
+    return tracking.log_run(
+        store.uri,
+        store.experiment_id,
+        label,
+        params=params,
+        # per split only the metrics the tables and the comparison use; the full grid is in metrics.json
+        # plus ``extra_metrics``: the bounded slice metrics (rag_ablate.run.slices.mlflow_slice_metrics)
+        metrics={
+            **tracking_ui.mlflow_metrics(metrics, [*s.metrics.summary, *s.compare.metrics]),
+            **(extra_metrics or {}),
+        },
+        tags=tags,
+        artifacts_dir=job_dir,
+        parent_run_id=store.parent_run_id,
+        run_id=run_id,
+        final_status=final_status,
+    )
+
+
+def job_entry(sweep_dir: Path, job_num: int) -> dict[str, Any] | None:
+    """This job's entry of the sweep's plan, or None when the sweep has no plan."""
+    path = sweep_dir / PLAN_FILE
+    if not path.is_file():
+        return None
+    jobs = json.loads(path.read_text(encoding="utf-8"))["jobs"]
+    if not 0 <= job_num < len(jobs):
+        return None
+    entry = jobs[job_num]
+    return entry if isinstance(entry, dict) else None
+
+

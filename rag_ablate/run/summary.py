@@ -1,0 +1,95 @@
+"""Terminal output: the per-variant table at the end of a run or sweep."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rag_ablate.core.fmt import format_table
+from rag_ablate.metrics.registry import display_name
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3f}"
+
+
+def _leak_column(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[str]:
+    """``acl_leak_rate_at_<largest k>`` when a variant measured access-control leaks and the
+    columns do not show a leak rate already: a leak is never hidden by good recall."""
+    if any(c.startswith("acl_leak_rate_at_") for c in columns):
+        return []
+    ks = [
+        int(k)
+        for s in summaries
+        for key in s["metrics"]
+        if key.startswith("all/acl_leak_rate_at_") and (k := key.rpartition("_")[2]).isdigit()
+    ]
+    return [f"acl_leak_rate_at_{max(ks)}"] if ks else []
+
+
+def summary_rows(
+    summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]
+) -> tuple[list[str], list[list[str]]]:
+    """One row per variant; each metric cell reads ``dev / holdout``.
+
+    When the runs measured access-control leaks, the share of queries with a leak in the
+    whole list (``acl_leak_rate@<largest k>``) follows. Then the end-to-end time per query
+    (p50 / p95 ms, all splits), the time to first token (a column only when a variant
+    streams answers) and the failed queries with their count per status (``2 (timeout 1, http_error 1)``).
+    """
+    streams = any("all/ttft_ms_p50" in s["metrics"] for s in summaries)
+    leak = _leak_column(summaries, columns)
+    headers = ["variant", *(display_name(c) for c in columns), *(display_name(c) for c in leak)]
+    headers += ["ms p50 / p95"]
+    headers += ["ttft ms p50 / p95"] if streams else []
+    headers += ["failed"]
+    rows = []
+    for s in summaries:
+        m = s["metrics"]
+        row = [str(s["label"])]
+        row += [f"{_fmt(m.get(f'dev/{c}'))} / {_fmt(m.get(f'holdout/{c}'))}" for c in (*columns, *leak)]
+        p95 = m.get("cost/latency_p95_ms", m.get("all/latency_ms_p95"))
+        row += [f"{_fmt(m.get('all/latency_ms_p50'))} / {_fmt(p95)}"]
+        if streams:
+            row += [f"{_fmt(m.get('all/ttft_ms_p50'))} / {_fmt(m.get('all/ttft_ms_p95'))}"]
+        by_status = [
+            f"{k.removeprefix('all/n_status_')} {int(v)}"
+            for k, v in sorted(m.items())
+            if k.startswith("all/n_status_") and v
+        ]
+        failed = str(int(m.get("all/n_failed", 0)))
+        row += [f"{failed} ({', '.join(by_status)})" if by_status else failed]
+        rows.append(row)
+    return headers, rows
+
+
+def print_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
+    headers, rows = summary_rows(summaries, columns)
+    print()
+    print(format_table(headers, rows))
+    print("(metric cells: dev / holdout)")
+
+
+def markdown_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    headers, rows = summary_rows(summaries, columns)
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def ui_hint(uri: str, link: str | None = None) -> str:
+    """Where to look next: the command that opens the MLflow UI on this store (and, for a
+    sweep, the link to its variants ranked by the headline metric)."""
+    if not uri.startswith("sqlite:"):
+        hint = f"MLflow: {uri}"
+    else:
+        default = f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
+        cmd = "rag-ablate ui" if uri == default else f"rag-ablate ui --uri {shlex.quote(uri)}"
+        hint = f"MLflow UI: {cmd}   (serves http://127.0.0.1:5000)"
+    if link:
+        hint += f"\nthis sweep's variants, ranked by the headline metric: {link}"
+    return hint

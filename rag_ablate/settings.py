@@ -1,0 +1,112 @@
+"""Composition-time checks: the one module that knows every registry and every plug-in's validator."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from rag_ablate.config.schema import RunConfig, parse_config, validate_system
+from rag_ablate.core.errors import ConfigError
+
+
+def check_names(s: RunConfig) -> None:
+    """Every pluggable name in ``s`` must be registered; UnknownNameError lists the valid ones.
+
+    Runs when the config is composed, so a misspelt ``retrieval=bm52`` or
+    ``rerank.encoder=minlm`` fails before any job starts.
+    """
+    from rag_ablate.generators import GENERATORS
+    from rag_ablate.judges import JUDGES
+    from rag_ablate.pipeline.stages import FUSIONS, RERANKERS, RETRIEVERS, ROUTERS, check_encoder
+    from rag_ablate.systems import SYSTEMS
+
+    SYSTEMS.check(s.system.name)
+    RETRIEVERS.check(s.retrieval.method)
+    FUSIONS.check(s.retrieval.hybrid.fusion)
+    RERANKERS.check(s.rerank.method)
+    ROUTERS.check(s.router.method)
+    GENERATORS.check(s.generator.name)
+    JUDGES.check(s.judge.name)
+    check_encoder("retrieval.dense.encoder", s.retrieval.dense.encoder)
+    from rag_ablate.pipeline.dense import choose_index
+
+    choose_index(s.retrieval.dense.index, 0, 0)  # UnknownNameError lists auto | exact | usearch
+    check_encoder("rerank.encoder", s.rerank.encoder)
+
+
+def validate(s: RunConfig) -> None:
+    """Checks that a schema cannot express (registered names, ranges and combinations)."""
+    check_names(s)
+    from rag_ablate.tracking.traces import parse_setting
+
+    parse_setting(s.tracking.traces)  # none | a number of queries per split | all
+    validate_system(s.system)
+    if s.generator.name == "openai":  # base_url, model and both prompts, before any job starts
+        from rag_ablate.generators.openai import validate_openai
+
+        validate_openai(s.generator)
+    if s.judge.name == "openai":  # endpoint, model, prompts and rubric, before any job starts
+        from rag_ablate.judges.openai import validate_judge
+
+        validate_judge(s.judge)
+    c = s.chunk
+    if c.size < 1:
+        raise ConfigError(f"chunk.size must be >= 1, got {c.size}")
+    if not 0 <= c.overlap < c.size:
+        raise ConfigError(f"chunk.overlap must be in [0, chunk.size={c.size}), got {c.overlap}")
+    if c.unit not in ("auto", "char", "token"):
+        raise ConfigError(f"chunk.unit must be auto, char or token, got '{c.unit}'")
+    if s.retrieval.top_k < 1:
+        raise ConfigError(f"retrieval.top_k must be >= 1, got {s.retrieval.top_k}")
+    dense = s.retrieval.dense
+    if dense.approximate_above < 0 or dense.build_threads < 1:
+        raise ConfigError(
+            "retrieval.dense.approximate_above must be >= 0 and retrieval.dense.build_threads >= 1, "
+            f"got {dense.approximate_above} and {dense.build_threads}"
+        )
+    if not s.metrics.ks or any(k < 1 for k in s.metrics.ks):
+        raise ConfigError(f"metrics.ks must be positive integers, got {s.metrics.ks}")
+    if s.rerank.method != "none" and not 1 <= s.rerank.top_k <= s.rerank.candidates:
+        raise ConfigError(
+            f"rerank.top_k={s.rerank.top_k} must be in [1, rerank.candidates={s.rerank.candidates}]"
+        )
+    if not 0.0 <= s.retrieval.hybrid.weight <= 1.0:
+        raise ConfigError(f"retrieval.hybrid.weight must be in [0, 1], got {s.retrieval.hybrid.weight}")
+    g = s.generator
+    if g.max_chunks < 1 or g.max_sentences < 1:
+        raise ConfigError(
+            "generator.max_chunks and generator.max_sentences must be >= 1, "
+            f"got {g.max_chunks}, {g.max_sentences}"
+        )
+    if not 0.0 <= g.min_support < 1.0:
+        raise ConfigError(f"generator.min_support must be in [0, 1), got {g.min_support}")
+    if not 0.0 < s.metrics.citation_support <= 1.0:
+        raise ConfigError(f"metrics.citation_support must be in (0, 1], got {s.metrics.citation_support}")
+    if s.ablation.mode not in ("ofat", "grid"):
+        raise ConfigError(f"ablation.mode must be ofat or grid, got '{s.ablation.mode}'")
+    if s.cost.model is not None and s.cost.model not in s.cost.prices:
+        known = ", ".join(sorted(s.cost.prices)) or "none (add them under cost.prices)"
+        raise ConfigError(f"cost.model '{s.cost.model}' has no price in cost.prices; known: {known}")
+    if s.compare.B < 100:
+        raise ConfigError(f"compare.B must be >= 100, got {s.compare.B}")
+    if not 0.0 < s.compare.alpha < 1.0:
+        raise ConfigError(f"compare.alpha must be in (0, 1), got {s.compare.alpha}")
+    from rag_ablate.compare.tradeoff import check_settings
+
+    check_settings(s.compare)
+    from rag_ablate.compare.slices import check_settings as check_slices
+
+    check_slices(s.compare)  # slice metrics known (no percentiles), min_slice_groups >= 1
+    if not set(s.compare.splits) <= {"dev", "holdout"}:
+        raise ConfigError(f"compare.splits must be among dev, holdout, got {s.compare.splits}")
+    if not 0.0 < s.dataset.holdout_share < 1.0:
+        raise ConfigError(f"dataset.holdout_share must be in (0, 1), got {s.dataset.holdout_share}")
+    from rag_ablate.dataset.weights import check_settings as check_weights
+
+    check_weights(s.dataset)  # slice_weights finite and >= 0 (the tags are checked against the data)
+
+
+def to_settings(cfg: DictConfig) -> RunConfig:
+    """A composed config as a :class:`RunConfig`, checked: the schema, then :func:`validate`."""
+    settings = parse_config(cfg)
+    validate(settings)
+    return settings

@@ -1,0 +1,401 @@
+"""The sweep's own steps, run by the ablation sweeper in the driver process.
+
+The sweeper (``hydra_plugins/rag_ablate_sweeper``) first validates every job of
+the plan (:func:`rag_ablate.sweep.plan.check_plan`), then calls:
+
+* :func:`start_sweep`, before any job: opens the MLflow store (an unusable one
+  fails here, before anything is spent or created), creates the sweep folder with
+  ``plan.json``, the sweep's parent run, and ``sweep.json`` with its id for the
+  jobs (two jobs creating one sqlite store at once would crash);
+* :func:`finish_sweep`, after the launcher returns: checks every job's outcome,
+  reads what the jobs wrote to disk (they may have run in other processes or
+  machines), prints the per-variant table, runs the comparison over the jobs
+  that finished, logs to the parent run and ends it (``FAILED`` when anything
+  failed), writes ``failures.json`` and returns the sweep's exit code;
+* :func:`interrupt_sweep`, when Ctrl-C stops the sweep: ends its MLflow runs
+  ``KILLED``, writes ``failures.json`` and says in one line how to resume.
+
+Nothing is left to Hydra's callbacks: Hydra calls them before the sweeper has
+validated the plan and turns their exceptions into warnings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import DictConfig, OmegaConf
+
+from rag_ablate.compare.model import Comparison
+from rag_ablate.compare.run import run_comparison
+from rag_ablate.config.keys import env_interpolated, redact_override
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core import profiling
+from rag_ablate.core.errors import TrackingError, one_line
+from rag_ablate.core.layout import (
+    COMPARISON_MD,
+    FAILURES_FILE,
+    PLAN_FILE,
+    PROFILE_FILE,
+    SUMMARY_FILE,
+    SWEEP_FILE,
+    SWEEP_SUMMARY_MD,
+    VARIANT_FILE,
+)
+from rag_ablate.report import mlflow_ui
+from rag_ablate.run.runner import variant_label
+from rag_ablate.run.summary import markdown_table, print_table, ui_hint
+from rag_ablate.settings import to_settings
+from rag_ablate.sweep.plan import Plan, write_plan
+from rag_ablate.tracking import store as tracking
+from rag_ablate.tracking import traces as mlflow_traces
+from rag_ablate.tracking import ui as tracking_ui
+
+# exit codes of a sweep
+EXIT_FAILED = 1  # a job, the comparison, the MLflow logging or the regression gate failed
+EXIT_INVALID = 2  # nothing ran: the plan, a job's config or the MLflow store is unusable
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
+
+
+def _sweep_dir(config: DictConfig) -> Path:
+    return Path(str(config.hydra.sweep.dir))
+
+
+def _cwd(config: DictConfig) -> Path:
+    return Path(str(config.hydra.runtime.cwd))
+
+
+_settings_memo: list[tuple[DictConfig, RunConfig]] = []
+
+
+def _settings(config: DictConfig) -> RunConfig:
+    """The sweep config's settings, computed once for the sweep's start and end (the same object)."""
+    for known, settings in _settings_memo:
+        if known is config:
+            return settings
+    settings = to_settings(config)
+    _settings_memo[:] = [(config, settings)]
+    return settings
+
+
+def read_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The jobs' summaries in job order."""
+    found = []
+    for path in sweep_dir.glob(f"*/{SUMMARY_FILE}"):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        variant = path.parent / VARIANT_FILE
+        num = json.loads(variant.read_text(encoding="utf-8")).get("job_num", 0) if variant.is_file() else 0
+        found.append((num, data))
+    return [d for _, d in sorted(found, key=lambda t: t[0])]
+
+
+@dataclass
+class Failure:
+    """One thing of a sweep that failed: a job, or a sweep-wide step."""
+
+    step: str  # job | launch | comparison | report | tracking
+    what: str  # the job's label, or the step
+    error: str  # one line: why
+    job: int | None = None  # the job number, for a job
+    detail: str = ""  # the traceback, kept in failures.json
+
+    def line(self) -> str:
+        where = f"job #{self.job} {self.what}" if self.job is not None else self.what
+        return f"{where}: {self.error}"
+
+
+def _failure(step: str, what: str, exc: BaseException, job: int | None = None) -> Failure:
+    detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return Failure(step, what, one_line(exc), job, detail)
+
+
+def job_failures(plan: Plan, returns: Sequence[JobReturn]) -> list[Failure]:
+    """The jobs that did not complete, from the launcher's JobReturns (in job order)."""
+    out = []
+    for i, job in enumerate(plan.jobs):
+        ret = returns[i] if i < len(returns) else None
+        if ret is None:
+            out.append(Failure("job", job.label, "did not run (the launcher returned no result)", job.index))
+        elif ret.status == JobStatus.FAILED:
+            exc = getattr(ret, "_return_value", None)  # `return_value` would raise it
+            if isinstance(exc, BaseException):
+                out.append(_failure("job", job.label, exc, job.index))
+            else:
+                out.append(Failure("job", job.label, "failed", job.index))
+        elif ret.status != JobStatus.COMPLETED:
+            out.append(Failure("job", job.label, f"did not finish (status {ret.status.name})", job.index))
+    return out
+
+
+def start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
+    """Open the MLflow store, create the sweep folder, plan and parent run; the sweep's handle.
+
+    An unusable store raises TrackingError before the sweep folder is created.
+    With ``resume=`` the existing sweep folder and parent run are reused instead
+    (:func:`rag_ablate.run.resume.reopen_sweep`).
+    """
+    with profiling.sweep_profile().stage("store"):
+        return _start_sweep(config, plan)
+
+
+def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
+    s = _settings(config)
+    sweep_dir = _sweep_dir(config)
+    if s.resume:
+        from rag_ablate.run.resume import reopen_sweep
+
+        return reopen_sweep(sweep_dir, plan)
+    output_root = (_cwd(config) / s.paths.output_root).resolve()
+    # no header values (API keys), values read from the environment as their ${oc.env:NAME} text
+    env = env_interpolated(OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"]))
+    overrides = [redact_override(o, env) for o in config.hydra.overrides.task]
+    info: dict[str, Any] = {"overrides": overrides, "jobs": len(plan.jobs)}
+    experiment_id = None
+    if s.tracking.enabled:
+        uri, artifacts = tracking.resolve(s.tracking, output_root)
+        experiment_id = tracking.open_store(
+            uri, s.tracking.experiment, artifacts, create_folder=s.tracking.uri is None
+        )
+    write_plan(plan, sweep_dir, config)
+    if experiment_id is not None:
+        name = "sweep " + variant_label(overrides)
+        tags = tracking.base_tags(_cwd(config))
+        tags["sweep.dir"] = str(sweep_dir.resolve())
+        tags["ablation.mode"] = s.ablation.mode
+        try:
+            parent = tracking.start_parent(uri, experiment_id, name, tags)
+        except Exception as exc:
+            why = one_line(exc)
+            raise TrackingError(f"MLflow store {uri}: cannot create the sweep's run: {why}") from exc
+        info.update(parent_run_id=parent, experiment_id=experiment_id, tracking_uri=uri)
+    (sweep_dir / SWEEP_FILE).write_text(json.dumps(info, indent=1), encoding="utf-8")
+    return info
+
+
+def _write_failures(sweep_dir: Path, failures: list[Failure]) -> Path:
+    path = sweep_dir / FAILURES_FILE
+    data = {"failed": bool(failures), "failures": [asdict(f) for f in failures]}
+    path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
+    return path
+
+
+def _publish_ui(
+    s: RunConfig,
+    sweep_dir: Path,
+    info: dict[str, Any],
+    summaries: Sequence[dict[str, Any]],
+    comparison: Comparison | None,
+    failures: Sequence[Failure],
+) -> str:
+    """What the MLflow UI shows without setup (:mod:`rag_ablate.report.mlflow_ui`): the sweep run's
+    verdict table and summary table, each variant's one-line verdict and headline effects,
+    and a saved runs view; returns the link that opens that view."""
+    uri, run_id, experiment_id = info["tracking_uri"], info["parent_run_id"], info["experiment_id"]
+    quality = tracking_ui.quality_metric(s.metrics.summary)
+    plan_path = sweep_dir / PLAN_FILE
+    factors = json.loads(plan_path.read_text(encoding="utf-8")).get("factors") if plan_path.is_file() else []
+    baseline_name = tracking_ui.baseline_run_name(factors or [])
+    failed = [f.line() for f in failures]
+    tracking.set_description(
+        uri, run_id, mlflow_ui.sweep_description(comparison, summaries, quality, baseline_name, failed=failed)
+    )
+    tracking.log_table(uri, run_id, mlflow_ui.summary_table(comparison, summaries, quality), "verdict.json")
+    for summ in summaries:
+        child = summ.get("run_id")
+        if not child or comparison is None:
+            continue
+        if summ["label"] == comparison.baseline:
+            tracking.set_description(uri, child, tracking_ui.BASELINE_DESCRIPTION)
+        elif summ["label"] in comparison.variants:
+            label = str(summ["label"])
+            tracking.log_metrics(uri, child, mlflow_ui.headline_deltas(comparison, label, quality))
+            tracking.set_description(uri, child, mlflow_ui.child_description(comparison, label, quality))
+    key = tracking.save_view(uri, experiment_id, run_id, tracking_ui.view_state(run_id, quality))
+    return tracking_ui.runs_link(tracking_ui.ui_base(uri), experiment_id, key)
+
+
+def finish_sweep(
+    config: DictConfig,
+    plan: Plan,
+    returns: Sequence[JobReturn],
+    launch_error: BaseException | None = None,
+) -> int:
+    """Everything after the jobs; returns the sweep's exit code (0, or EXIT_FAILED).
+
+    Whatever failed, the table and the comparison of the jobs that finished are
+    still written and logged; each failure is one line on stderr and one entry,
+    with its traceback, in ``failures.json``.
+    """
+    prof = profiling.sweep_profile()
+    prof.start("summary")
+    s = _settings(config)
+    sweep_dir = _sweep_dir(config)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    failures = job_failures(plan, returns)
+    if launch_error is not None:
+        failures.insert(0, _failure("launch", "launcher", launch_error))
+
+    summaries = read_summaries(sweep_dir)
+    print_table(summaries, s.metrics.summary)
+    (sweep_dir / SWEEP_SUMMARY_MD).write_text(markdown_table(summaries, s.metrics.summary), encoding="utf-8")
+    print(f"\nsweep folder: {sweep_dir}")
+    info_path = sweep_dir / SWEEP_FILE
+    info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+    prof.stop()
+
+    gate_failures: list[str] = []
+    compared = False
+    comparison = None
+    baseline_failed = s.compare.baseline is None and any(
+        f.job == job.index for f in failures for job in plan.jobs if job.role == "baseline"
+    )
+    if s.compare.enabled and len(plan.jobs) > 1:
+        if baseline_failed:
+            failures.append(Failure("comparison", "comparison", "not run: the baseline job failed"))
+        elif len(summaries) > 1:
+            print()
+            try:
+                with prof.stage("compare"):
+                    done = run_comparison(sweep_dir, s.compare, seed=s.seed, log=True)
+                gate_failures = list(done.failures)
+                comparison = done.comparison
+                compared = True
+            except Exception as exc:
+                failures.append(_failure("comparison", "comparison", exc))
+            if compared:
+                try:  # trade-off, plots and report.html; a failure here loses nothing else
+                    from rag_ablate.report.html import write_report
+
+                    with prof.stage("report"):
+                        report = write_report(sweep_dir, s.compare, source=done.source, seed=s.seed, log=True)
+                    print(f"report: {report.html}")
+                except Exception as exc:
+                    failures.append(_failure("report", "HTML report", exc))
+        else:
+            n = len(summaries)
+            failures.append(
+                Failure("comparison", "comparison", f"not run: {n} of {len(plan.jobs)} job(s) finished")
+            )
+
+    failures_path = _write_failures(sweep_dir, failures)
+    prof.start("log")
+    if "parent_run_id" in info:
+        uri, run_id = info["tracking_uri"], info["parent_run_id"]
+        try:
+            tracking.log_artifacts(uri, run_id, [sweep_dir / SWEEP_SUMMARY_MD, info_path, failures_path])
+            tracking.log_metrics(
+                uri,
+                run_id,
+                {
+                    "sweep/n_variants": float(len(summaries)),
+                    "sweep/n_failed_jobs": float(sum(1 for f in failures if f.step == "job")),
+                },
+            )
+            link = _publish_ui(s, sweep_dir, info, summaries, comparison, failures)
+            baseline = comparison.baseline if comparison is not None else None
+            trace_links = mlflow_traces.sweep_links(  # per-query compare views, when traces exist
+                uri, info["experiment_id"], summaries, baseline, tracking_ui.ui_base(uri)
+            )
+            prof.stop()
+            profile_path = _write_profile(sweep_dir, plan)
+            tracking.finish_run(
+                uri,
+                run_id,
+                profiling.Profile.metrics_of(profiling.read_profile(sweep_dir) or {}),
+                [profile_path],
+                "FAILED" if failures or gate_failures else "FINISHED",
+            )
+        except Exception as exc:
+            failures.append(_failure("tracking", f"MLflow logging to {uri}", exc))
+            _write_failures(sweep_dir, failures)
+            with contextlib.suppress(Exception):  # the store is gone: the failure above says so
+                tracking.end_run(uri, run_id, "FAILED")
+        else:
+            print(ui_hint(uri, link))
+            for line in trace_links:
+                print(line)
+    if prof.open_stages():  # not logged (tracking off, or the logging failed): the profile still is
+        prof.close()
+        _write_profile(sweep_dir, plan)
+    if compared:
+        print(f"comparison: {sweep_dir / COMPARISON_MD}  (again: rag-ablate compare {sweep_dir})")
+
+    if failures:
+        print(
+            f"\nsweep FAILED: {len(failures)} problem(s); details in {failures_path}",
+            file=sys.stderr,
+        )
+        for f in failures:
+            print(f"  {f.line()}", file=sys.stderr)
+    if gate_failures:
+        print("\nregression gate FAILED:", file=sys.stderr)
+        for g in gate_failures:
+            print(f"  {g}", file=sys.stderr)
+    elif compared and s.compare.fail_on:
+        print(f"regression gate passed ({len(s.compare.fail_on)} rule(s))")
+    done_prof = profiling.read_profile(sweep_dir)
+    if done_prof is not None:
+        line = profiling.summary_line(done_prof["breakdown"], peak_mb=float(done_prof.get("peak_mb", 0.0)))
+        print(f"{line} ({sweep_dir / PROFILE_FILE})")
+    profiling.end_sweep_profile()
+    return EXIT_FAILED if failures or gate_failures else 0
+
+
+def _write_profile(sweep_dir: Path, plan: Plan) -> Path:
+    """The sweep's ``profile.json``: its own stages, each job's, and the whole sweep's breakdown
+    (the jobs' stages added up in place of ``jobs``; :func:`rag_ablate.core.profiling.breakdown`)."""
+    prof = profiling.sweep_profile()
+    prof.close()
+    jobs: dict[str, dict[str, Any]] = {}
+    for job in plan.jobs:
+        found = profiling.read_profile(sweep_dir / str(job.index))
+        if found is not None:
+            jobs[job.label] = found
+    data = prof.to_dict()
+    data["jobs"] = jobs
+    cpu = profiling.breakdown(data, jobs, key="cpu_s")
+    data["breakdown"] = {
+        k: {"seconds": v, "cpu_s": cpu.get(k, 0.0)} for k, v in profiling.breakdown(data, jobs).items()
+    }
+    data["peak_mb"] = max([float(data["peak_mb"]), *(float(j.get("peak_mb", 0.0)) for j in jobs.values())])
+    path = sweep_dir / PROFILE_FILE
+    path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    return path
+
+
+def interrupt_sweep(config: DictConfig, plan: Plan) -> str:
+    """Ctrl-C stopped the sweep: end its parent run and every child still RUNNING as ``KILLED``,
+    record the interruption in ``failures.json``; the one line to print.
+
+    Jobs that finished keep their runs and records; ``resume=<sweep folder>`` runs the rest.
+    """
+    sweep_dir = _sweep_dir(config)
+    finished = len(read_summaries(sweep_dir)) if sweep_dir.is_dir() else 0
+    info_path = sweep_dir / SWEEP_FILE
+    info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+    killed = 0
+    if "parent_run_id" in info:
+        uri, parent = info["tracking_uri"], info["parent_run_id"]
+        with contextlib.suppress(Exception):  # best effort: the store may be what hung
+            for run_id, _ in tracking.child_runs(uri, parent):
+                if tracking.run_status(uri, run_id) == "RUNNING":
+                    tracking.end_run(uri, run_id, "KILLED")
+                    killed += 1
+            if tracking.run_status(uri, parent) == "RUNNING":
+                tracking.end_run(uri, parent, "KILLED")
+                killed += 1
+    if sweep_dir.is_dir():
+        what = f"interrupted (Ctrl-C) after {finished} of {len(plan.jobs)} job(s) finished"
+        _write_failures(sweep_dir, [Failure("interrupted", "sweep", what)])
+    runs = f"; {killed} MLflow run(s) marked KILLED" if killed else ""
+    return (
+        f"rag_ablate: interrupted: {finished} of {len(plan.jobs)} job(s) finished{runs}; "
+        f"resume with: python -m rag_ablate resume={sweep_dir}"
+    )

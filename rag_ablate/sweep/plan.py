@@ -1,0 +1,308 @@
+"""One factor at a time: turn sweep overrides (and a study's factors) into a job plan.
+
+``python -m rag_ablate -m chunk=256,512 retrieval=bm25,hybrid`` runs the baseline
+(the composed default config) plus one variant per listed level that differs
+from the baseline, each changing only that factor. A level equal to the
+baseline's value *is* the baseline, not another job. ``ablation.mode=grid``
+asks for Hydra's usual full factorial instead, labelled as such.
+
+A study (``conf/experiment/<name>.yaml``, selected with ``experiment=<name>``)
+lists its factors in ``ablation.factors`` in command-line syntax; factors given
+on the command line are added, and replace a study factor on the same key.
+
+Before anything runs, :func:`check_plan` composes every job's config the way the
+launcher will and validates it (schema, ranges, registry names), so a misspelt
+factor, an unknown option or an invalid level fails with one line naming it and
+the valid choices, before a folder or an MLflow run exists.
+
+The plan is written to ``<sweep dir>/plan.json``; each job finds its own entry
+there by its job number, so run names and ``ablation.*`` tags never depend on
+parsing override strings back.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rag_ablate.config.overrides import normalize_overrides
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core.errors import ConfigError, RagAblateError
+from rag_ablate.core.layout import PLAN_FILE
+from rag_ablate.run.runner import job_entry
+from rag_ablate.settings import to_settings
+
+__all__ = [
+    "MODES",
+    "PLAN_FILE",
+    "Factor",
+    "Job",
+    "Plan",
+    "build_plan",
+    "check_names",
+    "check_plan",
+    "format_plan",
+    "job_entry",
+    "write_plan",
+]
+
+MODES = ("ofat", "grid")
+_MISSING = object()
+
+
+@dataclass
+class Factor:
+    key: str
+    is_group: bool
+    default: str  # the baseline's value (a group's choice, or a value as text)
+    levels: list[str]  # as typed, quotes removed
+    level_overrides: list[str]  # the override each level becomes, e.g. chunk='256'
+
+
+@dataclass
+class Job:
+    index: int
+    label: str
+    role: str  # baseline | variant | grid
+    factor: str | None
+    level: str | None
+    overrides: list[str]
+
+
+@dataclass
+class Plan:
+    mode: str
+    dry_run: bool
+    common: list[str]
+    factors: list[Factor]
+    jobs: list[Job] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def _unquote(s: str) -> str:
+    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
+        return s[1:-1]
+    return s
+
+
+def _factor(ov: Override, config: DictConfig) -> Factor:
+    key = ov.get_key_element()
+    if ov.is_sweep_override():
+        if not ov.is_discrete_sweep():
+            raise ConfigError(f"'{ov.input_line}': only lists of levels (a,b,c) or range() can be ablated")
+        strings = list(ov.sweep_string_iterator())
+    else:
+        strings = [ov.get_value_element_as_str()]
+    # Hydra reads booleans back as Python's True/False: spell them as typed and as the baseline
+    # is shown (false), so retrieval.acl_filter=false,true has one level equal to the baseline
+    strings = [s.lower() if s in ("True", "False") else s for s in strings]
+    choices = config.hydra.runtime.choices
+    is_group = key in choices
+    if is_group:
+        default = _text(choices.get(key))
+    else:
+        found = OmegaConf.select(config, key, default=_MISSING, throw_on_missing=False)
+        if found is _MISSING or key.split(".", 1)[0] == "hydra":
+            raise ConfigError(_unknown_key(str(ov.input_line), key, config))
+        default = _text(found)
+    levels: list[str] = []
+    level_overrides: list[str] = []
+    for s in strings:
+        # a numeric group's levels are quoted (and new sizes registered) however they
+        # were given, e.g. by range(256,1025,256)
+        lo = normalize_overrides([f"{key}={s}"])[0] if is_group else f"{key}={s}"
+        lv = _unquote(lo.split("=", 1)[1])
+        if lv not in levels:
+            levels.append(lv)
+            level_overrides.append(lo)
+    return Factor(key, is_group, default, levels, level_overrides)
+
+
+def _setting_names(node: Any, prefix: str = "") -> list[str]:
+    out: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out.append(prefix + str(k))
+            out.extend(_setting_names(v, f"{prefix}{k}."))
+    return out
+
+
+def _unknown_key(line: str, key: str, config: DictConfig) -> str:
+    """One line: the factor is neither a group nor a setting; the nearest names, or the groups."""
+    groups = sorted(str(g) for g in config.hydra.runtime.choices if not str(g).startswith("hydra"))
+    keys = [str(k) for k in config if k != "hydra"]
+    plain = OmegaConf.to_container(OmegaConf.masked_copy(config, keys), resolve=False)
+    names = sorted(set(groups) | set(_setting_names(plain)))
+    near = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+    hint = (
+        f"did you mean {' or '.join(near)}?"
+        if near
+        else f"config groups: {', '.join(groups)}; settings are group.key (python -m rag_ablate --cfg job)"
+    )
+    return f"unknown factor '{key}' in {line}: not a config group or setting; {hint}"
+
+
+def build_plan(config: DictConfig, arguments: list[str], parser: OverridesParser) -> Plan:
+    """The jobs of a sweep: baseline first, then one variant per non-default level (or the grid)."""
+    ab = config.get("ablation") or {}
+    mode = str(ab.get("mode", "ofat"))
+    if mode not in MODES:
+        raise ConfigError(f"ablation.mode must be one of {', '.join(MODES)}, got '{mode}'")
+    study = [str(x) for x in (ab.get("factors") or [])]
+
+    cli = parser.parse_overrides(normalize_overrides(list(arguments)))
+    common = [str(o.input_line) for o in cli if not o.is_sweep_override()]
+    by_key: dict[str, Override] = {}
+    for ov in parser.parse_overrides(normalize_overrides(study)):
+        by_key[ov.get_key_element()] = ov
+    for ov in cli:
+        if ov.is_sweep_override():
+            by_key[ov.get_key_element()] = ov
+    factors = [_factor(ov, config) for ov in by_key.values()]
+    plan = Plan(mode=mode, dry_run=bool(ab.get("dry_run", False)), common=common, factors=factors)
+
+    baseline = Job(0, "baseline", "baseline", None, None, list(common))
+    jobs = [baseline]
+    if mode == "ofat":
+        for f in factors:
+            for lv, lo in zip(f.levels, f.level_overrides, strict=True):
+                if lv == f.default:
+                    continue
+                jobs.append(Job(len(jobs), f"{f.key}={lv}", "variant", f.key, lv, [*common, lo]))
+    else:
+        axes = [list(zip(f.levels, f.level_overrides, strict=True)) for f in factors]
+        for combo in itertools.product(*axes):
+            changed = [(f, lv) for f, (lv, _) in zip(factors, combo, strict=True) if lv != f.default]
+            if not changed:
+                continue  # the baseline, already first
+            label = ",".join(f"{f.key}={lv}" for f, lv in changed)
+            jobs.append(
+                Job(
+                    len(jobs),
+                    label,
+                    "grid",
+                    ",".join(f.key for f, _ in changed),
+                    ",".join(lv for _, lv in changed),
+                    [*common, *(lo for _, lo in combo)],
+                )
+            )
+    plan.jobs = jobs
+    return plan
+
+
+def _one_line(exc: BaseException) -> str:
+    """A composition error as one line (Hydra's and OmegaConf's messages span several)."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    cause = exc.__cause__
+    if cause is not None and first.startswith(("Error merging", "Could not override", "Error loading")):
+        cause_lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
+        if cause_lines:
+            first = f"{first}: {cause_lines[0]}"
+    return first
+
+
+def check_names(s: RunConfig) -> None:
+    """What a job needs that composing its config cannot check: names a registry must
+    know (the system under test) and the dataset folder."""
+    from rag_ablate.systems import SYSTEMS
+
+    SYSTEMS.check(s.system.name)
+    if s.dataset.path is not None and not Path(s.dataset.path).expanduser().is_dir():
+        raise ConfigError(f"dataset folder not found: {Path(s.dataset.path).expanduser()}")
+    from rag_ablate.dataset.weights import check_folder
+
+    check_folder(s.dataset)  # dataset.slice_weights names tags the queries have
+
+
+def check_plan(
+    plan: Plan,
+    compose: Callable[[list[str]], DictConfig],
+    group_options: Callable[[str], list[str]],
+) -> list[RunConfig]:
+    """Validate every job before any runs; raises ConfigError naming the bad factor or level.
+
+    ``compose`` builds a job's config from its overrides as the launcher will
+    (Hydra's ``config_loader.load_sweep_config``); ``group_options`` lists a config
+    group's options. Returns the jobs' settings in job order.
+    """
+    for f in plan.factors:
+        if not f.is_group:
+            continue
+        valid = group_options(f.key)
+        for lv in f.levels:
+            if lv not in valid:
+                shown = ", ".join(valid)
+                raise ConfigError(f"unknown level '{lv}' of factor {f.key} ({f.key}={lv}); valid: {shown}")
+    settings = []
+    for job in plan.jobs:
+        if job.role == "baseline":
+            what = "the baseline (the config every job starts from)"
+        elif job.role == "variant":
+            what = f"level {job.label} of factor {job.factor}"
+        else:
+            what = f"grid job {job.label}"
+        try:
+            s = to_settings(compose(list(job.overrides)))
+            check_names(s)
+        except RagAblateError as exc:
+            raise ConfigError(f"invalid {what}: {exc}") from exc
+        except (HydraException, OmegaConfBaseException, ValueError) as exc:
+            raise ConfigError(f"invalid {what}: {_one_line(exc)}") from exc
+        settings.append(s)
+    return settings
+
+
+def format_plan(plan: Plan) -> str:
+    kind = (
+        "one factor at a time"
+        if plan.mode == "ofat"
+        else "full factorial grid (variants may change several factors)"
+    )
+    lines = [f"ablation plan ({kind}): {len(plan.jobs)} job(s)"]
+    for f in plan.factors:
+        kept = [lv for lv in f.levels if lv != f.default]
+        same = " (one level equals the baseline)" if len(kept) < len(f.levels) else ""
+        lines.append(f"  factor {f.key}: baseline {f.default}; levels {', '.join(f.levels)}{same}")
+    width = max(len(j.label) for j in plan.jobs)
+    for j in plan.jobs:
+        change = "-" if j.factor is None else f"{j.factor} -> {j.level}"
+        lines.append(f"  #{j.index:<3} {j.label.ljust(width)}  {j.role:<8}  {change}")
+    if plan.common:
+        lines.append(f"  every job also gets: {' '.join(plan.common)}")
+    if plan.dry_run:
+        lines.append(
+            "dry run: nothing was run and no MLflow run was created (drop ablation.dry_run=true to run)"
+        )
+    return "\n".join(lines)
+
+
+def write_plan(plan: Plan, sweep_dir: Path, config: DictConfig) -> None:
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(config, sweep_dir / "multirun.yaml")  # as Hydra's own sweeper writes it
+    tmp = sweep_dir / (PLAN_FILE + ".tmp")
+    tmp.write_text(json.dumps(plan.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
+    tmp.replace(sweep_dir / PLAN_FILE)
+
+

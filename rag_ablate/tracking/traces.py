@@ -1,0 +1,544 @@
+"""Per-query results as MLflow traces, where MLflow users look for them.
+
+Each selected query of a variant becomes one MLflow trace linked to the variant's
+run: a root span ``query`` whose inputs are ``{query_id, query}`` (identical across
+variants, so MLflow's Evaluation runs view pairs the rows of two runs query by
+query), with child spans ``route``, ``retrieve`` (a RETRIEVER span whose outputs
+are the retrieved chunks as MLflow documents), ``rerank`` and ``generate`` (when
+the system answered). The spans replay the measured stage timings of the record:
+stage durations are laid out one after another from the query's start (stages that
+ran at the same time, such as an HTTP system's eval and chat calls, all start there),
+and the queries one after another from the start of the evaluation, in dataset
+order. Durations are measured; positions are a replay (queries an HTTP system sent
+concurrently overlapped in fact).
+
+With ``privacy.store_text=false`` the traces carry ids only (inputs ``{query_id}``, empty
+passages, no answer); with ``privacy.redact=true`` every text in them is redacted
+(:mod:`rag_ablate.core.privacy`).
+
+Every per-query metric of the record that the comparison tests
+(``compare.metrics``) is attached as a Feedback assessment from a CODE source,
+the gold documents as an Expectation, and the query set is the run's dataset input.
+
+Everything comes from ``records.jsonl`` (the primary data), after it is on disk.
+Writing goes straight to the tracking store in batches: the spans of up to
+:data:`BATCH` traces in one ``log_spans`` call and each trace with its assessments
+in one ``start_trace`` call, instead of one database round trip per span and per
+assessment (MLflow's span-by-span export). See the MLflow section of README.md
+for what it costs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rag_ablate.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mlflow.entities import Assessment, Span, TraceInfo
+
+    from rag_ablate.core.privacy import Privacy
+    from rag_ablate.dataset.model import Dataset, Query
+    from rag_ablate.records.trace import Record
+
+TRACE_NAME = "query"
+SOURCE_ID = "rag_ablate"  # the CODE source of every feedback and expectation
+GOLD_NAME = "gold_doc_ids"  # the expectation: relevant documents, most relevant first
+BATCH = 100  # traces whose spans are written in one call
+STAGES = ("route", "retrieve", "rerank", "generate")  # child spans, in the order they ran
+# the stage of a timing key; any other key without a dot is first-stage retrieval (encode,
+# bm25, dense, fuse, an HTTP system's eval call, a new retriever's own name); keys with a dot
+# (``service.<stage>``: a service's own timings, inside a call) are kept on the root span only
+_STAGE_OF = {"route": "route", "rerank": "rerank", "generate": "generate", "chat": "generate"}
+_LOWER_IS_BETTER = ("latency", "tokens", "error_rate", "_ms", "cost", "usd")
+
+DESCRIPTION_NOTE = (
+    "Per-query traces: MLflow's Evaluation runs view compares this run with the baseline query by "
+    "query; its arrows show plain differences, so for latency, token and cost feedback "
+    "(lower is better) an upward arrow is a regression."
+)
+
+
+def lower_is_better(metric: str) -> bool:
+    """True for metrics where smaller values are better (latency, tokens, cost, error rate)."""
+    return any(part in metric for part in _LOWER_IS_BETTER)
+
+
+def description_note() -> str:
+    """The sentence a variant run's description carries when per-query traces are logged."""
+    return DESCRIPTION_NOTE
+
+
+def parse_setting(value: object) -> int | None:
+    """``tracking.traces`` as a number of queries per split: 0 for ``none``, None for ``all``.
+
+    Raises ConfigError for anything else (a negative number, an unknown word).
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"tracking.traces must be none, all or a number of queries per split, got {value}")
+    if isinstance(value, int):
+        n = value
+    else:
+        text = str(value).strip().lower()
+        if text in ("none", "null", "false", "off", "0", ""):
+            return 0
+        if text == "all":
+            return None
+        try:
+            n = int(text)
+        except ValueError:
+            raise ConfigError(
+                f"tracking.traces must be none, all or a number of queries per split, got '{value}'"
+            ) from None
+    if n < 0:
+        raise ConfigError(f"tracking.traces must be >= 0 queries per split, got {n}")
+    return n
+
+
+def select(records: Sequence[Record], per_split: int | None) -> list[tuple[int, Record]]:
+    """(position, record) of the traced queries: the first ``per_split`` of each split in
+    dataset order (the same queries for every variant of a dataset), or all for None."""
+    if per_split is None:
+        return list(enumerate(records))
+    taken: dict[str, int] = {}
+    out = []
+    for i, rec in enumerate(records):
+        split = str(rec.get("split"))
+        if taken.get(split, 0) < per_split:
+            taken[split] = taken.get(split, 0) + 1
+            out.append((i, rec))
+    return out
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    start_ms: float  # offset from the query's start
+    duration_ms: float
+    parts: dict[str, float]  # the timing keys that make up this stage
+
+
+def stage_layout(timings_ms: Mapping[str, float], *, answered: bool) -> list[Stage]:
+    """The child spans of a query: its stages with their recorded durations, one after another.
+
+    ``retrieve`` sums the first-stage timing keys (``encode``, ``bm25``, ``dense``,
+    ``fuse``, an HTTP system's ``eval`` call, ...), ``generate`` is ``generate`` or an
+    HTTP system's ``chat`` call; ``total`` and nested keys (``service.<stage>``) are not
+    stages. A stage the record has no timing for is left out (``generate`` also when
+    there is no answer). When the stages add up to more than ``total`` they ran at the
+    same time, and all start at the query's start.
+    """
+    parts: dict[str, dict[str, float]] = {name: {} for name in STAGES}
+    for key, value in timings_ms.items():
+        if key == "total" or "." in key:
+            continue
+        parts[_STAGE_OF.get(key, "retrieve")][key] = float(value)
+    kept = [(n, parts[n]) for n in STAGES if parts[n] and not (n == "generate" and not answered)]
+    total = timings_ms.get("total")
+    # stages that add up to more than the query took ran at the same time (an HTTP system
+    # sends its eval and chat calls together, each timed from the query's start)
+    together = total is not None and sum(sum(p.values()) for _, p in kept) > float(total) * 1.001 + 1e-6
+    out = []
+    offset = 0.0
+    for name, p in kept:
+        duration = sum(p.values())
+        out.append(Stage(name, offset, duration, p))
+        if not together:
+            offset += duration
+    return out
+
+
+def query_starts_ns(records: Sequence[Record], start_ns: int) -> list[int]:
+    """Each query's start: queries ran one after another from ``start_ns``."""
+    out = []
+    t = start_ns  # integer nanoseconds: a float has 256 ns steps at today's epoch
+    for rec in records:
+        out.append(t)
+        t += _ms_to_ns(float((rec.get("timings_ms") or {}).get("total", 0.0)))
+    return out
+
+
+def _ms_to_ns(ms: float) -> int:
+    return round(ms * 1e6)
+
+
+def documents(rec: Record, dataset: Dataset, privacy: Privacy | None = None) -> list[dict[str, Any]]:
+    """The record's retrieved chunks in MLflow's document shape (page_content, metadata, id).
+
+    With ``privacy`` (:mod:`rag_ablate.core.privacy`) the passage is as it may be stored: empty
+    without ``store_text``, redacted with ``redact``."""
+    out = []
+    for r in rec.get("retrieved") or []:
+        doc = dataset.documents.get(r["doc_id"])
+        text = doc.text[r["start"] : r["end"]] if doc is not None else ""
+        if privacy is not None:
+            text = privacy.text(text) or ""
+        meta = {k: r[k] for k in ("doc_id", "chunk_id", "start", "end", "score", "rank")}
+        out.append({"page_content": text, "metadata": meta, "id": r["chunk_id"]})
+    return out
+
+
+class _SpanFactory:
+    """Finished MLflow spans with explicit ids and times (no tracer, nothing exported)."""
+
+    def __init__(self, trace_id: str, otel_trace_id: int, rng: random.Random) -> None:
+        self.trace_id = trace_id
+        self.otel_trace_id = otel_trace_id
+        self.rng = rng
+
+    def make(
+        self,
+        name: str,
+        span_type: str,
+        start_ns: int,
+        end_ns: int,
+        *,
+        parent: int | None,
+        inputs: Any,
+        outputs: Any,
+        attributes: Mapping[str, Any] | None = None,
+        error: str | None = None,
+    ) -> tuple[Span, int]:
+        from mlflow.entities import Span
+        from mlflow.tracing.constant import SpanAttributeKey
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+
+        span_id = self.rng.getrandbits(64) or 1
+        context = SpanContext(self.otel_trace_id, span_id, is_remote=False, trace_flags=TraceFlags(1))
+        parent_ctx = (
+            None
+            if parent is None
+            else SpanContext(self.otel_trace_id, parent, is_remote=False, trace_flags=TraceFlags(1))
+        )
+        attrs = {
+            SpanAttributeKey.REQUEST_ID: _dump(self.trace_id),
+            SpanAttributeKey.SPAN_TYPE: _dump(span_type),
+            SpanAttributeKey.INPUTS: _dump(inputs),
+            SpanAttributeKey.OUTPUTS: _dump(outputs),
+            **{k: _dump(v) for k, v in (attributes or {}).items()},
+        }
+        status = Status(StatusCode.ERROR, error) if error else Status(StatusCode.OK)
+        otel = ReadableSpan(
+            name=name,
+            context=context,
+            parent=parent_ctx,
+            attributes=attrs,
+            start_time=start_ns,
+            end_time=end_ns,
+            status=status,
+        )
+        return Span(otel), span_id
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def build_trace(
+    rec: Record,
+    query: Query | None,
+    dataset: Dataset,
+    *,
+    experiment_id: str,
+    run_id: str,
+    start_ns: int,
+    metrics: Sequence[str],
+    rng: random.Random,
+    privacy: Privacy | None = None,
+) -> tuple[TraceInfo, list[Span]]:
+    """One query's trace: its info (with feedback and expectation) and its finished spans.
+
+    ``rec`` is the stored record (:mod:`rag_ablate.core.privacy`): without a ``query`` (text not
+    stored) the inputs are ``{query_id}`` only and the passages are left empty."""
+    from mlflow.entities import (
+        AssessmentSource,
+        AssessmentSourceType,
+        Expectation,
+        Feedback,
+        SpanType,
+        TraceInfo,
+        TraceLocation,
+        TraceState,
+    )
+    from mlflow.tracing.constant import (
+        TRACE_SCHEMA_VERSION,
+        TRACE_SCHEMA_VERSION_KEY,
+        AssessmentMetadataKey,
+        TraceMetadataKey,
+        TraceTagKey,
+    )
+
+    otel_trace_id = rng.getrandbits(128) or 1
+    trace_id = f"tr-{otel_trace_id:032x}"
+    factory = _SpanFactory(trace_id, otel_trace_id, rng)
+    timings = rec.get("timings_ms") or {}
+    answer = rec.get("answer")
+    stages = stage_layout(timings, answered=answer is not None)
+    total_ms = float(timings.get("total", 0.0))
+    end_ms = max([total_ms] + [st.start_ms + st.duration_ms for st in stages])
+    failed = rec.get("status") != "ok"
+    error = str(rec.get("error") or "failed") if failed else None
+
+    # the query's text as stored: absent with privacy.store_text=false (ids only)
+    text_in: dict[str, Any] = {"query": rec["query"]} if rec.get("query") is not None else {}
+    root_inputs = {"query_id": rec["query_id"], **text_in}
+    docs = documents(rec, dataset, privacy)
+    root_outputs: dict[str, Any] = {
+        "doc_ids": [d["metadata"]["doc_id"] for d in docs],
+        "intent": rec.get("intent_pred"),
+    }
+    if answer is not None:
+        root_outputs["answer"] = answer
+    if failed:
+        root_outputs["error"] = error
+    root, root_id = factory.make(
+        TRACE_NAME,
+        SpanType.CHAIN,
+        start_ns,
+        start_ns + _ms_to_ns(end_ms),
+        parent=None,
+        inputs=root_inputs,
+        outputs=root_outputs,
+        attributes={
+            "rag_ablate.split": rec.get("split"),
+            "rag_ablate.kind": rec.get("kind"),
+            "rag_ablate.timings_ms": timings,
+        },
+        error=error,
+    )
+    spans = [root]
+    reranked = any(st.name == "rerank" for st in stages)
+    for st in stages:
+        s0 = start_ns + _ms_to_ns(st.start_ms)
+        s1 = start_ns + _ms_to_ns(st.start_ms + st.duration_ms)
+        attrs: dict[str, Any] = {"rag_ablate.timings_ms": st.parts}
+        inputs: Any = dict(text_in)
+        outputs: Any
+        if st.name == "route":
+            span_type = SpanType.UNKNOWN
+            outputs = {"intent": rec.get("intent_pred"), "score": rec.get("intent_score")}
+        elif st.name == "retrieve":
+            span_type = SpanType.RETRIEVER
+            outputs = docs
+            # records keep the final list only: with a reranker it is the reranked one
+            attrs["rag_ablate.documents"] = "after rerank" if reranked else "retrieved"
+        elif st.name == "rerank":
+            span_type = SpanType.RERANKER
+            outputs = docs
+        else:
+            span_type = SpanType.LLM
+            inputs = {**text_in, "context_chunk_ids": [d["id"] for d in docs]}
+            outputs = {"answer": answer}
+        span, _ = factory.make(
+            st.name, span_type, s0, s1, parent=root_id, inputs=inputs, outputs=outputs, attributes=attrs
+        )
+        spans.append(span)
+
+    source = AssessmentSource(source_type=AssessmentSourceType.CODE, source_id=SOURCE_ID)
+    values = rec.get("metrics") or {}
+    assessments: list[Assessment] = []
+    for name in metrics:
+        v = values.get(name)
+        if v is None:
+            continue
+        meta = {
+            AssessmentMetadataKey.SOURCE_RUN_ID: run_id,
+            "direction": "lower_is_better" if lower_is_better(name) else "higher_is_better",
+        }
+        assessments.append(
+            Feedback(name=name, value=float(v), source=source, trace_id=trace_id, metadata=meta)
+        )
+    if query is not None and query.relevant:
+        gold = sorted(query.relevant, key=lambda d: (-query.relevant[d], d))
+        assessments.append(
+            Expectation(
+                name=GOLD_NAME,
+                value=gold,
+                source=source,
+                trace_id=trace_id,
+                metadata={AssessmentMetadataKey.SOURCE_RUN_ID: run_id},
+            )
+        )
+
+    info = TraceInfo(
+        trace_id=trace_id,
+        trace_location=TraceLocation.from_experiment_id(experiment_id),
+        request_time=start_ns // 1_000_000,
+        execution_duration=_ms_to_ns(end_ms) // 1_000_000,
+        state=TraceState.ERROR if failed else TraceState.OK,
+        request_preview=_dump(root_inputs),
+        response_preview=_dump(root_outputs),
+        trace_metadata={
+            TRACE_SCHEMA_VERSION_KEY: str(TRACE_SCHEMA_VERSION),
+            TraceMetadataKey.SOURCE_RUN: run_id,
+            TraceMetadataKey.INPUTS: _dump(root_inputs),
+            TraceMetadataKey.OUTPUTS: _dump(root_outputs),
+        },
+        tags={TraceTagKey.TRACE_NAME: TRACE_NAME, "rag_ablate.split": str(rec.get("split"))},
+        assessments=assessments,
+    )
+    return info, spans
+
+
+def log_dataset_input(uri: str, run_id: str, dataset: Dataset, privacy: Privacy | None = None) -> None:
+    """The query set as the run's dataset input (context ``evaluation``); its query texts as
+    ``privacy`` may store them (none without ``store_text``)."""
+    import pandas as pd  # type: ignore[import-untyped]  # installed with mlflow
+    from mlflow.data.pandas_dataset import from_pandas
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.tracking import MlflowClient
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    frame = pd.DataFrame(
+        {
+            "query_id": [q.query_id for q in dataset.queries],
+            "query": [q.query if privacy is None else privacy.text(q.query) for q in dataset.queries],
+            "split": [q.split for q in dataset.queries],
+            "group": [q.group for q in dataset.queries],
+            "kind": [q.kind for q in dataset.queries],
+            "intent": [q.intent_l2 for q in dataset.queries],
+            GOLD_NAME: [sorted(q.relevant) for q in dataset.queries],
+        }
+    )
+    with warnings.catch_warnings():
+        # MLflow registers its local-file source twice and warns that a path matches both
+        warnings.filterwarnings("ignore", "The specified dataset source can be interpreted", UserWarning)
+        ds = from_pandas(
+            frame,
+            source=str(dataset.path),
+            name=f"{dataset.name} queries",
+            digest=dataset.queries_fingerprint[:36],
+        )
+    entity = DatasetInput(ds._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, "evaluation")])
+    MlflowClient(tracking_uri=uri).log_inputs(run_id, datasets=[entity])
+
+
+def _run_trace_ids(client: Any, experiment_id: str, run_id: str) -> list[str]:
+    ids: list[str] = []
+    token = None
+    while True:
+        page = client.search_traces(
+            locations=[experiment_id], run_id=run_id, max_results=500, page_token=token, include_spans=False
+        )
+        ids.extend(t.info.trace_id for t in page)
+        token = page.token
+        if not token:
+            return ids
+
+
+def log_traces(
+    uri: str,
+    experiment_id: str,
+    run_id: str,
+    records: Sequence[Record],
+    dataset: Dataset,
+    *,
+    per_split: int | None,
+    metrics: Iterable[str],
+    start_ns: int,
+    seed: int = 0,
+    privacy: Privacy | None = None,
+) -> int:
+    """Log one trace per selected query under ``run_id``; the number of traces logged.
+
+    ``records`` are the stored records; ``privacy`` says what of the passages may be stored
+    (:meth:`rag_ablate.core.privacy.Privacy.text`; None: as they are).
+
+    ``per_split``: queries per split (None: all, 0: none). ``start_ns``: when the
+    evaluation of the first record began (Unix epoch, nanoseconds). Also logs the
+    query set as the run's dataset input when any trace is logged.
+    """
+    chosen = select(records, per_split)
+    if not chosen:
+        return 0
+    from mlflow.tracing.client import TracingClient
+
+    names = list(dict.fromkeys(metrics))
+    by_id = {q.query_id: q for q in dataset.queries}
+    starts = query_starts_ns(records, start_ns)
+    rng = random.Random(f"{seed}:{run_id}")
+    client = TracingClient(uri)
+    # a resumed run (resume=) logs its traces again: one trace per query, never two
+    old = _run_trace_ids(client, experiment_id, run_id)
+    if old:
+        client.delete_traces(experiment_id, trace_ids=old)
+    for i in range(0, len(chosen), BATCH):
+        batch = chosen[i : i + BATCH]
+        built = [
+            build_trace(
+                rec,
+                by_id.get(rec["query_id"]),
+                dataset,
+                experiment_id=experiment_id,
+                run_id=run_id,
+                start_ns=starts[pos],
+                metrics=names,
+                rng=rng,
+                privacy=privacy,
+            )
+            for pos, rec in batch
+        ]
+        # the trace first (one insert with its assessments), then the spans of the whole batch;
+        # the other order makes every start_trace merge into a row log_spans created
+        for info, _ in built:
+            client.start_trace(info)
+        client.log_spans(experiment_id, [s for _, spans in built for s in spans])
+    log_dataset_input(uri, run_id, dataset, privacy)
+    return len(chosen)
+
+
+# --------------------------------------------------------------------------- end of a sweep
+
+
+def compare_link(base: str, experiment_id: str, run_id: str, baseline_run_id: str) -> str:
+    """MLflow's Evaluation runs view: ``run_id`` against ``baseline_run_id``, query by query."""
+    return (
+        f"{base.rstrip('/')}/#/experiments/{experiment_id}/evaluation-runs"
+        f"?selectedRunUuid={run_id}&compareToRunUuid={baseline_run_id}"
+    )
+
+
+def append_description(uri: str, run_id: str, text: str) -> None:
+    """Add a paragraph to a run's description (``mlflow.note.content``) unless it is there."""
+    from mlflow.tracking import MlflowClient
+
+    from rag_ablate.tracking.tags import NOTE_TAG
+
+    client = MlflowClient(tracking_uri=uri)
+    current = client.get_run(run_id).data.tags.get(NOTE_TAG, "")
+    if text not in current:
+        client.set_tag(run_id, NOTE_TAG, f"{current}\n\n{text}" if current else text)
+
+
+def sweep_links(
+    uri: str,
+    experiment_id: str,
+    summaries: Sequence[Mapping[str, Any]],
+    baseline: str | None,
+    base: str,
+) -> list[str]:
+    """At the end of a sweep with traces: one line per variant with its compare link.
+
+    Also appends :data:`DESCRIPTION_NOTE` to the description of every traced
+    variant run (once). ``baseline`` is the baseline's label; without a baseline
+    run that has traces there is nothing to compare against and nothing is returned.
+    """
+    traced = [s for s in summaries if s.get("run_id") and int(s.get("traces") or 0) > 0]
+    base_run = next((str(s["run_id"]) for s in traced if s.get("label") == baseline), None)
+    if base_run is None:
+        return []
+    lines = []
+    for s in traced:
+        run_id = str(s["run_id"])
+        if run_id == base_run:
+            continue
+        append_description(uri, run_id, DESCRIPTION_NOTE)
+        link = compare_link(base, experiment_id, run_id, base_run)
+        lines.append(f"per-query {s['label']} vs {baseline} ({int(s['traces'])} traces): {link}")
+    return lines
