@@ -298,7 +298,7 @@ def write_sweep(sweep: Path, queries: list[dict[str, Any]], seed: int = 0) -> No
 
 def run_phases(sweep: Path, B: int, seed: int) -> tuple[Phases, Any]:
     """The comparison step of ``rag-ablate compare <sweep>``, phase by phase (module docstring)."""
-    from rag_ablate.compare import analysis, pairwise, render, run, slices, stats
+    from rag_ablate.compare import analysis, pairwise, render, run, slices, stats, tradeoff
     from rag_ablate.compare.guard import check
     from rag_ablate.compare.load import pick_baseline
     from rag_ablate.config.schema import CompareConfig
@@ -339,7 +339,8 @@ def run_phases(sweep: Path, B: int, seed: int) -> tuple[Phases, Any]:
         render.write_outputs(c, src.out_dir)
         render.format_terminal(c)
     with ph.phase("report (report.html, trade-off)"):
-        write_report(src.out_dir, settings, source=src, seed=seed, log=False)
+        c.tradeoff = tradeoff.compute(src.variants, settings, seed=seed, baseline=c.baseline)
+        write_report(src.out_dir, c, src.variants)
     ph.inner = {k: v for k, v in inner_compare.items()}
     ph.inner["slices: paired tests"] = [0.0, float(slices_tests)]
     return ph, c

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from rag_ablate.config.schema import RunConfig, parse_config, validate_system
+from rag_ablate.config.schema import CompareConfig, RunConfig, parse_config, validate_system
 from rag_ablate.core.errors import ConfigError
 
 
@@ -86,23 +86,28 @@ def validate(s: RunConfig) -> None:
     if s.cost.model is not None and s.cost.model not in s.cost.prices:
         known = ", ".join(sorted(s.cost.prices)) or "none (add them under cost.prices)"
         raise ConfigError(f"cost.model '{s.cost.model}' has no price in cost.prices; known: {known}")
-    if s.compare.B < 100:
-        raise ConfigError(f"compare.B must be >= 100, got {s.compare.B}")
-    if not 0.0 < s.compare.alpha < 1.0:
-        raise ConfigError(f"compare.alpha must be in (0, 1), got {s.compare.alpha}")
-    from rag_ablate.compare.tradeoff import check_settings
-
-    check_settings(s.compare)
-    from rag_ablate.compare.slices import check_settings as check_slices
-
-    check_slices(s.compare)  # slice metrics known (no percentiles), min_slice_groups >= 1
-    if not set(s.compare.splits) <= {"dev", "holdout"}:
-        raise ConfigError(f"compare.splits must be among dev, holdout, got {s.compare.splits}")
+    validate_compare(s.compare)
     if not 0.0 < s.dataset.holdout_share < 1.0:
         raise ConfigError(f"dataset.holdout_share must be in (0, 1), got {s.dataset.holdout_share}")
     from rag_ablate.dataset.weights import check_settings as check_weights
 
     check_weights(s.dataset)  # slice_weights finite and >= 0 (the tags are checked against the data)
+
+
+def validate_compare(c: CompareConfig) -> None:
+    """The comparison's settings, for a sweep (``compare.*``) and for ``rag-ablate compare`` alike."""
+    if c.B < 100:
+        raise ConfigError(f"compare.B must be >= 100, got {c.B}")
+    if not 0.0 < c.alpha < 1.0:
+        raise ConfigError(f"compare.alpha must be in (0, 1), got {c.alpha}")
+    from rag_ablate.compare.tradeoff import check_settings
+
+    check_settings(c)
+    from rag_ablate.compare.slices import check_settings as check_slices
+
+    check_slices(c)  # slice metrics known (no percentiles), min_slice_groups >= 1
+    if not set(c.splits) <= {"dev", "holdout"}:
+        raise ConfigError(f"compare.splits must be among dev, holdout, got {c.splits}")
 
 
 def to_settings(cfg: DictConfig) -> RunConfig:

@@ -20,7 +20,7 @@ from rag_ablate.compare.gate import gate
 from rag_ablate.compare.guard import changed_factors, confounded_variants
 from rag_ablate.compare.model import Comparison, VariantData
 from rag_ablate.compare.render import format_markdown, format_terminal, write_outputs
-from rag_ablate.compare.run import run_comparison
+from rag_ablate.compare.run import load_comparison, run_comparison
 from rag_ablate.core.errors import ComparisonError, UnknownNameError
 from tests.conftest import REPO
 
@@ -556,8 +556,17 @@ def test_run_comparison_on_a_sweep_folder(tmp_path: Path) -> None:
     assert list(c.unchecked) == ["same"] and c.unchecked["same"].startswith("config.yaml unreadable (")
     assert c.confounded == {}
     assert run.failures == []
-    assert [p.name for p in run.paths] == ["comparison.json", "comparison.md"]
+    assert [p.name for p in run.paths] == ["comparison.json", "comparison.md", "tradeoff.json", "tradeoff.md"]
     data = json.loads((tmp_path / "comparison.json").read_text())
+    # comparison.json is the typed comparison's serialisation: read back, it is the same comparison
+    # (the trade-off included), so every view rebuilt from disk renders what was computed
+    assert c.tradeoff is not None and data["tradeoff"]["quality_metric"] == c.tradeoff.quality_metric
+    again = Comparison.from_dict(data)
+    assert again.to_dict() == c.to_dict()
+    assert format_markdown(again) == format_markdown(c) == (tmp_path / "comparison.md").read_text()
+    assert format_terminal(again) == printed[0]
+    assert load_comparison(tmp_path).to_dict() == c.to_dict()
+    assert "## Quality against cost" in (tmp_path / "comparison.md").read_text()
     assert set(data["unchecked"]) == {"same"}
     pair = next(p for p in data["pairs"] if p["variant"] == "same" and p["n_failed_variant"])
     assert pair["left_failed_variant"] >= 1

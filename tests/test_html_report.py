@@ -13,7 +13,7 @@ import pytest
 
 from rag_ablate.cli import main as cli
 from rag_ablate.compare import tradeoff
-from rag_ablate.config.schema import CompareConfig
+from rag_ablate.compare.run import load_comparison, load_source
 from rag_ablate.core.layout import COMPARISON_JSON, FAILURES_FILE, SWEEP_FILE
 from rag_ablate.report import html as html_report
 from tests.conftest import run_module
@@ -112,11 +112,11 @@ def test_report_and_compare_commands_rebuild_it(sweep: dict[str, Any], tmp_path:
     assert "cheapest variant with holdout recall@5 &gt;= 0.700" in page or "no variant clears" in page
 
 
-def test_report_without_a_comparison_says_what_to_run(tmp_path: Path) -> None:
-    from rag_ablate.core.errors import ComparisonError
-
-    with pytest.raises(ComparisonError, match="rag-ablate compare"):
-        html_report.write_report(tmp_path, CompareConfig())
+def test_report_without_a_comparison_says_what_to_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["report", str(tmp_path)]) == 2
+    assert "rag-ablate compare" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -201,7 +201,8 @@ def test_confounded_and_unchecked_variants_are_flagged(sweep: dict[str, Any], tm
     comp["confounded"] = {"chunk=256": ["retrieval.top_k"]}
     comp["unchecked"] = {"chunk=1024": "config.yaml missing"}
     (d / COMPARISON_JSON).write_text(json.dumps(comp, ensure_ascii=False), encoding="utf-8")
-    page = html_report.write_report(d, CompareConfig(B=200)).html.read_text("utf-8")
+    # the page renders comparison.json read back into the comparison's own type
+    page = html_report.write_report(d, load_comparison(d), load_source(d).variants).html.read_text("utf-8")
     assert "<b>chunk=256</b> is <b>confounded</b>: it also changes retrieval.top_k" in page
     assert "<b>chunk=1024</b> is <b>unchecked</b>: config.yaml missing" in page
     # the badges show in the trade-off table and in the comparison table

@@ -374,6 +374,9 @@ def test_run_comparison_with_the_openai_judge(
     assert not any("longer" in b["messages"][0]["content"] for b in fake_llm.bodies())
     data = json.loads((out / "comparison.json").read_text(encoding="utf-8"))
     assert [r["errors"] for r in data["pairwise"]["results"]] == [r.errors for r in report.results]
+    # read back from comparison.json, the pairwise section is the same typed report
+    back = Comparison.from_dict(data).pairwise
+    assert back is not None and back.to_dict() == report.to_dict()
     assert "## Pairwise judge" in (out / "comparison.md").read_text(encoding="utf-8")
     assert any("pairwise judge fake-judge" in line for line in lines)
     # rerunning the comparison costs nothing: the judgements come from the model-call cache

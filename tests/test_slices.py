@@ -315,7 +315,7 @@ def test_report_shows_where_it_hurts_in_chromium(tmp_path: Path) -> None:
     assert sec["exploratory"] is True and sec["adjustment"] == "bh" and sec["metrics"] == ["recall_at_5"]
     assert sec["rows"][0]["slice"] == "tag=multi_doc" and sec["rows"][0]["verdict"] == "hurts"
     assert run.comparison.slices is not None
-    report = write_report(sweep, settings, source=run.source, seed=3)
+    report = write_report(sweep, run.comparison, run.source.variants)
     page = report.html.read_text("utf-8")
     assert '<section id="hurts"><h2>Where it hurts</h2>' in page
     hurts_table = page.split('<section id="hurts">')[1].split("</table>")[0]

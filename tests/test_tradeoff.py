@@ -287,7 +287,7 @@ def test_bar_gives_the_choice_and_cost_ratios() -> None:
             assert s.choice == best.variant
             for p in s.points:
                 assert p.cost_ratio == pytest.approx(p.cost / best.cost)
-    md = t.to_markdown()
+    md = tradeoff.format_markdown(t)
     assert "cheapest variant with holdout recall@5 >= 0.500" in md or "no variant clears holdout" in md
     d = t.to_dict()
     assert d["plot_split"] == "holdout" and d["quality_bar"] == 0.5
@@ -359,5 +359,5 @@ def test_a_variant_whose_queries_all_failed_has_no_quality_and_is_off_the_fronti
     assert t.split("holdout").choice == "baseline"  # type: ignore[union-attr]
     d = json.loads(json.dumps(t.to_dict()))  # NaN becomes null
     assert [q["quality"] for q in d["splits"][1]["points"] if q["variant"] == "broken"] == [None]
-    assert "| broken | - [-, -] |" in t.to_markdown()
+    assert "| broken | - [-, -] |" in tradeoff.format_markdown(t)
     assert report_plots.plot(t, tmp_path / "p.png").is_file()

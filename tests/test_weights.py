@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from rag_ablate.compare import stats
 from rag_ablate.compare.analysis import compare, delta_metrics
 from rag_ablate.compare.mix import weighted_paired_bootstrap, weighted_paired_bootstraps
-from rag_ablate.compare.model import VariantData
+from rag_ablate.compare.model import Comparison, VariantData
 from rag_ablate.compare.render import format_markdown, format_terminal
 from rag_ablate.config.overrides import CONF_DIR, normalize_overrides
 from rag_ablate.config.schema import DatasetConfig, register_configs
@@ -400,6 +400,8 @@ def test_comparison_reports_the_production_weighted_effect_and_the_edge_cases_on
     data = c.to_dict()["production_mix"]
     assert data["weights"] == c.mix_weights and {r["mix"] for r in data["rows"]} == {"production", "edge"}
     json.dumps(c.to_dict())  # finite values only
+    back = Comparison.from_dict(json.loads(json.dumps(c.to_dict())))  # comparison.json read back
+    assert back.mix == c.mix and back.mix_weights == c.mix_weights
     md = format_markdown(c)
     assert "## Production mix" in md and "numeric 0.5" in md
     term = format_terminal(c)

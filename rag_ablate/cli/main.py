@@ -19,10 +19,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag_ablate import __version__
 from rag_ablate.core.errors import RagAblateError
+
+if TYPE_CHECKING:
+    from rag_ablate.config.schema import CompareConfig
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -203,60 +206,100 @@ def _latest_sweep_link(uri: str, experiment: str, port: int) -> str | None:
     return tracking_ui.runs_link(tracking_ui.ui_base(uri, port), experiment_id, key)
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    from rag_ablate.compare.analysis import DEFAULT_METRICS
-    from rag_ablate.compare.run import gate_report, load_source, run_comparison
-    from rag_ablate.config.schema import CompareConfig
+# command-line option -> CompareConfig field, for the options rag-ablate compare and report share with
+# the compare config group; an option not given keeps the schema's default (the sweep's default)
+_LISTS = ("metrics", "splits", "slice_metrics")
 
-    source = load_source(args.source, args.tracking_uri, Path(args.out) if args.out else None)
-    settings = CompareConfig(
-        baseline=args.baseline,
-        metrics=args.metrics.split(",") if args.metrics else list(DEFAULT_METRICS),
-        splits=args.splits.split(",") if args.splits else ["dev", "holdout"],
-        B=args.B,
-        alpha=args.alpha,
-        flip_threshold=args.flip_threshold,
-        fail_on=list(args.fail_on or []),
-        quality_metric=args.quality_metric,
-        cost_metric=args.cost_metric,
-        quality_bar=args.quality_bar,
-        slice_metrics=args.slice_metrics.split(",") if args.slice_metrics else ["auto"],
-        min_slice_groups=args.min_slice_groups,
-    )
-    # a run id: the comparison goes to its parent run and the effects to the child runs, as after a sweep
-    log = not Path(args.source).is_dir()
-    run = run_comparison(source, settings, seed=args.seed, guard=args.guard, log=log)
+
+def _compare_settings(args: argparse.Namespace, names: Sequence[str]) -> CompareConfig:
+    """The options given on the command line over the schema's defaults, checked as a sweep's are."""
+    from rag_ablate.config.schema import CompareConfig
+    from rag_ablate.settings import validate_compare
+
+    given: dict[str, Any] = {}
+    for name in names:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        given[name] = [x.strip() for x in value.split(",") if x.strip()] if name in _LISTS else value
+    settings = CompareConfig(**given)
+    validate_compare(settings)
+    return settings
+
+
+_COMPARE_OPTIONS = (
+    "baseline",
+    "metrics",
+    "splits",
+    "B",
+    "alpha",
+    "flip_threshold",
+    "fail_on",
+    "quality_metric",
+    "cost_metric",
+    "quality_bar",
+    "slice_metrics",
+    "min_slice_groups",
+)
+_TRADEOFF_OPTIONS = ("B", "quality_metric", "cost_metric", "quality_bar")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rag_ablate.compare.run import gate_report, load_source, run_comparison
     from rag_ablate.report.html import write_report
 
-    report = write_report(run.source.out_dir, settings, source=run.source, seed=args.seed, log=log)
+    settings = _compare_settings(args, _COMPARE_OPTIONS)
+    source = load_source(args.source, args.tracking_uri, Path(args.out) if args.out else None)
+    run = run_comparison(source, settings, seed=args.seed, guard=args.guard)
+    report = write_report(run.source.out_dir, run.comparison, run.source.variants)
+    # a run id: the comparison goes to its parent run and the effects to the child runs, as after a sweep
+    if not Path(args.source).is_dir() and run.source.tracking_uri and run.source.parent_run_id:
+        from rag_ablate.sweep.publish import publish_comparison
+
+        publish_comparison(
+            run.source.tracking_uri,
+            run.source.parent_run_id,
+            run.source.variants,
+            run.comparison,
+            [*run.paths, *report.paths],
+        )
     print(f"\nwritten: {', '.join(str(p) for p in [*run.paths, *report.paths])}")
     return gate_report(run, len(settings.fail_on))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rag_ablate.config.schema import CompareConfig
+    from dataclasses import replace
+
+    from rag_ablate.compare import tradeoff
+    from rag_ablate.compare.render import write_outputs
+    from rag_ablate.compare.run import load_comparison, load_source
     from rag_ablate.report.html import write_report
 
-    settings = CompareConfig(
-        B=args.B,
-        quality_metric=args.quality_metric,
-        cost_metric=args.cost_metric,
-        quality_bar=args.quality_bar,
-    )
-    report = write_report(Path(args.sweep_dir), settings, seed=args.seed)
-    print(f"written: {', '.join(str(p) for p in report.paths)}")
+    out_dir = Path(args.sweep_dir)
+    c = load_comparison(out_dir)
+    source = load_source(out_dir)
+    written: list[Path] = []
+    retrade = any(getattr(args, name, None) is not None for name in _TRADEOFF_OPTIONS)
+    if retrade or c.tradeoff is None or args.seed is not None:
+        # other axes, bar, B or seed: the trade-off again, written with the comparison it belongs to
+        settings = _compare_settings(args, _TRADEOFF_OPTIONS)
+        seed = c.seed if args.seed is None else args.seed
+        c.tradeoff = tradeoff.compute(
+            source.variants, replace(settings, splits=c.splits), seed=seed, baseline=c.baseline
+        )
+        written += write_outputs(c, out_dir)
+    report = write_report(out_dir, c, source.variants)
+    print(f"written: {', '.join(str(p) for p in [*written, *report.paths])}")
     return 0
 
 
 def _tradeoff_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quality-metric",
-        default="auto",
         help="quality axis (default auto: an answer metric, else recall_at_5)",
     )
     parser.add_argument(
         "--cost-metric",
-        default="auto",
         help="cost axis, e.g. latency_p95_ms, context_tokens, usd_per_1k (default auto: money when priced, "
         "else p95 latency, else context tokens)",
     )
@@ -300,6 +343,9 @@ def cmd_local_llm(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rag_ablate.config.schema import CompareConfig
+
+    cmp = CompareConfig()  # the defaults the help texts name (a sweep's compare.* defaults)
     p = argparse.ArgumentParser(
         prog="rag-ablate",
         description="rag_ablate commands besides runs (runs: python -m rag_ablate [-m] key=value ...)",
@@ -330,13 +376,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("source", help="a sweep folder (outputs/multirun/<time>) or an MLflow parent run id")
     c.add_argument("--baseline", help="label of the baseline variant (default: the one marked baseline)")
-    c.add_argument("--metrics", help="comma-separated metric names (default: the default compare.metrics)")
-    c.add_argument("--splits", help="comma-separated: dev,holdout (default both)")
-    c.add_argument("--B", type=int, default=10_000, help="bootstrap resamples (default 10000)")
-    c.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    c.add_argument("--metrics", help=f"comma-separated metric names (default {','.join(cmp.metrics)})")
+    c.add_argument("--splits", help=f"comma-separated: dev,holdout (default {','.join(cmp.splits)})")
+    c.add_argument("--B", type=int, help=f"bootstrap resamples (default {cmp.B})")
+    c.add_argument("--alpha", type=float, help=f"significance level (default {cmp.alpha})")
     c.add_argument("--seed", type=int, help="seed (default: the sweep's seed)")
     c.add_argument(
-        "--flip-threshold", type=float, default=0.2, help="continuous flip threshold (default 0.2)"
+        "--flip-threshold", type=float, help=f"continuous flip threshold (default {cmp.flip_threshold})"
     )
     c.add_argument(
         "--fail-on",
@@ -352,8 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--min-slice-groups",
         type=int,
-        default=6,
-        help="slices with fewer paired groups are listed as too small, not tested (default 6)",
+        help="slices with fewer paired groups are listed as too small, not tested "
+        f"(default {cmp.min_slice_groups})",
     )
     c.add_argument("--tracking-uri", help="MLflow URI for a run id (default: sqlite:///outputs/mlflow.db)")
     c.add_argument("--out", help="where to write the outputs for a run id (default outputs/comparisons/<id>)")
@@ -364,14 +410,13 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "report",
         help="write report.html (plan, comparison, quality vs cost, intents, recall@k, flips) for a sweep",
-        description="Rebuild a sweep folder's trade-off (tradeoff.json/.md, quality_vs_cost.png) and its "
-        "self-contained report.html from the files the sweep and its comparison wrote.",
+        description="Rebuild a sweep folder's self-contained report.html (and quality_vs_cost.png) from "
+        "the comparison it wrote (comparison.json, read back as it was computed). With --B, --seed or "
+        "a trade-off option, the trade-off is computed again and written with the comparison.",
     )
     r.add_argument("sweep_dir", help="a sweep folder with comparison.json (outputs/multirun/<time>)")
-    r.add_argument(
-        "--B", type=int, default=10_000, help="bootstrap resamples of the intervals (default 10000)"
-    )
-    r.add_argument("--seed", type=int, help="seed (default: the comparison's)")
+    r.add_argument("--B", type=int, help=f"bootstrap resamples of the trade-off (default {cmp.B})")
+    r.add_argument("--seed", type=int, help="seed of the trade-off's intervals (default: the comparison's)")
     _tradeoff_args(r)
     r.set_defaults(func=cmd_report)
 

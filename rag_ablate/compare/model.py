@@ -1,15 +1,22 @@
-"""What a comparison is made of: variants as loaded, result rows, flips, pairs.
+"""What a comparison is made of: variants as loaded, result rows, flips, pairs, slices, the
+production mix, pairwise judging and quality against cost.
 
-Everything here is plain data; :mod:`rag_ablate.compare.analysis` fills it and
-:mod:`rag_ablate.compare.render` prints it. ``Comparison.to_dict`` is the
-layout of ``comparison.json`` (documented in README, "The comparison step").
+Everything here is plain data. :mod:`rag_ablate.compare` fills one :class:`Comparison`
+(:func:`rag_ablate.compare.run.run_comparison`); every view renders that same object: the terminal
+table and ``comparison.md`` (:mod:`rag_ablate.compare.render`), ``report.html``
+(:mod:`rag_ablate.report.html`) and the MLflow descriptions (:mod:`rag_ablate.report.mlflow_ui`).
+``Comparison.to_dict`` is the layout of ``comparison.json`` (README, "The comparison step") and
+``Comparison.from_dict`` reads it back into the same type, so a view rebuilt from disk renders
+what the comparison step computed.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any, TypeVar
 
 from rag_ablate.compare.mix import MixRow
 from rag_ablate.records.trace import Record
@@ -232,6 +239,7 @@ class Comparison:
     mix: list[MixRow] = field(default_factory=list)  # production-weighted and edge rows (compare.mix)
     mix_weights: str = ""  # the weighting of ``mix``, in words
     pairwise: PairwiseReport | None = None  # judge.mode=pairwise (rag_ablate.compare.pairwise); None: not run
+    tradeoff: Tradeoff | None = None  # quality against cost (rag_ablate.compare.tradeoff); None: not computed
 
     def row(self, split: str, variant: str, metric: str) -> Row | None:
         for r in self.rows:
@@ -269,7 +277,122 @@ class Comparison:
             "slices": None if self.slices is None else self.slices.to_dict(),
             "production_mix": {"weights": self.mix_weights, "rows": [_finite(asdict(r)) for r in self.mix]},
             "pairwise": None if self.pairwise is None else self.pairwise.to_dict(),
+            "tradeoff": None if self.tradeoff is None else self.tradeoff.to_dict(),
         }
+
+    @classmethod
+    def from_dict(cls, d: typing.Mapping[str, Any]) -> Comparison:
+        """The comparison that :meth:`to_dict` wrote (``comparison.json``), as the same type.
+
+        JSON's nulls for numbers that were NaN come back as NaN; keys a writer added for readers
+        (``n_left_out``, ``slice``, ``plot_split``, ...) are derived again, not stored.
+        """
+        mix = d.get("production_mix") or {}
+        c = _load(cls, {k: v for k, v in d.items() if k != "production_mix"})
+        c.mix = _value(list[MixRow], mix.get("rows") or [])
+        c.mix_weights = str(mix.get("weights") or "")
+        return c
+
+
+# --------------------------------------------------------------------------- reading JSON back
+
+T = TypeVar("T")
+
+
+def _load(cls: type[T], d: typing.Mapping[str, Any]) -> T:
+    """A dataclass from a mapping of its fields (nested dataclasses, lists, dicts, Optional)."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {f.name: _value(hints[f.name], d[f.name]) for f in fields(cls) if f.init and f.name in d}  # type: ignore[arg-type]
+    return cls(**kwargs)
+
+
+def _value(t: Any, v: Any) -> Any:
+    args = typing.get_args(t)
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if v is None:
+            return math.nan if inner == [float] and type(None) not in args else None
+        return _value(inner[0], v) if len(inner) == 1 else v
+    if v is None:
+        return math.nan if t is float else None
+    if is_dataclass(t) and isinstance(t, type):
+        return _load(t, v)
+    if origin is list:
+        return [_value(args[0], x) for x in v]
+    if origin is dict:
+        return {k: _value(args[1], x) for k, x in v.items()}
+    if t is float:
+        return float(v)
+    return v
+
+
+# --------------------------------------------------------------------------- quality against cost
+
+
+@dataclass
+class Point:
+    """One variant on one split."""
+
+    variant: str
+    quality: float
+    quality_low: float
+    quality_high: float
+    n_quality: int  # queries with a quality value
+    cost: float
+    cost_low: float
+    cost_high: float
+    n_cost: int  # queries with a cost value
+    baseline: bool = False
+    frontier: bool = False
+    clears_bar: bool | None = None  # None: no bar set
+    cost_ratio: float | None = None  # cost / cost of the iso-quality choice
+
+
+@dataclass
+class SplitTradeoff:
+    split: str
+    n_groups: int
+    points: list[Point]
+    choice: str | None = None  # the cheapest variant clearing the quality bar
+
+    def point(self, variant: str) -> Point | None:
+        return next((p for p in self.points if p.variant == variant), None)
+
+
+@dataclass
+class Tradeoff:
+    quality_metric: str
+    cost_metric: str
+    quality_higher: bool
+    cost_unit: str
+    baseline: str
+    quality_bar: float | None
+    B: int
+    seed: int
+    alpha: float
+    splits: list[SplitTradeoff]
+    notes: list[str] = field(default_factory=list)
+
+    def split(self, name: str) -> SplitTradeoff | None:
+        return next((s for s in self.splits if s.split == name), None)
+
+    @property
+    def plot_split(self) -> str:
+        """The split plotted: holdout when there is one (confirmatory), else the first."""
+        names = [s.split for s in self.splits]
+        return "holdout" if "holdout" in names else (names[0] if names else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for s in d["splits"]:
+            s["points"] = [{k: _json_value(v) for k, v in p.items()} for p in s["points"]]
+        d["plot_split"] = self.plot_split
+        return d
+
+
+def _json_value(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def _finite(d: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The comparison as a terminal table, ``comparison.md`` and ``comparison.json``."""
+"""The comparison as a terminal table, ``comparison.md`` and ``comparison.json`` (plus
+``tradeoff.md`` / ``.json``): views of the one typed :class:`~rag_ablate.compare.model.Comparison`."""
 
 from __future__ import annotations
 
@@ -124,6 +125,7 @@ def format_terminal(c: Comparison) -> str:
                     f"per-query flips of {v} on {display_name(first)}: {'; '.join(parts)} (comparison.md)"
                 )
     lines += slice_terminal_lines(c)
+    lines += tradeoff_terminal_lines(c)
     if c.pairwise is not None:
         from rag_ablate.compare.pairwise import format_terminal as pairwise_terminal
 
@@ -293,6 +295,7 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
         *mix_markdown(c.mix, c.variants, c.metrics, c.splits, c.mix_weights, c.B),
         *judge_spread_lines(c),
         *pairwise_markdown_lines(c),
+        *tradeoff_markdown_lines(c),
         "## Queries compared",
         "",
         f"Failed queries never vanish: {WHICH_QUERIES}. `error_rate` is compared like any metric.",
@@ -335,10 +338,46 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
     return "\n".join(out)
 
 
+def tradeoff_terminal_lines(c: Comparison) -> list[str]:
+    """One line per split: the Pareto frontier and, with a quality bar, the cheapest variant clearing it."""
+    from rag_ablate.compare.tradeoff import choice_sentence, cost_display
+
+    t = c.tradeoff
+    if t is None:
+        return []
+    out = []
+    for st in t.splits:
+        front = ", ".join(p.variant for p in st.points if p.frontier) or "none"
+        line = (
+            f"quality vs cost ({st.split}, {display_name(t.quality_metric)} vs "
+            f"{cost_display(t.cost_metric)}): Pareto frontier {front}"
+        )
+        if t.quality_bar is not None:
+            line += f"; {choice_sentence(t, st)}"
+        out.append(line + " (tradeoff.md)")
+    return out
+
+
+def tradeoff_markdown_lines(c: Comparison) -> list[str]:
+    """The trade-off tables as a section of ``comparison.md`` (the same as ``tradeoff.md``)."""
+    from rag_ablate.compare.tradeoff import format_markdown as tradeoff_markdown
+
+    if c.tradeoff is None:
+        return []
+    text = tradeoff_markdown(c.tradeoff)
+    return ["##" + text.lstrip("#").replace("\n## ", "\n### ").rstrip("\n"), ""]
+
+
 def write_outputs(c: Comparison, out_dir: Path) -> list[Path]:
-    """``comparison.json`` and ``comparison.md`` in ``out_dir``."""
+    """``comparison.json`` and ``comparison.md`` in ``out_dir``; ``tradeoff.json`` and ``tradeoff.md``
+    too when the comparison has its trade-off."""
+    from rag_ablate.compare import tradeoff
+
     out_dir.mkdir(parents=True, exist_ok=True)
     j, md = out_dir / COMPARISON_JSON, out_dir / COMPARISON_MD
     j.write_text(json.dumps(c.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
     md.write_text(format_markdown(c), encoding="utf-8")
-    return [j, md]
+    paths = [j, md]
+    if c.tradeoff is not None:
+        paths += tradeoff.write(c.tradeoff, out_dir)
+    return paths

@@ -1,9 +1,11 @@
 """The comparison step as one sequence, shared by the sweep's end and ``rag-ablate compare``.
 
 load the variants -> compare -> per-slice effects -> pairwise judge (judge.mode=pairwise) ->
-confounding guard -> write comparison.json/.md ->
-regression gate -> print the table -> (optionally) log to MLflow: the files to
-the sweep's parent run, each variant's effects to its child run.
+confounding guard -> quality against cost -> write comparison.json/.md (and tradeoff.json/.md) ->
+regression gate -> print the table.
+
+It returns what it computed and wrote; it logs nothing. The caller logs to MLflow in one place
+(:func:`rag_ablate.sweep.publish.publish_comparison`).
 """
 
 from __future__ import annotations
@@ -11,21 +13,21 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rag_ablate.compare.analysis import compare, delta_metrics
+from rag_ablate.compare import tradeoff
+from rag_ablate.compare.analysis import compare
 from rag_ablate.compare.gate import gate
 from rag_ablate.compare.guard import check
 from rag_ablate.compare.load import load_mlflow_parent, load_sweep_dir, pick_baseline
 from rag_ablate.compare.model import Comparison, VariantData
-from rag_ablate.compare.pairwise import delta_metrics as pairwise_metrics
 from rag_ablate.compare.pairwise import pairwise_section
 from rag_ablate.compare.render import format_terminal, write_outputs
 from rag_ablate.compare.slices import compare_slices, resolve_metrics
 from rag_ablate.config.schema import CompareConfig
 from rag_ablate.core.errors import ComparisonError
-from rag_ablate.core.layout import SWEEP_FILE
+from rag_ablate.core.layout import COMPARISON_JSON, SWEEP_FILE
 
 
 @dataclass
@@ -42,7 +44,7 @@ class Source:
 class ComparisonRun:
     comparison: Comparison
     source: Source
-    paths: list[Path]  # comparison.json, comparison.md
+    paths: list[Path]  # comparison.json, comparison.md, tradeoff.json, tradeoff.md
     failures: list[str]  # regression gate messages; empty: passed
 
 
@@ -70,6 +72,18 @@ def load_source(source: str | Path, tracking_uri: str | None = None, out_dir: Pa
     )
 
 
+def load_comparison(out_dir: Path) -> Comparison:
+    """The comparison a sweep folder (or a comparison's out folder) holds, read back from
+    ``comparison.json`` into the type the comparison step computed."""
+    path = out_dir / COMPARISON_JSON
+    if not path.is_file():
+        raise ComparisonError(f"no {COMPARISON_JSON} in {out_dir}: run `rag-ablate compare {out_dir}` first")
+    try:
+        return Comparison.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ComparisonError(f"{path}: not a comparison this version can read ({exc})") from exc
+
+
 def _default_seed(variants: Sequence[VariantData]) -> int:
     for v in variants:
         if v.config is not None and isinstance(v.config.get("seed"), int):
@@ -83,15 +97,13 @@ def run_comparison(
     *,
     seed: int | None = None,
     guard: bool = True,
-    log: bool = False,
     echo: Callable[[str], None] = print,
 ) -> ComparisonRun:
     """Run the whole comparison step; see the module docstring.
 
     ``source``: a sweep folder, an MLflow parent run id, or a loaded :class:`Source`.
     ``seed``: default the sweep's own ``seed``. ``guard``: run the confounding
-    guard. ``log``: log to the sweep's MLflow runs (when the source names them).
-    The gate's messages are returned, not printed (see :func:`gate_report`).
+    guard. The gate's messages are returned, not printed (see :func:`gate_report`).
     """
     src = source if isinstance(source, Source) else load_source(source)
     if len(src.variants) < 2:
@@ -110,13 +122,14 @@ def run_comparison(
                 f"{source}: variants ran over another query set than the baseline ({listed}); their "
                 "queries cannot be paired. Rerun them on the baseline's dataset (--no-guard compares anyway)"
             )
+    run_seed = _default_seed(src.variants) if seed is None else seed
     c = compare(
         src.variants,
         baseline=settings.baseline,
         metrics=settings.metrics,
         splits=settings.splits,
         B=settings.B,
-        seed=_default_seed(src.variants) if seed is None else seed,
+        seed=run_seed,
         alpha=settings.alpha,
         flip_threshold=settings.flip_threshold,
     )
@@ -133,18 +146,13 @@ def run_comparison(
     if guard:
         c.confounded = {label: f.differences for label, f in findings.items() if f.confounded}
         c.unchecked = {label: f.unchecked for label, f in findings.items() if f.unchecked}
+    # each variant's quality against its cost, with intervals, the Pareto frontier and the iso-quality choice
+    c.tradeoff = tradeoff.compute(
+        src.variants, replace(settings, splits=c.splits), seed=run_seed, baseline=c.baseline
+    )
     paths = write_outputs(c, src.out_dir)
     failures = gate(c, settings.fail_on)
     echo(format_terminal(c))
-    if log and src.tracking_uri and src.parent_run_id:
-        from rag_ablate.tracking import store as tracking
-
-        tracking.log_artifacts(src.tracking_uri, src.parent_run_id, paths)
-        for v in src.variants:
-            if v.run_id and v.label in c.variants:
-                tracking.log_metrics(src.tracking_uri, v.run_id, delta_metrics(c, v.label))
-                if c.pairwise is not None:
-                    tracking.log_metrics(src.tracking_uri, v.run_id, pairwise_metrics(c.pairwise, v.label))
     return ComparisonRun(c, src, paths, failures)
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ import numpy.typing as npt
 from rag_ablate.compare import stats
 from rag_ablate.compare.analysis import value
 from rag_ablate.compare.load import pick_baseline
-from rag_ablate.compare.model import VariantData
+from rag_ablate.compare.model import Point, SplitTradeoff, Tradeoff, VariantData
 from rag_ablate.config.schema import CompareConfig, ModelPrice
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.registry import direction_of, display_name, parse_metric_name
@@ -369,74 +369,6 @@ def iso_quality(
 
 
 # --------------------------------------------------------------------------- the trade-off
-
-
-@dataclass
-class Point:
-    """One variant on one split."""
-
-    variant: str
-    quality: float
-    quality_low: float
-    quality_high: float
-    n_quality: int  # queries with a quality value
-    cost: float
-    cost_low: float
-    cost_high: float
-    n_cost: int  # queries with a cost value
-    baseline: bool = False
-    frontier: bool = False
-    clears_bar: bool | None = None  # None: no bar set
-    cost_ratio: float | None = None  # cost / cost of the iso-quality choice
-
-
-@dataclass
-class SplitTradeoff:
-    split: str
-    n_groups: int
-    points: list[Point]
-    choice: str | None = None  # the cheapest variant clearing the quality bar
-
-    def point(self, variant: str) -> Point | None:
-        return next((p for p in self.points if p.variant == variant), None)
-
-
-@dataclass
-class Tradeoff:
-    quality_metric: str
-    cost_metric: str
-    quality_higher: bool
-    cost_unit: str
-    baseline: str
-    quality_bar: float | None
-    B: int
-    seed: int
-    alpha: float
-    splits: list[SplitTradeoff]
-    notes: list[str] = field(default_factory=list)
-
-    def split(self, name: str) -> SplitTradeoff | None:
-        return next((s for s in self.splits if s.split == name), None)
-
-    @property
-    def plot_split(self) -> str:
-        """The split plotted: holdout when there is one (confirmatory), else the first."""
-        names = [s.split for s in self.splits]
-        return "holdout" if "holdout" in names else (names[0] if names else "")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for s in d["splits"]:
-            s["points"] = [{k: _json_num(v) for k, v in p.items()} for p in s["points"]]
-        d["plot_split"] = self.plot_split
-        return d
-
-    def to_markdown(self) -> str:
-        return format_markdown(self)
-
-
-def _json_num(v: Any) -> Any:
-    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def compute(

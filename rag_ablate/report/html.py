@@ -10,16 +10,19 @@ script, no network. Sections:
    table per split with the Pareto frontier and the iso-quality choice
    (``tradeoff.json``, see :mod:`rag_ablate.compare.tradeoff`);
 3. the comparison against the baseline for dev and holdout, with intervals,
-   adjusted p and significance (``comparison.json``); confounded and unchecked
+   adjusted p and significance; confounded and unchecked
    variants flagged (here and in the trade-off table);
 4. where each variant hurts (and helps): slices by tag and intent with their own
-   effects, exploratory (``comparison.json``'s ``slices``, :mod:`rag_ablate.compare.slices`);
+   effects, exploratory (:mod:`rag_ablate.compare.slices`);
 5. per-intent accuracy per variant, worst intents first;
 6. recall@k curves per variant (``recall_at_k.png``);
 7. the queries that flipped most, with their text.
 
-Everything is read from files the jobs and the comparison wrote, so it can be
-rebuilt at any time: ``rag-ablate report SWEEP_DIR``.
+The page renders the typed :class:`~rag_ablate.compare.model.Comparison` that the comparison step
+computed (trade-off included), the same object the terminal, ``comparison.md`` and the MLflow
+descriptions render, plus the variants' records (intents, recall curves, query texts). It writes
+files and logs nothing (the sweep's driver logs them). ``rag-ablate report SWEEP_DIR`` rebuilds it
+from ``comparison.json`` read back into the same type.
 """
 
 from __future__ import annotations
@@ -30,16 +33,13 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rag_ablate.compare import tradeoff
-from rag_ablate.compare.model import VariantData
-from rag_ablate.compare.run import Source, load_source
-from rag_ablate.config.schema import CompareConfig
-from rag_ablate.core.errors import ComparisonError
-from rag_ablate.core.layout import COMPARISON_JSON, PLAN_FILE
+from rag_ablate.compare.model import Comparison, Row, SliceRow, Tradeoff, VariantData
+from rag_ablate.core.layout import PLAN_FILE
 from rag_ablate.metrics.intent import intent_report
 from rag_ablate.metrics.registry import display_name
 from rag_ablate.report import plots as report_plots
@@ -81,8 +81,7 @@ class Report:
     """What :func:`write_report` produced."""
 
     html: Path
-    paths: list[Path]  # every file written (report.html, tradeoff.json/.md, the PNGs)
-    tradeoff: tradeoff.Tradeoff
+    paths: list[Path]  # every file written (report.html and the PNGs)
 
 
 def _e(x: object) -> str:
@@ -162,16 +161,15 @@ def _systems(variants: Sequence[VariantData]) -> set[str]:
     return {str(((v.config or {}).get("system") or {}).get("name", "local")) for v in variants}
 
 
-def _flagged(comp: Mapping[str, Any]) -> dict[str, str]:
+def _flagged(c: Comparison) -> dict[str, str]:
     """variant -> ``confounded`` / ``unchecked``, from the confounding guard's findings."""
-    out = {str(v): "unchecked" for v in comp.get("unchecked") or {}}
-    out.update({str(v): "confounded" for v in comp.get("confounded") or {}})
+    out = {v: "unchecked" for v in c.unchecked}
+    out.update({v: "confounded" for v in c.confounded})
     return out
 
 
-def _guard_section(comp: Mapping[str, Any]) -> str:
-    confounded: Mapping[str, Sequence[str]] = comp.get("confounded") or {}
-    unchecked: Mapping[str, str] = comp.get("unchecked") or {}
+def _guard_section(c: Comparison) -> str:
+    confounded, unchecked = c.confounded, c.unchecked
     if not confounded and not unchecked:
         return (
             '<div class="ok">Confounding check: every variant differs from the baseline only in what '
@@ -188,51 +186,48 @@ def _guard_section(comp: Mapping[str, Any]) -> str:
     )
 
 
-def _comparison_section(comp: Mapping[str, Any], titles: Mapping[str, str]) -> str:
+def _comparison_section(c: Comparison, titles: Mapping[str, str]) -> str:
     out = []
-    confounded = comp.get("confounded") or {}
-    unchecked = comp.get("unchecked") or {}
-    pairs = comp.get("pairs") or []
-    for split in comp.get("splits", []):
-        rows = [r for r in comp.get("rows", []) if r["split"] == split]
-        sizes = {(r["n_queries"], r["n_groups"]) for r in rows if not r.get("note")}
+    for split in c.splits:
+        rows: list[Row] = [r for r in c.rows if r.split == split]
+        sizes = {(r.n_queries, r.n_groups) for r in rows if r.tested}
         size = ", ".join(f"{n} queries in {g} groups" for n, g in sorted(sizes)[-1:])
         adj = "Holm" if split == "holdout" else "Benjamini-Hochberg"
-        left = sum(p.get("n_left_out", 0) for p in pairs if p["split"] == split)
+        left = sum(p.n_left_out for p in c.pairs if p.split == split)
         out.append(f'<h3 id="cmp-{_e(split)}">{_e(split)}</h3>')
         out.append(
             f'<p class="muted">{_e(size)}; p adjusted by {adj}; significant at alpha '
-            f"{_e(comp.get('alpha'))}; queries left out of pairs (failed or missing): {left}</p>"
+            f"{_e(c.alpha)}; queries left out of pairs (failed or missing): {left}</p>"
         )
         body = []
         for r in rows:
-            v = r["variant"]
+            v = r.variant
             badges = ""
-            if v in confounded:
+            if v in c.confounded:
                 badges += '<span class="badge b-warn">confounded</span>'
-            if v in unchecked:
+            if v in c.unchecked:
                 badges += '<span class="badge b-warn">unchecked</span>'
-            verdict = r.get("verdict") or ""
+            verdict = r.verdict
             sig = f'<span class="badge b-{verdict}">{verdict}</span>' if verdict else ""
-            if r.get("note"):
-                effect = f"<i>{_e(r['note'])}</i>"
+            if not r.tested:
+                effect = f"<i>{_e(r.note)}</i>"
                 means = "-"
             else:
-                effect = f"{_signed(r['effect'])} [{_signed(r['ci_low'])}, {_signed(r['ci_high'])}]"
-                means = f"{_num(r['baseline_mean'])} &rarr; {_num(r['variant_mean'])}"
+                effect = f"{_signed(r.effect)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}]"
+                means = f"{_num(r.baseline_mean)} &rarr; {_num(r.variant_mean)}"
             body.append(
                 f'<tr class="{_e(verdict)}"><td>{_e(titles.get(v, v))}{badges}</td>'
-                f"<td>{_e(display_name(r['metric']))}</td><td class=num>{means}</td>"
-                f'<td class="num eff">{effect}</td><td class=num>{_p(r.get("p_value"))}</td>'
-                f"<td class=num>{_p(r.get('p_adjusted'))}</td><td>{sig}</td>"
-                f"<td>{_e(r.get('flag', ''))}</td></tr>"
+                f"<td>{_e(display_name(r.metric))}</td><td class=num>{means}</td>"
+                f'<td class="num eff">{effect}</td><td class=num>{_p(r.p_value)}</td>'
+                f"<td class=num>{_p(r.p_adjusted)}</td><td>{sig}</td>"
+                f"<td>{_e(r.flag)}</td></tr>"
             )
         head = "".join(
             f"<th>{h}</th>"
             for h in (
                 "variant",
                 "metric",
-                f"{_e(comp.get('baseline', 'baseline'))} &rarr; variant",
+                f"{_e(c.baseline)} &rarr; variant",
                 "effect [95% CI]",
                 "p",
                 "p adjusted",
@@ -241,30 +236,29 @@ def _comparison_section(comp: Mapping[str, Any], titles: Mapping[str, str]) -> s
             )
         )
         out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
-    notes = comp.get("notes") or []
-    if notes:
-        out.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    if c.notes:
+        out.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in c.notes) + "</ul>")
     return "".join(out)
 
 
-def _slice_rows(rows: Sequence[Mapping[str, Any]], titles: Mapping[str, str]) -> str:
+def _slice_rows(rows: Sequence[SliceRow], titles: Mapping[str, str]) -> str:
     body = []
     for r in rows:
-        verdict = str(r.get("verdict", ""))
+        verdict = r.verdict
         cls = {"hurts": "worse", "helps": "better"}.get(verdict, "")
         badge = f'<span class="badge b-{cls}">{_e(verdict)}</span>' if cls else _e(verdict)
-        if r.get("ci_low") is None:
-            effect = _signed(r.get("effect"))
+        if not math.isfinite(r.ci_low):
+            effect = _signed(r.effect)
         else:
-            effect = f"{_signed(r['effect'])} [{_signed(r['ci_low'])}, {_signed(r['ci_high'])}]"
+            effect = f"{_signed(r.effect)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}]"
         body.append(
-            f'<tr class="{cls}"><td>{_e(titles.get(r["variant"], r["variant"]))}</td>'
-            f"<td>{_e(r['split'])}</td>"
-            f"<td>{_e(r['slice'])}</td><td>{_e(display_name(r['metric']))}</td>"
-            f"<td class=num>{r['n_queries']} ({r['n_groups']})</td>"
-            f"<td class=num>{r['n_failed_baseline']} / {r['n_failed_variant']}</td>"
-            f"<td class=num>{_num(r.get('baseline_mean'))} &rarr; {_num(r.get('variant_mean'))}</td>"
-            f'<td class="num eff">{effect}</td><td class=num>{_p(r.get("p_adjusted"))}</td>'
+            f'<tr class="{cls}"><td>{_e(titles.get(r.variant, r.variant))}</td>'
+            f"<td>{_e(r.split)}</td>"
+            f"<td>{_e(r.name)}</td><td>{_e(display_name(r.metric))}</td>"
+            f"<td class=num>{r.n_queries} ({r.n_groups})</td>"
+            f"<td class=num>{r.n_failed_baseline} / {r.n_failed_variant}</td>"
+            f"<td class=num>{_num(r.baseline_mean)} &rarr; {_num(r.variant_mean)}</td>"
+            f'<td class="num eff">{effect}</td><td class=num>{_p(r.p_adjusted)}</td>'
             f"<td>{badge}</td></tr>"
         )
     head = "".join(
@@ -285,40 +279,39 @@ def _slice_rows(rows: Sequence[Mapping[str, Any]], titles: Mapping[str, str]) ->
     return f'<table class="slices"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
-def _slices_section(comp: Mapping[str, Any], titles: Mapping[str, str]) -> str:
-    """Where each variant hurts (and helps): the per-slice comparison of ``comparison.json``."""
-    sec = comp.get("slices")
-    if not sec:
+def _slices_section(c: Comparison, titles: Mapping[str, str]) -> str:
+    """Where each variant hurts (and helps): the comparison's per-slice section."""
+    sec = c.slices
+    if sec is None:
         return '<p class="muted">No per-slice comparison in comparison.json (rerun the comparison).</p>'
-    rows: list[Mapping[str, Any]] = sec.get("rows") or []
-    metrics = ", ".join(display_name(m) for m in sec.get("metrics", []))
+    rows = sec.rows
+    metrics = ", ".join(display_name(m) for m in sec.metrics)
     out = [
         f"<p>Each slice (the queries sharing a tag, a parent intent or a leaf intent; slices overlap) is "
         f"compared on its own on <b>{_e(metrics)}</b>, with the same paired, group-aware test as the whole "
         f"comparison; p is adjusted by Benjamini-Hochberg across the slices of each split and variant. "
         f"<b>Exploratory</b>: a slice verdict is a lead to look at, not a decision. Slices with fewer than "
-        f"{_e(sec.get('min_groups'))} paired groups are too small to test. Every slice: comparison.md.</p>"
+        f"{_e(sec.min_groups)} paired groups are too small to test. Every slice: comparison.md.</p>"
     ]
-    out += [f'<p class="muted">{_e(n)}</p>' for n in sec.get("notes") or []]
-    hurts = [r for r in rows if r.get("verdict") == "hurts"]
+    out += [f'<p class="muted">{_e(n)}</p>' for n in sec.notes]
+    hurts = [r for r in rows if r.verdict == "hurts"]
     if hurts:
         out.append(_slice_rows(hurts, titles))
     elif rows:
         out.append('<div class="ok">No slice where a variant is significantly worse than the baseline.</div>')
     else:
         out.append('<p class="muted">No slices: the records carry no tags and no gold intents.</p>')
-    helps = [r for r in rows if r.get("verdict") == "helps"]
+    helps = [r for r in rows if r.verdict == "helps"]
     if helps:
         out.append("<h3>Where it helps</h3>")
         out.append(_slice_rows(helps, titles))
     counts = []
-    for v in comp.get("variants", []):
-        for split in comp.get("splits", []):
-            mine = [r for r in rows if r["variant"] == v and r["split"] == split]
+    for v in c.variants:
+        for split in c.splits:
+            mine = [r for r in rows if r.variant == v and r.split == split]
             if mine:
-                by = {k: sum(1 for r in mine if r.get("verdict") == k) for k in ("hurts", "helps")}
-                by["no evidence"] = sum(1 for r in mine if r.get("verdict") == "no evidence")
-                by["too small"] = sum(1 for r in mine if r.get("verdict") == "too small")
+                kinds = ("hurts", "helps", "no evidence", "too small")
+                by = {k: sum(1 for r in mine if r.verdict == k) for k in kinds}
                 text = ", ".join(f"{n} {k}" for k, n in by.items() if n)
                 counts.append(f"<li>{_e(titles.get(v, v))}, {_e(split)}: {_e(text)}</li>")
     if counts:
@@ -327,7 +320,7 @@ def _slices_section(comp: Mapping[str, Any], titles: Mapping[str, str]) -> str:
 
 
 def _tradeoff_section(
-    t: tradeoff.Tradeoff,
+    t: Tradeoff,
     plot: Path | None,
     titles: Mapping[str, str],
     flagged: Mapping[str, str],
@@ -485,10 +478,10 @@ def plot_recall(
     return path
 
 
-def _flips_section(comp: Mapping[str, Any], metric: str, titles: Mapping[str, str]) -> str:
-    flips: Mapping[str, Any] = comp.get("flips") or {}
+def _flips_section(c: Comparison, metric: str, titles: Mapping[str, str]) -> str:
+    flips = c.flips
     if not any(metric in by_m for by_m in flips.values()):
-        metric = next((m for m in comp.get("metrics", []) if any(m in b for b in flips.values())), metric)
+        metric = next((m for m in c.metrics if any(m in b for b in flips.values())), metric)
     out = [
         f"<p>Queries whose <b>{_e(display_name(metric))}</b> changed between the baseline and a variant, "
         f"largest changes first, at most {TOP_FLIPS} per direction (all of them: comparison.json).</p>"
@@ -496,25 +489,23 @@ def _flips_section(comp: Mapping[str, Any], metric: str, titles: Mapping[str, st
     found = False
     for variant, by_metric in flips.items():
         by_split = by_metric.get(metric) or {}
-        for split in comp.get("splits", []):
+        for split in c.splits:
             d = by_split.get(split)
             if not d:
                 continue
             for direction in ("regressed", "improved"):
-                fl = sorted(
-                    d.get(direction, []), key=lambda f: (-abs(f["variant"] - f["baseline"]), f["query_id"])
-                )
+                fl = sorted(d.get(direction, []), key=lambda f: (-abs(f.variant - f.baseline), f.query_id))
                 if not fl:
                     continue
                 found = True
                 # records stored without text (privacy.store_text=false): the query ids only
-                texts = any(f.get("query") for f in fl)
+                texts = any(f.query for f in fl)
                 rows = [
                     [
-                        _e(f["query_id"]),
-                        *([_e(f.get("query") or "")] if texts else []),
-                        _num(f["baseline"]),
-                        _num(f["variant"]),
+                        _e(f.query_id),
+                        *([_e(f.query or "")] if texts else []),
+                        _num(f.baseline),
+                        _num(f.variant),
                     ]
                     for f in fl[:TOP_FLIPS]
                 ]
@@ -536,29 +527,26 @@ def render(
     *,
     title: str,
     variants: Sequence[VariantData],
-    comparison: Mapping[str, Any],
+    comparison: Comparison,
     plan: Mapping[str, Any] | None,
-    trade: tradeoff.Tradeoff,
     tradeoff_png: Path | None,
     recall_png: Path | None,
 ) -> str:
     """The whole page as one string (no scripts, no external resources)."""
-    baseline = str(comparison.get("baseline", trade.baseline))
-    titles = variant_titles(plan, baseline)
+    c = comparison
+    titles = variant_titles(plan, c.baseline)
     names = ", ".join(titles.get(v.label, v.label) for v in variants)
+    trade = (
+        _tradeoff_section(c.tradeoff, tradeoff_png, titles, _flagged(c), _systems(variants))
+        if c.tradeoff is not None
+        else '<p class="muted">No trade-off in this comparison (rerun <code>rag-ablate report</code>).</p>'
+    )
+    quality = c.tradeoff.quality_metric if c.tradeoff is not None else (c.metrics[0] if c.metrics else "")
     sections = [
         ("plan", "Plan", _plan_section(plan)),
-        (
-            "tradeoff",
-            "Quality against cost",
-            _tradeoff_section(trade, tradeoff_png, titles, _flagged(comparison), _systems(variants)),
-        ),
-        (
-            "comparison",
-            "Comparison with the baseline",
-            _guard_section(comparison) + _comparison_section(comparison, titles),
-        ),
-        ("hurts", "Where it hurts", _slices_section(comparison, titles)),
+        ("tradeoff", "Quality against cost", trade),
+        ("comparison", "Comparison with the baseline", _guard_section(c) + _comparison_section(c, titles)),
+        ("hurts", "Where it hurts", _slices_section(c, titles)),
         ("intents", "Per-intent accuracy", _intent_section(variants, titles)),
         (
             "recall",
@@ -567,18 +555,18 @@ def render(
             if recall_png is not None
             else '<p class="muted">No recall@k values.</p>',
         ),
-        ("flips", "Flipped queries", _flips_section(comparison, trade.quality_metric, titles)),
+        ("flips", "Flipped queries", _flips_section(c, quality, titles)),
     ]
     nav = "".join(f'<a href="#{sid}">{_e(h)}</a>' for sid, h, _ in sections)
     body = "".join(f'<section id="{sid}"><h2>{_e(h)}</h2>{content}</section>' for sid, h, content in sections)
-    splits = ", ".join(comparison.get("splits", []))
+    splits = ", ".join(c.splits)
     return (
         '<!DOCTYPE html>\n<html lang="zh-CN"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)}</title><style>{_CSS % {'fonts': FONT_STACK}}</style></head><body><main>"
         f"<h1>{_e(title)}</h1>"
-        f'<p class="muted">Variants: {_e(names)}. Baseline: {_e(titles.get(baseline, baseline))}. '
-        f"Splits: {_e(splits)}. Bootstrap B={_e(comparison.get('B'))}, seed {_e(comparison.get('seed'))}.</p>"
+        f'<p class="muted">Variants: {_e(names)}. Baseline: {_e(titles.get(c.baseline, c.baseline))}. '
+        f"Splits: {_e(splits)}. Bootstrap B={_e(c.B)}, seed {_e(c.seed)}.</p>"
         f"<nav>{nav}</nav>{body}</main></body></html>\n"
     )
 
@@ -590,56 +578,32 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def write_report(
-    out_dir: Path,
-    settings: CompareConfig,
-    *,
-    source: Source | None = None,
-    seed: int | None = None,
-    log: bool = False,
-) -> Report:
-    """Write the trade-off, its plot, the recall curves and ``report.html`` into ``out_dir``.
+def write_report(out_dir: Path, comparison: Comparison, variants: Sequence[VariantData]) -> Report:
+    """Write the quality-vs-cost plot, the recall curves and ``report.html`` into ``out_dir``.
 
-    ``out_dir`` must hold ``comparison.json`` (the comparison runs first);
-    ``source``: the variants (default: the job folders under ``out_dir``);
-    ``seed``: default the comparison's. ``log``: log every file to the sweep's
-    parent run when the source names one.
+    ``comparison`` is the comparison step's result (its trade-off included); ``variants`` the
+    records it compared (intents, recall curves, query texts). Logs nothing.
     """
-    comp = _read_json(out_dir / COMPARISON_JSON)
-    if comp is None:
-        raise ComparisonError(f"no {COMPARISON_JSON} in {out_dir}: run `rag-ablate compare {out_dir}` first")
-    src = source if source is not None else load_source(out_dir)
+    c = comparison
     plan = _read_json(out_dir / PLAN_FILE)
-    run_seed = int(comp.get("seed", 0)) if seed is None else seed
-    splits = [str(x) for x in comp.get("splits", settings.splits)]
-    t = tradeoff.compute(
-        src.variants, replace(settings, splits=splits), seed=run_seed, baseline=str(comp["baseline"])
-    )
-    paths = tradeoff.write(t, out_dir)
-    titles = variant_titles(plan, t.baseline)
+    titles = variant_titles(plan, c.baseline)
+    paths: list[Path] = []
     png: Path | None = None
-    if t.splits:
-        png = report_plots.plot(t, out_dir / tradeoff.PLOT_FILE, labels=titles)
+    if c.tradeoff is not None and c.tradeoff.splits:
+        png = report_plots.plot(c.tradeoff, out_dir / tradeoff.PLOT_FILE, labels=titles)
         paths.append(png)
-    rec = plot_recall(
-        recall_curves(src.variants, list(comp.get("splits", []))), out_dir / RECALL_PLOT, titles, t.baseline
-    )
+    rec = plot_recall(recall_curves(variants, c.splits), out_dir / RECALL_PLOT, titles, c.baseline)
     if rec is not None:
         paths.append(rec)
     page = render(
         title=f"rag_ablate sweep report: {out_dir.name}",
-        variants=src.variants,
-        comparison=comp,
+        variants=variants,
+        comparison=c,
         plan=plan,
-        trade=t,
         tradeoff_png=png,
         recall_png=rec,
     )
     out = out_dir / REPORT_HTML
     out.write_text(page, encoding="utf-8")
     paths.append(out)
-    if log and src.tracking_uri and src.parent_run_id:
-        from rag_ablate.tracking import store as tracking
-
-        tracking.log_artifacts(src.tracking_uri, src.parent_run_id, paths)
-    return Report(out, paths, t)
+    return Report(out, paths)

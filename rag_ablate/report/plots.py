@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rag_ablate.compare.tradeoff import Tradeoff, cost_display, fmt
+from rag_ablate.compare.model import Tradeoff
+from rag_ablate.compare.tradeoff import cost_display, fmt
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.registry import display_name
 

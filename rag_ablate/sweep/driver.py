@@ -33,8 +33,7 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
-from rag_ablate.compare.model import Comparison
-from rag_ablate.compare.run import run_comparison
+from rag_ablate.compare.run import ComparisonRun, run_comparison
 from rag_ablate.config.keys import env_interpolated, redact_override
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import profiling
@@ -42,21 +41,19 @@ from rag_ablate.core.errors import TrackingError, one_line
 from rag_ablate.core.layout import (
     COMPARISON_MD,
     FAILURES_FILE,
-    PLAN_FILE,
     PROFILE_FILE,
     SUMMARY_FILE,
     SWEEP_FILE,
     SWEEP_SUMMARY_MD,
     VARIANT_FILE,
 )
-from rag_ablate.report import mlflow_ui
+from rag_ablate.report.html import Report
 from rag_ablate.run.runner import variant_label
 from rag_ablate.run.summary import markdown_table, print_table, ui_hint
 from rag_ablate.settings import to_settings
 from rag_ablate.sweep.plan import Plan, write_plan
+from rag_ablate.sweep.publish import publish_sweep
 from rag_ablate.tracking import store as tracking
-from rag_ablate.tracking import traces as mlflow_traces
-from rag_ablate.tracking import ui as tracking_ui
 
 # exit codes of a sweep
 EXIT_FAILED = 1  # a job, the comparison, the MLflow logging or the regression gate failed
@@ -186,41 +183,6 @@ def _write_failures(sweep_dir: Path, failures: list[Failure]) -> Path:
     return path
 
 
-def _publish_ui(
-    s: RunConfig,
-    sweep_dir: Path,
-    info: dict[str, Any],
-    summaries: Sequence[dict[str, Any]],
-    comparison: Comparison | None,
-    failures: Sequence[Failure],
-) -> str:
-    """What the MLflow UI shows without setup (:mod:`rag_ablate.report.mlflow_ui`): the sweep run's
-    verdict table and summary table, each variant's one-line verdict and headline effects,
-    and a saved runs view; returns the link that opens that view."""
-    uri, run_id, experiment_id = info["tracking_uri"], info["parent_run_id"], info["experiment_id"]
-    quality = tracking_ui.quality_metric(s.metrics.summary)
-    plan_path = sweep_dir / PLAN_FILE
-    factors = json.loads(plan_path.read_text(encoding="utf-8")).get("factors") if plan_path.is_file() else []
-    baseline_name = tracking_ui.baseline_run_name(factors or [])
-    failed = [f.line() for f in failures]
-    tracking.set_description(
-        uri, run_id, mlflow_ui.sweep_description(comparison, summaries, quality, baseline_name, failed=failed)
-    )
-    tracking.log_table(uri, run_id, mlflow_ui.summary_table(comparison, summaries, quality), "verdict.json")
-    for summ in summaries:
-        child = summ.get("run_id")
-        if not child or comparison is None:
-            continue
-        if summ["label"] == comparison.baseline:
-            tracking.set_description(uri, child, tracking_ui.BASELINE_DESCRIPTION)
-        elif summ["label"] in comparison.variants:
-            label = str(summ["label"])
-            tracking.log_metrics(uri, child, mlflow_ui.headline_deltas(comparison, label, quality))
-            tracking.set_description(uri, child, mlflow_ui.child_description(comparison, label, quality))
-    key = tracking.save_view(uri, experiment_id, run_id, tracking_ui.view_state(run_id, quality))
-    return tracking_ui.runs_link(tracking_ui.ui_base(uri), experiment_id, key)
-
-
 def finish_sweep(
     config: DictConfig,
     plan: Plan,
@@ -251,8 +213,8 @@ def finish_sweep(
     prof.stop()
 
     gate_failures: list[str] = []
-    compared = False
-    comparison = None
+    done: ComparisonRun | None = None
+    report: Report | None = None
     baseline_failed = s.compare.baseline is None and any(
         f.job == job.index for f in failures for job in plan.jobs if job.role == "baseline"
     )
@@ -263,18 +225,16 @@ def finish_sweep(
             print()
             try:
                 with prof.stage("compare"):
-                    done = run_comparison(sweep_dir, s.compare, seed=s.seed, log=True)
+                    done = run_comparison(sweep_dir, s.compare, seed=s.seed)
                 gate_failures = list(done.failures)
-                comparison = done.comparison
-                compared = True
             except Exception as exc:
                 failures.append(_failure("comparison", "comparison", exc))
-            if compared:
-                try:  # trade-off, plots and report.html; a failure here loses nothing else
+            if done is not None:
+                try:  # plots and report.html; a failure here loses nothing else
                     from rag_ablate.report.html import write_report
 
                     with prof.stage("report"):
-                        report = write_report(sweep_dir, s.compare, source=done.source, seed=s.seed, log=True)
+                        report = write_report(sweep_dir, done.comparison, done.source.variants)
                     print(f"report: {report.html}")
                 except Exception as exc:
                     failures.append(_failure("report", "HTML report", exc))
@@ -288,29 +248,21 @@ def finish_sweep(
     prof.start("log")
     if "parent_run_id" in info:
         uri, run_id = info["tracking_uri"], info["parent_run_id"]
+        report_paths = report.paths if report is not None else []
         try:
-            tracking.log_artifacts(uri, run_id, [sweep_dir / SWEEP_SUMMARY_MD, info_path, failures_path])
-            tracking.log_metrics(
-                uri,
-                run_id,
-                {
-                    "sweep/n_variants": float(len(summaries)),
-                    "sweep/n_failed_jobs": float(sum(1 for f in failures if f.step == "job")),
-                },
-            )
-            link = _publish_ui(s, sweep_dir, info, summaries, comparison, failures)
-            baseline = comparison.baseline if comparison is not None else None
-            trace_links = mlflow_traces.sweep_links(  # per-query compare views, when traces exist
-                uri, info["experiment_id"], summaries, baseline, tracking_ui.ui_base(uri)
-            )
-            prof.stop()
-            profile_path = _write_profile(sweep_dir, plan)
-            tracking.finish_run(
-                uri,
-                run_id,
-                profiling.Profile.metrics_of(profiling.read_profile(sweep_dir) or {}),
-                [profile_path],
-                "FAILED" if failures or gate_failures else "FINISHED",
+            published = publish_sweep(
+                s,
+                sweep_dir,
+                info,
+                summaries,
+                comparison=done.comparison if done is not None else None,
+                comparison_files=done.paths if done is not None else [],
+                variants=done.source.variants if done is not None else [],
+                files=[sweep_dir / SWEEP_SUMMARY_MD, info_path, failures_path, *report_paths],
+                failed=[f.line() for f in failures],
+                n_failed_jobs=sum(1 for f in failures if f.step == "job"),
+                write_profile=lambda: _stop_and_write_profile(prof, sweep_dir, plan),
+                status="FAILED" if failures or gate_failures else "FINISHED",
             )
         except Exception as exc:
             failures.append(_failure("tracking", f"MLflow logging to {uri}", exc))
@@ -318,13 +270,13 @@ def finish_sweep(
             with contextlib.suppress(Exception):  # the store is gone: the failure above says so
                 tracking.end_run(uri, run_id, "FAILED")
         else:
-            print(ui_hint(uri, link))
-            for line in trace_links:
+            print(ui_hint(uri, published.runs_link))
+            for line in published.trace_links:
                 print(line)
     if prof.open_stages():  # not logged (tracking off, or the logging failed): the profile still is
         prof.close()
         _write_profile(sweep_dir, plan)
-    if compared:
+    if done is not None:
         print(f"comparison: {sweep_dir / COMPARISON_MD}  (again: rag-ablate compare {sweep_dir})")
 
     if failures:
@@ -338,7 +290,7 @@ def finish_sweep(
         print("\nregression gate FAILED:", file=sys.stderr)
         for g in gate_failures:
             print(f"  {g}", file=sys.stderr)
-    elif compared and s.compare.fail_on:
+    elif done is not None and s.compare.fail_on:
         print(f"regression gate passed ({len(s.compare.fail_on)} rule(s))")
     done_prof = profiling.read_profile(sweep_dir)
     if done_prof is not None:
@@ -346,6 +298,11 @@ def finish_sweep(
         print(f"{line} ({sweep_dir / PROFILE_FILE})")
     profiling.end_sweep_profile()
     return EXIT_FAILED if failures or gate_failures else 0
+
+
+def _stop_and_write_profile(prof: profiling.Profile, sweep_dir: Path, plan: Plan) -> Path:
+    prof.stop()  # the "log" stage: everything but the run's end is logged
+    return _write_profile(sweep_dir, plan)
 
 
 def _write_profile(sweep_dir: Path, plan: Plan) -> Path:

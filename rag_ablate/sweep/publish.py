@@ -1,0 +1,128 @@
+"""Everything a sweep writes to MLflow after its jobs, in one place.
+
+The comparison (:mod:`rag_ablate.compare.run`) and the report (:mod:`rag_ablate.report.html`)
+return values and files; they log nothing. This module logs them:
+
+* :func:`publish_comparison`: the comparison's files to the sweep's parent run and each variant's
+  effects (``delta/<split>/<metric>``, ``p_adj/...``, pairwise win rates) to its child run. Used by
+  the sweep's end and by ``rag-ablate compare RUN_ID``.
+* :func:`publish_sweep`: the rest of a sweep's end: the summary files and counts, the report's
+  files, what the MLflow UI shows without setup (descriptions, headline effects, the saved runs
+  view; :mod:`rag_ablate.report.mlflow_ui`), the profile, and the parent run's end status.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rag_ablate.compare.analysis import delta_metrics
+from rag_ablate.compare.model import Comparison, VariantData
+from rag_ablate.compare.pairwise import delta_metrics as pairwise_metrics
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core import profiling
+from rag_ablate.core.layout import PLAN_FILE
+from rag_ablate.report import mlflow_ui
+from rag_ablate.tracking import store as tracking
+from rag_ablate.tracking import traces as mlflow_traces
+from rag_ablate.tracking import ui as tracking_ui
+
+
+def publish_comparison(
+    uri: str, parent_run_id: str, variants: Sequence[VariantData], c: Comparison, paths: Sequence[Path]
+) -> None:
+    """The comparison's files to the parent run, each compared variant's effects to its own run."""
+    tracking.log_artifacts(uri, parent_run_id, list(paths))
+    for v in variants:
+        if v.run_id and v.label in c.variants:
+            tracking.log_metrics(uri, v.run_id, delta_metrics(c, v.label))
+            if c.pairwise is not None:
+                tracking.log_metrics(uri, v.run_id, pairwise_metrics(c.pairwise, v.label))
+
+
+@dataclass
+class Published:
+    """What the MLflow UI offers after a sweep: the ranked runs view and the per-query compare views."""
+
+    runs_link: str
+    trace_links: list[str]
+
+
+def publish_sweep(
+    s: RunConfig,
+    sweep_dir: Path,
+    info: dict[str, Any],
+    summaries: Sequence[dict[str, Any]],
+    *,
+    comparison: Comparison | None,
+    comparison_files: Sequence[Path],
+    variants: Sequence[VariantData],
+    files: Sequence[Path],
+    failed: Sequence[str],
+    n_failed_jobs: int,
+    write_profile: Callable[[], Path],
+    status: str,
+) -> Published:
+    """Log the end of a sweep to its parent run (``info`` is ``sweep.json``) and end the run.
+
+    ``comparison`` and ``comparison_files``: the comparison step's result and files (None and
+    empty when it did not run); ``files``: every other file to keep with the run (the summary,
+    ``sweep.json``, ``failures.json``, the report and its plots); ``failed``: one line per failed
+    step (the sweep run's description lists them); ``write_profile``: called once everything else
+    is logged, writes the sweep's ``profile.json`` (this logging's time included), whose stages
+    become the run's ``time/<stage>_s``; ``status``: how the run ends.
+    """
+    uri, run_id, experiment_id = info["tracking_uri"], info["parent_run_id"], info["experiment_id"]
+    if comparison is not None:
+        publish_comparison(uri, run_id, variants, comparison, comparison_files)
+    tracking.log_artifacts(uri, run_id, list(files))
+    tracking.log_metrics(
+        uri,
+        run_id,
+        {"sweep/n_variants": float(len(summaries)), "sweep/n_failed_jobs": float(n_failed_jobs)},
+    )
+    link = _publish_ui(s, sweep_dir, info, summaries, comparison, failed)
+    baseline = comparison.baseline if comparison is not None else None
+    trace_links = mlflow_traces.sweep_links(  # per-query compare views, when traces exist
+        uri, experiment_id, summaries, baseline, tracking_ui.ui_base(uri)
+    )
+    profile = write_profile()
+    metrics = profiling.Profile.metrics_of(profiling.read_profile(sweep_dir) or {})
+    tracking.finish_run(uri, run_id, metrics, [profile], status)
+    return Published(link, trace_links)
+
+
+def _publish_ui(
+    s: RunConfig,
+    sweep_dir: Path,
+    info: dict[str, Any],
+    summaries: Sequence[dict[str, Any]],
+    comparison: Comparison | None,
+    failed: Sequence[str],
+) -> str:
+    """What the MLflow UI shows without setup (:mod:`rag_ablate.report.mlflow_ui`): the sweep run's
+    verdict table and summary table, each variant's one-line verdict and headline effects,
+    and a saved runs view; returns the link that opens that view."""
+    uri, run_id, experiment_id = info["tracking_uri"], info["parent_run_id"], info["experiment_id"]
+    quality = tracking_ui.quality_metric(s.metrics.summary)
+    plan_path = sweep_dir / PLAN_FILE
+    factors = json.loads(plan_path.read_text(encoding="utf-8")).get("factors") if plan_path.is_file() else []
+    baseline_name = tracking_ui.baseline_run_name(factors or [])
+    description = mlflow_ui.sweep_description(comparison, summaries, quality, baseline_name, failed=[*failed])
+    tracking.set_description(uri, run_id, description)
+    tracking.log_table(uri, run_id, mlflow_ui.summary_table(comparison, summaries, quality), "verdict.json")
+    for summ in summaries:
+        child = summ.get("run_id")
+        if not child or comparison is None:
+            continue
+        if summ["label"] == comparison.baseline:
+            tracking.set_description(uri, child, tracking_ui.BASELINE_DESCRIPTION)
+        elif summ["label"] in comparison.variants:
+            label = str(summ["label"])
+            tracking.log_metrics(uri, child, mlflow_ui.headline_deltas(comparison, label, quality))
+            tracking.set_description(uri, child, mlflow_ui.child_description(comparison, label, quality))
+    key = tracking.save_view(uri, experiment_id, run_id, tracking_ui.view_state(run_id, quality))
+    return tracking_ui.runs_link(tracking_ui.ui_base(uri), experiment_id, key)
