@@ -49,7 +49,7 @@ from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import SPLITS, Dataset, Query
 from rag_ablate.dataset.weights import TagWeights
 from rag_ablate.dataset.weights import validate as validate_weights
-from rag_ablate.judges import JUDGES
+from rag_ablate.judges import JUDGES, Judge
 from rag_ablate.judges.calibration import run_calibration
 from rag_ablate.metrics.answers import AnswerScoring
 from rag_ablate.metrics.intent import intent_report
@@ -249,6 +249,47 @@ def _ends_run_on_error(
     return wrapper
 
 
+@dataclass
+class _Job:
+    """Who this job is: its folder, label, overrides and place in the sweep's plan."""
+
+    label: str
+    job_dir: Path
+    cwd: Path
+    output_root: Path
+    overrides: list[str]  # as typed, values read from the environment as ${oc.env:NAME}
+    choices: dict[str, str]
+    multirun: bool
+    num: int
+    sweep_dir: Path | None
+    ablation: dict[str, Any]  # role, factor, level, mode
+    env_values: dict[str, str]  # values read from the environment: never stored
+
+
+@dataclass
+class _Inputs:
+    """What the queries run over, built before any query runs (a bad setting costs nothing)."""
+
+    dataset: Dataset
+    tag_weights: TagWeights
+    kept: dict[str, Record]  # resume=: the ok records of the attempt being resumed
+    cache: Cache
+    answers: AnswerScoring
+    guard: privacy.Privacy
+    judge: Judge | None
+
+
+@dataclass
+class _Outcome:
+    """What the queries (and the judge) produced."""
+
+    records: list[Record]  # one final record per query, in dataset order, with the full text
+    stored: list[Record]  # the stored form (privacy.store_text / redact)
+    build_info: dict[str, Any]
+    routes_intents: bool
+    wall: float = 0.0  # seconds from loading the dataset to the last record
+
+
 @_ends_run_on_error
 @privacy.scoped  # privacy.store_text=false: error messages quote no response bodies
 def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float | None:
@@ -256,12 +297,93 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
 
     ``s`` is ``cfg`` checked (:func:`rag_ablate.settings.to_settings`, done by the caller, which knows
     every registry); ``prof`` gets the wall seconds and peak memory of each stage (``profile.json``).
+    The stages below run in order; MLflow is written twice: the run is created (RUNNING) when the
+    job starts, so ``resume=`` and the orphan check can find it, and everything else is logged by
+    :func:`_log_job` at the end.
     """
     t_setup = time.perf_counter()
+    job = _identify(cfg, s)
+    prof.add("config", time.perf_counter() - t_setup)
+
+    with prof.stage("store"):
+        # the MLflow store is opened before anything is spent: an unusable one fails at once
+        store = _open_store(s, job.output_root, job.sweep_dir)
+        # resume=: what an earlier attempt left (its run, its ok records); a changed config is refused
+        prior = resume.load_job(job.job_dir, s, job.env_values) if s.resume else resume.JobState()
+        if prior.finished:
+            print(f"{job.label}: finished earlier with every query ok, nothing to resume ({job.job_dir})")
+            earlier = prior.summary.get("metrics", {}).get("holdout/recall_at_5")
+            return None if earlier is None else float(earlier)
+        run_id = _start_run(store, s, job.job_dir, job.label, prior, job.env_values)
+
+    t_start = time.perf_counter()
+    started_ns = time.time_ns()  # wall clock: the per-query traces replay their timings from here
+    with prof.stage("load"):
+        inputs = _load_inputs(s, job)
+    out = _run_queries(s, job, inputs, prof)
+    out.wall = time.perf_counter() - t_start  # loading, querying and judging
+    with prof.stage("write"):
+        _write_records(job, inputs.dataset, out)
+    with prof.stage("score"):  # the aggregate metrics, cost, slices
+        metrics, slice_logged, calibration_error = _score_run(s, job, inputs, out, prof)
+    with prof.stage("write"):
+        _write_job_files(cfg, job, inputs.dataset, metrics)
+
+    # too many failed queries: everything is still written and logged, then the run is FAILED
+    error_rate = metrics.get("all/error_rate", 0.0)
+    too_many_failed = error_rate > s.system.max_error_rate
+    final_status = "FAILED" if too_many_failed or calibration_error else "FINISHED"
+    n_traces = 0
+    if store is not None:
+        n_traces = _log_job(
+            store, run_id, s, job, inputs, out, metrics, slice_logged, started_ns, prof, final_status
+        )
+    else:
+        prof.write(job.job_dir)
+    n_failed = sum(1 for r in out.records if r["status"] != "ok")
+    summary = {
+        "label": job.label,
+        "run_id": run_id,
+        "traces": n_traces,  # per-query MLflow traces logged
+        "metrics": metrics,
+        "n_failed": n_failed,
+        "build": out.build_info,
+        "job_dir": str(job.job_dir),
+    }
+    (job.job_dir / SUMMARY_FILE).write_text(
+        json.dumps(summary, ensure_ascii=False, indent=1), encoding="utf-8"
+    )
+
+    if not job.multirun:
+        print_table([summary], s.metrics.summary)
+        print(f"\nrecords: {job.job_dir / RECORDS_FILE}")
+        print(f"{prof.line()} ({job.job_dir / PROFILE_FILE})")
+        if store is not None:
+            print(ui_hint(store.uri))
+    if calibration_error is not None:
+        raise JudgeCalibrationError(
+            f"{job.label}: the judge calibration against the dataset's human_judgements failed "
+            f"({calibration_error}); everything else is written and logged, the run is marked FAILED "
+            f"({job.job_dir})"
+        )
+    if too_many_failed:
+        statuses = ", ".join(
+            f"{k.removeprefix('all/n_status_')} {int(v)}"
+            for k, v in sorted(metrics.items())
+            if k.startswith("all/n_status_")
+        )
+        raise ErrorRateError(
+            f"{job.label}: {n_failed} of {len(out.records)} queries failed ({statuses}); error rate "
+            f"{error_rate:.3f} > system.max_error_rate={s.system.max_error_rate} (run marked FAILED; "
+            f"records: {job.job_dir / RECORDS_FILE})"
+        )
+    return metrics.get("holdout/recall_at_5")
+
+
+def _identify(cfg: DictConfig, s: RunConfig) -> _Job:
+    """The job's folder, label and place in the sweep, from Hydra's runtime config."""
     hc = HydraConfig.get()
-    job_dir = Path(hc.runtime.output_dir)
     cwd = Path(hc.runtime.cwd)
-    output_root = (cwd / s.paths.output_root).resolve()
     # values read from the environment (Hydra hands overrides over resolved) and header values are
     # never stored: not in labels, variant.json, run.json, config.yaml or MLflow
     env_values = env_interpolated(cfg)
@@ -271,241 +393,237 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     }
     multirun = hc.mode == RunMode.MULTIRUN
     entry = job_entry(Path(hc.sweep.dir), int(hc.job.num)) if multirun else None
-    label = entry["label"] if entry else variant_label(overrides)
-    ablation = {
-        "role": entry["role"] if entry else ("variant" if multirun else "single"),
-        "factor": entry.get("factor") if entry else None,
-        "level": entry.get("level") if entry else None,
-        "mode": s.ablation.mode if entry else "none",
-    }
+    return _Job(
+        label=entry["label"] if entry else variant_label(overrides),
+        job_dir=Path(hc.runtime.output_dir),
+        cwd=cwd,
+        output_root=(cwd / s.paths.output_root).resolve(),
+        overrides=overrides,
+        choices=choices,
+        multirun=multirun,
+        num=int(hc.job.num) if multirun else 0,
+        sweep_dir=Path(hc.sweep.dir) if multirun else None,
+        ablation={
+            "role": entry["role"] if entry else ("variant" if multirun else "single"),
+            "factor": entry.get("factor") if entry else None,
+            "level": entry.get("level") if entry else None,
+            "mode": s.ablation.mode if entry else "none",
+        },
+        env_values=env_values,
+    )
 
-    prof.add("config", time.perf_counter() - t_setup)
 
-    with prof.stage("store"):
-        # the MLflow store is opened before anything is spent: an unusable one fails at once
-        store = _open_store(s, output_root, Path(hc.sweep.dir) if multirun else None)
-        # resume=: what an earlier attempt left (its run, its ok records); a changed config is refused
-        prior = resume.load_job(job_dir, s, env_values) if s.resume else resume.JobState()
-        if prior.finished:
-            print(f"{label}: finished earlier with every query ok, nothing to resume ({job_dir})")
-            earlier = prior.summary.get("metrics", {}).get("holdout/recall_at_5")
-            return None if earlier is None else float(earlier)
-        run_id = _start_run(store, s, job_dir, label, prior, env_values)
-
-    t_start = time.perf_counter()
-    started_ns = time.time_ns()  # wall clock: the per-query traces replay their timings from here
-    prof.start("load")
+def _load_inputs(s: RunConfig, job: _Job) -> _Inputs:
+    """The dataset (checked against the production mix's tags), the cache, scoring, privacy, judge."""
     dataset = get_dataset(s)
     # the production mix: its tags must exist in the data (checked before anything is spent)
     tag_weights = TagWeights.from_config(s.dataset)
     tag_lists = [q.tags for q in dataset.queries]
     for warning in validate_weights(tag_weights, tag_lists, f"dataset {dataset.path}"):
         print(f"warning: {warning}", file=sys.stderr)
-    kept = resume.kept_records(job_dir, {q.query_id for q in dataset.queries}) if s.resume else {}
+    kept = resume.kept_records(job.job_dir, {q.query_id for q in dataset.queries}) if s.resume else {}
     if not s.resume:
-        (job_dir / RECORDS_FILE).unlink(missing_ok=True)
-    cache = Cache(Path(s.cache.dir) if s.cache.dir else output_root / "cache", enabled=s.cache.enabled)
-    answers = AnswerScoring.from_config(s.metrics)
-    # what of the text is stored (privacy.store_text, privacy.redact): every record passes it on its way
-    # to disk; metrics are computed from the full record first (README "Confidential corpora")
-    guard = privacy.Privacy.from_config(s.privacy)
-    # the LLM judge (None: judge=none) is built before any query runs, so a bad setting costs nothing
-    judge = JUDGES.get(s.judge.name)(s, cache)
-    prof.stop()
+        (job.job_dir / RECORDS_FILE).unlink(missing_ok=True)
+    cache_dir = Path(s.cache.dir) if s.cache.dir else job.output_root / "cache"
+    cache = Cache(cache_dir, enabled=s.cache.enabled)
+    return _Inputs(
+        dataset=dataset,
+        tag_weights=tag_weights,
+        kept=kept,
+        cache=cache,
+        answers=AnswerScoring.from_config(s.metrics),
+        # what of the text is stored (privacy.store_text, privacy.redact): every record passes it on its
+        # way to disk; metrics are computed from the full record first (README "Confidential corpora")
+        guard=privacy.Privacy.from_config(s.privacy),
+        # the LLM judge (None: judge=none) is built before any query runs, so a bad setting costs nothing
+        judge=JUDGES.get(s.judge.name)(s, cache),
+    )
+
+
+def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profile) -> _Outcome:
+    """Build and prepare the system, run every query not kept by resume=, then the pointwise judge.
+
+    Each record is appended to records.jsonl as its query completes (resume= keeps them)."""
+    dataset, guard, judge = inputs.dataset, inputs.guard, inputs.judge
     timings: dict[str, float] = {}
     try:
         with prof.stage("index"):  # the system is built and prepared (chunks, indexes, models)
-            target = SYSTEMS.get(s.system.name)(s, cache)
+            target = SYSTEMS.get(s.system.name)(s, inputs.cache)
         try:
             with prof.stage("index"):
                 build_info = target.prepare(dataset)
-            # each record is appended to records.jsonl as its query completes (resume= keeps them)
-            with prof.stage("query"), RecordWriter(job_dir / RECORDS_FILE) as writer:
-                todo = [q for q in dataset.queries if q.query_id not in kept]
+            with prof.stage("query"), RecordWriter(job.job_dir / RECORDS_FILE) as writer:
+                todo = [q for q in dataset.queries if q.query_id not in inputs.kept]
                 new = evaluate(
                     target,
                     dataset,
                     s.metrics.ks,
                     progress=s.progress,
-                    label=label,
+                    label=job.label,
                     queries=todo,
                     on_record=lambda rec: writer.write(guard.record(rec)),
-                    answers=answers,
+                    answers=inputs.answers,
                     timings=timings,
                 )
         finally:
             target.close()
         # each query is scored as it completes: that time is scoring's, not querying's
         prof.move("query", "score", timings.get("score", 0.0))
-        # one final record per query, in dataset order (write_records below rewrites the file so)
-        latest = {**kept, **{r["query_id"]: r for r in new}}
+        # one final record per query, in dataset order (the write stage rewrites the file so)
+        latest = {**inputs.kept, **{r["query_id"]: r for r in new}}
         records = [latest[q.query_id] for q in dataset.queries]
         if judge is not None and judge.mode == "pointwise":
             # the judge phase: every answer without a judgement (resume= kept the earlier ones) is
             # judged and scored again, appended as it completes (rag_ablate.run.judging)
-            with prof.stage("judge"), RecordWriter(job_dir / RECORDS_FILE) as writer:
+            with prof.stage("judge"), RecordWriter(job.job_dir / RECORDS_FILE) as writer:
                 records = judge_records(
                     records,
                     judge,
                     dataset,
                     ks=s.metrics.ks,
                     routed=target.routes_intents,
-                    answers=answers,
+                    answers=inputs.answers,
                     max_contexts=s.judge.max_contexts,
                     concurrency=s.judge.concurrency,
                     progress=s.progress,
-                    label=label,
+                    label=job.label,
                     on_record=lambda rec: writer.write(guard.record(rec)),
                 )
     finally:
         if judge is not None:
             judge.close()
+    # the stored form of every record (without text, or redacted); the metrics that need the text
+    # (the judge's length bias) still read the full records
+    stored = [guard.record(r) for r in records]
+    return _Outcome(records, stored, build_info, target.routes_intents)
 
-    n_failed = sum(1 for r in records if r["status"] != "ok")
-    wall = time.perf_counter() - t_start
 
-    job_dir.mkdir(parents=True, exist_ok=True)
-    with prof.stage("write"):
-        # the stored form of every record (without text, or redacted); the metrics below that need
-        # the text (the judge's length bias) still read the full records
-        stored = [guard.record(r) for r in records]
-        write_records(job_dir / RECORDS_FILE, stored)
-        write_trec(stored, dataset, job_dir, label)
-    prof.start("score")  # the aggregate metrics, cost, slices
-    metrics = aggregate(records, tag_weights)  # with <split>/prod/ and <split>/edge/ means
-    metrics["run/wall_seconds"] = wall
+def _write_records(job: _Job, dataset: Dataset, out: _Outcome) -> None:
+    """records.jsonl rewritten with exactly one record per query, and the TREC run and qrels."""
+    job.job_dir.mkdir(parents=True, exist_ok=True)
+    write_records(job.job_dir / RECORDS_FILE, out.stored)
+    write_trec(out.stored, dataset, job.job_dir, job.label)
+
+
+def _score_run(
+    s: RunConfig, job: _Job, inputs: _Inputs, out: _Outcome, prof: profiling.Profile
+) -> tuple[dict[str, float], dict[str, float], str | None]:
+    """The run's metrics (per split, cost, judge, privacy, headline), the intent report and the slices.
+
+    Returns the metrics, the bounded slice metrics MLflow gets, and why the judge calibration failed
+    (None when it did not): everything else is still written and logged, then the run fails."""
+    records, dataset = out.records, inputs.dataset
+    metrics = aggregate(records, inputs.tag_weights)  # with <split>/prod/ and <split>/edge/ means
+    metrics["run/wall_seconds"] = out.wall
     # whatever numeric facts the system reported (index size, build time, ...) as run/<key>
     metrics.update(
         {
             "run/" + key.replace(".", "_"): float(value)
-            for key, value in build_info.items()
+            for key, value in out.build_info.items()
             if isinstance(value, int | float) and not isinstance(value, bool)
         }
     )
-    metrics.update(cache.metrics())
+    metrics.update(inputs.cache.metrics())
     metrics.update(cost.cache_hit_rates(metrics))
     # cost from per-query values (percentiles of end-to-end and stage times, tokens, money)
     price = s.cost.prices.get(s.cost.model) if s.cost.model else None
     metrics.update(cost.run_cost_metrics(records, SPLITS, price=price))
     # the judge's agreement, spread, length bias, errors, calls, tokens and money: evaluation cost,
     # kept under judge/ apart from the system's cost/
-    judge_model = judge.model if judge is not None else s.judge.model
+    judge_model = inputs.judge.model if inputs.judge is not None else s.judge.model
     metrics.update(judge_run_metrics(records, price=s.cost.prices.get(judge_model) if judge_model else None))
     # the judge against people: the dataset's human_judgements, judged and compared (pointwise judge
     # only); judge_calibration.json/.md in the job folder, judge/<metric>/human_* metrics
     calibration_error: str | None = None
     try:
         with prof.stage("judge"):
-            metrics.update(run_calibration(s, dataset, cache, metrics, job_dir))
+            metrics.update(run_calibration(s, dataset, inputs.cache, metrics, job.job_dir))
     except Exception as exc:  # everything else is still written and logged; then the run fails
         calibration_error = f"{type(exc).__name__}: {exc}"
-    metrics.update(guard.run_metrics(stored))  # privacy/redacted_<kind>: what redaction replaced
-    metrics.update(tracking_ui.headline_metrics(metrics, tracking_ui.quality_metric(s.metrics.summary)))
-
-    # intent accuracy needs a routed query that did not fail; without one it is absent, not an error
-    if target.routes_intents and any(r["intent_gold"] is not None and r["status"] == "ok" for r in records):
-        by_id = {q.query_id: q for q in dataset.queries}
-        report = intent_report(
-            [
-                (by_id[r["query_id"]].intent_l1, r["intent_gold"], r["intent_pred"])
-                for r in records
-                if r["intent_gold"] is not None and r["status"] == "ok"
-            ]
-        )
-        (job_dir / INTENTS_MD).write_text(report.to_markdown(), encoding="utf-8")
-        (job_dir / INTENTS_JSON).write_text(
-            json.dumps(report.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8"
-        )
-
+    metrics.update(inputs.guard.run_metrics(out.stored))  # privacy/redacted_<kind>: what redaction hid
+    quality = tracking_ui.quality_metric(s.metrics.summary)
+    metrics.update(tracking_ui.headline_metrics(metrics, quality))
+    _write_intents(job, dataset, out)
     # every metric per tag and per gold intent (slices.json/.md); MLflow gets a bounded few of them
     slice_table = slices.slice_metrics(records)
-    slices.write_slices(slice_table, job_dir, s.metrics.summary)
-    slice_logged = slices.mlflow_slice_metrics(slice_table, tracking_ui.quality_metric(s.metrics.summary))
-    prof.stop()
+    slices.write_slices(slice_table, job.job_dir, s.metrics.summary)
+    return metrics, slices.mlflow_slice_metrics(slice_table, quality), calibration_error
 
-    prof.start("write")
-    (job_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=1, sort_keys=True), encoding="utf-8")
+
+def _write_intents(job: _Job, dataset: Dataset, out: _Outcome) -> None:
+    """intents.md / intents.json; intent accuracy needs a routed query that did not fail (else absent)."""
+    cases = [r for r in out.records if r["intent_gold"] is not None and r["status"] == "ok"]
+    if not (out.routes_intents and cases):
+        return
+    by_id = {q.query_id: q for q in dataset.queries}
+    report = intent_report(
+        [(by_id[r["query_id"]].intent_l1, r["intent_gold"], r["intent_pred"]) for r in cases]
+    )
+    (job.job_dir / INTENTS_MD).write_text(report.to_markdown(), encoding="utf-8")
+    (job.job_dir / INTENTS_JSON).write_text(
+        json.dumps(report.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8"
+    )
+
+
+def _write_job_files(cfg: DictConfig, job: _Job, dataset: Dataset, metrics: Mapping[str, float]) -> None:
+    """metrics.json, config.yaml (secrets redacted) and variant.json."""
+    (job.job_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=1, sort_keys=True), encoding="utf-8")
     # header values never stored; values read from the environment stored as ${oc.env:NAME}
-    resolved = redact(OmegaConf.to_container(cfg, resolve=True), env=env_values)
-    (job_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
+    resolved = redact(OmegaConf.to_container(cfg, resolve=True), env=job.env_values)
+    (job.job_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
     variant = {
-        "label": label,
-        "overrides": overrides,
-        "choices": choices,
-        "job_num": hc.job.num if multirun else 0,
-        **ablation,
+        "label": job.label,
+        "overrides": job.overrides,
+        "choices": job.choices,
+        "job_num": job.num,
+        **job.ablation,
         "dataset": dataset.name,
         "corpus_fingerprint": dataset.corpus_fingerprint,
         "queries_fingerprint": dataset.queries_fingerprint,
     }
-    (job_dir / VARIANT_FILE).write_text(json.dumps(variant, ensure_ascii=False, indent=1), encoding="utf-8")
-    prof.stop()
+    text = json.dumps(variant, ensure_ascii=False, indent=1)
+    (job.job_dir / VARIANT_FILE).write_text(text, encoding="utf-8")
 
-    # too many failed queries: everything is still written and logged, then the run is FAILED
-    error_rate = metrics.get("all/error_rate", 0.0)
-    too_many_failed = error_rate > s.system.max_error_rate
-    n_traces = 0
-    final_status = "FAILED" if too_many_failed or calibration_error else "FINISHED"
-    prof.start("log")
-    if store is not None:
+
+def _log_job(
+    store: _Store,
+    run_id: str | None,
+    s: RunConfig,
+    job: _Job,
+    inputs: _Inputs,
+    out: _Outcome,
+    metrics: dict[str, float],
+    slice_logged: Mapping[str, float],
+    started_ns: int,
+    prof: profiling.Profile,
+    final_status: str,
+) -> int:
+    """Everything a job logs to MLflow at its end, in one place: params, tags, metrics and the job
+    folder as artifacts, the per-query traces, then the profile (this logging's time included) and
+    the run's end status. Returns how many traces were logged."""
+    with prof.stage("log"):
         run_id = _log_to_mlflow(
             store,
-            ablation,
+            job.ablation,
             s,
-            cwd,
-            job_dir,
-            label,
-            choices,
-            dataset,
-            build_info,
+            job.cwd,
+            job.job_dir,
+            job.label,
+            job.choices,
+            inputs.dataset,
+            out.build_info,
             metrics,
             run_id=run_id,
             final_status=None,  # ended below, once the profile (with this logging's time) is logged
             extra_metrics=slice_logged,
-            judge_prompt_hash=judge.prompt_hash if judge is not None else None,
-            env_values=env_values,
+            judge_prompt_hash=inputs.judge.prompt_hash if inputs.judge is not None else None,
+            env_values=job.env_values,
         )
-        n_traces = _log_traces(store, run_id, s, stored, dataset, started_ns)
-    prof.stop()
-    prof.write(job_dir)
-    if store is not None and run_id is not None:
-        # time/<stage>_s and memory/peak_mb, profile.json; then the run ends
-        tracking.finish_run(store.uri, run_id, prof.metrics(), [job_dir / PROFILE_FILE], status=final_status)
-    summary = {
-        "label": label,
-        "run_id": run_id,
-        "traces": n_traces,  # per-query MLflow traces logged
-        "metrics": metrics,
-        "n_failed": n_failed,
-        "build": build_info,
-        "job_dir": str(job_dir),
-    }
-    (job_dir / SUMMARY_FILE).write_text(json.dumps(summary, ensure_ascii=False, indent=1), encoding="utf-8")
-
-    if not multirun:
-        print_table([summary], s.metrics.summary)
-        print(f"\nrecords: {job_dir / RECORDS_FILE}")
-        print(f"{prof.line()} ({job_dir / PROFILE_FILE})")
-        if store is not None:
-            print(ui_hint(store.uri))
-    if calibration_error is not None:
-        raise JudgeCalibrationError(
-            f"{label}: the judge calibration against the dataset's human_judgements failed "
-            f"({calibration_error}); everything else is written and logged, the run is marked FAILED "
-            f"({job_dir})"
-        )
-    if too_many_failed:
-        statuses = ", ".join(
-            f"{k.removeprefix('all/n_status_')} {int(v)}"
-            for k, v in sorted(metrics.items())
-            if k.startswith("all/n_status_")
-        )
-        raise ErrorRateError(
-            f"{label}: {n_failed} of {len(records)} queries failed ({statuses}); error rate "
-            f"{error_rate:.3f} > system.max_error_rate={s.system.max_error_rate} (run marked FAILED; "
-            f"records: {job_dir / RECORDS_FILE})"
-        )
-    return metrics.get("holdout/recall_at_5")
+        n_traces = _log_traces(store, run_id, s, out.stored, inputs.dataset, started_ns)
+    prof.write(job.job_dir)
+    # time/<stage>_s and memory/peak_mb, profile.json; then the run ends
+    tracking.finish_run(store.uri, run_id, prof.metrics(), [job.job_dir / PROFILE_FILE], status=final_status)
+    return n_traces
 
 
 def _start_run(
