@@ -3,14 +3,35 @@
 Every error a user can cause is one of these, with a message that says what to
 fix. Nothing user-facing is an ``assert`` or a bare traceback.
 
-    RagAblateError                 base of everything below
-    ├── DatasetError               a dataset folder breaks the contract (file, line, field)
-    ├── ConfigError                a config value or combination is invalid
-    ├── UnknownNameError           a name not in a registry (lists the valid names)
-    ├── TrackingError              MLflow store / run problems
-    ├── ErrorRateError             a run's share of failed queries is above system.max_error_rate
-    ├── ComparisonError            the comparison step cannot be computed
-    └── LocalModelError            the offline model (extra [local-llm]) is missing, corrupt or did not start
+Every exception class defined anywhere in ``rag_ablate/`` is drawn here, under its parent,
+with its module when it is not this one (tests/test_errors_tree.py checks the drawing
+against the code)::
+
+    Exception
+    ├── RagAblateError                  base of every error raised on purpose
+    │   ├── DatasetError                a dataset folder breaks the contract (file, line, field)
+    │   │   └── DatasetValidationError  dataset/model.py: every violation found, in file order
+    │   ├── ConfigError                 a config value or combination is invalid
+    │   ├── UnknownNameError            also KeyError: a name not in a registry (lists the valid names)
+    │   ├── TrackingError               MLflow store / run problems
+    │   ├── ErrorRateError              a run's share of failed queries is above system.max_error_rate
+    │   ├── ComparisonError             the comparison step cannot be computed
+    │   ├── LocalModelError             the offline model (extra [local-llm]) missing, corrupt, not started
+    │   ├── JudgeCalibrationError       the judge calibration failed after the run was logged
+    │   ├── GenerationError             a generator's model call failed after its retries (with a status)
+    │   ├── RecordsError                records/jsonl.py: a records line that is not a record
+    │   └── RerankError                 pipeline/rerank.py: a reranker failed at run time
+    ├── _Retry                          llm/client.py: a GenerationError worth sending again
+    ├── _Failure                        systems/http.py: a query's call ended with a failure status
+    ├── _Retry                          systems/http.py: a _Failure worth sending again
+    └── RequestError                    cli/serve.py: a request body the service cannot use
+
+The four classes under ``Exception`` itself are internal control flow, drawn so the tree is
+complete and so nobody mistakes them for user errors: each is caught in the module that raises
+it and never reaches a caller. ``_Retry`` and ``_Failure`` become a retry or a query's status
+(``timeout``, ``http_error``, ...; a ``_Retry`` that runs out of tries becomes its
+``GenerationError`` or ``_Failure``), and ``RequestError`` becomes the service's HTTP 400 or 422
+answer. A new error a user can see subclasses :class:`RagAblateError`.
 """
 
 from __future__ import annotations
