@@ -20,10 +20,11 @@ Results are sorted by score descending, index ascending, and cut to ``top_n``.
 
 Switches on :class:`ServerState` (set them from a test before the request) drive
 the error paths: fail the first N requests with a status (500, 429 with a
-Retry-After...), reject every request with a fixed status and JSON error body,
-return a raw (malformed) body, shift the returned indices out of range, rename
-the response keys ("data" / "score"), sleep longer than the client's timeout,
-require a bearer token. Counters record every request and TCP connection.
+Retry-After in seconds or as an HTTP date some seconds ahead...), reject every
+request with a fixed status and JSON error body, return a raw (malformed) body,
+shift the returned indices out of range, rename the response keys ("data" /
+"score"), sleep longer than the client's timeout, require a bearer token.
+Counters record every request and TCP connection.
 
 Use it as a context manager::
 
@@ -34,11 +35,13 @@ Use it as a context manager::
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import json
 import re
 import socket
 import sys
 import threading
+import time
 import unicodedata
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -80,6 +83,7 @@ class ServerState:
     fail_first: int = 0  # the first N requests get ``fail_status`` instead of an answer
     fail_status: int = 500
     fail_retry_after: str | None = None  # Retry-After header sent with those failures
+    fail_retry_at: float | None = None  # or a Retry-After HTTP date this many seconds after each failure
     reject_status: int | None = None  # every request gets this status and ``reject_body``
     reject_body: dict[str, Any] = field(
         default_factory=lambda: {"error": {"type": "invalid_request", "message": "query is too long"}}
@@ -177,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError:
                 st.last_body = None
             fail = n <= st.fail_first
-            fail_status, retry_after = st.fail_status, st.fail_retry_after
+            fail_status, retry_after, retry_at = st.fail_status, st.fail_retry_after, st.fail_retry_at
             reject_status, reject_body = st.reject_status, st.reject_body
             raw_body, delay, token = st.raw_body, st.delay, st.token
             offset, results_key, score_key = st.index_offset, st.results_key, st.score_key
@@ -190,6 +194,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(401, {"error": "missing or wrong bearer token"})
             return
         if fail:
+            if retry_at is not None:
+                retry_after = email.utils.formatdate(time.time() + retry_at, usegmt=True)
             headers = {} if retry_after is None else {"Retry-After": retry_after}
             self._send_json(fail_status, {"error": f"induced failure {n}"}, headers)
             return

@@ -150,6 +150,7 @@ def test_conf_dir_is_the_checkout_conf() -> None:
         ("retrieval.top_kk=3", "did you mean 'retrieval.top_k'? valid under 'retrieval': "),
         ("retrieval.dense.encodr=minilm", "did you mean 'retrieval.dense.encoder'?"),
         ("chunk.sise=300", "valid under 'chunk': "),
+        ("retreival@pkg=bm25", "unknown config key 'retreival' in 'retreival@pkg=bm25'"),  # a packaged group
     ],
 )
 def test_a_misspelt_key_is_refused_before_hydra_naming_the_valid_ones(arg: str, message: str) -> None:
@@ -191,3 +192,149 @@ def test_the_command_line_says_one_line_and_exits_2_for_a_misspelt_key(tmp_path:
     )
     assert {"bm25", "dense", "method", "top_k"} <= set(line.rsplit(": ", 1)[1].split(", "))
     assert not (tmp_path / "outputs").exists()
+
+
+# ---------------------------------------------------------------- an override's key, runtime keys
+
+_ID = st.from_regex(r"[A-Za-z_][A-Za-z0-9_\-]{0,6}", fullmatch=True)
+_SPECIAL = st.from_regex(r"[A-Za-z_$][A-Za-z0-9_\-$]{0,6}", fullmatch=True)
+_PART = st.one_of(_SPECIAL, st.integers(0, 99).map(str))
+_DOTTED = st.builds(lambda a, rest: ".".join([a, *rest]), _PART, st.lists(_PART, min_size=1, max_size=3))
+_GROUP_PATH = st.builds(lambda a, rest: "/".join([a, *rest]), _ID, st.lists(_ID, min_size=1, max_size=2))
+_KEY = st.one_of(_SPECIAL, _DOTTED, _GROUP_PATH)
+_PACKAGE = st.one_of(st.just(""), _SPECIAL, _DOTTED)
+_QUOTED = st.text(st.characters(blacklist_characters="'\\", blacklist_categories=("Cs",)), max_size=12)
+_VALUE = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            "256",
+            " 3",
+            "-1.5e3",
+            "null",
+            "true",
+            "'256','512'",
+            "a,b,c",
+            "{numeric: -1}",
+            "{a: {b: 1}, c: [1, 2]}",
+            "[1,2]",
+            "range(1,3)",
+            "choice(bm25, dense)",
+            "${oc.env:X}",
+            "http://a",
+            '"x=y"',
+            "'http://a?b=1&c=2'",
+        ]
+    ),
+    _QUOTED.map(lambda t: f"'{t}'"),
+)
+
+
+@st.composite
+def _overrides(draw: st.DrawFn) -> str:
+    prefix = draw(st.sampled_from(["", "+", "++", "~"]))
+    key = draw(_KEY)
+    if draw(st.booleans()):
+        key += "@" + draw(_PACKAGE)
+    if prefix == "~" and draw(st.booleans()):
+        return f"~{key}"  # a deletion needs no value
+    return f"{prefix}{key}={draw(_VALUE)}"
+
+
+@settings(max_examples=400, deadline=None)
+@given(_overrides())
+def test_override_key_agrees_with_hydras_parser(override: str) -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from rag_ablate.config.overrides import override_key
+
+    parsed = OverridesParser.create().parse_override(override)
+    assert override_key(override) == parsed.key_or_group
+    # what follows the key is its package (Hydra's key element is the two together)
+    element = parsed.get_key_element().lstrip("+~")
+    assert element == override_key(override) + ("" if parsed.package is None else f"@{parsed.package}")
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("chunk=256", "chunk"),
+        ("+chunk.chunk_sise=3", "chunk.chunk_sise"),
+        ("++dataset.slice_weights={numeric: -1}", "dataset.slice_weights"),
+        ("~rerank", "rerank"),
+        ("~rerank=bm25", "rerank"),
+        ("hydra/launcher=joblib", "hydra/launcher"),
+        ("system.base_url='http://a?b=1'", "system.base_url"),
+        ("+db@backup=mysql", "db"),
+        ("-m", "-m"),
+    ],
+)
+def test_override_key_worked_examples(override: str, key: str) -> None:
+    from rag_ablate.config.overrides import override_key
+
+    assert override_key(override) == key
+
+
+@pytest.mark.parametrize(
+    ("key", "runtime"),
+    [
+        ("progress", True),
+        ("progress_bar", False),
+        ("compare", True),
+        ("compare.B", True),
+        ("compare_x", False),
+        ("compareB", False),
+        ("system.headers", True),
+        ("system.headers.Authorization", True),
+        ("system.header", False),
+        ("system.base_url", False),
+        ("hydra.run.dir", True),
+        ("hydra/launcher", True),  # a Hydra config group: a runtime setting like hydra.*
+        ("hydrangea", False),
+        ("dataset.slice_weights.numeric", True),
+        ("dataset.path", False),
+        ("dataset", False),
+        ("chunk", False),
+    ],
+)
+def test_is_runtime_key(key: str, runtime: bool) -> None:
+    from rag_ablate.config.keys import is_runtime_key
+
+    assert is_runtime_key(key) is runtime
+
+
+_NAMES = st.sampled_from(["compare", "compare_x", "compareB", "B", "hydra", "launcher", "a"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(_NAMES, min_size=1, max_size=4),
+    st.sampled_from([".", "/"]),
+    st.lists(st.lists(_NAMES, min_size=1, max_size=3), max_size=3),
+)
+def test_is_under_is_a_prefix_of_whole_path_parts(
+    parts: list[str], sep: str, prefixes: list[list[str]]
+) -> None:
+    from rag_ablate.config.keys import is_under
+
+    expected = any(parts[: len(p)] == p for p in prefixes)
+    assert is_under(sep.join(parts), [".".join(p) for p in prefixes]) is expected
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["progress", "compare.B", "compare_x", "cache.dir", "system.headers.X-Key", "system.base_url", "seed"],
+)
+def test_every_place_that_leaves_out_runtime_settings_agrees(key: str) -> None:
+    """A run's name, the baseline's name and the confounding guard leave out exactly the
+    runtime settings (resume=: tests/test_resume.py)."""
+    from rag_ablate.compare.guard import changed_factors
+    from rag_ablate.config.keys import is_runtime_key
+    from rag_ablate.run.runner import variant_label
+    from rag_ablate.tracking.ui import baseline_run_name
+
+    runtime = is_runtime_key(key)
+    assert runtime is (key in ("progress", "compare.B", "cache.dir", "system.headers.X-Key"))
+    assert (variant_label([f"{key}=1", "chunk=256"]) == "chunk=256") is runtime
+    assert (baseline_run_name([{"key": key, "default": 1}]) == "baseline") is runtime
+    assert changed_factors({key: 1}, {key: 2}) == ([] if runtime else [key])

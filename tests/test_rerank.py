@@ -16,6 +16,7 @@ import pytest
 from rerank_server import RerankServer, overlap_score
 
 from rag_ablate.core.errors import ConfigError, UnknownNameError
+from rag_ablate.core.retry import EXCERPT_CHARS
 from rag_ablate.pipeline import rerank
 from rag_ablate.pipeline.rerank import (
     CROSS_ENCODER_HINT,
@@ -58,6 +59,13 @@ def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     recorded: list[float] = []
     monkeypatch.setattr(rerank, "_sleep", recorded.append)
     return recorded
+
+
+def assert_backoff(waits: list[float], first: float = 0.25) -> None:
+    """Exponential backoff with jitter: wait n is 50-100% of ``first * 2**n`` (at most 5 s)."""
+    for n, wait in enumerate(waits):
+        full = min(first * 2**n, rerank.MAX_WAIT_SECONDS)
+        assert full / 2 <= wait <= full, (n, wait)
 
 
 EN_QUERY = "when does express shipping arrive"
@@ -142,7 +150,18 @@ def test_http_retries_500s_then_succeeds(
     out = make_http(max_retries=2).rerank(EN_QUERY, EN_DOCS, top_k=1)
     assert out[0][0] == 1
     assert server.state.requests == 3  # two failures, then the answer
-    assert waits == [0.25, 0.5]  # exponential backoff
+    assert len(waits) == 2
+    assert_backoff(waits)
+
+
+def test_http_backoff_jitter_is_reproducible_from_the_seed(server: RerankServer, waits: list[float]) -> None:
+    runs = []
+    for seed in (7, 7, 8):
+        server.state.requests, server.state.fail_first = 0, 2
+        with HttpReranker(server.url, max_retries=2, seed=seed) as reranker:
+            reranker.rerank(EN_QUERY, EN_DOCS, top_k=1)
+        runs.append(waits[-2:])
+    assert runs[0] == runs[1] != runs[2]
 
 
 def test_http_500s_exhaust_retries(
@@ -184,9 +203,9 @@ def test_http_429_retried_honouring_retry_after(
 
 
 @pytest.mark.parametrize(
-    ("header", "expected"), [("120", 5.0), ("1.5", 1.5), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.25)]
+    ("header", "expected"), [("120", 5.0), ("2", 2.0), ("0", 0.0), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)]
 )
-def test_http_retry_after_capped_or_ignored(
+def test_http_retry_after_honoured_and_capped(
     server: RerankServer,
     make_http: Callable[..., HttpReranker],
     waits: list[float],
@@ -195,7 +214,32 @@ def test_http_retry_after_capped_or_ignored(
 ) -> None:
     server.state.fail_first, server.state.fail_status, server.state.fail_retry_after = 1, 503, header
     make_http().rerank(EN_QUERY, EN_DOCS, top_k=1)
-    assert waits == [expected]  # seconds capped at 5; an HTTP date falls back to the backoff
+    assert waits == [expected]  # seconds capped at 5; an HTTP date in the past: at once
+
+
+def test_http_retry_after_as_an_http_date_is_waited_for(
+    server: RerankServer, make_http: Callable[..., HttpReranker], waits: list[float]
+) -> None:
+    # the server dates its Retry-After 3 s after the failure, to the second (RFC 9110's IMF-fixdate)
+    server.state.fail_first, server.state.fail_status, server.state.fail_retry_at = 2, 429, 3.0
+    out = make_http(max_retries=2).rerank(EN_QUERY, EN_DOCS, top_k=1)
+    assert out[0][0] == 1
+    assert server.state.requests == 3
+    assert len(waits) == 2
+    assert all(1.5 < w <= 3.0 for w in waits), waits  # not the 0.25 s / 0.5 s backoff
+
+
+@pytest.mark.parametrize("header", ["1.5", "soon", "-3", ""])
+def test_http_retry_after_that_is_neither_seconds_nor_a_date_falls_back_to_the_backoff(
+    server: RerankServer,
+    make_http: Callable[..., HttpReranker],
+    waits: list[float],
+    header: str,
+) -> None:
+    server.state.fail_first, server.state.fail_status, server.state.fail_retry_after = 1, 503, header
+    make_http().rerank(EN_QUERY, EN_DOCS, top_k=1)
+    assert len(waits) == 1
+    assert_backoff(waits)
 
 
 def test_http_400_fails_at_once_with_body(
@@ -213,7 +257,7 @@ def test_http_400_fails_at_once_with_body(
     assert server.url in msg
 
 
-def test_http_error_body_excerpt_is_300_chars(
+def test_http_error_body_excerpt_is_the_shared_one(
     server: RerankServer, make_http: Callable[..., HttpReranker]
 ) -> None:
     server.state.reject_status = 422
@@ -221,9 +265,17 @@ def test_http_error_body_excerpt_is_300_chars(
     with pytest.raises(RerankError) as info:
         make_http().rerank(EN_QUERY, EN_DOCS, top_k=1)
     msg = str(info.value)
-    excerpt = json.dumps(server.state.reject_body)[:300]
+    excerpt = json.dumps(server.state.reject_body)[:EXCERPT_CHARS]
     assert excerpt + "..." in msg
-    assert "x" * 300 not in msg  # the excerpt starts with '{"detail": "', so fewer than 300 x
+    assert "x" * EXCERPT_CHARS not in msg  # the excerpt starts with '{"detail": "'
+
+
+def test_http_empty_body_is_named_as_such(
+    server: RerankServer, make_http: Callable[..., HttpReranker]
+) -> None:
+    server.state.raw_body = ""
+    with pytest.raises(RerankError, match=r"the body is not JSON; body: <empty body>$"):
+        make_http().rerank(EN_QUERY, EN_DOCS, top_k=1)
 
 
 @pytest.mark.parametrize(
@@ -274,7 +326,8 @@ def test_http_timeout(
     assert "Timeout" in str(info.value)
     assert "after 2 attempts" in str(info.value)
     assert server.state.requests == 2  # timeouts are retried
-    assert waits == [0.25]
+    assert len(waits) == 1
+    assert_backoff(waits)
 
 
 def test_http_connection_refused(waits: list[float]) -> None:
@@ -284,7 +337,8 @@ def test_http_connection_refused(waits: list[float]) -> None:
         reranker.rerank(EN_QUERY, EN_DOCS, top_k=1)
     assert info.value.status is None
     assert "ConnectError" in str(info.value)
-    assert waits == [0.25]
+    assert len(waits) == 1
+    assert_backoff(waits)
 
 
 def test_http_bearer_token_from_env(

@@ -211,6 +211,22 @@ def test_resume_refuses_an_override_that_changes_the_config(tmp_path: Path) -> N
         rewrite_argv([f"resume={run}", "hydra.run.dir=elsewhere"])
 
 
+def test_resume_takes_hydra_config_groups_as_runtime_settings(tmp_path: Path) -> None:
+    # hydra/launcher says how to run, as hydra.job.chdir does (it was refused: the runtime check
+    # matched hydra.* keys but not the group path hydra/...)
+    run = _fake_run(tmp_path / "run", ["chunk='256'"])
+    argv = rewrite_argv([f"resume={run}", "hydra/launcher=basic", "hydra.job.chdir=false"])
+    assert argv == [
+        "chunk='256'",
+        f"hydra.run.dir='{run}'",
+        f"resume='{run}'",
+        "hydra/launcher=basic",
+        "hydra.job.chdir=false",
+    ]
+    with pytest.raises(ConfigError, match=r"\+progress_bar=1 changes the config"):  # not progress
+        rewrite_argv([f"resume={run}", "+progress_bar=1"])
+
+
 def test_resume_of_a_folder_that_is_no_run(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such folder"):
         rewrite_argv([f"resume={tmp_path / 'missing'}"])

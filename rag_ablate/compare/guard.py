@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rag_ablate.config.keys import RUNTIME_KEYS
+from rag_ablate.config.keys import RUNTIME_KEYS, is_under
+from rag_ablate.config.overrides import override_key
 
 if TYPE_CHECKING:
     from rag_ablate.compare.model import VariantData
@@ -64,15 +65,11 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: d}
 
 
-def _under(key: str, prefixes: Sequence[str]) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in prefixes)
-
-
 def _override_keys(overrides: Sequence[str], groups: Sequence[str]) -> set[str]:
     """Config keys set by ``key=value`` overrides (group choices excluded)."""
     keys = set()
     for o in overrides:
-        key = o.lstrip("+~").split("=", 1)[0].strip()
+        key = override_key(o)
         if key and key.replace("/", ".") not in groups and key not in groups:
             keys.add(key)
     return keys
@@ -94,19 +91,19 @@ def changed_factors(
     skip = (*IGNORED, *ignore)
     bc, vc = base_choices or {}, choices or {}
     a, b = _flat(base_config), _flat(config)
-    keys = sorted(k for k in set(a) | set(b) if not _under(k, skip) and a.get(k) != b.get(k))
+    keys = sorted(k for k in set(a) | set(b) if not is_under(k, skip) and a.get(k) != b.get(k))
     all_groups = sorted(set(bc) | set(vc))
-    changed_groups = [g for g in all_groups if not _under(g, skip) and bc.get(g) != vc.get(g)]
+    changed_groups = [g for g in all_groups if not is_under(g, skip) and bc.get(g) != vc.get(g)]
     packages = [g.replace("/", ".") for g in changed_groups]
     explicit = _override_keys([*base_overrides, *overrides], all_groups)
     factors = set(changed_groups)
     for k in keys:
-        if not _under(k, packages):
+        if not is_under(k, packages):
             factors.add(k)
             continue
         # inside a changed group: a factor of its own only when an override set it
         for o in explicit:
-            if k == o or k.startswith(o + "."):
+            if is_under(k, (o,)):
                 factors.add(o)
     return sorted(factors)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from rag_ablate.config.overrides import override_key
 
 # how system=http talks to the service (not what the service is): runtime settings
 HTTP_RUNTIME_KEYS = (
@@ -69,6 +71,26 @@ RUNTIME_KEYS = (
 )
 
 
+def is_under(key: str, prefixes: Iterable[str]) -> bool:
+    """Whether the dotted config ``key`` is one of ``prefixes`` or lies below one: ``compare``
+    covers ``compare`` and ``compare.B``, never ``compare_x``. A config group's path counts as
+    its package (``hydra/launcher`` lies below ``hydra``)."""
+    dotted = key.replace("/", ".")
+    return any(dotted == p or dotted.startswith(p + ".") for p in prefixes)
+
+
+def is_runtime_key(key: str) -> bool:
+    """Whether ``key`` (``progress``, ``system.headers.X-Key``, ``hydra/launcher``) is a runtime
+    setting (:data:`RUNTIME_KEYS`): how to run, never a factor. An override's key is
+    :func:`rag_ablate.config.overrides.override_key`."""
+    return is_under(key, RUNTIME_KEYS)
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether ``key`` is one of :data:`SECRET_KEYS` (its whole value is secret) or below one."""
+    return is_under(key, SECRET_KEYS)
+
+
 def env_interpolated(cfg: Any) -> dict[str, str]:
     """Dotted keys of ``cfg`` (a DictConfig) whose value reads an environment variable
     (``${oc.env:NAME}``), with their unresolved text: what is stored instead of the value."""
@@ -99,7 +121,8 @@ def redact(values: Any, prefix: str = "", env: Mapping[str, str] | None = None) 
         out: dict[Any, Any] = {}
         for k, v in values.items():
             key = f"{prefix}{k}"
-            secret = any(key.startswith(s + ".") for s in SECRET_KEYS)
+            # the mapping itself is walked, so header names stay visible
+            secret = key not in SECRET_KEYS and is_secret_key(key)
             if secret and v is not None:
                 out[k] = REDACTED
             elif key in env:
@@ -117,11 +140,10 @@ def redact_override(override: str, env: Mapping[str, str] | None = None) -> str:
     (``+system.headers.Authorization=...``), or by its ``${oc.env:NAME}`` text when the config
     reads it from the environment (``env``: :func:`env_interpolated`; Hydra hands a job its
     overrides with ``${oc.env:...}`` resolved already)."""
-    key = override.lstrip("+~").split("=", 1)[0]
-    secret = any(key == s or key.startswith(s + ".") for s in SECRET_KEYS)
+    key = override_key(override)
     if "=" not in override:
         return override
-    if secret:
+    if is_secret_key(key):
         return f"{override.split('=', 1)[0]}={REDACTED}"
     if env and key in env:
         return f"{override.split('=', 1)[0]}={env[key]}"

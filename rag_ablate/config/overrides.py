@@ -40,11 +40,29 @@ from rag_ablate.core.errors import ConfigError
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 UID_RESOLVER = "rag_ablate.uid"
 
-# an override whose value is a plain list of (optionally quoted) tokens; anything
-# else (range(), choice(), interpolations, lists in brackets) is left to Hydra
-_OVERRIDE = re.compile(r"^(?P<key>[A-Za-z_][\w/]*)=(?P<vals>[^()\[\]{}$]+)$")
+# a value that is a plain list of (optionally quoted) tokens; anything else (range(),
+# choice(), interpolations, lists in brackets) is left to Hydra
+_PLAIN_VALUES = re.compile(r"^[^()\[\]{}$]+$")
 _TOKEN = re.compile(r"""^(?P<q>['"]?)(?P<v>[^'",]*)(?P=q)$""")
 _INTEGER = re.compile(r"^[+-]?[0-9]+$")
+
+
+def override_key(override: str) -> str:
+    """The config key or config group a command-line override names, as Hydra reads it
+    (``Override.key_or_group``): ``chunk=256`` -> ``chunk``, ``+chunk.chunk_sise=3`` ->
+    ``chunk.chunk_sise``, ``++dataset.slice_weights={numeric: -1}`` -> ``dataset.slice_weights``,
+    ``~rerank`` -> ``rerank``, ``hydra/launcher=joblib`` -> ``hydra/launcher``,
+    ``db@backup=mysql`` -> ``db`` (the ``@package`` is not part of it).
+
+    A key never holds ``=``, so the value (``system.base_url='http://a?b=1'``) is never read.
+    A flag (``-m``) comes back as it is.
+    """
+    head = override.split("=", 1)[0]
+    for prefix in ("~", "++", "+"):  # Hydra takes exactly one of them
+        if head.startswith(prefix):
+            head = head[len(prefix) :]
+            break
+    return head.split("@", 1)[0]
 
 
 def chunk_option(size: int) -> dict[str, Any]:
@@ -120,15 +138,16 @@ def normalize_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> list[str]
     groups = numeric_groups(conf_dir)
     out = []
     for arg in args:
-        m = _OVERRIDE.match(arg)
-        if m and m.group("key") in groups:
-            levels = [_level(m.group("key"), tok, conf_dir) for tok in m.group("vals").split(",")]
-            arg = m.group("key") + "=" + ",".join(levels)
+        key = override_key(arg)
+        values = arg[len(key) + 1 :]
+        if key in groups and arg.startswith(key + "=") and _PLAIN_VALUES.match(values):
+            levels = [_level(key, tok, conf_dir) for tok in values.split(",")]
+            arg = key + "=" + ",".join(levels)
         out.append(arg)
     return out
 
 
-_KEY = re.compile(r"^(?P<key>[A-Za-z_][\w.]*)=")
+_SCHEMA_KEY = re.compile(r"[A-Za-z_][\w.]*")
 
 
 def _fields(cls: type) -> dict[str, Any]:
@@ -154,10 +173,12 @@ def check_override_keys(args: list[str], conf_dir: Path = CONF_DIR) -> None:
 
     groups = {p.name for p in conf_dir.iterdir() if p.is_dir()}
     for arg in args:
-        m = _KEY.match(arg)
-        if not m or arg.startswith(("+", "~", "-")) or m.group("key").startswith("hydra"):
+        if arg.startswith(("+", "~", "-")) or "=" not in arg:
             continue
-        parts = m.group("key").split(".")
+        key = override_key(arg)
+        if not _SCHEMA_KEY.fullmatch(key) or key.startswith("hydra"):
+            continue
+        parts = key.split(".")
         node: Any = RunConfig
         for depth, part in enumerate(parts):
             fields = _fields(node)
@@ -167,7 +188,7 @@ def check_override_keys(args: list[str], conf_dir: Path = CONF_DIR) -> None:
                 close = difflib.get_close_matches(part, valid, n=1, cutoff=0.6)
                 hint = f"did you mean '{'.'.join([*parts[:depth], close[0]])}'? " if close else ""
                 scope = f"under '{where}'" if where else "at the top level"
-                key, names = m.group("key"), ", ".join(valid)
+                names = ", ".join(valid)
                 raise ConfigError(f"unknown config key '{key}' in '{arg}': {hint}valid {scope}: {names}")
             kind = fields.get(part)
             if kind is None or not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):

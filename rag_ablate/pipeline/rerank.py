@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from rag_ablate.core.errors import ConfigError, RagAblateError
-from rag_ablate.core.privacy import body_excerpts_allowed
+from rag_ablate.core.retry import backoff_wait, excerpt, retry_after_seconds, status_meaning
 from rag_ablate.pipeline.encoders import resolve_encoder
 from rag_ablate.pipeline.stages import RERANKERS, Embedded, Hits, QueryState, Resources
 
@@ -45,7 +46,6 @@ if TYPE_CHECKING:  # httpx is imported when a rerank service is used, not when t
 
     from rag_ablate.config.schema import RunConfig
 
-EXCERPT_CHARS = 300  # characters of a response body quoted in error messages
 MAX_WAIT_SECONDS = 5.0  # cap on one wait between retries (backoff or Retry-After)
 
 CROSS_ENCODER_HINT = "no cross-encoder ships offline: point rerank.model_path at a local CrossEncoder folder"
@@ -82,31 +82,13 @@ def _best(scored: Iterable[tuple[int, float]], top_k: int) -> list[tuple[int, fl
     return sorted(scored, key=lambda p: (-p[1], p[0]))[:top_k]
 
 
-def _excerpt(text: str) -> str:
-    if not body_excerpts_allowed():  # privacy.store_text=false: say how long, quote nothing
-        return f"<{len(text.encode('utf-8'))} bytes, not quoted: privacy.store_text=false>"
-    text = text.strip()
-    if not text:
-        return "<empty body>"
-    return text[:EXCERPT_CHARS] + ("..." if len(text) > EXCERPT_CHARS else "")
+def _excerpt(body: str) -> str:
+    return excerpt(body) or "<empty body>"
 
 
 def _sleep(seconds: float) -> None:
     """Wait between retries (a seam for tests)."""
     time.sleep(seconds)
-
-
-def _retry_after_seconds(value: str | None) -> float | None:
-    """A Retry-After header given in seconds, capped; None when absent or an HTTP date."""
-    if value is None:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    if not math.isfinite(seconds):
-        return None
-    return min(max(seconds, 0.0), MAX_WAIT_SECONDS)
 
 
 def _transient() -> tuple[type[Exception], ...]:
@@ -121,9 +103,11 @@ class HttpReranker:
 
     Requests carry ``Authorization: Bearer $<api_key_env>`` when ``api_key_env``
     is set. Connection errors, timeouts, 429 and 5xx answers are retried up to
-    ``max_retries`` times, waiting ``backoff_seconds * 2**retry`` (or the
-    answer's Retry-After seconds), at most 5 s per wait; any other non-2xx
-    answer fails at once. A ``client`` passed in is used as is and not closed by
+    ``max_retries`` times, waiting the answer's Retry-After (seconds or an HTTP
+    date), else ``backoff_seconds * 2**retry`` with jitter (50-100% of it, drawn
+    from ``random.Random(seed)``), at most 5 s per wait
+    (:func:`rag_ablate.core.retry.backoff_wait`); any other non-2xx answer fails
+    at once. A ``client`` passed in is used as is and not closed by
     :meth:`close`; ``timeout`` applies to every request either way.
     """
 
@@ -138,6 +122,7 @@ class HttpReranker:
         timeout: float = 30.0,
         api_key_env: str | None = None,
         max_retries: int = 2,
+        seed: int = 0,
         client: httpx.Client | None = None,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -152,6 +137,7 @@ class HttpReranker:
         self.model = model
         self.timeout = float(timeout)
         self.max_retries = max_retries
+        self._rng = random.Random(seed)  # backoff jitter only
         self._headers = {"Accept": "application/json"}
         if api_key_env:
             key = os.environ.get(api_key_env)
@@ -206,11 +192,8 @@ class HttpReranker:
         return _best(self._parse(response, len(documents)), top_k)
 
     def _wait(self, retry: int, response: httpx.Response | None) -> float:
-        if response is not None:
-            hinted = _retry_after_seconds(response.headers.get("Retry-After"))
-            if hinted is not None:
-                return hinted
-        return min(self.backoff_seconds * 2.0**retry, MAX_WAIT_SECONDS)
+        hinted = None if response is None else retry_after_seconds(response.headers.get("Retry-After"))
+        return backoff_wait(retry, hinted, self.backoff_seconds, MAX_WAIT_SECONDS, self._rng)
 
     def _post(self, payload: dict[str, Any]) -> httpx.Response:
         import httpx
@@ -238,9 +221,10 @@ class HttpReranker:
                     f"rerank request to {self.url} failed: {type(exc).__name__}: {exc}", status=None
                 ) from exc
             status = response.status_code
-            if 200 <= status < 300:
+            meaning = status_meaning(status)
+            if meaning is None:
                 return response
-            if (status == 429 or status >= 500) and not last:
+            if meaning[1] and not last:  # 429 and 5xx may pass on another try
                 _sleep(self._wait(attempt - 1, response))
                 continue
             raise RerankError(
@@ -448,7 +432,9 @@ def http_stage(settings: RunConfig) -> PassageRerankStage:
         raise ConfigError("rerank=http needs rerank.url")
     url = rr.url
     return PassageRerankStage(
-        lambda: HttpReranker(url, model=rr.model, timeout=rr.timeout, api_key_env=rr.api_key_env)
+        lambda: HttpReranker(
+            url, model=rr.model, timeout=rr.timeout, api_key_env=rr.api_key_env, seed=settings.seed
+        )
     )
 
 

@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_ablate.config.keys import RUNTIME_KEYS
+from rag_ablate.config.keys import is_runtime_key
+from rag_ablate.config.overrides import override_key
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.core.layout import PLAN_FILE, RECORDS_FILE, RUN_FILE, SUMMARY_FILE, SWEEP_FILE
@@ -41,15 +42,6 @@ from rag_ablate.records.trace import Record
 
 RESUME_KEY = "resume"
 _HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
-
-
-def _key(override: str) -> str:
-    return override.lstrip("+~").split("=", 1)[0]
-
-
-def _is_runtime(override: str) -> bool:
-    key = _key(override)
-    return any(key == k or key.startswith(k + ".") for k in RUNTIME_KEYS)
 
 
 def _quote(path: Path) -> str:
@@ -93,7 +85,7 @@ def saved_overrides(folder: Path) -> list[str]:
         found = yaml.safe_load((folder / _HYDRA_OVERRIDES).read_text(encoding="utf-8"))
     if not isinstance(found, list):
         raise ConfigError(f"resume={folder}: its saved overrides are not a list")
-    return [str(o) for o in found if _key(str(o)) != RESUME_KEY]
+    return [str(o) for o in found if override_key(str(o)) != RESUME_KEY]
 
 
 def rewrite_argv(args: list[str]) -> list[str]:
@@ -104,7 +96,7 @@ def rewrite_argv(args: list[str]) -> list[str]:
     """
     from rag_ablate.config.overrides import normalize_overrides
 
-    given = [a for a in args if not a.startswith("-") and _key(a) == RESUME_KEY]
+    given = [a for a in args if not a.startswith("-") and override_key(a) == RESUME_KEY]
     if not given:
         return args
     if len(given) > 1:
@@ -123,13 +115,13 @@ def rewrite_argv(args: list[str]) -> list[str]:
             flags.append(a)
             continue
         norm = normalize_overrides([a])[0]
-        if _key(norm) in ("hydra.run.dir", "hydra.sweep.dir"):
+        if override_key(norm) in ("hydra.run.dir", "hydra.sweep.dir"):
             raise ConfigError(f"resume={folder}: {a} would move the {kind}; it is resumed in its own folder")
-        if _is_runtime(norm) or norm in original:
+        if is_runtime_key(override_key(norm)) or norm in original:
             if norm not in original:
                 extra.append(norm)
             continue
-        same_key = [o for o in original if _key(o) == _key(norm)]
+        same_key = [o for o in original if override_key(o) == override_key(norm)]
         was = " ".join(same_key) if same_key else "not set"
         raise ConfigError(
             f"resume={folder}: {a} changes the config of the {kind} being resumed ({was}); "
@@ -157,7 +149,7 @@ def factor_config(s: RunConfig, env: Mapping[str, str] | None = None) -> dict[st
                 walk(v, f"{prefix}{k}.")
         else:
             key = prefix[:-1]
-            if not any(key == r or key.startswith(r + ".") for r in RUNTIME_KEYS):
+            if not is_runtime_key(key):
                 out[key] = env.get(key, node)
 
     walk(asdict(s), "")
@@ -219,7 +211,9 @@ def kept_records(job_dir: Path, query_ids: set[str]) -> dict[str, Record]:
 
 
 def _comparable(jobs: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
-    return [(str(j["label"]), [o for o in j["overrides"] if not _is_runtime(o)]) for j in jobs]
+    return [
+        (str(j["label"]), [o for o in j["overrides"] if not is_runtime_key(override_key(o))]) for j in jobs
+    ]
 
 
 def reopen_sweep(sweep_dir: Path, plan: Any) -> dict[str, Any]:

@@ -27,7 +27,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from rag_ablate.config.keys import RUNTIME_KEYS, env_interpolated, redact, redact_override
+from rag_ablate.config.keys import env_interpolated, is_runtime_key, redact, redact_override
+from rag_ablate.config.overrides import override_key
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import privacy, profiling
 from rag_ablate.core.cache import Cache
@@ -92,14 +93,9 @@ def _strip_quotes(override: str) -> str:
     return override.replace("'", "").replace('"', "")
 
 
-def is_runtime_override(override: str) -> bool:
-    key = override.lstrip("+~").split("=", 1)[0]
-    return any(key == k or key.startswith(k + ".") for k in RUNTIME_KEYS)
-
-
 def variant_label(overrides: list[str]) -> str:
     """A run's name: what it changes (``chunk=256``), or ``baseline``."""
-    factors = [_strip_quotes(o) for o in overrides if not is_runtime_override(o)]
+    factors = [_strip_quotes(o) for o in overrides if not is_runtime_key(override_key(o))]
     return ",".join(factors) or "baseline"
 
 

@@ -76,12 +76,11 @@ def mlflow_metrics(metrics: Mapping[str, float], keep: Iterable[str]) -> dict[st
 def baseline_run_name(factors: Sequence[Mapping[str, Any]]) -> str:
     """``baseline (chunk=512)``: the baseline's value of every factor the sweep varies
     (runtime settings such as ``cache.dir`` are not what the system is: left out)."""
-    from rag_ablate.config.keys import RUNTIME_KEYS
+    from rag_ablate.config.keys import is_runtime_key
 
-    def runtime(key: str) -> bool:
-        return any(key == k or key.startswith(k + ".") for k in RUNTIME_KEYS)
-
-    parts = [f"{f['key']}={f['default']}" for f in factors if f.get("key") and not runtime(str(f["key"]))]
+    parts = [
+        f"{f['key']}={f['default']}" for f in factors if f.get("key") and not is_runtime_key(str(f["key"]))
+    ]
     return f"baseline ({', '.join(parts)})" if parts else "baseline"
 
 
