@@ -253,8 +253,10 @@ class Record(TypedDict):
     each). Records read from disk are trusted to have this shape once
     :func:`rag_ablate.records.jsonl.scan_records` has checked they are objects with a
     ``query_id``; older records may lack keys added since, so code reads those with ``.get``.
-    README.md "Per-query values" lists the fields for users; tests/test_record_type.py checks
-    that a real run writes exactly these keys.
+    README.md "The record" lists the fields for users; tests/test_record_type.py checks that a
+    real run writes exactly these keys. (This module's annotations are postponed, so at run time
+    on Python 3.11 ``__required_keys__`` counts every key: read the ``NotRequired`` markers with
+    ``typing.get_type_hints(Record, include_extras=True)``.)
     """
 
     query_id: str  # the query's id in the dataset
