@@ -69,11 +69,11 @@ def per_query(metric: str) -> str:
     return LATENCY if metric in QUANTILES else metric
 
 
-def failed(rec: Mapping[str, Any]) -> bool:
+def failed(rec: Record) -> bool:
     return bool(rec.get("status", "ok") != "ok")
 
 
-def value(rec: Mapping[str, Any], metric: str) -> float | None:
+def value(rec: Record, metric: str) -> float | None:
     """A record's value of ``metric`` as the comparison uses it (None: no value)."""
     if metric == ERROR_RATE:
         return 1.0 if failed(rec) else 0.0

@@ -21,6 +21,7 @@ from rag_ablate.dataset.weights import (
     problems,
     trivial,
 )
+from rag_ablate.records.trace import Record
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,7 @@ def mix_weights(tag_lists: Sequence[Sequence[str]], tw: TagWeights) -> tuple[lis
 def settle(
     weights: TagWeights | None,
     base_config: Mapping[str, Any] | None,
-    base_records: Sequence[Mapping[str, Any]],
+    base_records: Sequence[Record],
     other_configs: Mapping[str, Mapping[str, Any] | None],
 ) -> tuple[TagWeights | None, list[str]]:
     """The weighting a comparison uses, or None when there is nothing to weigh; plus notes.

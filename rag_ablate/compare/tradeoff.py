@@ -40,10 +40,10 @@ from rag_ablate.compare.model import Point, SplitTradeoff, Tradeoff, VariantData
 from rag_ablate.config.schema import CompareConfig, ModelPrice
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.registry import direction_of, display_name, parse_metric_name
+from rag_ablate.records.trace import Record
 from rag_ablate.run import cost
 
 FloatArray = npt.NDArray[np.float64]
-Record = Mapping[str, Any]
 
 TRADEOFF_JSON = "tradeoff.json"
 TRADEOFF_MD = "tradeoff.md"
@@ -92,8 +92,7 @@ def _ttft(rec: Record) -> float | None:
 
 def _usage(name: str) -> Callable[[Record], float | None]:
     def get(rec: Record) -> float | None:
-        v = (rec.get("usage") or {}).get(name)
-        return None if v is None else float(v)
+        return cost.query_tokens(rec, name)
 
     return get
 

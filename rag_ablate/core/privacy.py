@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import wraps
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 KINDS = ("email", "phone", "cn_id", "card")  # in the order they are searched for
 PLACEHOLDERS = {kind: f"[{kind.upper()}]" for kind in KINDS}  # [EMAIL] [PHONE] [CN_ID] [CARD]
@@ -44,7 +44,8 @@ METRIC_PREFIX = "privacy/redacted_"  # run metrics: privacy/redacted_email, ...,
 WITHHELD = "<withheld: privacy.store_text=false>"  # what stands where quoted text was
 
 Counts = dict[str, int]
-Record = dict[str, Any]
+# a record (rag_ablate.records.trace.Record, a layer above this one) or any mapping of its shape
+R = TypeVar("R", bound=Mapping[str, Any])
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -303,8 +304,8 @@ class Privacy:
             value = withhold_quotes(value, known)
         return redact_text(value) if self.redact else (value, {})
 
-    def record(self, rec: Mapping[str, Any]) -> Record:
-        """The stored form of a record (a new dict; ``rec`` is left as it is).
+    def record(self, rec: R) -> R:
+        """The stored form of a record (a new dict of the same type; ``rec`` is left as it is).
 
         ``store_text=false``: no ``query`` and ``answer`` keys, error messages without quoted
         text. ``redact=true``: query, answer, error messages (the record's and the judge's)
@@ -312,8 +313,8 @@ class Privacy:
         record had (a record redacted before keeps its counts: resume= reads it back).
         """
         if not self.active:
-            return dict(rec)
-        out: Record = dict(rec)
+            return cast(R, dict(rec))
+        out: dict[str, Any] = dict(rec)
         counts: Counts = dict(rec.get("redacted") or {})
         known = (rec.get("query"), rec.get("answer"))
         for key in ("query", "answer"):
@@ -332,7 +333,7 @@ class Privacy:
             counts = add_counts(counts, found)
         if self.redact:
             out["redacted"] = {kind: counts.get(kind, 0) for kind in KINDS}
-        return out
+        return cast(R, out)  # the same keys but query/answer (optional ones) and redacted
 
     def judged_answer(self, item: T) -> T:
         """A judged answer that is not a record (a dataclass with ``answer`` and ``errors``, such as

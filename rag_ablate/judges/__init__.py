@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rag_ablate.core.registry import Registry
 from rag_ablate.generators.base import Context
+from rag_ablate.records.trace import Judgement
 
 if TYPE_CHECKING:
     from rag_ablate.config.schema import RunConfig
@@ -60,7 +61,7 @@ class Judge(Protocol):
     repeats: int  # judge.repeats
     mode: str  # "pointwise" | "pairwise"
 
-    def judge(self, inp: JudgeInput) -> dict[str, Any]: ...
+    def judge(self, inp: JudgeInput) -> Judgement: ...
 
     def pairwise(self, inp_a: JudgeInput, answer_b: str) -> dict[str, Any]: ...
 

@@ -32,13 +32,14 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from rag_ablate.core.errors import ConfigError, GenerationError
 from rag_ablate.generators.base import Context
 from rag_ablate.judges import JUDGE_METRICS, JUDGES, SUPPORT_KEY, JudgeInput
 from rag_ablate.llm.client import ChatClient, ChatResult
 from rag_ablate.metrics.answers import answer_sentences
+from rag_ablate.records.trace import Judgement, JudgeRepeat, JudgeUsage
 from rag_ablate.text.count import is_cjk_text
 
 if TYPE_CHECKING:
@@ -400,18 +401,33 @@ class _Asked:
     calls: list[ChatResult]  # the calls that answered (none when the first call failed)
 
 
-def _usage_sum(results: Sequence[ChatResult]) -> dict[str, int | None] | None:
+def _usage_sum(results: Sequence[ChatResult]) -> JudgeUsage | None:
     usages = [r.usage for r in results if r.usage is not None]
     if not usages:
         return None
-    out: dict[str, int | None] = {}
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+
+    def total(key: str) -> int | None:
         values = [u.get(key) for u in usages]
-        out[key] = None if any(v is None for v in values) else sum(v for v in values if v is not None)
-    return out
+        return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+    return {
+        "prompt_tokens": total("prompt_tokens"),
+        "completion_tokens": total("completion_tokens"),
+        "total_tokens": total("total_tokens"),
+    }
 
 
-def _call_fields(asked: _Asked) -> dict[str, Any]:
+class _CallFields(TypedDict):
+    """What a judge repeat (and a pairwise order) records of its calls (see JudgeRepeat)."""
+
+    repaired: bool
+    cached: bool
+    latency_ms: float | None
+    usage: JudgeUsage | None
+    usage_count: str | None
+
+
+def _call_fields(asked: _Asked) -> _CallFields:
     calls = asked.calls
     return {
         "repaired": asked.repaired,
@@ -485,7 +501,7 @@ class OpenAIJudge:
         parsed.errors = again.errors
         return _Asked(parsed, True, [first, second])
 
-    def judge_once(self, inp: JudgeInput, repeat: int) -> dict[str, Any]:
+    def judge_once(self, inp: JudgeInput, repeat: int) -> JudgeRepeat:
         """One repeat's entry of the record's ``judge.repeats`` list."""
         prompt = build_prompt(self.cfg, inp)
         names = [*prompt.asked, "refusal"] + (["support"] if prompt.n_support else [])
@@ -500,7 +516,7 @@ class OpenAIJudge:
             **_call_fields(asked),
         }
 
-    def judge(self, inp: JudgeInput) -> dict[str, Any]:
+    def judge(self, inp: JudgeInput) -> Judgement:
         """``judge.repeats`` independent judgements of one answer (the record's ``judge`` value)."""
         return {
             "model": self.model,

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from rag_ablate.core.errors import RagAblateError
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
@@ -75,7 +76,10 @@ def scan_records(path: Path, project: Callable[[Record], Record] | None = None) 
                     torn = True
                     break
                 raise RecordsError(f"{path}:{lineno}: not a record (a JSON object with a query_id)")
-            records.append(rec if project is None else project(rec))
+            # the boundary: a JSON object with a query_id is taken to be a Record (written by
+            # make_record/scored; an older one may lack fields added since, see Record)
+            record = cast(Record, rec)
+            records.append(record if project is None else project(record))
         pos = nxt
     return RecordsScan(records, pos, torn)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
-from typing import Any
 
 import numpy as np
 
@@ -30,7 +29,7 @@ from rag_ablate.metrics.acl import acl_metrics, has_restrictions
 from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
 from rag_ablate.metrics.intent import intent_top1
 from rag_ablate.metrics.retrieval import evidence_recall_at, retrieval_metrics, set_metrics
-from rag_ablate.records.trace import Record, Trace
+from rag_ablate.records.trace import Record, RetrievedEntry, Trace
 from rag_ablate.text.count import count_tokens
 
 
@@ -39,7 +38,8 @@ def make_record(query: Query, trace: Trace) -> Record:
 
     ``tags`` (the query's tags) and the gold intents make the record enough to recompute its
     slices (:mod:`rag_ablate.run.slices`); records written before tags were recorded have no
-    ``tags`` key and stay readable (their tag slices leave them out).
+    ``tags`` key and stay readable (their tag slices leave them out). ``metrics`` is empty until
+    :func:`scored` fills it.
     """
     return {
         "query_id": query.query_id,
@@ -50,7 +50,23 @@ def make_record(query: Query, trace: Trace) -> Record:
         "tags": list(query.tags),
         "intent_gold": query.intent_l2,
         "intent_gold_l1": query.intent_l1,
-        **{k: v for k, v in trace.to_dict().items() if k != "query_id"},
+        # the trace's fields, in its order (Trace.to_dict without the query id)
+        "status": trace.status,
+        "error": trace.error,
+        "retrieved": [r.to_entry() for r in trace.retrieved],
+        "intent_pred": trace.predicted_intent,
+        "intent_score": trace.intent_score,
+        "timings_ms": dict(trace.timings_ms),
+        "intents": list(trace.intents),
+        "answer": trace.answer,
+        "citations": [c.to_entry() for c in trace.citations],
+        "usage": None if trace.usage is None else trace.usage.to_entry(),
+        "usage_count": trace.usage_count,
+        "cached": trace.cached,
+        "ttft_ms": trace.ttft_ms,
+        "http_status": trace.http_status,
+        "retries": trace.retries,
+        "metrics": {},  # filled by scored()
     }
 
 
@@ -103,7 +119,7 @@ class TokenCounts:
         return n
 
     def context_tokens_at(
-        self, retrieved: Sequence[Mapping[str, Any]], docs: Mapping[str, Document], ks: Sequence[int]
+        self, retrieved: Sequence[RetrievedEntry], docs: Mapping[str, Document], ks: Sequence[int]
     ) -> dict[str, float]:
         """``context_tokens_at_k`` for every k: tokens of the first k retrieved chunks (all when
         fewer), from prefix sums over the chunks' counts; equal to
@@ -125,7 +141,7 @@ class TokenCounts:
 
 
 def score_record(
-    rec: Mapping[str, Any],
+    rec: Record,
     query: Query,
     docs: Mapping[str, Document],
     ks: Sequence[int],
@@ -200,7 +216,7 @@ def scored(
         metrics = score_record(rec, query, docs, ks, routed=routed, answers=answers, tokens=tokens)
         return {**rec, "metrics": metrics}
     except Exception as exc:  # a bad trace (unknown doc id, broken offsets, ...) fails one query only
-        failed = {**rec, "status": "failed", "error": f"scoring failed: {type(exc).__name__}: {exc}"}
+        failed: Record = {**rec, "status": "failed", "error": f"scoring failed: {type(exc).__name__}: {exc}"}
         total = (rec.get("timings_ms") or {}).get("total")
         failed["metrics"] = {} if total is None else {"latency_ms": float(total)}
         return failed
@@ -264,7 +280,7 @@ def aggregate(records: Sequence[Record], weights: TagWeights | None = None) -> d
             n_status = sum(1 for r in rows if r["status"] == status)
             out[p + f"n_status_{status}"] = float(n_status)
             out[p + f"error_rate_{status}"] = n_status / len(rows) if rows else 0.0
-        ttft = [float(r["ttft_ms"]) for r in rows if r.get("ttft_ms") is not None]
+        ttft = [float(t) for r in rows if (t := r.get("ttft_ms")) is not None]
         if ttft:
             out[p + "ttft_ms_p50"] = _percentile(ttft, 50)
             out[p + "ttft_ms_p95"] = _percentile(ttft, 95)

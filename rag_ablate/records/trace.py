@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, get_args
+from typing import Any, NotRequired, TypedDict, get_args
 
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
 from rag_ablate.core.retry import Status
+from rag_ablate.dataset.model import QueryKind
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,17 @@ class RetrievedChunk:
             int(d["end"]),
             float(d["score"]),
         )
+
+    def to_entry(self) -> RetrievedEntry:
+        """The chunk as a record's ``retrieved`` list stores it."""
+        return {
+            "rank": self.rank,
+            "chunk_id": self.chunk_id,
+            "doc_id": self.doc_id,
+            "start": self.start,
+            "end": self.end,
+            "score": self.score,
+        }
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,10 @@ class Citation:
 
         return cls(opt_str("doc_id"), opt_str("chunk_id"), opt_int("start"), opt_int("end"))
 
+    def to_entry(self) -> CitationEntry:
+        """The citation as a record's ``citations`` list stores it."""
+        return {"doc_id": self.doc_id, "chunk_id": self.chunk_id, "start": self.start, "end": self.end}
+
 
 @dataclass(frozen=True)
 class TokenUsage:
@@ -78,6 +94,15 @@ class TokenUsage:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TokenUsage:
         return cls(**{k: None if d.get(k) is None else int(d[k]) for k in TOKEN_USAGE_FIELDS})
+
+    def to_entry(self) -> UsageEntry:
+        """The usage as a record's ``usage`` value stores it."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+            "embedding_tokens": self.embedding_tokens,
+        }
 
 
 TOKEN_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens", "embedding_tokens")
@@ -158,6 +183,107 @@ class Trace:
         )
 
 
-Record = dict[str, Any]
+# ------------------------------------------------------------------------------------- the record
+
+
+class RetrievedEntry(TypedDict):
+    """One retrieved chunk as a record stores it (:class:`RetrievedChunk`'s fields)."""
+
+    rank: int  # 1-based position in the final list
+    chunk_id: str  # the system's id of the chunk
+    doc_id: str  # the document it was cut from
+    start: int  # character offset [start, end) into the document's text
+    end: int  # end of the chunk's range (exclusive)
+    score: float  # the system's score of the chunk (higher ranks first)
+
+
+class CitationEntry(TypedDict):
+    """One citation of the answer as a record stores it (:class:`Citation`'s fields)."""
+
+    doc_id: str | None  # the cited document (None when only a chunk is cited)
+    chunk_id: str | None  # the cited chunk (None when only a document is cited)
+    start: int | None  # a cited span [start, end) in the document's text, or None
+    end: int | None  # the span's end (None exactly when start is)
+
+
+class UsageEntry(TypedDict):
+    """The tokens a system spent on one query (:class:`TokenUsage`'s fields; None: not reported)."""
+
+    prompt_tokens: int | None  # tokens sent to the model
+    completion_tokens: int | None  # tokens the model generated
+    total_tokens: int | None  # as the model reported it (not recomputed)
+    embedding_tokens: int | None  # tokens embedded for the query
+
+
+class JudgeUsage(TypedDict):
+    """The tokens of a judge repeat's calls, summed (None: a call did not report that count)."""
+
+    prompt_tokens: int | None  # prompt tokens of the judge call (and its repair call)
+    completion_tokens: int | None  # completion tokens of those calls
+    total_tokens: int | None  # total tokens of those calls
+
+
+class JudgeRepeat(TypedDict):
+    """One independent judgement of an answer (``judge.repeats`` of them per record)."""
+
+    scores: dict[str, int | None]  # per judged metric (faithfulness, ...): 0-5, None when failed/not asked
+    errors: dict[str, str]  # per metric (and ``citation_support``) that failed: why
+    refusal: bool | None  # the answer declines to answer (None: the judge gave no valid verdict)
+    support: list[bool] | None  # per (sentence, citation) pair: the cited text supports it
+    repaired: bool  # a repair call was needed after an invalid first reply
+    cached: bool  # every call of this repeat was replayed from the model-call cache
+    latency_ms: float | None  # the calls' summed time (None: no call returned)
+    usage: JudgeUsage | None  # the calls' summed tokens (None: no call reported usage)
+    usage_count: str | None  # "local": rag_ablate counted the tokens, not the model
+
+
+class Judgement(TypedDict):
+    """A record's ``judge`` value: what :meth:`rag_ablate.judges.Judge.judge` returned."""
+
+    model: str  # the judge's model
+    prompt_hash: str  # sha256[:16] of the judge's templates and rubrics
+    repeats: list[JudgeRepeat]  # one entry per repeat, in order
+
+
+class Record(TypedDict):
+    """One line of ``records.jsonl``: one query's identity, its trace and its metric values.
+
+    Required keys are written for every query (:func:`rag_ablate.records.scoring.make_record`,
+    then :func:`~rag_ablate.records.scoring.scored`); ``NotRequired`` ones only sometimes (see
+    each). Records read from disk are trusted to have this shape once
+    :func:`rag_ablate.records.jsonl.scan_records` has checked they are objects with a
+    ``query_id``; older records may lack keys added since, so code reads those with ``.get``.
+    README.md "The record" lists the fields for users; tests/test_record_type.py checks that a
+    real run writes exactly these keys. (This module's annotations are postponed, so at run time
+    on Python 3.11 ``__required_keys__`` counts every key: read the ``NotRequired`` markers with
+    ``typing.get_type_hints(Record, include_extras=True)``.)
+    """
+
+    query_id: str  # the query's id in the dataset
+    query: NotRequired[str]  # the query's text (absent with privacy.store_text=false)
+    split: str  # "dev" or "holdout"
+    group: str  # the query's group (the bootstrap resamples whole groups)
+    kind: QueryKind  # "answerable", "unanswerable" or "no_rag"
+    tags: NotRequired[list[str]]  # the query's tags (absent in records written before tags were)
+    intent_gold: str | None  # the gold level-2 intent (None: not labelled)
+    intent_gold_l1: str | None  # the gold level-1 intent (None: not labelled)
+    status: Status  # "ok" or how the query failed ("failed", "timeout", "http_error", ...)
+    error: str | None  # why it failed (None when ok)
+    retrieved: list[RetrievedEntry]  # the final retrieved chunks in rank order
+    intent_pred: str | None  # the predicted intent (the first non-empty code of ``intents``)
+    intent_score: float | None  # the router's confidence in ``intent_pred``, when it gives one
+    timings_ms: dict[str, float]  # per stage (route, retrieve, ...); "total" is the query's latency
+    intents: list[str]  # the raw intent codes the system returned
+    answer: NotRequired[str | None]  # the generated answer (None: none; absent: store_text=false)
+    citations: list[CitationEntry]  # what the answer cites
+    usage: UsageEntry | None  # tokens the system spent (None: it does not say)
+    usage_count: str | None  # "local": ``usage`` is rag_ablate's own count, not the model's
+    cached: bool  # the answer was replayed from the model-call cache
+    ttft_ms: float | None  # time to the first answer token (streaming systems only)
+    http_status: int | None  # the HTTP status that decided a remote query (None for local systems)
+    retries: int  # requests sent again for this query
+    metrics: dict[str, float | None]  # per-query metric values by name (recall_at_5, latency_ms, ...)
+    judge: NotRequired[Judgement]  # the LLM judge's verdicts (only when a judge judged the answer)
+    redacted: NotRequired[dict[str, int]]  # privacy.redact=true: replacements per kind (email, ...)
 
 

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rag_ablate.records.trace import Record
+
 if TYPE_CHECKING:
     from rag_ablate.config.schema import ModelPrice
-
-Record = dict[str, Any]
 
 PERCENTILES = (50, 95)
 USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "embedding_tokens")
@@ -54,7 +54,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
-def query_latency_ms(rec: Mapping[str, Any]) -> float | None:
+def query_latency_ms(rec: Record) -> float | None:
     """A query's end-to-end time: ``timings_ms.total``, else its ``latency_ms`` metric."""
     total = (rec.get("timings_ms") or {}).get(TOTAL)
     if total is not None:
@@ -63,7 +63,7 @@ def query_latency_ms(rec: Mapping[str, Any]) -> float | None:
     return None if lat is None else float(lat)
 
 
-def final_context_tokens(rec: Mapping[str, Any]) -> float | None:
+def final_context_tokens(rec: Record) -> float | None:
     """Tokens of the query's whole final retrieved list, read from its ``context_tokens_at_k``.
 
     The value at the smallest cutoff k that covers the list (k >= number of
@@ -83,9 +83,18 @@ def final_context_tokens(rec: Mapping[str, Any]) -> float | None:
     return by_k[min(covering)] if covering else by_k[max(by_k)]
 
 
-def query_usd(rec: Mapping[str, Any], price: ModelPrice) -> float:
+def query_tokens(rec: Record, name: str) -> float | None:
+    """One token count the query's system reported (``usage[name]``; None: not reported)."""
+    usage: Mapping[str, Any] = rec.get("usage") or {}  # looked up by a name known at run time
+    v = usage.get(name)
+    return None if v is None else float(v)
+
+
+def query_usd(rec: Record, price: ModelPrice) -> float:
     """Money one query spent: its reported tokens times USD per 1M tokens (missing counts = 0)."""
-    usage = rec.get("usage") or {}
+    usage = rec.get("usage")
+    if not usage:
+        return 0.0
     return (
         float(usage.get("prompt_tokens") or 0) * price.prompt
         + float(usage.get("completion_tokens") or 0) * price.completion
@@ -120,7 +129,7 @@ def cost_metrics(
     for stage in sorted(stages):
         _quantiles(out, stage, stages[stage])
 
-    ttft = [float(r["ttft_ms"]) for r in rows if r.get("ttft_ms") is not None]
+    ttft = [float(t) for r in rows if (t := r.get("ttft_ms")) is not None]
     _quantiles(out, "ttft", ttft)
 
     ctx = [v for v in (final_context_tokens(r) for r in rows) if v is not None]
@@ -128,7 +137,7 @@ def cost_metrics(
         out["context_tokens"] = float(np.mean(ctx))
     any_usage = False
     for name in USAGE_FIELDS:
-        counts = [float(u[name]) for r in rows if (u := r.get("usage")) and u.get(name) is not None]
+        counts = [n for r in rows if (n := query_tokens(r, name)) is not None]
         if counts:
             any_usage = True
             out[name] = float(np.mean(counts))

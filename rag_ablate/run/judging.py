@@ -22,7 +22,7 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm import tqdm
@@ -35,23 +35,23 @@ from rag_ablate.metrics.answers import (
     cited_texts,
     judge_scores,
 )
+from rag_ablate.records.trace import Judgement, JudgeRepeat, Record
 
 if TYPE_CHECKING:
     from rag_ablate.config.schema import ModelPrice
     from rag_ablate.dataset.model import Dataset, Document, Query
     from rag_ablate.judges import Judge, JudgeInput
 
-Record = dict[str, Any]
 PREFIX = "judge/"
 
 
-def needs_judgement(rec: Mapping[str, Any]) -> bool:
+def needs_judgement(rec: Record) -> bool:
     """An ok record with an answer that has no judgement yet."""
     return rec.get("status") == "ok" and rec.get("answer") is not None and rec.get("judge") is None
 
 
 def judge_input(
-    rec: Mapping[str, Any], query: Query, docs: Mapping[str, Document], max_contexts: int
+    rec: Record, query: Query, docs: Mapping[str, Document], max_contexts: int
 ) -> JudgeInput | None:
     """What the judge sees of one record; None for a failed record or one without an answer.
 
@@ -88,10 +88,10 @@ def judge_input(
     )
 
 
-def failed_judgement(judge: Judge, error: str) -> dict[str, Any]:
+def failed_judgement(judge: Judge, error: str) -> Judgement:
     """The ``judge`` value of a query whose judging raised: every repeat failed every metric."""
     errors = {m: error for m in (*JUDGED_METRICS, "refusal", "citation_support")}
-    repeat = {
+    repeat: JudgeRepeat = {
         "scores": {m: None for m in JUDGED_METRICS},
         "errors": errors,
         "refusal": None,
@@ -105,7 +105,7 @@ def failed_judgement(judge: Judge, error: str) -> dict[str, Any]:
     return {
         "model": judge.model,
         "prompt_hash": judge.prompt_hash,
-        "repeats": [dict(repeat) for _ in range(max(1, judge.repeats))],
+        "repeats": [repeat.copy() for _ in range(max(1, judge.repeats))],
     }
 
 
@@ -143,7 +143,7 @@ def judge_records(
     if not todo:
         return out
 
-    def one(inp: JudgeInput) -> dict[str, Any]:
+    def one(inp: JudgeInput) -> Judgement:
         try:
             return judge.judge(inp)
         except Exception as exc:  # the contract says a judge records its failures; never lose a query
@@ -156,7 +156,7 @@ def judge_records(
             for fut in as_completed(futures):
                 i = futures[fut]
                 rec = out[i]
-                judged = {**rec, "judge": fut.result()}
+                judged: Record = {**rec, "judge": fut.result()}
                 out[i] = scored(
                     judged, by_id[rec["query_id"]], dataset.documents, ks, routed=routed, answers=answers
                 )
@@ -171,8 +171,9 @@ def judge_records(
 # --------------------------------------------------------------------------------------- run metrics
 
 
-def _repeats(rec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    reps = (rec.get("judge") or {}).get("repeats") or []
+def _repeats(rec: Record) -> list[JudgeRepeat]:
+    judgement = rec.get("judge")
+    reps = (judgement.get("repeats") if judgement else None) or []
     return [r for r in reps if isinstance(r, Mapping)]
 
 
@@ -194,7 +195,7 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     return rho if math.isfinite(rho) else None
 
 
-def metric_agreement(records: Sequence[Mapping[str, Any]], metric: str) -> dict[str, float]:
+def metric_agreement(records: Sequence[Record], metric: str) -> dict[str, float]:
     """One judged metric's run metrics (names without the ``judge/<metric>/`` prefix).
 
     Over the queries the metric applies to (those with ``judge_error_<metric>`` in their
@@ -206,20 +207,22 @@ def metric_agreement(records: Sequence[Mapping[str, Any]], metric: str) -> dict[
     side). A statistic without any query is absent.
     """
     out: dict[str, float] = {}
-    applies = [r for r in records if (r.get("metrics") or {}).get(f"judge_error_{metric}") is not None]
+    key = f"judge_error_{metric}"
+    judged = [(r, e) for r in records if (e := (r.get("metrics") or {}).get(key)) is not None]
+    applies = [r for r, _ in judged]
     if not applies:
         return out
-    out["error_rate"] = float(np.mean([float(r["metrics"][f"judge_error_{metric}"]) for r in applies]))
+    out["error_rate"] = float(np.mean([float(e) for _, e in judged]))
     out["n_queries"] = float(len(applies))
     multi = [s for s in (judge_scores(r.get("judge"), metric)[0] for r in applies) if len(s) >= 2]
     if multi:
         out["agreement_exact"] = float(np.mean([max(s) == min(s) for s in multi]))
         out["agreement_within1"] = float(np.mean([max(s) - min(s) <= 1 for s in multi]))
         out["repeat_sd"] = float(np.mean([repeat_sd(s) for s in multi]))
-    scored_rows = [r for r in applies if (r.get("metrics") or {}).get(metric) is not None]
+    scored_rows = [(r, v) for r in applies if (v := (r.get("metrics") or {}).get(metric)) is not None]
     rho = spearman(
-        [float(r["metrics"][metric]) for r in scored_rows],
-        [float(len(answer_tokens(str(r.get("answer") or "")))) for r in scored_rows],
+        [float(v) for _, v in scored_rows],
+        [float(len(answer_tokens(str(r.get("answer") or "")))) for r, _ in scored_rows],
     )
     if rho is not None:
         out["length_corr"] = rho
@@ -227,7 +230,7 @@ def metric_agreement(records: Sequence[Mapping[str, Any]], metric: str) -> dict[
 
 
 def judge_run_metrics(
-    records: Sequence[Mapping[str, Any]], *, price: ModelPrice | None = None
+    records: Sequence[Record], *, price: ModelPrice | None = None
 ) -> dict[str, float]:
     """The run's ``judge/...`` metrics from its records (empty when no record was judged).
 
@@ -251,9 +254,9 @@ def judge_run_metrics(
     }
     for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
         counts = [
-            float(u[key])
+            float(n)
             for rep in reps
-            if isinstance(u := rep.get("usage"), Mapping) and u.get(key) is not None
+            if isinstance(u := rep.get("usage"), Mapping) and isinstance(n := u.get(key), int | float)
         ]
         if counts:
             out[key] = float(sum(counts))
@@ -269,7 +272,7 @@ def judge_run_metrics(
     return {PREFIX + k: v for k, v in out.items()}
 
 
-def repeat_spread(rec: Mapping[str, Any], metric: str) -> tuple[float, int] | None:
+def repeat_spread(rec: Record, metric: str) -> tuple[float, int] | None:
     """One query's within-query variance of ``metric`` over the judge's repeats and the number of
     valid repeats (None with fewer than two): the judge's own noise in that query's mean score."""
     scores, _ = judge_scores(rec.get("judge"), metric)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ class SliceKey:
         return (KINDS.index(self.kind) if self.kind in KINDS else len(KINDS), self.value)
 
 
-def record_tags(rec: Mapping[str, Any]) -> tuple[str, ...] | None:
+def record_tags(rec: Record) -> tuple[str, ...] | None:
     """A record's tags; None for a record written before tags were recorded (no ``tags`` key)."""
     tags = rec.get("tags")
     if tags is None:
@@ -68,7 +68,7 @@ def record_tags(rec: Mapping[str, Any]) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(str(t) for t in tags))  # a tag listed twice is one slice
 
 
-def slice_keys(rec: Mapping[str, Any]) -> list[SliceKey]:
+def slice_keys(rec: Record) -> list[SliceKey]:
     """The slices a record belongs to: one per tag, its parent and its leaf gold intent."""
     keys = [SliceKey("tag", t) for t in record_tags(rec) or ()]
     if rec.get("intent_gold_l1") is not None:
