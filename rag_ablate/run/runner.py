@@ -548,13 +548,15 @@ def _score_run(
 
 def _write_intents(job: _Job, dataset: Dataset, out: _Outcome) -> None:
     """intents.md / intents.json; intent accuracy needs a routed query that did not fail (else absent)."""
-    cases = [r for r in out.records if r["intent_gold"] is not None and r["status"] == "ok"]
+    by_id = {q.query_id: q for q in dataset.queries}
+    cases = [
+        (by_id[r["query_id"]].intent_l1, gold, r["intent_pred"])
+        for r in out.records
+        if (gold := r["intent_gold"]) is not None and r["status"] == "ok"
+    ]
     if not (out.routes_intents and cases):
         return
-    by_id = {q.query_id: q for q in dataset.queries}
-    report = intent_report(
-        [(by_id[r["query_id"]].intent_l1, r["intent_gold"], r["intent_pred"]) for r in cases]
-    )
+    report = intent_report(cases)
     (job.job_dir / INTENTS_MD).write_text(report.to_markdown(), encoding="utf-8")
     (job.job_dir / INTENTS_JSON).write_text(
         json.dumps(report.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8"
