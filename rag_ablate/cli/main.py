@@ -81,9 +81,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from rag_ablate.dataset.load import load_dataset
     from rag_ablate.dataset.model import QUERIES_FILE, DatasetValidationError
+    from rag_ablate.metrics.registry import human_metrics
 
     try:
-        ds = load_dataset(args.dataset_dir, holdout_share=args.holdout_share, seed=args.seed)
+        ds = load_dataset(
+            args.dataset_dir, holdout_share=args.holdout_share, seed=args.seed, human_metrics=human_metrics()
+        )
     except DatasetValidationError as exc:
         print(f"invalid dataset: {len(exc.errors)} problem(s)", file=sys.stderr)
         for e in exc.errors[:50]:
@@ -204,14 +207,14 @@ def _latest_sweep_link(uri: str, experiment: str, port: int) -> str | None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from rag_ablate.compare.analysis import DEFAULT_METRICS
     from rag_ablate.compare.run import gate_report, load_source, run_comparison
     from rag_ablate.config.schema import CompareConfig
+    from rag_ablate.metrics.registry import default_compare_metrics
 
     source = load_source(args.source, args.tracking_uri, Path(args.out) if args.out else None)
     settings = CompareConfig(
         baseline=args.baseline,
-        metrics=args.metrics.split(",") if args.metrics else list(DEFAULT_METRICS),
+        metrics=args.metrics.split(",") if args.metrics else default_compare_metrics(),
         splits=args.splits.split(",") if args.splits else ["dev", "holdout"],
         B=args.B,
         alpha=args.alpha,
