@@ -154,16 +154,22 @@ def _documented_names(text: str) -> set[str]:
     return names
 
 
-def test_every_registered_metric_is_documented() -> None:
+def undocumented_metrics() -> list[str]:
+    """Every metric registered right now (a test may add one) that docs/metrics.md does not name,
+    as it is written there (``recall_at_k``, ``intent_top1``)."""
     documented = _documented_names((DOCS / "metrics.md").read_text(encoding="utf-8"))
-    bases = list(REGISTRY)
-    assert {"recall", "ndcg", "intent_top1", "latency_ms"} <= set(bases)
     missing = []
-    for base in bases:
+    for base in REGISTRY:
         spec = REGISTRY[base]
         name = f"{base}_at_k" if spec.takes_k else base
         if name not in documented:
             missing.append(name)
+    return missing
+
+
+def test_every_registered_metric_is_documented() -> None:
+    assert {"recall", "ndcg", "intent_top1", "latency_ms"} <= set(REGISTRY)
+    missing = undocumented_metrics()
     assert not missing, f"metrics registered but not documented in docs/metrics.md: {missing}"
 
 
