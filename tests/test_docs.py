@@ -173,6 +173,21 @@ def test_every_registered_metric_is_documented() -> None:
     assert not missing, f"metrics registered but not documented in docs/metrics.md: {missing}"
 
 
+def test_the_adding_a_metric_recipe_lists_every_metricspec_field_with_its_default() -> None:
+    from dataclasses import MISSING, fields
+
+    from rag_ablate.metrics.registry import MetricSpec
+
+    rows = _table(_section(DOCS / "metrics.md", "Adding a metric"))
+    documented: dict[str, str] = {}
+    for cells in rows:
+        for name in cells[0].split(","):
+            documented[name.strip().strip("`")] = cells[1]
+    spelt = {MISSING: "required", None: "none", False: "false", True: "true"}
+    expected = {f.name: spelt.get(f.default, str(f.default).join("``")) for f in fields(MetricSpec)}
+    assert {k: v.strip("`") for k, v in documented.items()} == {k: v.strip("`") for k, v in expected.items()}
+
+
 def test_every_name_in_metrics_json_is_documented() -> None:
     records = [
         {"split": "dev", "kind": "answerable", "status": "ok", "ttft_ms": 80.0,
