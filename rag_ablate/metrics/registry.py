@@ -11,6 +11,13 @@ Names may carry a prefix such as a split or slice (``"dev/recall_at_5"``);
 ``display_name`` and ``direction_of`` keep / ignore everything up to the last
 ``/``. ``parse_metric_name`` takes a bare metric name only.
 
+Every fact about a metric is a field of its :class:`MetricSpec` (direction, scale, family,
+failed queries, percentile, judged, human-labelled, default lists, quality axis), and every list
+of metrics elsewhere is read from here: :func:`metrics_where` / :func:`bases_where` select by
+field, :func:`default_compare_metrics`, :func:`default_summary_metrics`, :func:`quality_axes`,
+:func:`auto_quality`, :func:`judged_metrics` and :func:`human_metrics` are the named lists, and
+:func:`spec_of` looks one name up. docs/metrics.md "Adding a metric" is the recipe.
+
 Errors:
 
 * an unknown metric, or a name that does not have the shape its metric needs
