@@ -110,8 +110,21 @@ def validate_compare(c: CompareConfig) -> None:
         raise ConfigError(f"compare.splits must be among dev, holdout, got {c.splits}")
 
 
+def fill_metric_defaults(s: RunConfig) -> None:
+    """An empty ``compare.metrics`` or ``metrics.summary`` (the default) becomes the metric
+    registry's default list (``MetricSpec.default_compare``, ``default_summary``)."""
+    from rag_ablate.metrics.registry import default_compare_metrics, default_summary_metrics
+
+    if not s.compare.metrics:
+        s.compare.metrics = default_compare_metrics()
+    if not s.metrics.summary:
+        s.metrics.summary = default_summary_metrics()
+
+
 def to_settings(cfg: DictConfig) -> RunConfig:
-    """A composed config as a :class:`RunConfig`, checked: the schema, then :func:`validate`."""
+    """A composed config as a :class:`RunConfig`, checked: the schema, the metric defaults filled in
+    (:func:`fill_metric_defaults`), then :func:`validate`."""
     settings = parse_config(cfg)
+    fill_metric_defaults(settings)
     validate(settings)
     return settings

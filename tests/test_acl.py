@@ -19,11 +19,17 @@ from hypothesis import strategies as st
 
 from rag_ablate.compare.analysis import compare
 from rag_ablate.compare.model import VariantData
-from rag_ablate.config.schema import COMPARE_METRICS, RunConfig
+from rag_ablate.config.schema import RunConfig
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Dataset, Document
 from rag_ablate.metrics.acl import acl_metrics, has_restrictions, may_see
-from rag_ablate.metrics.registry import direction_of, display_name, parse_metric_name
+from rag_ablate.metrics.registry import (
+    REGISTRY,
+    default_compare_metrics,
+    direction_of,
+    display_name,
+    parse_metric_name,
+)
 from rag_ablate.pipeline.stages import QueryState
 from rag_ablate.records.scoring import aggregate, score_record
 from rag_ablate.run.runner import evaluate
@@ -102,7 +108,8 @@ def test_metrics_are_registered_lower_is_better_and_shown_with_at() -> None:
         assert direction_of(f"holdout/{name}") == "lower"
     assert display_name("dev/acl_leak_rate_at_10") == "dev/acl_leak_rate@10"
     assert parse_metric_name("acl_leak@3")[1] == 3
-    assert {"acl_leak_at_10", "acl_leak_rate_at_10"} <= set(COMPARE_METRICS)
+    assert {"acl_leak_at_10", "acl_leak_rate_at_10"} <= set(default_compare_metrics())
+    assert {REGISTRY[b].family for b in ("acl_leak", "acl_leak_rate")} == {"security"}
 
 
 # --------------------------------------------------------------------------- restricted documents

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rag_ablate.compare import stats
-from rag_ablate.compare.analysis import DEFAULT_METRICS, compare, delta_metrics
+from rag_ablate.compare.analysis import compare, delta_metrics
 from rag_ablate.compare.gate import gate
 from rag_ablate.compare.guard import changed_factors, confounded_variants
 from rag_ablate.compare.model import Comparison, VariantData
@@ -356,11 +356,15 @@ def test_failed_queries_are_counted_compared_and_named() -> None:
 
 
 def test_error_rate_is_compared_by_default() -> None:
-    assert "error_rate" in DEFAULT_METRICS
-    from rag_ablate.config.schema import CompareConfig
-    from rag_ablate.metrics.registry import REGISTRY
+    from rag_ablate.config.schema import RunConfig
+    from rag_ablate.metrics.registry import REGISTRY, default_compare_metrics
+    from rag_ablate.settings import fill_metric_defaults
 
-    assert "error_rate" in CompareConfig().metrics
+    assert "error_rate" in default_compare_metrics()
+    s = RunConfig()
+    assert s.compare.metrics == []  # the schema's default: the registry's set, filled in when composed
+    fill_metric_defaults(s)
+    assert s.compare.metrics == default_compare_metrics() and "error_rate" in s.compare.metrics
     spec = REGISTRY["error_rate"]
     assert spec.direction == "lower" and spec.binary and not spec.takes_k
 

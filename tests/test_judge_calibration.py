@@ -23,7 +23,7 @@ from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.cache import Cache
 from rag_ablate.core.layout import JUDGE_CALIBRATION_JSON, JUDGE_CALIBRATION_MD, RECORDS_FILE, RUN_FILE
 from rag_ablate.dataset.load import load_dataset
-from rag_ablate.dataset.model import HUMAN_METRICS, DatasetValidationError
+from rag_ablate.dataset.model import DatasetValidationError
 from rag_ablate.judges import JUDGE_METRICS
 from rag_ablate.judges.calibration import (
     agreement,
@@ -33,6 +33,7 @@ from rag_ablate.judges.calibration import (
     run_calibration,
     weighted_kappa,
 )
+from rag_ablate.metrics.registry import human_metrics
 from tests.conftest import DOCS, QUERIES, run_module, write_dataset
 from tests.fake_llm import FakeLLM
 
@@ -288,7 +289,7 @@ def test_bad_human_judgements_name_file_line_and_field(
     queries = copy.deepcopy(QUERIES)
     queries[2]["human_judgements"] = [item]  # line 3 of queries.jsonl
     with pytest.raises(DatasetValidationError) as info:
-        load_dataset(write_dataset(tmp_path / "d", queries=queries))
+        load_dataset(write_dataset(tmp_path / "d", queries=queries), human_metrics=human_metrics())
     [err] = info.value.errors
     assert (err.file, err.line, err.field) == ("queries.jsonl", 3, field)
     assert why in err.reason
@@ -302,15 +303,30 @@ def test_unknown_metric_lists_the_valid_ones_and_every_problem_is_reported(tmp_p
         {"answer": "fine", "scores": {"relevance": 4}},
         {"answer": "b", "scores": {"fluency": 2, "faithfulness": 9}},
     ]
-    with pytest.raises(DatasetValidationError) as info:
-        load_dataset(write_dataset(tmp_path / "d", queries=queries))
+    folder = write_dataset(tmp_path / "d", queries=queries)
+    with pytest.raises(DatasetValidationError) as info:  # as the runner and `rag-ablate validate` load it
+        load_dataset(folder, human_metrics=human_metrics())
     got = [(e.line, e.field) for e in info.value.errors]
     assert got == [
         (1, "human_judgements"),
         (2, "human_judgements[1].scores.fluency"),
         (2, "human_judgements[1].scores.faithfulness"),
     ]
-    assert "valid: " + ", ".join(HUMAN_METRICS) in info.value.errors[1].reason
+    assert info.value.errors[1].reason == "unknown metric; valid: faithfulness, relevance, completeness"
+    # the dataset layer alone (below the metric registry) checks only that a name is metric-shaped
+    with pytest.raises(DatasetValidationError) as info:
+        load_dataset(folder)
+    assert [(e.line, e.field) for e in info.value.errors] == [
+        (1, "human_judgements"),
+        (2, "human_judgements[1].scores.faithfulness"),
+    ]
+    queries[1]["human_judgements"] = [{"answer": "b", "scores": {"Fluency!": 2}}]
+    queries[0].pop("human_judgements")
+    with pytest.raises(DatasetValidationError) as info:
+        load_dataset(write_dataset(tmp_path / "e", queries=queries))
+    assert [(e.field, e.reason) for e in info.value.errors] == [
+        ("human_judgements[0].scores.Fluency!", "not a metric name (lower snake case)")
+    ]
 
 
 def test_reference_contexts_are_the_relevant_documents_highest_grade_first(tmp_path: Path) -> None:
@@ -435,7 +451,7 @@ def test_calibration_run_against_the_fake_judge_server(fake_llm: FakeLLM, tmp_pa
 
     data = json.loads((job / JUDGE_CALIBRATION_JSON).read_text(encoding="utf-8"))
     assert (data["model"], data["n_judgements"], data["n_answers"]) == ("fake-judge", N_HUMAN, 15)
-    for metric in HUMAN_METRICS:
+    for metric in human_metrics():
         human, judge, errors, not_asked = expected_pairs(metric)
         if metric == "completeness":
             not_asked += 1  # the score added by judged_dataset

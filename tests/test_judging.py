@@ -20,7 +20,7 @@ import pytest
 from scipy.stats import spearmanr
 
 from rag_ablate.compare.analysis import judge_spread
-from rag_ablate.config.schema import COMPARE_METRICS, ModelPrice, RunConfig
+from rag_ablate.config.schema import ModelPrice, RunConfig
 from rag_ablate.core.layout import (
     COMPARISON_JSON,
     COMPARISON_MD,
@@ -32,8 +32,8 @@ from rag_ablate.core.layout import (
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Document, Query
 from rag_ablate.judges import JUDGE_METRICS
-from rag_ablate.metrics.answers import JUDGED_METRICS, AnswerScoring, answer_metrics, judge_support
-from rag_ablate.metrics.registry import REGISTRY
+from rag_ablate.metrics.answers import AnswerScoring, answer_metrics, judge_support
+from rag_ablate.metrics.registry import REGISTRY, default_compare_metrics, human_metrics, judged_metrics
 from rag_ablate.run.judging import judge_run_metrics, metric_agreement, spearman
 from tests.conftest import DOCS as CONFTEST_DOCS
 from tests.conftest import run_module
@@ -193,12 +193,14 @@ def test_judge_support_falls_back_to_the_lexical_rule_where_it_has_no_verdict() 
 
 
 def test_judged_metrics_are_registered_and_compared_when_present() -> None:
-    assert JUDGED_METRICS == JUDGE_METRICS
+    # the judge's metrics are the registry's judged ones, which a person may also score
+    assert JUDGE_METRICS == judged_metrics() == human_metrics()
+    assert JUDGE_METRICS == ("faithfulness", "relevance", "completeness")
     for m in JUDGE_METRICS:
         spec, err = REGISTRY[m], REGISTRY[f"judge_error_{m}"]
-        assert (spec.direction, spec.binary, spec.takes_k) == ("higher", False, False)
-        assert (err.direction, err.binary, err.takes_k) == ("lower", False, False)
-        assert m in COMPARE_METRICS
+        assert (spec.direction, spec.binary, spec.takes_k, spec.family) == ("higher", False, False, "quality")
+        assert (err.direction, err.binary, err.takes_k, err.family) == ("lower", False, False, "judge")
+        assert m in default_compare_metrics() and f"judge_error_{m}" not in default_compare_metrics()
 
 
 # --------------------------------------------------------------------------- run metrics

@@ -84,9 +84,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from rag_ablate.dataset.load import load_dataset
     from rag_ablate.dataset.model import QUERIES_FILE, DatasetValidationError
+    from rag_ablate.metrics.registry import human_metrics
 
     try:
-        ds = load_dataset(args.dataset_dir, holdout_share=args.holdout_share, seed=args.seed)
+        ds = load_dataset(
+            args.dataset_dir, holdout_share=args.holdout_share, seed=args.seed, human_metrics=human_metrics()
+        )
     except DatasetValidationError as exc:
         print(f"invalid dataset: {len(exc.errors)} problem(s)", file=sys.stderr)
         for e in exc.errors[:50]:
@@ -223,6 +226,10 @@ def _compare_settings(args: argparse.Namespace, names: Sequence[str]) -> Compare
             continue
         given[name] = [x.strip() for x in value.split(",") if x.strip()] if name in _LISTS else value
     settings = CompareConfig(**given)
+    if not settings.metrics:  # the registry's defaults, as a sweep's compare.metrics
+        from rag_ablate.metrics.registry import default_compare_metrics
+
+        settings.metrics = default_compare_metrics()
     validate_compare(settings)
     return settings
 
@@ -376,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("source", help="a sweep folder (outputs/multirun/<time>) or an MLflow parent run id")
     c.add_argument("--baseline", help="label of the baseline variant (default: the one marked baseline)")
-    c.add_argument("--metrics", help=f"comma-separated metric names (default {','.join(cmp.metrics)})")
+    c.add_argument("--metrics", help="comma-separated metric names (default: the registry's default list)")
     c.add_argument("--splits", help=f"comma-separated: dev,holdout (default {','.join(cmp.splits)})")
     c.add_argument("--B", type=int, help=f"bootstrap resamples (default {cmp.B})")
     c.add_argument("--alpha", type=float, help=f"significance level (default {cmp.alpha})")

@@ -11,7 +11,8 @@ Which queries enter a metric's comparison:
   same test, interval and adjustment as any metric;
 * ``latency_ms`` runs over every query with a latency on both sides, failed
   ones included (a query keeps its time until failure), so a timeout cannot
-  make a variant look faster.
+  make a variant look faster. (A metric is compared over failed queries when its
+  ``MetricSpec.uses_failed`` says so; these two are the built-in ones.)
 
 A metric that applies but has no paired query (every query failed in the
 variant, say) becomes a row with a ``note`` and no numbers, never a silent gap.
@@ -39,34 +40,41 @@ from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.mix import MixRow, mix_rows, mix_weights, weighted_group_sums
 from rag_ablate.compare.mix import settle as settle_weights
 from rag_ablate.compare.model import Comparison, Flip, Flips, Pair, Row, VariantData
-from rag_ablate.config.schema import COMPARE_METRICS
 from rag_ablate.core.errors import ComparisonError
 from rag_ablate.dataset.weights import TagWeights
-from rag_ablate.metrics.registry import direction_of, metric_name, parse_metric_name
+from rag_ablate.metrics.registry import (
+    default_compare_metrics,
+    direction_of,
+    metric_name,
+    parse_metric_name,
+    spec_of,
+)
 from rag_ablate.records.trace import Record
 
-DEFAULT_METRICS = COMPARE_METRICS
-ERROR_RATE = "error_rate"
-LATENCY = "latency_ms"
-#: metrics compared over failed queries too
-USES_FAILED = frozenset({ERROR_RATE, LATENCY})
-#: continuous metrics without a natural [0, 1] scale: flips are judged by relative change
-UNBOUNDED = frozenset({"latency_ms", "context_tokens"})
-#: percentiles of latency compared as statistics of the split (not per-query means): metric -> q
-QUANTILES = {"latency_p50_ms": 50.0, "latency_p95_ms": 95.0}
-#: metrics read off the clock: they differ between any two runs of one variant, so they are adjusted
-#: in a family of their own and their noise never moves another row's adjusted p
-TIMING = frozenset({LATENCY, *QUANTILES})
+# the two metrics whose per-query value is not simply the record's: every other fact about a metric
+# (which queries it uses, its scale, quantile, family) is on its MetricSpec
+ERROR_RATE = "error_rate"  # the record's status, not a stored value
+LATENCY = "latency_ms"  # falls back to timings_ms.total
 
 
 def family_of(metric: str) -> str:
-    """The multiple-comparison family of a metric within a split: ``timing`` or ``main``."""
-    return "timing" if metric in TIMING else "main"
+    """The multiple-comparison family of a metric within a split: ``timing`` or ``main``.
+
+    Metrics read off the clock (``MetricSpec.family == "timing"``) differ between any two runs of
+    one variant, so they are adjusted in a family of their own and their noise never moves another
+    row's adjusted p.
+    """
+    return "timing" if spec_of(metric).family == "timing" else "main"
 
 
 def per_query(metric: str) -> str:
     """The per-query value a metric is computed from (``latency_ms`` for a latency percentile)."""
-    return LATENCY if metric in QUANTILES else metric
+    return spec_of(metric).quantile_of or metric
+
+
+def quantile_of(metric: str) -> float | None:
+    """The percentile a metric is of its per-query values (None: compared as a per-query mean)."""
+    return spec_of(metric).quantile
 
 
 def failed(rec: Record) -> bool:
@@ -80,7 +88,7 @@ def value(rec: Record, metric: str) -> float | None:
     v = (rec.get("metrics") or {}).get(metric)
     if metric == LATENCY and v is None:
         v = (rec.get("timings_ms") or {}).get("total")
-    if v is None or (failed(rec) and metric not in USES_FAILED):
+    if v is None or (failed(rec) and not spec_of(metric).uses_failed):
         return None
     x = float(v)
     return x if math.isfinite(x) else None
@@ -217,7 +225,7 @@ def _columns(
     over the records for all metrics."""
     nan = math.nan
     cols: list[list[float]] = [[] for _ in metrics]
-    plain = [m not in (ERROR_RATE, LATENCY) for m in metrics]
+    plain = [not spec_of(m).uses_failed for m in metrics]  # error_rate and latency_ms use failed queries
     for q in ids:
         rec = by_id.get(q)
         if rec is None:
@@ -246,7 +254,7 @@ def compare(
     variants: Sequence[VariantData],
     *,
     baseline: str | None = None,
-    metrics: Sequence[str] = DEFAULT_METRICS,
+    metrics: Sequence[str] | None = None,
     splits: Sequence[str] = ("dev", "holdout"),
     B: int = 10_000,
     seed: int = 0,
@@ -256,6 +264,7 @@ def compare(
 ) -> Comparison:
     """Compare every variant with the baseline. See the module docstring.
 
+    ``metrics``: None or empty = the registry's default set (``MetricSpec.default_compare``).
     ``weights``: the production mix (:mod:`rag_ablate.dataset.weights`); None = the baseline's
     ``dataset.slice_weights``/``edge_tags``. Its rows go to ``Comparison.mix``.
 
@@ -264,7 +273,9 @@ def compare(
     the second pass finishes the tests in the order they were planned.
     """
     # canonical names (recall@5 -> recall_at_5); unknown names fail with the valid ones
-    metrics = [metric_name(spec.base, k) for spec, k in map(parse_metric_name, metrics)]
+    metrics = [
+        metric_name(spec.base, k) for spec, k in map(parse_metric_name, metrics or default_compare_metrics())
+    ]
     base, notes = pick_baseline(variants, baseline)
     others = [v for v in variants if v is not base]
     if not others:
@@ -294,13 +305,15 @@ def compare(
             var_cols = _columns(var_by_id, base_ids, sources)
             # metrics measured on the same queries are tested together, on one shared draw
             by_subset: dict[bytes, tuple[npt.NDArray[np.bool_], list[str]]] = {}
-            quantile_ms: dict[bytes, tuple[npt.NDArray[np.bool_], list[str]]] = {}
+            quantile_ms: dict[tuple[str, bytes], tuple[npt.NDArray[np.bool_], list[str]]] = {}
             for m in metrics:
                 src = per_query(m)
                 paired = np.isfinite(base_cols[src]) & np.isfinite(var_cols[src])
                 if paired.any():
-                    target = quantile_ms if m in QUANTILES else by_subset
-                    target.setdefault(paired.tobytes(), (paired, []))[1].append(m)
+                    if quantile_of(m) is not None:  # percentiles of one source over the same queries
+                        quantile_ms.setdefault((src, paired.tobytes()), (paired, []))[1].append(m)
+                    else:
+                        by_subset.setdefault(paired.tobytes(), (paired, []))[1].append(m)
                     continue
                 applies = bool(np.isfinite(base_cols[src]).any() or np.isfinite(var_cols[src]).any()) or any(
                     value(r, src) is not None for r in var_only
@@ -463,10 +476,11 @@ def _plan_quantiles(
 ) -> Callable[[_CountCache, float, list[Row]], Callable[[], None]]:
     """Latency percentiles over the same paired queries: one running sum per resample serves them all,
     their intervals from the split's shared draw (:func:`stats.paired_quantile_tests`)."""
-    b = base_cols[LATENCY][paired]
-    v = var_cols[LATENCY][paired]
+    src = per_query(ms[0])  # grouped by paired queries of one source: latency_ms for the latency ones
+    b = base_cols[src][paired]
+    v = var_cols[src][paired]
     groups = [str(base_by_id[q]["group"]) for q in qids]
-    qs = tuple(QUANTILES[m] for m in ms)
+    qs = tuple(spec_of(m).quantile or 0.0 for m in ms)
 
     def plan(counts: _CountCache, alpha: float, rows: list[Row]) -> Callable[[], None]:
         setup = stats.quantile_setup(b, v, np.array(groups), qs)
@@ -497,10 +511,9 @@ def judge_spread(
     repeats' mean); when the SE is small next to the CI, the uncertainty is query sampling and more
     repeats would not narrow it. NaN when the judge ran once per query.
     """
-    from rag_ablate.metrics.answers import JUDGED_METRICS
     from rag_ablate.run.judging import repeat_spread
 
-    if metric not in JUDGED_METRICS or not qids:
+    if not spec_of(metric).judged or not qids:
         return {}
     out: dict[str, float] = {}
     noise = 0.0
@@ -562,7 +575,7 @@ def _add_flips(
 ) -> None:
     spec, _ = parse_metric_name(metric)
     lower = direction_of(metric) == "lower"
-    relative = spec.base in UNBOUNDED
+    relative = not spec.bounded
     b = np.asarray(b, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
     d = v - b

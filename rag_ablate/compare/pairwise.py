@@ -226,10 +226,16 @@ def _default_judge(s: RunConfig) -> Judge | None:
 
 def _default_dataset(s: RunConfig) -> Dataset:
     from rag_ablate.dataset.load import load_dataset
+    from rag_ablate.metrics.registry import human_metrics
 
     d = s.dataset
     return load_dataset(
-        d.path, name=d.name, holdout_share=d.holdout_share, group_threshold=d.group_threshold, seed=s.seed
+        d.path,
+        name=d.name,
+        holdout_share=d.holdout_share,
+        group_threshold=d.group_threshold,
+        seed=s.seed,
+        human_metrics=human_metrics(),
     )
 
 

@@ -40,13 +40,13 @@ import numpy as np
 import numpy.typing as npt
 
 from rag_ablate.compare import stats
-from rag_ablate.compare.analysis import QUANTILES, _by_id, _pair, _untested_note, value
+from rag_ablate.compare.analysis import _by_id, _pair, _untested_note, quantile_of, value
 from rag_ablate.compare.draws import Collector, SharedDraws, ratios
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, SliceRow, SliceSection, VariantData
 from rag_ablate.config.schema import CompareConfig
 from rag_ablate.core.errors import ConfigError
-from rag_ablate.metrics.registry import direction_of, metric_name, parse_metric_name
+from rag_ablate.metrics.registry import auto_quality, direction_of, metric_name, parse_metric_name
 from rag_ablate.records.trace import Record
 from rag_ablate.run.slices import SliceKey, record_tags, slice_keys
 
@@ -65,7 +65,7 @@ def check_settings(settings: CompareConfig) -> None:
 def _canonical(m: str) -> str:
     spec, k = parse_metric_name(m)  # unknown names fail, listing the valid ones
     name = metric_name(spec.base, k)
-    if name in QUANTILES:
+    if quantile_of(name) is not None:
         raise ConfigError(
             f"compare.slice_metrics: {m} is a percentile of the split; slices compare per-query means "
             "(use latency_ms)"
@@ -75,8 +75,6 @@ def _canonical(m: str) -> str:
 
 def resolve_metrics(variants: Sequence[VariantData], settings: CompareConfig) -> list[str]:
     """The slice metrics, ``auto`` resolved to the comparison's quality metric (see the module docstring)."""
-    from rag_ablate.compare.tradeoff import ANSWER_METRICS, DEFAULT_QUALITY
-
     out: list[str] = []
     for m in settings.slice_metrics:
         if m == AUTO:
@@ -84,7 +82,7 @@ def resolve_metrics(variants: Sequence[VariantData], settings: CompareConfig) ->
                 m = settings.quality_metric
             else:
                 present = {k for v in variants for r in v.records for k in (r.get("metrics") or {})}
-                m = next((a for a in ANSWER_METRICS if a in present), DEFAULT_QUALITY)
+                m = auto_quality(present)
         name = _canonical(m)
         if name not in out:
             out.append(name)

@@ -39,7 +39,7 @@ from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import Point, SplitTradeoff, Tradeoff, VariantData
 from rag_ablate.config.schema import CompareConfig, ModelPrice
 from rag_ablate.core.errors import ConfigError
-from rag_ablate.metrics.registry import direction_of, display_name, parse_metric_name
+from rag_ablate.metrics.registry import auto_quality, direction_of, display_name, parse_metric_name
 from rag_ablate.records.trace import Record
 from rag_ablate.run import cost
 
@@ -50,10 +50,10 @@ TRADEOFF_MD = "tradeoff.md"
 PLOT_FILE = "quality_vs_cost.png"
 
 AUTO = "auto"
-DEFAULT_QUALITY = "recall_at_5"
-#: answer metrics preferred over retrieval recall when the records carry one (first found wins)
-ANSWER_METRICS = ("answer_correct", "answer_f1", "token_f1", "exact_match")
-#: cost metrics tried in order for ``compare.cost_metric=auto``: money, then p95 latency, then tokens
+# quality ``auto``: the registry's quality axes (MetricSpec.quality_axis, registry.auto_quality)
+#: cost names (rag_ablate.run.cost's ``cost/`` section, not registered metrics: the percentile of
+#: cost.query_latency_ms, cost.final_context_tokens) tried in order for ``compare.cost_metric=auto``:
+#: money, then p95 latency, then tokens
 AUTO_COSTS = ("usd_per_1k", "latency_p95_ms", "context_tokens")
 
 _PCT_RE = re.compile(r"^(?P<base>[a-z0-9_]+?)_p(?P<q>[0-9]{1,2}(?:\.[0-9]+)?)_ms$")
@@ -198,14 +198,15 @@ def choose_metrics(
 ) -> tuple[str, str]:
     """The quality and cost metric plotted: the configured ones, or the defaults for ``auto``.
 
-    Quality ``auto``: an answer metric when the records carry one, else
-    ``recall_at_5``. Cost ``auto``: ``usd_per_1k`` when a price and token usage
+    Quality ``auto``: the best-ranked quality axis of the registry the records carry (an answer
+    metric: ``token_f1``, ``exact_match``), else ``recall_at_5`` (``registry.auto_quality``).
+    Cost ``auto``: ``usd_per_1k`` when a price and token usage
     are known, else ``latency_p95_ms`` when queries are timed, else ``context_tokens``.
     """
     quality = settings.quality_metric
     if quality == AUTO:
         present = {k for v in variants for r in v.records for k in (r.get("metrics") or {})}
-        quality = next((m for m in ANSWER_METRICS if m in present), DEFAULT_QUALITY)
+        quality = auto_quality(present)
     quality_measure(quality)
     cost_name = settings.cost_metric
     if cost_name == AUTO:

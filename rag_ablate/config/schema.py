@@ -247,48 +247,22 @@ DEFAULT_REFUSAL_PHRASES = (
 @dataclass
 class MetricsConfig:
     ks: list[int] = field(default_factory=lambda: [1, 3, 5, 10])  # cut-offs of the @k metrics
-    summary: list[str] = field(  # columns of the end-of-run table
-        default_factory=lambda: ["recall_at_5", "ndcg_at_10", "evidence_recall_at_5", "intent_top1"]
-    )
+    # columns of the end-of-run table; empty = the metric registry's (MetricSpec.default_summary),
+    # filled in by rag_ablate.settings.to_settings
+    summary: list[str] = field(default_factory=list)
     refusal_phrases: list[str] = field(  # an answer containing one of these (case-insensitive) refuses
         default_factory=lambda: list(DEFAULT_REFUSAL_PHRASES)
     )
     citation_support: float = 0.5  # a cited chunk supports its sentence above this share of overlap
 
 
-COMPARE_METRICS = (
-    "recall_at_5",
-    "ndcg_at_10",
-    "mrr_at_10",
-    "evidence_recall_at_5",
-    "intent_top1",
-    "context_tokens_at_5",
-    "latency_ms",
-    "latency_p50_ms",
-    "latency_p95_ms",
-    "error_rate",
-    # access control (docs/metrics.md "Access control"): rows only when the corpus restricts documents
-    "acl_leak_at_10",
-    "acl_leak_rate_at_10",
-    # answer metrics (docs/metrics.md "Answers"): rows only when some variant has answers
-    "token_f1",
-    "exact_match",
-    "correct_refusal",
-    "over_refusal",
-    "citation_precision",
-    "citation_coverage",
-    # LLM-judged answers (docs/metrics.md "Judged answers"): rows only when a judge ran
-    "faithfulness",
-    "relevance",
-    "completeness",
-)
-
-
 @dataclass
 class CompareConfig:
     enabled: bool = True  # run the comparison at the end of every multirun
     baseline: str | None = None  # label of the baseline variant; null = the one marked baseline, else job 0
-    metrics: list[str] = field(default_factory=lambda: list(COMPARE_METRICS))  # tested against the baseline
+    # tested against the baseline; empty = the metric registry's default set (MetricSpec.default_compare),
+    # filled in by rag_ablate.settings.to_settings and by the comparison itself
+    metrics: list[str] = field(default_factory=list)
     splits: list[str] = field(default_factory=lambda: ["dev", "holdout"])  # splits tested, each on its own
     B: int = 10_000  # bootstrap resamples (and the sign-flip budget)
     alpha: float = 0.05  # significance level after adjustment (Holm on holdout, BH on dev)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,6 @@ from rag_ablate.core.errors import DatasetError
 from rag_ablate.dataset.labels import locate_quote
 from rag_ablate.dataset.model import (
     CORPUS_FILE,
-    HUMAN_METRICS,
     HUMAN_SCORE_MAX,
     INTENTS_FILE,
     QUERIES_FILE,
@@ -244,8 +244,16 @@ class _RawQuery:
     label_checks: tuple[LabelCheck, ...] = ()  # quotes that did not match at their offsets
 
 
-def _human_judgements(chk: _Checker, line: int, value: object) -> tuple[HumanJudgement, ...]:
-    """The optional ``human_judgements`` list of a query; each problem is reported with its field path."""
+_METRIC_KEY_RE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
+
+
+def _human_judgements(
+    chk: _Checker, line: int, value: object, metrics: Collection[str] | None
+) -> tuple[HumanJudgement, ...]:
+    """The optional ``human_judgements`` list of a query; each problem is reported with its field path.
+
+    ``metrics``: the metric names a score may have (``None``: any lower snake case name)."""
+    over = ", ".join(metrics) if metrics is not None else "metric names"
     if value is None:
         return ()
     if not isinstance(value, list):
@@ -281,14 +289,17 @@ def _human_judgements(chk: _Checker, line: int, value: object) -> tuple[HumanJud
             chk.err(
                 line,
                 f"{where}.scores",
-                f"must be a non-empty object {{metric: 0-{HUMAN_SCORE_MAX}}} over {', '.join(HUMAN_METRICS)}",
+                f"must be a non-empty object {{metric: 0-{HUMAN_SCORE_MAX}}} over {over}",
             )
             ok = False
         else:
             for metric, score in scores.items():
                 at = f"{where}.scores.{metric}"
-                if metric not in HUMAN_METRICS:
-                    chk.err(line, at, f"unknown metric; valid: {', '.join(HUMAN_METRICS)}")
+                if metrics is not None and metric not in metrics:
+                    chk.err(line, at, f"unknown metric; valid: {over}")
+                    ok = False
+                elif metrics is None and not (isinstance(metric, str) and _METRIC_KEY_RE.fullmatch(metric)):
+                    chk.err(line, at, "not a metric name (lower snake case)")
                     ok = False
                 elif not _is_int(score):
                     chk.err(line, at, f"must be an integer 0-{HUMAN_SCORE_MAX}, got {score!r}")
@@ -428,6 +439,7 @@ def _load_queries(
     docs: Mapping[str, Document],
     intents: Mapping[str, Intent] | None,
     errors: list[DatasetError],
+    human_metrics: Collection[str] | None = None,
 ) -> tuple[list[_RawQuery], str]:
     chk = _Checker(path.name, errors)
     out: list[_RawQuery] = []
@@ -505,7 +517,7 @@ def _load_queries(
         group = chk.string(line, obj, "group", required=False)
         tags = chk.str_list(line, obj, "tags") or ()
         user_groups = chk.str_list(line, obj, "user_groups")
-        judgements = _human_judgements(chk, line, obj.get("human_judgements"))
+        judgements = _human_judgements(chk, line, obj.get("human_judgements"), human_metrics)
 
         if len(errors) > n_err or qid is None or text is None:
             continue
@@ -581,8 +593,14 @@ def load_dataset(
     holdout_share: float = 0.3,
     group_threshold: float = 0.7,
     seed: int = 0,
+    human_metrics: Collection[str] | None = None,
 ) -> Dataset:
-    """Load and validate a dataset folder (``None``: the embedded sample)."""
+    """Load and validate a dataset folder (``None``: the embedded sample).
+
+    ``human_metrics``: the metrics a ``human_judgements`` score may name, which the metric
+    registry knows (``rag_ablate.metrics.registry.human_metrics()``; the dataset layer sits below
+    it, so a caller above passes them in); ``None`` checks only that each is a metric-shaped name.
+    """
     folder = sample_dataset_path() if path is None else Path(path).expanduser()
     if not folder.is_dir():
         raise DatasetError(f"dataset folder not found: {folder}", file=str(folder))
@@ -598,7 +616,7 @@ def load_dataset(
     intents: dict[str, Intent] | None = None
     if (folder / INTENTS_FILE).is_file():
         intents = _load_intents(folder / INTENTS_FILE, errors)
-    raw, queries_fp = _load_queries(folder / QUERIES_FILE, docs, intents, errors)
+    raw, queries_fp = _load_queries(folder / QUERIES_FILE, docs, intents, errors, human_metrics)
     if errors:
         raise DatasetValidationError(errors)
     labels = LabelReport(sum(q.quotes for q in raw), tuple(c for q in raw for c in q.label_checks))

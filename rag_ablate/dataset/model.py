@@ -34,10 +34,8 @@ QUERIES_FILE = "queries.jsonl"
 INTENTS_FILE = "intents.jsonl"
 
 
-#: the metrics a human judgement may score (the judge's metrics, docs/metrics.md), each an integer 0-5
-HUMAN_METRICS = ("faithfulness", "relevance", "completeness")
-
-
+#: a human judgement scores metrics (the registry's ``MetricSpec.human`` ones, which
+#: ``load_dataset(human_metrics=...)`` is given) each an integer 0 to this
 HUMAN_SCORE_MAX = 5
 
 
@@ -160,7 +158,8 @@ class Intent:
 
 @dataclass(frozen=True)
 class HumanJudgement:
-    """A person's 0-5 scores of one answer to a query (any subset of :data:`HUMAN_METRICS`)."""
+    """A person's 0-5 scores of one answer to a query (any subset of the human-labelled metrics,
+    ``rag_ablate.metrics.registry.human_metrics()``)."""
 
     answer: str
     scores: Mapping[str, int]

@@ -1,6 +1,7 @@
 """LLM judges behind one contract (the ``judge`` config group).
 
-A judge scores a generated answer on :data:`JUDGE_METRICS` (0-5 each, by a written rubric),
+A judge scores a generated answer on :data:`JUDGE_METRICS` (0-5 each, by a written rubric: one
+section per metric in ``judge.rubric_<lang>``), the metrics the metric registry marks ``judged``,
 says whether the answer declines to answer (``refusal``) and whether each cited passage
 supports the sentence that cites it (``support``). ``JUDGES.get(settings.judge.name)(settings,
 cache)`` builds one; the factory of ``none`` returns ``None`` (no judge: the deterministic
@@ -29,13 +30,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rag_ablate.core.registry import Registry
 from rag_ablate.generators.base import Context
+from rag_ablate.metrics.registry import judged_metrics
 from rag_ablate.records.trace import Judgement
 
 if TYPE_CHECKING:
     from rag_ablate.config.schema import RunConfig
     from rag_ablate.core.cache import Cache
 
-JUDGE_METRICS = ("faithfulness", "relevance", "completeness")
+#: the metrics a judge scores: the registry's ``MetricSpec.judged`` ones, in registration order (the
+#: registry is the one list; this is its value when the judges are imported)
+JUDGE_METRICS: tuple[str, ...] = judged_metrics()
 SUPPORT_KEY = "citation_support"  # the ``errors`` key when the judge's ``support`` list failed
 
 

@@ -47,8 +47,9 @@ import numpy as np
 import numpy.typing as npt
 
 from rag_ablate.core.layout import JUDGE_CALIBRATION_JSON, JUDGE_CALIBRATION_MD
-from rag_ablate.dataset.model import HUMAN_METRICS, HUMAN_SCORE_MAX, Dataset, Document, HumanJudgement, Query
+from rag_ablate.dataset.model import HUMAN_SCORE_MAX, Dataset, Document, HumanJudgement, Query
 from rag_ablate.generators.base import Context
+from rag_ablate.metrics.registry import human_metrics
 
 if TYPE_CHECKING:
     from rag_ablate.config.schema import RunConfig
@@ -262,7 +263,7 @@ def calibrate(
         )
         verdicts = dict(zip(todo, results, strict=True))
     items = [_item(q, h, verdicts[(q.query_id, h.answer)]) for q, h in judged]
-    metrics = [_metric_agreement(m, items, run_metrics or {}) for m in HUMAN_METRICS]
+    metrics = [_metric_agreement(m, items, run_metrics or {}) for m in human_metrics()]
     return Calibration(
         model=judge.model,
         prompt_hash=judge.prompt_hash,

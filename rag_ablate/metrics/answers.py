@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rag_ablate.metrics.registry import judged_metrics
 from rag_ablate.text.count import CJK_RANGES
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from rag_ablate.dataset.model import Document, Query
 
 __all__ = [
-    "JUDGED_METRICS",
     "AnswerScoring",
     "AnswerSentence",
     "CitationScores",
@@ -247,9 +247,6 @@ def cited_texts(
 
 # ------------------------------------------------------------------------------------- judged answers
 
-#: the metrics an LLM judge scores 0-5 (the same names as ``rag_ablate.judges.JUDGE_METRICS``)
-JUDGED_METRICS = ("faithfulness", "relevance", "completeness")
-
 
 def _repeats(judge: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
     reps = (judge or {}).get("repeats") or []
@@ -313,7 +310,7 @@ def judge_metrics(judge: Mapping[str, Any] | None, query: Query) -> dict[str, fl
     out: dict[str, float | None] = {}
     if not _repeats(judge):
         return out
-    for metric in JUDGED_METRICS:
+    for metric in judged_metrics():  # the registry's MetricSpec.judged metrics
         if metric == "completeness" and not query.reference_answers:
             continue  # judged against the references only: without one, not asked (or ignored)
         scores, failed = judge_scores(judge, metric)

@@ -11,6 +11,13 @@ Names may carry a prefix such as a split or slice (``"dev/recall_at_5"``);
 ``display_name`` and ``direction_of`` keep / ignore everything up to the last
 ``/``. ``parse_metric_name`` takes a bare metric name only.
 
+Every fact about a metric is a field of its :class:`MetricSpec` (direction, scale, family,
+failed queries, percentile, judged, human-labelled, default lists, quality axis), and every list
+of metrics elsewhere is read from here: :func:`metrics_where` / :func:`bases_where` select by
+field, :func:`default_compare_metrics`, :func:`default_summary_metrics`, :func:`quality_axes`,
+:func:`auto_quality`, :func:`judged_metrics` and :func:`human_metrics` are the named lists, and
+:func:`spec_of` looks one name up. docs/metrics.md "Adding a metric" is the recipe.
+
 Errors:
 
 * an unknown metric, or a name that does not have the shape its metric needs
@@ -27,26 +34,38 @@ Errors:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass, fields
 from typing import Literal
 
 from rag_ablate.core.errors import ConfigError, UnknownNameError
 from rag_ablate.core.registry import Registry
 
 __all__ = [
+    "FAMILIES",
     "REGISTRY",
     "MetricSpec",
+    "auto_quality",
+    "bases_where",
+    "default_compare_metrics",
+    "default_summary_metrics",
     "direction_of",
     "display_name",
+    "human_metrics",
+    "judged_metrics",
     "metric_name",
+    "metrics_where",
     "parse_metric_name",
+    "quality_axes",
     "register",
+    "spec_of",
     "split_prefix",
     "valid_metric_names",
 ]
 
 Direction = Literal["higher", "lower"]
+Family = Literal["quality", "security", "reliability", "cost", "timing", "judge"]
+FAMILIES: tuple[Family, ...] = ("quality", "security", "reliability", "cost", "timing", "judge")
 
 _BASE_RE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
 _AT_K_RE = re.compile(r"(?P<base>.+?)(?:_at_|@)(?P<k>[0-9]+)")
@@ -55,12 +74,50 @@ _KIND = "metric"
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """What the rest of the tool needs to know about one metric.
+    """Every fact the rest of the tool needs about one metric; nothing else keeps a list of them.
 
-    ``base`` is lower snake case and must not contain ``"_at_"`` (that separates
-    the cutoff). ``binary`` means every per-query value is 0 or 1, so paired
-    flips between variants are exact counts. ``takes_k`` means the metric is
-    always used with a cutoff (``recall_at_5``), never bare.
+    The first five are positional (``MetricSpec("recall", "higher", False, True, "...")``), the
+    rest keywords whose defaults fit a plain per-query quality metric:
+
+    ``base``
+        lower snake case, never containing ``"_at_"`` (that separates the cutoff).
+    ``direction``
+        ``"higher"`` or ``"lower"`` is better: the comparison's verdicts, the flips, the
+        quality-vs-cost frontier and the MLflow feedback direction all read it.
+    ``binary``
+        every per-query value is 0 or 1, so paired flips between variants are exact counts.
+    ``takes_k``
+        always used with a cutoff (``recall_at_5``), never bare.
+    ``description``
+        one line, shown where the metric is listed.
+    ``family``
+        ``quality`` (retrieval, intent, answers, judged scores), ``security`` (access-control
+        leaks, never folded into quality), ``reliability`` (failed queries), ``cost`` (tokens),
+        ``timing`` (read off the clock: adjusted for multiple comparisons in a family of its own,
+        so its run-to-run noise never moves another row's adjusted p) or ``judge`` (the LLM
+        judge's own failures).
+    ``uses_failed``
+        compared over failed queries too (a failed query keeps its time, and ``error_rate`` is
+        the failure itself); every other metric only over the queries ``ok`` on both sides.
+    ``bounded``
+        False for a continuous value without a natural scale (milliseconds, token counts): a
+        per-query flip is then judged by relative change, not by an absolute threshold.
+    ``quantile``, ``quantile_of``
+        a percentile (0-100) of another, per-query metric over a split's queries, compared as a
+        statistic of the split instead of a per-query mean (``latency_p95_ms``); both or neither.
+    ``judged``
+        an LLM judge scores it 0-5 (the judge's rubric has a section per judged metric).
+    ``human``
+        a dataset's ``human_judgements`` may score it 0-5 (judge calibration).
+    ``default_k``
+        the cutoff it has in the default lists below (a ``takes_k`` metric in one needs it).
+    ``default_compare``
+        in the default ``compare.metrics``; ``default_summary``: in the default ``metrics.summary``
+        (the end-of-run table; its first column is the headline quality metric).
+    ``quality_axis``
+        a rank among the automatic quality axes (``compare.quality_metric=auto`` and
+        ``compare.slice_metrics=[auto]``): the best-ranked one the records carry, else the
+        worst-ranked one (which needs no answers). None: never chosen automatically.
     """
 
     base: str
@@ -68,6 +125,17 @@ class MetricSpec:
     binary: bool
     takes_k: bool
     description: str
+    family: Family = "quality"
+    uses_failed: bool = False
+    bounded: bool = True
+    quantile: float | None = None
+    quantile_of: str | None = None
+    judged: bool = False
+    human: bool = False
+    default_k: int | None = None
+    default_compare: bool = False
+    default_summary: bool = False
+    quality_axis: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.base, str) or not _BASE_RE.fullmatch(self.base):
@@ -82,15 +150,54 @@ class MetricSpec:
             raise ValueError(
                 f"metric {self.base!r}: direction must be 'higher' or 'lower', got {self.direction!r}"
             )
-        if not isinstance(self.binary, bool) or not isinstance(self.takes_k, bool):
-            raise ValueError(f"metric {self.base!r}: binary and takes_k must be bools")
+        flags = ("binary", "takes_k", "uses_failed", "bounded", "judged", "human", "default_compare",
+                 "default_summary")  # fmt: skip
+        if not all(isinstance(getattr(self, f), bool) for f in flags):
+            raise ValueError(f"metric {self.base!r}: {', '.join(flags)} must be bools")
         if not isinstance(self.description, str) or not self.description.strip():
             raise ValueError(f"metric {self.base!r}: description must be a non-empty string")
+        if self.family not in FAMILIES:
+            raise ValueError(
+                f"metric {self.base!r}: family must be one of {', '.join(FAMILIES)}, got {self.family!r}"
+            )
+        if (self.quantile is None) != (self.quantile_of is None):
+            raise ValueError(f"metric {self.base!r}: quantile and quantile_of go together")
+        if self.quantile is not None and (
+            isinstance(self.quantile, bool)
+            or not isinstance(self.quantile, int | float)
+            or not 0 <= self.quantile <= 100
+        ):
+            raise ValueError(
+                f"metric {self.base!r}: quantile must be a percentile in [0, 100], got {self.quantile!r}"
+            )
+        if self.default_k is not None:
+            if not self.takes_k:
+                raise ValueError(f"metric {self.base!r}: default_k needs takes_k")
+            if isinstance(self.default_k, bool) or not isinstance(self.default_k, int) or self.default_k < 1:
+                raise ValueError(
+                    f"metric {self.base!r}: default_k must be a positive integer, got {self.default_k!r}"
+                )
+        listed = self.default_compare or self.default_summary or self.quality_axis is not None
+        if listed and self.takes_k and self.default_k is None:
+            raise ValueError(f"metric {self.base!r}: in a default list with a cutoff, so it needs default_k")
+        if self.quality_axis is not None and (
+            isinstance(self.quality_axis, bool) or not isinstance(self.quality_axis, int)
+        ):
+            raise ValueError(f"metric {self.base!r}: quality_axis must be an integer rank or None")
 
     @property
     def typed_name(self) -> str:
         """The name as a user types it: ``recall_at_<k>`` or ``intent_top1``."""
         return f"{self.base}_at_<k>" if self.takes_k else self.base
+
+    @property
+    def default_name(self) -> str:
+        """The name in the default lists: ``recall_at_5`` (``default_k``) or ``intent_top1``."""
+        if not self.takes_k:
+            return self.base
+        if self.default_k is None:
+            raise ValueError(f"metric {self.base!r} has no default_k, so no default name")
+        return f"{self.base}_at_{self.default_k}"
 
 
 # the storage: the project's generic name registry, keyed by base name
@@ -224,6 +331,73 @@ def direction_of(name: str) -> Direction:
     return parse_metric_name(bare)[0].direction
 
 
+def spec_of(name: str) -> MetricSpec:
+    """The spec of a metric name: ``"recall_at_5"``, ``"recall@5"``, ``"dev/recall_at_5"``.
+
+    Unknown or misshapen names raise as :func:`parse_metric_name` does.
+    """
+    _, bare = split_prefix(name)
+    return parse_metric_name(bare)[0]
+
+
+_FACTS = frozenset(f.name for f in fields(MetricSpec))
+
+
+def metrics_where(**facts: object) -> tuple[MetricSpec, ...]:
+    """The registered specs whose fields equal ``facts``, in registration order.
+
+    ``metrics_where(judged=True)``, ``metrics_where(family="timing")``; no facts: every spec.
+    A fact that is not a :class:`MetricSpec` field raises ``TypeError``.
+    """
+    unknown = sorted(set(facts) - _FACTS)
+    if unknown:
+        raise TypeError(f"metrics_where(): {', '.join(unknown)} is not a MetricSpec field")
+    specs = (_METRICS.get(base) for base in _METRICS.names())
+    return tuple(s for s in specs if all(getattr(s, k) == v for k, v in facts.items()))
+
+
+def bases_where(**facts: object) -> tuple[str, ...]:
+    """The base names of :func:`metrics_where` (``bases_where(judged=True)``)."""
+    return tuple(s.base for s in metrics_where(**facts))
+
+
+def default_compare_metrics() -> list[str]:
+    """The default ``compare.metrics``: every ``default_compare`` metric, in registration order."""
+    return [s.default_name for s in metrics_where(default_compare=True)]
+
+
+def default_summary_metrics() -> list[str]:
+    """The default ``metrics.summary`` columns (the first is the headline quality metric)."""
+    return [s.default_name for s in metrics_where(default_summary=True)]
+
+
+def quality_axes() -> list[str]:
+    """The automatic quality axes, best rank first (``MetricSpec.quality_axis``)."""
+    ranked = sorted(
+        (s for s in metrics_where() if s.quality_axis is not None), key=lambda s: s.quality_axis or 0
+    )
+    return [s.default_name for s in ranked]
+
+
+def auto_quality(present: Collection[str]) -> str:
+    """The quality metric ``auto`` means: the best-ranked axis among ``present`` (the metric names
+    the records carry), else the worst-ranked axis."""
+    axes = quality_axes()
+    if not axes:
+        raise ValueError("no metric is registered with a quality_axis")
+    return next((m for m in axes if m in present), axes[-1])
+
+
+def judged_metrics() -> tuple[str, ...]:
+    """The metrics an LLM judge scores 0-5, in registration order (``MetricSpec.judged``)."""
+    return tuple(s.default_name for s in metrics_where(judged=True))
+
+
+def human_metrics() -> tuple[str, ...]:
+    """The metrics a dataset's ``human_judgements`` may score (``MetricSpec.human``)."""
+    return tuple(s.default_name for s in metrics_where(human=True))
+
+
 def _register_builtins() -> None:
     retrieval = {
         "hit": (True, "1 if any relevant document is in the top k unique documents"),
@@ -233,8 +407,24 @@ def _register_builtins() -> None:
         "ndcg": (False, "DCG / ideal DCG at k; gain 2^grade - 1, discount log2(rank + 1)"),
         "full_recall": (True, "1 if every relevant document is in the top k"),
     }
+    # compared by default, at this cutoff; recall@5 is also the first summary column and the quality
+    # axis when the records carry no answer metric
+    compared = {"recall": 5, "mrr": 10, "ndcg": 10}
     for base, (binary, description) in retrieval.items():
-        register(MetricSpec(base, "higher", binary, True, description))
+        k = compared.get(base)
+        register(
+            MetricSpec(
+                base,
+                "higher",
+                binary,
+                True,
+                description,
+                default_k=k,
+                default_compare=k is not None,
+                default_summary=base in ("recall", "ndcg"),
+                quality_axis=3 if base == "recall" else None,
+            )
+        )
     # alternative evidence sets (docs/metrics.md): computed when a query has relevant_sets
     register(
         MetricSpec(
@@ -253,15 +443,9 @@ def _register_builtins() -> None:
             False,
             True,
             "evidence spans overlapped by a top-k chunk of the same document / all spans",
-        )
-    )
-    register(
-        MetricSpec(
-            "context_tokens",
-            "lower",
-            False,
-            True,
-            "tokens of the top k chunks handed to the generator",
+            default_k=5,
+            default_compare=True,
+            default_summary=True,
         )
     )
     register(
@@ -271,21 +455,36 @@ def _register_builtins() -> None:
             True,
             False,
             "1 if the predicted leaf intent equals intent_l2",
+            default_compare=True,
+            default_summary=True,
         )
     )
-    # access control (docs/metrics.md "Access control"): security metrics, never folded into quality
     register(
         MetricSpec(
-            "acl_leak",
+            "context_tokens",
             "lower",
             False,
             True,
-            "distinct documents among the top k chunks that the asking user may not see "
-            "(allowed_groups sharing none of the query's user_groups)",
+            "tokens of the top k chunks handed to the generator",
+            family="cost",
+            bounded=False,
+            default_k=5,
+            default_compare=True,
         )
     )
-    register(MetricSpec("acl_leak_rate", "lower", True, True, "1 if any document in the top k is a leak"))
-    register(MetricSpec("latency_ms", "lower", False, False, "end-to-end latency in milliseconds"))
+    register(
+        MetricSpec(
+            "latency_ms",
+            "lower",
+            False,
+            False,
+            "end-to-end latency in milliseconds",
+            family="timing",
+            uses_failed=True,
+            bounded=False,
+            default_compare=True,
+        )
+    )
     for q in (50, 95):
         register(
             MetricSpec(
@@ -295,6 +494,12 @@ def _register_builtins() -> None:
                 False,
                 f"{q}th percentile of end-to-end latency over a split's queries, failed ones included "
                 "(a statistic of the split: compared by a group bootstrap, not per query)",
+                family="timing",
+                uses_failed=True,
+                bounded=False,
+                quantile=float(q),
+                quantile_of="latency_ms",
+                default_compare=True,
             )
         )
     register(
@@ -305,23 +510,83 @@ def _register_builtins() -> None:
             False,
             "1 if the query failed (the system raised, timed out or returned an error, or scoring it "
             "failed), else 0; its mean is the share of failed queries",
+            family="reliability",
+            uses_failed=True,
+            default_compare=True,
         )
     )
-    # answers (docs/metrics.md "Answers"): computed when a record has an answer
+    # access control (docs/metrics.md "Access control"): security metrics, never folded into quality;
+    # rows only when the corpus restricts documents
+    register(
+        MetricSpec(
+            "acl_leak",
+            "lower",
+            False,
+            True,
+            "distinct documents among the top k chunks that the asking user may not see "
+            "(allowed_groups sharing none of the query's user_groups)",
+            family="security",
+            default_k=10,
+            default_compare=True,
+        )
+    )
+    register(
+        MetricSpec(
+            "acl_leak_rate",
+            "lower",
+            True,
+            True,
+            "1 if any document in the top k is a leak",
+            family="security",
+            default_k=10,
+            default_compare=True,
+        )
+    )
+    # answers (docs/metrics.md "Answers"): computed when a record has an answer; rows only when some
+    # variant has answers; token_f1, then exact_match, are the quality axis when present
     for spec in (
-        MetricSpec("exact_match", "higher", True, False, "1 if the answer's tokens equal a reference's"),
         MetricSpec(
             "token_f1",
             "higher",
             False,
             False,
             "F1 of shared tokens (characters for Chinese, words otherwise), max over references",
+            default_compare=True,
+            quality_axis=1,
+        ),
+        MetricSpec(
+            "exact_match",
+            "higher",
+            True,
+            False,
+            "1 if the answer's tokens equal a reference's",
+            default_compare=True,
+            quality_axis=2,
         ),
         MetricSpec("refusal", "lower", True, False, "1 if the answer contains a refusal phrase"),
-        MetricSpec("correct_refusal", "higher", True, False, "unanswerable queries: 1 if the answer refuses"),
-        MetricSpec("over_refusal", "lower", True, False, "answerable queries: 1 if the answer refuses"),
         MetricSpec(
-            "citation_precision", "higher", False, False, "citations that support their sentence / citations"
+            "correct_refusal",
+            "higher",
+            True,
+            False,
+            "unanswerable queries: 1 if the answer refuses",
+            default_compare=True,
+        ),
+        MetricSpec(
+            "over_refusal",
+            "lower",
+            True,
+            False,
+            "answerable queries: 1 if the answer refuses",
+            default_compare=True,
+        ),
+        MetricSpec(
+            "citation_precision",
+            "higher",
+            False,
+            False,
+            "citations that support their sentence / citations",
+            default_compare=True,
         ),
         MetricSpec(
             "citation_coverage",
@@ -329,17 +594,30 @@ def _register_builtins() -> None:
             False,
             False,
             "answer sentences with a supporting citation / sentences",
+            default_compare=True,
         ),
     ):
         register(spec)
-    # judged answers (docs/metrics.md "Judged answers"): computed when an LLM judge ran (judge=openai)
+    # judged answers (docs/metrics.md "Judged answers"): computed when an LLM judge ran (judge=openai);
+    # a person may score the same three in a dataset's human_judgements (judge calibration)
     judged = {
         "faithfulness": "how well the contexts support every claim of the answer",
         "relevance": "how directly the answer addresses the question",
         "completeness": "how much of the reference answer the answer covers (queries with references)",
     }
     for base, what in judged.items():
-        register(MetricSpec(base, "higher", False, False, f"LLM judge, 0-5, mean over repeats: {what}"))
+        register(
+            MetricSpec(
+                base,
+                "higher",
+                False,
+                False,
+                f"LLM judge, 0-5, mean over repeats: {what}",
+                judged=True,
+                human=True,
+                default_compare=True,
+            )
+        )
         register(
             MetricSpec(
                 f"judge_error_{base}",
@@ -348,6 +626,7 @@ def _register_builtins() -> None:
                 False,
                 f"share of the judge's repeats whose {base} judgement failed (unparsable output or a "
                 "failed call); its mean is the judge's error rate",
+                family="judge",
             )
         )
 

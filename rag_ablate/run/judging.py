@@ -28,13 +28,13 @@ import numpy as np
 from tqdm import tqdm
 
 from rag_ablate.metrics.answers import (
-    JUDGED_METRICS,
     AnswerScoring,
     answer_sentences,
     answer_tokens,
     cited_texts,
     judge_scores,
 )
+from rag_ablate.metrics.registry import judged_metrics
 from rag_ablate.records.trace import Judgement, JudgeRepeat, Record
 
 if TYPE_CHECKING:
@@ -90,9 +90,10 @@ def judge_input(
 
 def failed_judgement(judge: Judge, error: str) -> Judgement:
     """The ``judge`` value of a query whose judging raised: every repeat failed every metric."""
-    errors = {m: error for m in (*JUDGED_METRICS, "refusal", "citation_support")}
+    judged = judged_metrics()
+    errors = {m: error for m in (*judged, "refusal", "citation_support")}
     repeat: JudgeRepeat = {
-        "scores": {m: None for m in JUDGED_METRICS},
+        "scores": {m: None for m in judged},
         "errors": errors,
         "refusal": None,
         "support": None,
@@ -267,7 +268,7 @@ def judge_run_metrics(
         )
         out["usd"] = usd / 1_000_000
         out["usd_per_1k"] = out["usd"] / len(judged) * 1000
-    for metric in JUDGED_METRICS:
+    for metric in judged_metrics():
         out.update({f"{metric}/{k}": v for k, v in metric_agreement(judged, metric).items()})
     return {PREFIX + k: v for k, v in out.items()}
 

@@ -54,6 +54,7 @@ from rag_ablate.judges import JUDGES, Judge
 from rag_ablate.judges.calibration import run_calibration
 from rag_ablate.metrics.answers import AnswerScoring
 from rag_ablate.metrics.intent import intent_report
+from rag_ablate.metrics.registry import human_metrics
 from rag_ablate.records.jsonl import RecordWriter, write_records
 from rag_ablate.records.scoring import TokenCounts, aggregate, make_record, scored
 from rag_ablate.records.trace import Record, Trace
@@ -72,7 +73,14 @@ from rag_ablate.tracking import ui as tracking_ui
 def _cached_dataset(
     path: str | None, name: str, holdout_share: float, threshold: float, seed: int
 ) -> Dataset:
-    ds = load_dataset(path, name=name, holdout_share=holdout_share, group_threshold=threshold, seed=seed)
+    ds = load_dataset(
+        path,
+        name=name,
+        holdout_share=holdout_share,
+        group_threshold=threshold,
+        seed=seed,
+        human_metrics=human_metrics(),
+    )
     if ds.labels.issues:  # quoted evidence that did not match the corpus: say so once per load
         lab = ds.labels
         print(

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rag_ablate.core.errors import ConfigError
+from rag_ablate.metrics.registry import direction_of
 
 if TYPE_CHECKING:
     from mlflow.entities import Assessment, Span, TraceInfo
@@ -55,18 +56,22 @@ STAGES = ("route", "retrieve", "rerank", "generate")  # child spans, in the orde
 # bm25, dense, fuse, an HTTP system's eval call, a new retriever's own name); keys with a dot
 # (``service.<stage>``: a service's own timings, inside a call) are kept on the root span only
 _STAGE_OF = {"route": "route", "rerank": "rerank", "generate": "generate", "chat": "generate"}
-_LOWER_IS_BETTER = ("latency", "tokens", "error_rate", "_ms", "cost", "usd")
 
 DESCRIPTION_NOTE = (
     "Per-query traces: MLflow's Evaluation runs view compares this run with the baseline query by "
-    "query; its arrows show plain differences, so for latency, token and cost feedback "
-    "(lower is better) an upward arrow is a regression."
+    "query; its arrows show plain differences, so for lower-is-better feedback (latency, tokens, "
+    "errors, access-control leaks, refusals; each feedback's direction metadata says which) an "
+    "upward arrow is a regression."
 )
 
 
 def lower_is_better(metric: str) -> bool:
-    """True for metrics where smaller values are better (latency, tokens, cost, error rate)."""
-    return any(part in metric for part in _LOWER_IS_BETTER)
+    """True when the metric registry says smaller values are better (``MetricSpec.direction``).
+
+    ``metric`` is a registered name (``acl_leak_at_10``, ``dev/latency_ms``); anything else raises
+    :class:`~rag_ablate.core.errors.UnknownNameError` listing the valid names.
+    """
+    return direction_of(metric) == "lower"
 
 
 def description_note() -> str:
