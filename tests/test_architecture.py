@@ -175,3 +175,44 @@ def test_layer_counts_are_reported() -> None:
     for m in modules():
         per[LAYERS[layer_of(m)]] += 1
     assert all(per[name] > 0 for name in LAYERS)
+
+
+# MLflow writers of tracking/store.py and tracking/traces.py, and who may call them: the job's start
+# (its run, RUNNING) and end (run/runner.py, _start_run and _log_job), the sweep's start, end and
+# interruption (sweep/driver.py, sweep/publish.py), resume= and its orphans (run/resume.py)
+WRITERS = {
+    "log_run", "log_metrics", "log_artifacts", "log_table", "log_traces", "log_dataset_input",
+    "set_description", "append_description", "save_view", "finish_run", "end_run", "start_run",
+    "start_parent", "reopen_run",
+}  # fmt: skip
+WRITES_MLFLOW = {
+    "rag_ablate.run.runner": {"_log_job", "_start_run", "_log_traces", "_log_to_mlflow"},
+    "rag_ablate.run.resume": None,  # reopening and ending the runs of an interrupted sweep
+    "rag_ablate.sweep.driver": {"_start_sweep", "finish_sweep", "interrupt_sweep"},
+    "rag_ablate.sweep.publish": None,
+}
+
+
+def test_mlflow_is_written_from_one_place_per_step() -> None:
+    """Analysis and rendering return values; only the job's and the sweep's drivers log them."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for m, p in modules().items():
+        if m.startswith("rag_ablate.tracking."):
+            continue
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for n in ast.walk(fn):
+                if (
+                    isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Attribute)
+                    and n.func.attr in WRITERS
+                    and isinstance(n.func.value, ast.Name)
+                    and n.func.value.id in ("tracking", "mlflow_traces")
+                ):
+                    found[m].add(fn.name)
+    assert set(found) == set(WRITES_MLFLOW), f"modules writing MLflow: {sorted(found)}"
+    for m, allowed in WRITES_MLFLOW.items():
+        if allowed is not None:
+            assert found[m] <= allowed, f"{m} writes MLflow from {sorted(found[m] - allowed)}"
