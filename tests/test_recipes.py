@@ -4,11 +4,12 @@ A test per recipe copies the package, conf/, README.md and docs/ into a temporar
 the recipe there literally (writes the new module, edits the files the recipe names, nothing
 else), checks that the files it touched are exactly the recipe's list, and then uses the new
 extension through the real entry points of the copy: a run of the embedded sample with
-``retrieval=<new>``, ``rerank=<new>`` or ``system=<new>``, or ``rag-ablate import <new>`` followed
-by ``rag-ablate validate``. The registry checks of tests/test_registry.py (a config file per
-name, a mention in README or docs/) are applied to the copy as well, so a recipe that forgot a
-file fails here. The file count of each recipe is read from the doc, so the doc and the tests
-cannot drift apart.
+``retrieval=<new>``, ``rerank=<new>`` or ``system=<new>``, ``rag-ablate import <new>`` followed
+by ``rag-ablate validate``, or a sweep whose comparison shows the new section in every view (the
+terminal, comparison.md and .json, report.html, the MLflow descriptions). The registry checks
+of tests/test_registry.py (a config file per name, a mention in README or docs/) are applied to
+the copy as well, so a recipe that forgot a file fails here. The file count of each recipe is
+read from the doc, so the doc and the tests cannot drift apart.
 """
 
 from __future__ import annotations
@@ -151,6 +152,14 @@ def _edit(root: Path, rel: str, old: str, new: str) -> None:
     text = path.read_text(encoding="utf-8")
     assert text.count(old) == 1, f"{rel}: {old!r} is not there exactly once"
     path.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def _before(root: Path, rel: str, anchor: str, new: str) -> None:
+    _edit(root, rel, anchor, new + anchor)
+
+
+def _after(root: Path, rel: str, anchor: str, new: str) -> None:
+    _edit(root, rel, anchor, anchor + new)
 
 
 def _add_option(root: Path, group: str, name: str, what: str, section_line: str | None = None) -> None:
@@ -405,18 +414,315 @@ def test_how_to_add_an_importer(tmp_path: Path) -> None:
     _check_registry_rules(root, _registered(root, "rag_ablate.dataset.importers.common", "IMPORTERS"), None)
 
 
-def test_how_to_add_a_comparison_or_report_section() -> None:
-    # The recipe names a field of the typed Comparison and one renderer per view; report.html and the
-    # MLflow descriptions render from the typed Comparison only after the lead's pending rework of the
-    # comparison shape, so there is nothing yet to follow end to end.
-    from rag_ablate.report import html
+REGRESSIONS_TYPES = '''
+@dataclass
+class Regression:
+    """One query of one split whose primary metric dropped in a variant (``drop`` > 0)."""
 
-    if "Mapping[str, Any]" in str(html._comparison_section.__annotations__.get("comp", "")):
-        pytest.skip(
-            "pending: the lead's rework of the comparison shape (report/html.py still renders "
-            "comparison.json's dict, not the typed Comparison of compare/model.py)"
-        )
-    pytest.fail(
-        "report/html.py renders the typed Comparison now: follow 'How to add a comparison or report "
-        "section' here end to end (a field on Comparison, computed in compare/, shown by every renderer)"
+    split: str
+    variant: str
+    query_id: str
+    query: str
+    baseline_value: float
+    variant_value: float
+    drop: float  # the change against the metric's direction: baseline - variant when higher is better
+
+
+@dataclass
+class RegressionSection:
+    """Per split and variant, the ``top`` queries whose ``metric`` dropped most, largest first."""
+
+    metric: str
+    top: int
+    rows: list[Regression] = field(default_factory=list)
+
+    def of(self, variant: str, split: str) -> list[Regression]:
+        return [r for r in self.rows if (r.variant, r.split) == (variant, split)]
+
+
+'''
+
+REGRESSIONS_RENDER = '''
+def regression_terminal_lines(c: Comparison) -> list[str]:
+    """Per variant, its largest regressions on every split."""
+    if c.regressions is None:
+        return []
+    sec, out = c.regressions, []
+    for v in c.variants:
+        parts = [
+            f"{s}: " + ", ".join(f"{r.query_id} {_signed(-r.drop)}" for r in sec.of(v, s))
+            for s in c.splits
+            if sec.of(v, s)
+        ]
+        if parts:
+            out.append(f"largest regressions of {v} on {display_name(sec.metric)}: {'; '.join(parts)}")
+    return out
+
+
+def regression_markdown_lines(c: Comparison) -> list[str]:
+    """``comparison.md``'s section: every regression kept, per split and variant."""
+    if c.regressions is None:
+        return []
+    sec = c.regressions
+    out = [
+        "## Largest regressions",
+        "",
+        f"Per split and variant, the {sec.top} queries whose {display_name(sec.metric)} dropped most.",
+        "",
+        "| split | variant | query | base -> var | drop |",
+        "|---|---|---|---|---:|",
+    ]
+    out += [
+        f"| {r.split} | {_md_cell(r.variant)} | `{r.query_id}` {_md_cell(r.query)} | "
+        f"{_num(r.baseline_value)} -> {_num(r.variant_value)} | {_num(r.drop)} |"
+        for r in sec.rows
+    ]
+    return [*out, ""]
+
+
+'''
+
+REGRESSIONS_HTML = '''
+def _regressions_section(c: Comparison, titles: Mapping[str, str]) -> str:
+    """The largest regressions per split and variant, largest first."""
+    assert c.regressions is not None
+    sec = c.regressions
+    rows = [
+        [
+            _e(titles.get(r.variant, r.variant)),
+            _e(r.split),
+            _e(r.query_id),
+            _e(r.query),
+            _num(r.baseline_value),
+            _num(r.variant_value),
+            _num(r.drop),
+        ]
+        for r in sec.rows
+    ]
+    head = ["variant", "split", "query id", "query", "baseline", "variant", "drop"]
+    metric = display_name(sec.metric)
+    intro = f"<p>Per split and variant, the {sec.top} largest drops of <b>{_e(metric)}</b>.</p>"
+    return intro + _table(head, rows, cls="regressions", raw=True)
+
+
+'''
+
+REGRESSIONS_MLFLOW = '''
+def regressions_text(c: Comparison, variant: str) -> str:
+    """``q1 (dev -1.000), q7 (holdout -0.500)``; ``''`` when there are none."""
+    if c.regressions is None:
+        return ""
+    rows = [r for r in c.regressions.rows if r.variant == variant]
+    return ", ".join(f"{r.query_id} ({r.split} {_signed(-r.drop)})" for r in rows)
+
+
+'''
+
+REGRESSIONS_SWEEP_NOTE = """\
+    if c is not None and c.regressions is not None and c.regressions.rows:
+        named = [f"{v}: {regressions_text(c, v)}" for v in c.variants if regressions_text(c, v)]
+        metric = display_name(c.regressions.metric)
+        lines.append(f"Largest regressions ({metric}): " + "; ".join(named))
+"""
+
+
+@pytest.mark.slow
+def test_how_to_add_a_comparison_or_report_section(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    # 1. model.py: the section's types, a field on Comparison (None: not computed), its key in comparison.json
+    model = "rag_ablate/compare/model.py"
+    _before(root, model, "@dataclass\nclass Comparison:\n", REGRESSIONS_TYPES.lstrip())
+    field = "    regressions: RegressionSection | None = None\n"
+    _before(root, model, "    tradeoff: Tradeoff | None = None", field)
+    to_json = '{**asdict(self.regressions), "rows": [_finite(asdict(r)) for r in self.regressions.rows]}'
+    _after(
+        root,
+        model,
+        '            "tradeoff": None if self.tradeoff is None else self.tradeoff.to_dict(),\n',
+        '            "regressions": None\n'
+        "            if self.regressions is None\n"
+        f"            else {to_json},\n",
     )
+    # 2. the section's module
+    _write(
+        root,
+        "rag_ablate/compare/regressions.py",
+        '''
+        """The largest regressions: per split and variant, the queries whose primary metric dropped most.
+
+        The primary metric is the comparison's first. A query counts when it is ``ok`` with a value of
+        the metric in the baseline and in the variant; its drop is the change against the metric's
+        direction. The ``top`` largest drops are kept, ties by query id.
+        """
+
+        from __future__ import annotations
+
+        import math
+        from collections.abc import Sequence
+
+        from rag_ablate.compare.model import Comparison, Regression, RegressionSection, VariantData
+        from rag_ablate.metrics.registry import direction_of
+
+        TOP = 3
+
+
+        def _values(v: VariantData, metric: str) -> dict[tuple[str, str], tuple[float, str]]:
+            out = {}
+            for rec in v.records:
+                x = rec["metrics"].get(metric)
+                if rec["status"] == "ok" and x is not None and math.isfinite(x):
+                    out[(rec["split"], rec["query_id"])] = (float(x), rec.get("query") or "")
+            return out
+
+
+        def largest_regressions(
+            variants: Sequence[VariantData], c: Comparison, top: int = TOP
+        ) -> RegressionSection | None:
+            if not c.metrics:
+                return None
+            metric = c.metrics[0]
+            sign = 1.0 if direction_of(metric) == "higher" else -1.0
+            by_label = {v.label: v for v in variants}
+            base = _values(by_label[c.baseline], metric)
+            rows: list[Regression] = []
+            for label in c.variants:
+                other = _values(by_label[label], metric)
+                for split in c.splits:
+                    drops = []
+                    for (s, qid), (b, text) in base.items():
+                        if s == split and (s, qid) in other:
+                            v = other[(s, qid)][0]
+                            if sign * (b - v) > 0:
+                                drops.append(Regression(split, label, qid, text, b, v, sign * (b - v)))
+                    rows += sorted(drops, key=lambda r: (-r.drop, r.query_id))[:top]
+            return RegressionSection(metric, top, rows)
+        ''',
+    )
+    # 3. run.py: one line that sets the field
+    run = "rag_ablate/compare/run.py"
+    _after(
+        root,
+        run,
+        "import pairwise_section\n",
+        "from rag_ablate.compare.regressions import largest_regressions\n",
+    )
+    pairwise = "    c.pairwise = pairwise_section(src.variants, c)\n"
+    _after(root, run, pairwise, "    c.regressions = largest_regressions(src.variants, c)\n")
+    # 4. render.py: its lines in the terminal and in comparison.md
+    render = "rag_ablate/compare/render.py"
+    _before(root, render, "def format_markdown(c: Comparison", REGRESSIONS_RENDER.lstrip())
+    _before(
+        root, render, "    lines += slice_terminal_lines(c)\n", "    lines += regression_terminal_lines(c)\n"
+    )
+    _before(root, render, "    out += slice_markdown_lines(c)\n", "    out += regression_markdown_lines(c)\n")
+    # 5. report/html.py: its <section> of report.html, left out when not computed
+    html_py = "rag_ablate/report/html.py"
+    _before(root, html_py, "def _flips_section(", REGRESSIONS_HTML.lstrip())
+    entry = '("regressions", "Largest regressions", _regressions_section(c, titles))'
+    _after(
+        root,
+        html_py,
+        '        ("hurts", "Where it hurts", _slices_section(c, titles)),\n',
+        f"        *(\n            [{entry}]\n"
+        "            if c.regressions is not None\n            else []\n        ),\n",
+    )
+    # 6. report/mlflow_ui.py: its lines in the sweep run's and in each variant run's description
+    ui = "rag_ablate/report/mlflow_ui.py"
+    _before(root, ui, "    if c is not None and c.confounded:\n", REGRESSIONS_SWEEP_NOTE)
+    _before(root, ui, "def child_description(", REGRESSIONS_MLFLOW.lstrip())
+    _edit(
+        root,
+        ui,
+        '    return f"{line} Hurts on slices: {hurts} ({SLICES_NOTE})." if hurts else line\n',
+        '    line = f"{line} Hurts on slices: {hurts} ({SLICES_NOTE})." if hurts else line\n'
+        "    drops = regressions_text(c, variant)\n"
+        '    return f"{line} Largest regressions: {drops}." if drops else line\n',
+    )
+    # 7. docs/statistics.md
+    _before(
+        root,
+        "docs/statistics.md",
+        "## Seeds\n",
+        "## Largest regressions\n\nPer split and variant, the three queries whose primary metric (the first "
+        "of `compare.metrics`) dropped most against the baseline, over the queries `ok` on both sides. "
+        "Descriptive: queries to read, not a test.\n\n",
+    )
+    assert _touched(root) == _expected("comparison or report section", section="regressions")
+
+    # a real sweep of the embedded sample in the copy, MLflow on (a sqlite store in the copy)
+    sweep = tmp_path / "sweep"
+    out = _python(
+        root, "-m", "rag_ablate", "-m", "chunk=256,512", "progress=false", "compare.B=200", "router=none",
+        "tracking.traces=none", f"paths.output_root={root / 'outputs'}", f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+
+    # what the section must hold, worked out here from the jobs' records
+    ok: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+    for job in sorted(p for p in sweep.iterdir() if (p / "records.jsonl").is_file()):
+        label = json.loads((job / "variant.json").read_text(encoding="utf-8"))["label"]
+        lines = (job / "records.jsonl").read_text(encoding="utf-8").splitlines()
+        recs = [json.loads(line) for line in lines]
+        ok[label] = {(r["split"], r["query_id"]): r for r in recs if r["status"] == "ok"}
+    assert set(ok) == {"baseline", "chunk=256"}
+    expected: list[dict[str, Any]] = []
+    for split in ("dev", "holdout"):
+        drops = []
+        for (s, qid), b in ok["baseline"].items():
+            v = ok["chunk=256"].get((s, qid))
+            if s == split and v is not None:
+                bv, vv = b["metrics"].get("recall_at_5"), v["metrics"].get("recall_at_5")
+                if bv is not None and vv is not None and bv > vv:
+                    row = {"split": split, "variant": "chunk=256", "query_id": qid, "query": b["query"]}
+                    drops.append({**row, "baseline_value": bv, "variant_value": vv, "drop": bv - vv})
+        assert len(drops) >= 3
+        expected += sorted(drops, key=lambda d: (-d["drop"], d["query_id"]))[:3]
+
+    # comparison.json
+    data = json.loads((sweep / "comparison.json").read_text(encoding="utf-8"))
+    assert data["regressions"] == {"metric": "recall_at_5", "top": 3, "rows": expected}
+    # the terminal
+    dev = ", ".join(f"{r['query_id']} {-r['drop']:+.3f}" for r in expected[:3])
+    holdout = ", ".join(f"{r['query_id']} {-r['drop']:+.3f}" for r in expected[3:])
+    assert f"largest regressions of chunk=256 on recall@5: dev: {dev}; holdout: {holdout}" in out.splitlines()
+    # comparison.md
+    md = (sweep / "comparison.md").read_text(encoding="utf-8")
+    assert "\n## Largest regressions\n" in md
+    for r in expected:
+        text = r["query"].replace("|", "\\|")
+        row = f"| {r['split']} | chunk=256 | `{r['query_id']}` {text} | "
+        assert row + f"{r['baseline_value']:.3f} -> {r['variant_value']:.3f} | {r['drop']:.3f} |" in md
+    # report.html, as the sweep wrote it; then, in the copy, Comparison.from_dict of comparison.json gives
+    # the typed section back, and `rag-ablate report` renders report.html again from it
+    page = (sweep / "report.html").read_text(encoding="utf-8")
+    (sweep / "report.html").unlink()
+    script = textwrap.dedent(
+        f"""
+        import json
+        from dataclasses import asdict
+        from pathlib import Path
+        from rag_ablate.cli.main import main
+        from rag_ablate.compare.model import Comparison, Regression, RegressionSection
+        c = Comparison.from_dict(json.loads(Path({str(sweep / "comparison.json")!r}).read_text("utf-8")))
+        assert isinstance(c.regressions, RegressionSection), c.regressions
+        assert [type(r) for r in c.regressions.rows] == [Regression] * 6, c.regressions.rows
+        print(json.dumps(asdict(c.regressions)))
+        assert main(["report", {str(sweep)!r}]) == 0
+        """
+    )
+    typed = _python(root, "-c", script).splitlines()[0]
+    assert json.loads(typed) == data["regressions"]
+    for html in (page, (sweep / "report.html").read_text(encoding="utf-8")):
+        assert '<section id="regressions"><h2>Largest regressions</h2>' in html
+        assert all(f"<td>{r['query_id']}</td>" in html for r in expected)
+    # the MLflow descriptions (the mlflow.note.content tag), read back through MLflow's API
+    from mlflow.tracking import MlflowClient
+
+    info = json.loads((sweep / "sweep.json").read_text(encoding="utf-8"))
+    client = MlflowClient(tracking_uri=info["tracking_uri"])
+    named = ", ".join(f"{r['query_id']} ({r['split']} {-r['drop']:+.3f})" for r in expected)
+    parent = client.get_run(info["parent_run_id"]).data.tags["mlflow.note.content"]
+    assert f"Largest regressions (recall@5): chunk=256: {named}" in parent.splitlines()
+    runs = client.search_runs([info["experiment_id"]], f"tags.mlflow.parentRunId = '{info['parent_run_id']}'")
+    (child,) = [r for r in runs if r.data.tags.get("ablation.role") == "variant"]
+    first = child.data.tags["mlflow.note.content"].split("\n\n")[0]  # then a note on the traces view
+    assert first.endswith(f". Largest regressions: {named}.")
