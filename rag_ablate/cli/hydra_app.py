@@ -53,5 +53,3 @@ def main(cfg: DictConfig) -> float | None:
             print(f"rag_ablate: error: {exc}", file=sys.stderr)
             sys.exit(2)
         raise
-
-

@@ -17,5 +17,3 @@ Modules: :mod:`.model` (the data), :mod:`.load` (sweep folder, MLflow),
 :mod:`.analysis` (the statistics), :mod:`.gate` (``--fail-on``), :mod:`.render`
 (terminal, markdown, json) and :mod:`.run` (the whole step, one function).
 """
-
-

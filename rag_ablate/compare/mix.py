@@ -439,5 +439,3 @@ def mix_markdown(
         *("| " + " | ".join(r) + " |" for r in esc),
         "",
     ]
-
-

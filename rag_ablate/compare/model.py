@@ -467,5 +467,3 @@ class PairwiseReport:
             "interval": "paired group bootstrap, percentile",
             "results": [_finite(asdict(r)) for r in self.results],
         }
-
-

@@ -148,5 +148,3 @@ def redact_override(override: str, env: Mapping[str, str] | None = None) -> str:
     if env and key in env:
         return f"{override.split('=', 1)[0]}={env[key]}"
     return override
-
-

@@ -129,5 +129,3 @@ class GenerationError(RagAblateError):
         super().__init__(message)
         self.status: Status = status
         self.http_status = http_status
-
-

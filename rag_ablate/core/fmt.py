@@ -11,5 +11,3 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     sep = "  ".join("-" * w for w in widths)
     body = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join([line, sep, *body])
-
-

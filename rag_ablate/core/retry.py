@@ -83,5 +83,3 @@ Status = Literal["ok", "failed", "timeout", "http_error", "bad_response", "acces
 
 
 STATUSES: tuple[str, ...] = get_args(Status)
-
-

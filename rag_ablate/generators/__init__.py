@@ -19,4 +19,3 @@ GENERATORS: Registry[GeneratorFactory] = Registry(
         "rag_ablate.generators.openai",
     ),
 )
-

@@ -418,5 +418,3 @@ def resolve_encoder(configured: str, language: str) -> str:
         return configured
 
     return default_encoder(language)
-
-

@@ -255,5 +255,3 @@ class Encoder(Protocol):
         """Tokens the model reads for each text (prefix and special tokens included, after truncation):
         the embedding tokens an embedding API would bill."""
         ...
-
-

@@ -154,5 +154,3 @@ class RecordWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-

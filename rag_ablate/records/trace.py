@@ -285,5 +285,3 @@ class Record(TypedDict):
     metrics: dict[str, float | None]  # per-query metric values by name (recall_at_5, latency_ms, ...)
     judge: NotRequired[Judgement]  # the LLM judge's verdicts (only when a judge judged the answer)
     redacted: NotRequired[dict[str, int]]  # privacy.redact=true: replacements per kind (email, ...)
-
-

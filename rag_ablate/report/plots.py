@@ -133,5 +133,3 @@ def plot(
     path.parent.mkdir(parents=True, exist_ok=True)
     save_figure(fig, path)
     return path
-
-

@@ -799,5 +799,3 @@ def job_entry(sweep_dir: Path, job_num: int) -> dict[str, Any] | None:
         return None
     entry = jobs[job_num]
     return entry if isinstance(entry, dict) else None
-
-

@@ -304,5 +304,3 @@ def write_plan(plan: Plan, sweep_dir: Path, config: DictConfig) -> None:
     tmp = sweep_dir / (PLAN_FILE + ".tmp")
     tmp.write_text(json.dumps(plan.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
     tmp.replace(sweep_dir / PLAN_FILE)
-
-

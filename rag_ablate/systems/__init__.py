@@ -14,4 +14,3 @@ from rag_ablate.systems.base import SystemFactory
 SYSTEMS: Registry[SystemFactory] = Registry(
     "system", providers=("rag_ablate.systems.local", "rag_ablate.systems.http")
 )
-

@@ -12,5 +12,3 @@ VIEW_TAG_PREFIX = "mlflow.sharedViewState."  # experiment tags the UI reads for 
 
 
 VIEW_KEY_TAG = "rag_ablate.ui_view"  # on a sweep run: the share key of its view
-
-

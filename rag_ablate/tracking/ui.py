@@ -129,5 +129,3 @@ def runs_link(base: str, experiment_id: str, key: str | None) -> str:
     """The runs view of an experiment, with a saved view when ``key`` is given."""
     url = f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
     return f"{url}?viewStateShareKey={key}" if key else url
-
-

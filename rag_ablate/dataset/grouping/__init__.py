@@ -21,5 +21,3 @@ Modules
 """
 
 from __future__ import annotations
-
-
