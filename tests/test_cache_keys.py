@@ -409,6 +409,7 @@ def test_helpers_read_metadata_and_sources_without_importing_them(monkeypatch: p
         code_fingerprint("sys")
 
 
+@pytest.mark.slow
 def test_a_bm25_run_imports_no_encoder_library(tmp_path: Path) -> None:
     folder = write_dataset(tmp_path / "tiny")
     script = f"""

@@ -126,6 +126,7 @@ def test_single_run_on_own_dataset_without_mlflow(tiny_dataset: Path, tmp_path: 
     assert not (tmp_path / "outputs" / "mlflow.db").exists()
 
 
+@pytest.mark.slow
 def test_bad_dataset_path_is_a_clear_error(tmp_path: Path) -> None:
     proc = run_cli([f"dataset.path={tmp_path / 'missing'}", "tracking=none", "progress=false"], tmp_path)
     assert proc.returncode == 2
@@ -322,6 +323,7 @@ def test_failed_job_fails_the_sweep_and_the_rest_is_kept(failing_sweep: dict[str
     assert {"failures.json", "comparison.json", "summary.md"} <= arts
 
 
+@pytest.mark.slow
 def test_unusable_tracking_store_stops_the_sweep_before_any_job(tiny_dataset: Path, tmp_path: Path) -> None:
     missing = tmp_path / "missing" / "x.db"
     proc = run_cli(
@@ -341,6 +343,7 @@ def test_unusable_tracking_store_stops_the_sweep_before_any_job(tiny_dataset: Pa
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow
 def test_unusable_tracking_store_fails_a_single_run(tiny_dataset: Path, tmp_path: Path) -> None:
     missing = tmp_path / "missing" / "x.db"
     proc = run_cli([f"tracking.uri=sqlite:///{missing}", f"dataset.path={tiny_dataset}"], tmp_path)

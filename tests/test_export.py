@@ -41,6 +41,7 @@ def test_run_lines_dedupe_and_keep_order(tiny_dataset: Path) -> None:
     assert scores == sorted(scores, reverse=True) and len(set(scores)) == len(scores)
 
 
+@pytest.mark.slow
 def test_trec_files_round_trip_through_ranx_and_pytrec_eval(tiny_dataset: Path, tmp_path: Path) -> None:
     import pytrec_eval
     from ranx import Qrels, Run, evaluate

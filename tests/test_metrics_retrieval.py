@@ -295,12 +295,14 @@ def _case(draw: st.DrawFn) -> tuple[list[str], dict[str, int]]:
     return ranking, qrels
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(cases=st.lists(_case(), min_size=1, max_size=4))
 def test_matches_ranx_and_pytrec_eval_hypothesis(cases: list[tuple[list[str], dict[str, int]]]) -> None:
     _cross_check(cases, KS)
 
 
+@pytest.mark.slow
 def test_matches_ranx_and_pytrec_eval_seeded_batch() -> None:
     rng = np.random.default_rng(20240611)
     cases: list[tuple[list[str], dict[str, int]]] = []

@@ -132,6 +132,7 @@ def ranking_case(
     return ranking, qrels, ks
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(case=ranking_case())
 def test_retrieval_metrics_equal_the_previous_implementation(
@@ -196,6 +197,7 @@ def _pytrec_and_ranx(
     return pt_out, rx_out
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(cases=st.lists(ranking_case(pool=40, min_len=1), min_size=1, max_size=5))
 def test_fast_metrics_match_pytrec_eval_and_ranx(
@@ -255,6 +257,7 @@ def evidence_case(
     return chunks, spans, ks
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(case=evidence_case())
 def test_evidence_recall_at_equals_the_previous_implementation_at_every_k(

@@ -167,6 +167,7 @@ def test_modules_are_found_on_disk_including_subpackages(tmp_path: Path) -> None
     assert sorted(found) == ["pkg.a", "pkg.retrievers", "pkg.retrievers.mine"]
 
 
+@pytest.mark.slow
 def test_a_bm25_run_never_imports_model_libraries() -> None:
     out = _run(
         """
@@ -191,6 +192,7 @@ def test_a_bm25_run_never_imports_model_libraries() -> None:
     assert out.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_a_new_retriever_needs_only_its_module() -> None:
     """Registering a retriever makes it a valid config value the local system runs, with no other edit."""
     out = _run(

@@ -302,6 +302,7 @@ def _write_job(folder: Path, num: int, v: VariantData) -> None:
     (folder / VARIANT_FILE).write_text(json.dumps(info), encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_report_shows_where_it_hurts_in_chromium(tmp_path: Path) -> None:
     from PIL import Image
 
@@ -346,6 +347,7 @@ def test_report_shows_where_it_hurts_in_chromium(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- real runs
 
 
+@pytest.mark.slow
 def test_a_run_writes_slices_that_records_alone_reproduce(tmp_path: Path) -> None:
     tags = {"q1": ["short"], "q2": ["multi_doc"], "q3": ["short"], "q7": ["templated"], "q8": ["templated"]}
     queries = [{**q, "tags": tags.get(q["query_id"], [])} for q in QUERIES]
