@@ -203,6 +203,31 @@ def run_module(
     )
 
 
+def rag_ablate_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``rag-ablate args...`` (rag_ablate.cli.main) in ``cwd``, run in this process: its exit code,
+    stdout and stderr as :func:`run_module` returns them, without a new interpreter's start-up.
+    For tests that check what a command writes and says; the command line as a process (exit on a
+    signal, imports, concurrency) is tested with :func:`run_module`. Warnings are ignored as in
+    :func:`run_module` (``PYTHONWARNINGS=ignore``)."""
+    import io
+    import warnings
+
+    from rag_ablate.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    env, here = dict(os.environ), Path.cwd()
+    os.chdir(cwd)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            warnings.simplefilter("ignore")
+            code = main(args)
+    finally:
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(env)
+    return subprocess.CompletedProcess(["rag-ablate", *args], code, out.getvalue(), err.getvalue())
+
+
 # --------------------------------------------------------------------------- servers and a browser
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -123,6 +123,7 @@ def test_grid_mode_is_labelled() -> None:
     assert sorted(both.overrides) == sorted(["ablation.mode=grid", "chunk='256'", "router=nearest"])
 
 
+@pytest.mark.slow
 def test_any_chunk_size_is_a_level() -> None:
     plan, jobs = checked(["chunk=300,600"])
     assert labels(plan) == ["baseline", "chunk=300", "chunk=600"]

@@ -43,6 +43,7 @@ def fresh_cache() -> Iterator[None]:
 # --------------------------------------------------------------------------- encoders
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUILTIN_ENCODERS)
 def test_encoder_shapes_norms_determinism(name: str) -> None:
     enc = load_encoder(name)

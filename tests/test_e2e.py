@@ -12,7 +12,7 @@ import pytest
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.records.jsonl import read_records
 from rag_ablate.records.scoring import aggregate, rescore
-from tests.conftest import free_port, run_module, write_dataset
+from tests.conftest import free_port, rag_ablate_cli, run_module, write_dataset
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -134,7 +134,7 @@ def test_bad_dataset_path_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def _rag_ablate(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return run_module("rag_ablate.cli.main", args, cwd)
+    return rag_ablate_cli(args, cwd)  # in this process: the test reads what the command writes
 
 
 @pytest.mark.slow

@@ -182,6 +182,7 @@ def test_mlflow_gets_the_configured_metrics_and_metrics_json_the_grid() -> None:
     }
 
 
+@pytest.mark.slow
 def test_ui_starts_light(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rag_ablate.tracking import store as tracking
 
