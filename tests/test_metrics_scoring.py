@@ -17,10 +17,8 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 
 import pytest
-import pytrec_eval
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ranx import Qrels, Run, evaluate
 
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.registry import metric_name
@@ -32,7 +30,8 @@ from rag_ablate.metrics.retrieval import (
     unique_docs,
 )
 
-pytestmark = pytest.mark.filterwarnings(
+# on the tests that run ranx only: resolving the category imports numba, which the others do not need
+RANX_WARNING = pytest.mark.filterwarnings(
     "ignore:unsafe cast from uint64 to int64:numba.core.errors.NumbaTypeSafetyWarning"
 )
 
@@ -162,6 +161,9 @@ def test_many_judged_documents_and_long_rankings_equal_the_previous_implementati
 def _pytrec_and_ranx(
     cases: Sequence[tuple[list[str], dict[str, int]]], ks: Sequence[int]
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    import pytrec_eval  # here, not at the top: collecting the file stays quick
+    from ranx import Qrels, Run, evaluate
+
     qrels = {f"q{i}": dict(rel) for i, (_, rel) in enumerate(cases)}
     runs: dict[str, dict[str, float]] = {}
     for i, (ranking, _) in enumerate(cases):
@@ -197,6 +199,7 @@ def _pytrec_and_ranx(
     return pt_out, rx_out
 
 
+@RANX_WARNING
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(cases=st.lists(ranking_case(pool=40, min_len=1), min_size=1, max_size=5))
