@@ -396,6 +396,7 @@ def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 FAST_LIMIT_ENV = "RAG_ABLATE_FAST_LIMIT_S"
 
 
+@pytest.hookimpl(trylast=True)  # after -m has deselected: only the tests that will run count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The files with the most ``slow`` tests first, each file's tests in their own order.
 
