@@ -1,8 +1,10 @@
-"""Shared fixtures: a tiny English dataset written to a temporary folder."""
+"""Shared fixtures: a tiny English dataset written to a temporary folder, the README's sweep run once
+per session, servers and a browser; and the suite's own scheduling (see ``pytest_collection_modifyitems``)."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -201,6 +203,31 @@ def run_module(
     )
 
 
+def rag_ablate_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``rag-ablate args...`` (rag_ablate.cli.main) in ``cwd``, run in this process: its exit code,
+    stdout and stderr as :func:`run_module` returns them, without a new interpreter's start-up.
+    For tests that check what a command writes and says; the command line as a process (exit on a
+    signal, imports, concurrency) is tested with :func:`run_module`. Warnings are ignored as in
+    :func:`run_module` (``PYTHONWARNINGS=ignore``)."""
+    import io
+    import warnings
+
+    from rag_ablate.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    env, here = dict(os.environ), Path.cwd()
+    os.chdir(cwd)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            warnings.simplefilter("ignore")
+            code = main(args)
+    finally:
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(env)
+    return subprocess.CompletedProcess(["rag-ablate", *args], code, out.getvalue(), err.getvalue())
+
+
 # --------------------------------------------------------------------------- servers and a browser
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -316,3 +343,88 @@ def fake_llm() -> Iterator[FakeLLM]:
     root to use as ``base_url``; set ``.respond`` to choose what it answers."""
     with serve_fake_llm() as state:
         yield state
+
+
+# --------------------------------------------------------------------------- sweeps shared by a session
+
+
+def _session_root(factory: pytest.TempPathFactory) -> Path:
+    """A folder every process of this pytest session sees: under pytest-xdist each worker has its
+    own base temp folder (``.../pytest-N/popen-gwK``) and the session's is its parent."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_run(factory: pytest.TempPathFactory, name: str, args: list[str]) -> dict[str, Any]:
+    """``python -m rag_ablate args...`` run once per session in a folder of its own, whichever
+    worker asks first (the others wait on a file lock and read its result). Returns ``cwd`` (the
+    folder it ran in), ``out`` (its ``outputs/``) and ``proc`` (exit code, stdout and stderr).
+    Callers only read the folder: a test that changes outputs runs its own sweep."""
+    root = _session_root(factory)
+    cwd = root / f"shared-{name}"
+    result = root / f"shared-{name}.json"
+    with (root / f"shared-{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not result.is_file():
+            cwd.mkdir()
+            proc = run_module("rag_ablate", args, cwd)
+            done = {"args": args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+            tmp = result.with_suffix(".tmp")
+            tmp.write_text(json.dumps(done), encoding="utf-8")
+            tmp.replace(result)
+        done = json.loads(result.read_text(encoding="utf-8"))
+    assert done["args"] == args, (name, done["args"], args)
+    proc = subprocess.CompletedProcess(args, done["returncode"], done["stdout"], done["stderr"])
+    return {"cwd": cwd, "out": cwd / "outputs", "proc": proc}
+
+
+@pytest.fixture(scope="session")
+def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """README's main command, ``python -m rag_ablate -m chunk=256,512`` on the embedded sample, run
+    once per session; ``dir`` is its sweep folder. Read it, never write to it."""
+    run = shared_run(tmp_path_factory, "default-sweep", ["-m", "chunk=256,512", "progress=false"])
+    assert run["proc"].returncode == 0, run["proc"].stderr[-3000:]
+    (sweep_dir,) = (run["out"] / "multirun").iterdir()
+    return {**run, "dir": sweep_dir}
+
+
+# --------------------------------------------------------------------------- scheduling and the slow mark
+
+#: With this set to a number of seconds, a test not marked ``slow`` whose setup or call takes longer
+#: fails: the mark means "runs a real sweep, a subprocess job or a long simulation", and
+#: ``python -m pytest -m "not slow"`` is the inner loop that must stay quick.
+FAST_LIMIT_ENV = "RAG_ABLATE_FAST_LIMIT_S"
+
+
+@pytest.hookimpl(trylast=True)  # after -m has deselected: only the tests that will run count
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files with the most ``slow`` tests first, each file's tests in their own order.
+
+    pytest.ini_options runs the suite on pytest-xdist workers with ``--dist loadfile`` (each file
+    on one worker, so a module-scoped sweep runs once) and ``--no-loadscope-reorder`` (files handed
+    out in this order): the longest files start first and the short ones fill in at the end, so no
+    worker is left with a long file while the other one idles."""
+    weight: dict[Path, float] = {}
+    for item in items:
+        weight[item.path] = weight.get(item.path, 0.0) + (10.0 if item.get_closest_marker("slow") else 0.1)
+    first_seen = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(key=lambda item: (-weight[item.path], first_seen[item.path]))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    limit = os.environ.get(FAST_LIMIT_ENV)
+    if (
+        limit
+        and report.passed
+        and report.when in ("setup", "call")
+        and item.get_closest_marker("slow") is None
+        and call.duration > float(limit)
+    ):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid}: {report.when} took {call.duration:.1f} s, over {FAST_LIMIT_ENV}={limit}: "
+            "mark it slow (it runs a sweep, a subprocess job or a long simulation) or make it faster"
+        )
+    return report

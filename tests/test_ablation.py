@@ -123,6 +123,7 @@ def test_grid_mode_is_labelled() -> None:
     assert sorted(both.overrides) == sorted(["ablation.mode=grid", "chunk='256'", "router=nearest"])
 
 
+@pytest.mark.slow
 def test_any_chunk_size_is_a_level() -> None:
     plan, jobs = checked(["chunk=300,600"])
     assert labels(plan) == ["baseline", "chunk=300", "chunk=600"]
@@ -207,6 +208,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return run_module("rag_ablate", args, cwd)
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path: Path) -> None:
     proc = _run(["-m", "experiment=chunk_study", "ablation.dry_run=true"], tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -251,6 +253,7 @@ def test_grid_sweep_tags_and_guard(tiny_dataset: Path, tmp_path: Path) -> None:
     assert runs["chunk=128,router=nearest"]["ablation.mode"] == "grid"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,line",
     [
@@ -286,6 +289,7 @@ def test_bad_sweep_stops_before_anything_with_one_line(args: list[str], line: st
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow
 def test_bad_chunk_size_in_a_single_run(tmp_path: Path) -> None:
     proc = _run(["chunk=-3", "tracking=none"], tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip() == (

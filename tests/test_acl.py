@@ -237,7 +237,7 @@ def test_leaks_are_aggregated_per_split_as_means(acl_dataset: Dataset) -> None:
     assert agg["all/acl_leak_rate_at_5"] > 0  # the baseline leaks restricted documents
 
 
-@pytest.mark.parametrize("method", ["bm25", "hybrid"])
+@pytest.mark.parametrize("method", ["bm25", pytest.param("hybrid", marks=pytest.mark.slow)])  # loads MiniLM
 def test_acl_filter_removes_every_leak_and_keeps_k_results(method: str, acl_dataset: Dataset) -> None:
     top_k = 4
     base = _settings(method=method, top_k=top_k)
@@ -388,6 +388,7 @@ def sample_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cwd
 
 
+@pytest.mark.slow
 def test_the_sample_leaks_in_the_baseline_and_not_with_the_filter(sample_sweep: Path) -> None:
     ds = load_dataset(None)
     assert has_restrictions(ds.documents)

@@ -223,6 +223,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_extractive_scores_on_the_sample_and_refuses_most_unanswerable(sweep: Path) -> None:
     metrics = json.loads((sweep / "1" / "summary.json").read_text(encoding="utf-8"))["metrics"]
     assert metrics["all/token_f1"] > 0.0
@@ -233,6 +234,7 @@ def test_extractive_scores_on_the_sample_and_refuses_most_unanswerable(sweep: Pa
     assert rec["answer"] and rec["usage_count"] == "local" and "generate" in rec["timings_ms"]
 
 
+@pytest.mark.slow
 def test_the_comparison_has_a_correct_refusal_row(sweep: Path) -> None:
     rows = json.loads((sweep / "comparison.json").read_text(encoding="utf-8"))["rows"]
     refusal = [r for r in rows if r["metric"] == "correct_refusal"]

@@ -338,6 +338,7 @@ def cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("key_cache")  # shared by the rows: unchanged entries are hits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_a_key_changes_exactly_when_its_inputs_change(
     row: Row, dataset: Dataset, cache_root: Path, tmp_path: Path
@@ -409,6 +410,7 @@ def test_helpers_read_metadata_and_sources_without_importing_them(monkeypatch: p
         code_fingerprint("sys")
 
 
+@pytest.mark.slow
 def test_a_bm25_run_imports_no_encoder_library(tmp_path: Path) -> None:
     folder = write_dataset(tmp_path / "tiny")
     script = f"""

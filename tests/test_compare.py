@@ -655,6 +655,7 @@ def _compare_cli(folder: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_compare_refuses_bad_input_with_one_line_and_a_nonzero_exit(tmp_path: Path) -> None:
     variants, _, _ = _sweep(n=20)
     base, better, _ = variants

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, write_dataset
-from mlflow.tracking import MlflowClient
 
 from rag_ablate.core.layout import COMPARISON_JSON, SWEEP_FILE
 
 
 @pytest.mark.slow
 def test_two_sweeps_at_once_into_one_output_folder(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
     write_dataset(tmp_path / "tiny")
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
     common = ["dataset=custom", "dataset.path=tiny", "progress=false", "compare.B=200"]

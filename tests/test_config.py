@@ -92,6 +92,7 @@ def test_range_checks(override: str, match: str) -> None:
         to_settings(_compose(override.split()))
 
 
+@pytest.mark.slow
 def test_any_chunk_size_composes_with_the_presets_overlap_rule() -> None:
     # the presets: overlap is one eighth of the size
     for option in preset_options("chunk"):
@@ -111,6 +112,7 @@ def test_any_chunk_size_composes_with_the_presets_overlap_rule() -> None:
     assert normalize_overrides(["chunk=300,'600'"]) == ["chunk='300','600'"]
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None)
 @given(st.integers(min_value=1, max_value=1_000_000))
 def test_every_positive_size_is_a_valid_chunking(size: int) -> None:
@@ -180,6 +182,7 @@ def test_valid_keys_pass_the_check(arg: str) -> None:
     check_override_keys([arg])
 
 
+@pytest.mark.slow
 def test_the_command_line_says_one_line_and_exits_2_for_a_misspelt_key(tmp_path: Path) -> None:
     from tests.conftest import run_module
 

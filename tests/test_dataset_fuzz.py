@@ -154,6 +154,7 @@ def _apply(folder: Path, file: str, kind: str, arg: Any) -> None:
     _write_lines(path, lines)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutation=mutations())
 def test_a_broken_file_is_refused_with_file_line_and_field_never_a_traceback(

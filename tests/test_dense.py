@@ -43,6 +43,7 @@ def fresh_cache() -> Iterator[None]:
 # --------------------------------------------------------------------------- encoders
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUILTIN_ENCODERS)
 def test_encoder_shapes_norms_determinism(name: str) -> None:
     enc = load_encoder(name)
@@ -156,6 +157,7 @@ def test_loading_never_touches_the_network(monkeypatch: pytest.MonkeyPatch) -> N
         assert enc.encode_queries(["hello"]).shape == (1, enc.dim)
 
 
+@pytest.mark.slow
 def test_fresh_process_never_touches_the_network() -> None:
     """The same in a new interpreter: imports included, and no HF_* variables set beforehand."""
     script = textwrap.dedent(
@@ -237,6 +239,7 @@ def test_embedding_tokens_are_the_models_own_count(name: str) -> None:
         assert enc.count_tokens(["退款"], query=True)[0] < enc.count_tokens(["退款多久到账"], query=True)[0]
 
 
+@pytest.mark.slow
 def test_dense_run_reports_embedding_tokens_per_query(tmp_path: Path) -> None:
     """A dense run's records carry each query's embedding tokens; cost/ metrics average them."""
     import json

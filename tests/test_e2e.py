@@ -12,15 +12,22 @@ import pytest
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.records.jsonl import read_records
 from rag_ablate.records.scoring import aggregate, rescore
-from tests.conftest import free_port, run_module, write_dataset
+from tests.conftest import free_port, rag_ablate_cli, run_module, write_dataset
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return run_module("rag_ablate", args, cwd)
 
 
+@pytest.fixture
+def sweep(default_sweep: dict[str, Any]) -> dict[str, Any]:
+    """README's sweep, shared by the session (tests/conftest.py): read only."""
+    return default_sweep
+
+
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def own_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """README's sweep in a folder of this module's own, for a test that rewrites its comparison."""
     cwd = tmp_path_factory.mktemp("sweep")
     proc = run_cli(["-m", "chunk=256,512", "progress=false"], cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -119,6 +126,7 @@ def test_single_run_on_own_dataset_without_mlflow(tiny_dataset: Path, tmp_path: 
     assert not (tmp_path / "outputs" / "mlflow.db").exists()
 
 
+@pytest.mark.slow
 def test_bad_dataset_path_is_a_clear_error(tmp_path: Path) -> None:
     proc = run_cli([f"dataset.path={tmp_path / 'missing'}", "tracking=none", "progress=false"], tmp_path)
     assert proc.returncode == 2
@@ -126,7 +134,7 @@ def test_bad_dataset_path_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def _rag_ablate(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return run_module("rag_ablate.cli.main", args, cwd)
+    return rag_ablate_cli(args, cwd)  # in this process: the test reads what the command writes
 
 
 @pytest.mark.slow
@@ -151,10 +159,10 @@ def test_sweep_end_runs_the_comparison(sweep: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-def test_compare_cli_on_sweep_folder_and_parent_run(sweep: dict[str, Any], tmp_path: Path) -> None:
-    sweep_dir = next((sweep["out"] / "multirun").iterdir())
+def test_compare_cli_on_sweep_folder_and_parent_run(own_sweep: dict[str, Any], tmp_path: Path) -> None:
+    sweep_dir = next((own_sweep["out"] / "multirun").iterdir())
     before = json.loads((sweep_dir / "comparison.json").read_text())
-    proc = _rag_ablate(["compare", str(sweep_dir), "--B", "10000"], sweep["cwd"])
+    proc = _rag_ablate(["compare", str(sweep_dir), "--B", "10000"], own_sweep["cwd"])
     assert proc.returncode == 0, proc.stderr
     again = json.loads((sweep_dir / "comparison.json").read_text())
     assert again["rows"] == before["rows"]  # identical numbers on rerun
@@ -171,7 +179,7 @@ def test_compare_cli_on_sweep_folder_and_parent_run(sweep: dict[str, Any], tmp_p
             "--splits",
             "holdout",
         ],
-        sweep["cwd"],
+        own_sweep["cwd"],
     )
     assert proc.returncode == 0, proc.stderr
     swapped = json.loads((sweep_dir / "comparison.json").read_text())
@@ -181,7 +189,7 @@ def test_compare_cli_on_sweep_folder_and_parent_run(sweep: dict[str, Any], tmp_p
     # the gate: a bound nothing crosses passes; evidence recall lost with small chunks is gated
     ok = _rag_ablate(
         ["compare", str(sweep_dir), "--fail-on", "holdout/recall_at_5<-0.5"],
-        sweep["cwd"],
+        own_sweep["cwd"],
     )
     assert ok.returncode == 0 and "regression gate passed" in ok.stdout
     bad = _rag_ablate(
@@ -191,14 +199,14 @@ def test_compare_cli_on_sweep_folder_and_parent_run(sweep: dict[str, Any], tmp_p
             "--fail-on",
             "holdout/evidence_recall_at_5<-0.05",
         ],
-        sweep["cwd"],
+        own_sweep["cwd"],
     )
     assert bad.returncode == 1 and "regression gate FAILED" in bad.stderr and "chunk=256" in bad.stderr
 
     # by MLflow parent run id
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{sweep['out'] / 'mlflow.db'}"
+    uri = f"sqlite:///{own_sweep['out'] / 'mlflow.db'}"
     exp = MlflowClient(tracking_uri=uri).get_experiment_by_name("rag_ablate")
     assert exp is not None
     parent = MlflowClient(tracking_uri=uri).search_runs(
@@ -213,7 +221,7 @@ def test_compare_cli_on_sweep_folder_and_parent_run(sweep: dict[str, Any], tmp_p
             "--out",
             str(tmp_path / "cmp"),
         ],
-        sweep["cwd"],
+        own_sweep["cwd"],
     )
     assert proc.returncode == 0, proc.stderr
     by_id = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
@@ -315,6 +323,7 @@ def test_failed_job_fails_the_sweep_and_the_rest_is_kept(failing_sweep: dict[str
     assert {"failures.json", "comparison.json", "summary.md"} <= arts
 
 
+@pytest.mark.slow
 def test_unusable_tracking_store_stops_the_sweep_before_any_job(tiny_dataset: Path, tmp_path: Path) -> None:
     missing = tmp_path / "missing" / "x.db"
     proc = run_cli(
@@ -334,6 +343,7 @@ def test_unusable_tracking_store_stops_the_sweep_before_any_job(tiny_dataset: Pa
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow
 def test_unusable_tracking_store_fails_a_single_run(tiny_dataset: Path, tmp_path: Path) -> None:
     missing = tmp_path / "missing" / "x.db"
     proc = run_cli([f"tracking.uri=sqlite:///{missing}", f"dataset.path={tiny_dataset}"], tmp_path)

@@ -12,7 +12,8 @@ from rag_ablate.run.export import trec_run_lines, write_trec
 from rag_ablate.run.runner import evaluate
 from rag_ablate.systems.local import LocalSystem
 
-pytestmark = pytest.mark.filterwarnings(
+# on the tests that run ranx only: resolving the category imports numba, which the others do not need
+RANX_WARNING = pytest.mark.filterwarnings(
     "ignore:unsafe cast from uint64 to int64:numba.core.errors.NumbaTypeSafetyWarning"
 )
 
@@ -41,6 +42,8 @@ def test_run_lines_dedupe_and_keep_order(tiny_dataset: Path) -> None:
     assert scores == sorted(scores, reverse=True) and len(set(scores)) == len(scores)
 
 
+@RANX_WARNING
+@pytest.mark.slow
 def test_trec_files_round_trip_through_ranx_and_pytrec_eval(tiny_dataset: Path, tmp_path: Path) -> None:
     import pytrec_eval
     from ranx import Qrels, Run, evaluate

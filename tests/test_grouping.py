@@ -343,6 +343,7 @@ def brute_force_components(texts: list[str], threshold: float, n: int) -> set[fr
     return partition([str(x) for x in label])
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(st.text(alphabet="abc⌗", max_size=9), max_size=25),

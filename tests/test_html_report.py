@@ -16,7 +16,7 @@ from rag_ablate.compare import tradeoff
 from rag_ablate.compare.run import load_comparison, load_source
 from rag_ablate.core.layout import COMPARISON_JSON, FAILURES_FILE, SWEEP_FILE
 from rag_ablate.report import html as html_report
-from tests.conftest import run_module
+from tests.conftest import run_module, write_dataset
 
 SECTIONS = {
     "plan": "Plan",
@@ -122,11 +122,9 @@ def test_report_without_a_comparison_says_what_to_run(
 @pytest.mark.slow
 def test_a_failing_report_is_a_failed_step_that_loses_nothing(tmp_path: Path) -> None:
     (tmp_path / "sweep" / "report.html").mkdir(parents=True)  # the report cannot be written
-    proc = run_module(
-        "rag_ablate",
-        ["-m", "chunk=256,512", "progress=false", "compare.B=500", "hydra.sweep.dir=sweep"],
-        tmp_path,
-    )
+    data = write_dataset(tmp_path / "tiny")  # a small dataset: the report's failure is what is tested
+    args = ["-m", f"dataset.path={data}", "chunk=256,512", "progress=false", "compare.B=500"]
+    proc = run_module("rag_ablate", [*args, "hydra.sweep.dir=sweep"], tmp_path)
     assert proc.returncode == 1
     assert "HTML report: IsADirectoryError" in proc.stderr
     failures = json.loads((tmp_path / "sweep" / FAILURES_FILE).read_text("utf-8"))["failures"]

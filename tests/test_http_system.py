@@ -413,7 +413,7 @@ def _quality(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if not any(s in k for s in QUALITY_SKIP)}
 
 
-@pytest.mark.parametrize("dataset", ["tiny", "sample"])
+@pytest.mark.parametrize("dataset", ["tiny", pytest.param("sample", marks=pytest.mark.slow)])
 def test_metrics_through_the_reference_service_equal_the_local_system(
     dataset: str, tiny_dataset: Path
 ) -> None:
@@ -611,6 +611,7 @@ def test_a_failing_batch_leaves_no_query_without_a_record(tiny_dataset: Path) ->
 # --------------------------------------------------------------------------- the command line
 
 
+@pytest.mark.slow
 def test_run_above_max_error_rate_is_logged_failed_and_keeps_the_key_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,9 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import REPO, write_dataset
 
 from rag_ablate.core.layout import PROFILE_FILE, RECORDS_FILE
+
+pytestmark = pytest.mark.slow  # each test runs python -m rag_ablate in a fresh process
 
 # runs rag_ablate as `python -m rag_ablate` does, and writes sys.modules at exit (also after sys.exit)
 ENTRY = """

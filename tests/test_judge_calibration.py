@@ -498,6 +498,7 @@ def test_no_calibration_without_a_pointwise_judge_or_human_judgements(
     assert not (tmp_path / "j").exists() and fake_llm.requests == []
 
 
+@pytest.mark.slow
 def test_a_judged_run_writes_and_logs_the_calibration(fake_llm: FakeLLM, tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -533,6 +534,7 @@ def test_a_judged_run_writes_and_logs_the_calibration(fake_llm: FakeLLM, tmp_pat
     assert {JUDGE_CALIBRATION_JSON, JUDGE_CALIBRATION_MD} <= artifacts
 
 
+@pytest.mark.slow
 def test_a_calibration_that_fails_ends_the_run_non_zero_after_logging(
     fake_llm: FakeLLM, tmp_path: Path
 ) -> None:

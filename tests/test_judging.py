@@ -361,6 +361,7 @@ def _judge_args(url: str, out: Path, dataset: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_a_judged_run_end_to_end_then_resume_judges_only_what_is_missing(
     fake_llm: FakeLLM, tiny_dataset: Path, tmp_path: Path
 ) -> None:
@@ -466,6 +467,7 @@ def _sweep(args: list[str], cwd: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_sweep_over_generators_with_a_judge_has_faithfulness_rows(
     fake_llm: FakeLLM, tiny_dataset: Path, tmp_path: Path
 ) -> None:
@@ -488,6 +490,7 @@ def test_a_sweep_over_generators_with_a_judge_has_faithfulness_rows(
     assert var["judge/calls"] > 0 and "all/faithfulness" in var
 
 
+@pytest.mark.slow
 def test_the_comparison_shows_the_judges_repeat_spread_next_to_the_ci(
     fake_llm: FakeLLM, tiny_dataset: Path, tmp_path: Path
 ) -> None:

@@ -48,16 +48,15 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pytest
-import pytrec_eval
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ranx import Qrels, Run, evaluate
 
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.retrieval import evidence_recall, retrieval_metrics, unique_docs
 from rag_ablate.text.count import context_tokens, count_tokens, is_cjk_text
 
-pytestmark = pytest.mark.filterwarnings(
+# on the tests that run ranx only: resolving the category imports numba, which the others do not need
+RANX_WARNING = pytest.mark.filterwarnings(
     "ignore:unsafe cast from uint64 to int64:numba.core.errors.NumbaTypeSafetyWarning"
 )
 
@@ -218,6 +217,8 @@ def _gain_regraded(qrels: Mapping[str, int]) -> dict[str, int]:
 def _ranx_values(
     qrels: dict[str, dict[str, int]], runs: dict[str, dict[str, float]], ks: Sequence[int]
 ) -> dict[str, dict[str, float]]:
+    from ranx import Qrels, Run, evaluate  # here, not at the top: collecting the file stays quick
+
     names = {
         "hit": "hit_rate@{k}",
         "recall": "recall@{k}",
@@ -240,6 +241,8 @@ def _ranx_values(
 def _pytrec_values(
     qrels: dict[str, dict[str, int]], runs: dict[str, dict[str, float]], ks: Sequence[int]
 ) -> dict[str, dict[str, float]]:
+    import pytrec_eval
+
     cut = ",".join(str(k) for k in ks)
     plain = pytrec_eval.RelevanceEvaluator(qrels, {f"success.{cut}", f"recall.{cut}", f"P.{cut}"})
     gained = pytrec_eval.RelevanceEvaluator(
@@ -295,12 +298,16 @@ def _case(draw: st.DrawFn) -> tuple[list[str], dict[str, int]]:
     return ranking, qrels
 
 
+@RANX_WARNING
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(cases=st.lists(_case(), min_size=1, max_size=4))
 def test_matches_ranx_and_pytrec_eval_hypothesis(cases: list[tuple[list[str], dict[str, int]]]) -> None:
     _cross_check(cases, KS)
 
 
+@RANX_WARNING
+@pytest.mark.slow
 def test_matches_ranx_and_pytrec_eval_seeded_batch() -> None:
     rng = np.random.default_rng(20240611)
     cases: list[tuple[list[str], dict[str, int]]] = []

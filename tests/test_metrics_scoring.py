@@ -17,10 +17,8 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 
 import pytest
-import pytrec_eval
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ranx import Qrels, Run, evaluate
 
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.registry import metric_name
@@ -32,7 +30,8 @@ from rag_ablate.metrics.retrieval import (
     unique_docs,
 )
 
-pytestmark = pytest.mark.filterwarnings(
+# on the tests that run ranx only: resolving the category imports numba, which the others do not need
+RANX_WARNING = pytest.mark.filterwarnings(
     "ignore:unsafe cast from uint64 to int64:numba.core.errors.NumbaTypeSafetyWarning"
 )
 
@@ -132,6 +131,7 @@ def ranking_case(
     return ranking, qrels, ks
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(case=ranking_case())
 def test_retrieval_metrics_equal_the_previous_implementation(
@@ -161,6 +161,9 @@ def test_many_judged_documents_and_long_rankings_equal_the_previous_implementati
 def _pytrec_and_ranx(
     cases: Sequence[tuple[list[str], dict[str, int]]], ks: Sequence[int]
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    import pytrec_eval  # here, not at the top: collecting the file stays quick
+    from ranx import Qrels, Run, evaluate
+
     qrels = {f"q{i}": dict(rel) for i, (_, rel) in enumerate(cases)}
     runs: dict[str, dict[str, float]] = {}
     for i, (ranking, _) in enumerate(cases):
@@ -196,6 +199,8 @@ def _pytrec_and_ranx(
     return pt_out, rx_out
 
 
+@RANX_WARNING
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(cases=st.lists(ranking_case(pool=40, min_len=1), min_size=1, max_size=5))
 def test_fast_metrics_match_pytrec_eval_and_ranx(
@@ -255,6 +260,7 @@ def evidence_case(
     return chunks, spans, ks
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(case=evidence_case())
 def test_evidence_recall_at_equals_the_previous_implementation_at_every_k(

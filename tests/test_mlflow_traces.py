@@ -234,6 +234,7 @@ def test_sweep_prints_the_compare_link_and_notes_arrows(sweep: dict[str, Any]) -
     assert mt.DESCRIPTION_NOTE in note and note.count(mt.DESCRIPTION_NOTE) == 1
 
 
+@pytest.mark.slow
 def test_traces_none_logs_no_trace(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -252,6 +253,7 @@ def test_traces_none_logs_no_trace(tmp_path: Path) -> None:
     assert summary["traces"] == 0
 
 
+@pytest.mark.slow
 def test_a_bad_traces_setting_stops_before_running(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "tiny")
     proc = run_cli([f"dataset.path={data}", "progress=false", "tracking.traces=lots"], tmp_path)
@@ -362,6 +364,7 @@ def _shape(trace: Any) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None:
     """The same query logged both ways reads back the same (guards against MLflow changes)."""
     import mlflow

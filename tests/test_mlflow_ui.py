@@ -21,18 +21,17 @@ import pytest
 from rag_ablate.cli.main import main
 from rag_ablate.records.jsonl import read_records
 from rag_ablate.tracking.ui import baseline_run_name, headline_metrics, mlflow_metrics
-from tests.conftest import chromium, mlflow_ui, require_chromium, run_module
+from tests.conftest import chromium, mlflow_ui, require_chromium
 
 NOTE = "mlflow.note.content"
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def sweep(default_sweep: dict[str, Any]) -> dict[str, Any]:
+    """README's sweep (shared by the session: tests/conftest.py) read back through MLflow."""
     from mlflow.tracking import MlflowClient
 
-    cwd = tmp_path_factory.mktemp("ui_sweep")
-    proc = run_module("rag_ablate", ["-m", "chunk=256,512", "progress=false"], cwd)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    cwd, proc = default_sweep["cwd"], default_sweep["proc"]
     uri = f"sqlite:///{cwd / 'outputs' / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("rag_ablate")
@@ -183,6 +182,7 @@ def test_mlflow_gets_the_configured_metrics_and_metrics_json_the_grid() -> None:
     }
 
 
+@pytest.mark.slow
 def test_ui_starts_light(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rag_ablate.tracking import store as tracking
 

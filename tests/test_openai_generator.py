@@ -242,6 +242,7 @@ def test_repeats_are_independent_samples(llm: tuple[FakeLLM, str], tmp_path: Pat
 # ---------------------------------------------------------------------- a whole run
 
 
+@pytest.mark.slow
 def test_run_logs_money_and_never_the_key(
     llm: tuple[FakeLLM, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,6 +302,7 @@ def test_run_logs_money_and_never_the_key(
         assert CANARY.encode() not in p.read_bytes(), p
 
 
+@pytest.mark.slow
 def test_composed_config_is_checked_before_any_job() -> None:
     from hydra import compose, initialize_config_dir
 

@@ -391,6 +391,7 @@ def dataset_split(ds: Dataset, qid: str) -> str:
     return next(q.split for q in ds.queries if q.query_id == qid)
 
 
+@pytest.mark.slow
 def test_a_pairwise_sweep_end_to_end(fake_llm: FakeLLM, tiny_dataset: Path, tmp_path: Path) -> None:
     def reply(body: dict[str, Any], call: int) -> str:
         prompt = body["messages"][0]["content"]

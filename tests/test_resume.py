@@ -491,6 +491,7 @@ def test_kill_a_sweep_then_resume_finishes_it_in_the_same_folder_and_runs(
     assert len(final) == len({r["query_id"] for r in final}) == N_QUERIES
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_a_single_run_with_one_line_and_a_killed_run(server: RerankServer, work: Path) -> None:
     server.state.delay = DELAY
     root = work / "interrupted_run"
@@ -513,6 +514,7 @@ def test_ctrl_c_ends_a_single_run_with_one_line_and_a_killed_run(server: RerankS
     assert MlflowClient(tracking_uri=run["tracking_uri"]).get_run(run["run_id"]).info.status == "KILLED"
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_a_sweep_with_one_line_and_killed_runs_then_resume_finishes_it(
     server: RerankServer, work: Path
 ) -> None:
@@ -614,6 +616,7 @@ def test_kill_an_http_run_with_queries_in_flight_then_resume(slow_service: str, 
     assert _same_where_logged(run.data.metrics, reference)
 
 
+@pytest.mark.slow
 def test_owner_of_a_run_is_gone_only_when_its_process_on_this_host_ended() -> None:
     import socket
 

@@ -150,6 +150,7 @@ def chat(svc: Service, body: dict[str, Any]) -> list[tuple[float, dict[str, Any]
 # --------------------------------------------------------------------------- /rag/eval
 
 
+@pytest.mark.slow
 def test_eval_returns_the_local_systems_chunks_offsets_and_scores(base: Service, workdir: Path) -> None:
     asked = [(q["query_id"], q["query"]) for q in QUERIES] + [("mine-1", ARBITRARY)]
     traces, chunks = local_traces([f"dataset.path={workdir / 'data'}"], asked)
@@ -168,6 +169,7 @@ def test_eval_returns_the_local_systems_chunks_offsets_and_scores(base: Service,
         assert {"route", "bm25", "total", "service"} <= set(body["timings_ms"])
 
 
+@pytest.mark.slow
 def test_eval_cuts_the_list_at_top_k_and_takes_optional_fields(base: Service) -> None:
     q = QUERIES[1]
     full = post(base, "/rag/eval", {"query": q["query"], "query_id": q["query_id"], "top_k": 10}).json()
@@ -183,6 +185,7 @@ def test_eval_cuts_the_list_at_top_k_and_takes_optional_fields(base: Service) ->
     assert cut["retrieved"] == full["retrieved"][:2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/rag/eval", "/rag/chat"])
 @pytest.mark.parametrize(
     ("body", "status", "field"),
@@ -213,12 +216,14 @@ def test_a_bad_request_gets_a_json_error_naming_the_field(
     assert field in r.json()["error"]
 
 
+@pytest.mark.slow
 def test_unknown_routes_and_methods_get_json_errors(base: Service) -> None:
     assert httpx.get(f"{base.url}/rag/eval").status_code == 405
     r = httpx.get(f"{base.url}/nowhere")
     assert r.status_code == 404 and r.json()["error"] == "Not Found"
 
 
+@pytest.mark.slow
 def test_one_log_line_per_request(base: Service) -> None:
     marker = "query_id=log-probe-"
     for i in range(3):
@@ -235,6 +240,7 @@ def test_one_log_line_per_request(base: Service) -> None:
 # --------------------------------------------------------------------------- /rag/chat
 
 
+@pytest.mark.slow
 def test_chat_streams_deltas_then_done_with_citations_and_usage(base: Service) -> None:
     q = QUERIES[0]  # how many days do I have to return an item
     body = {"query": q["query"], "query_id": q["query_id"], "top_k": 10}
@@ -272,6 +278,7 @@ def test_chat_streams_deltas_then_done_with_citations_and_usage(base: Service) -
     }
 
 
+@pytest.mark.slow
 def test_chat_declines_without_overlap_and_cites_nothing(base: Service) -> None:
     events = chat(base, {"query": "zebra xylophone", "query_id": "none", "top_k": 5})
     answer = "".join(e["delta"] for _, e in events[:-1])
@@ -282,6 +289,7 @@ def test_chat_declines_without_overlap_and_cites_nothing(base: Service) -> None:
 # --------------------------------------------------------------------------- configuration
 
 
+@pytest.mark.slow
 def test_overrides_reach_the_pipeline(base: Service, workdir: Path) -> None:
     data = f"dataset.path={workdir / 'data'}"
     ask = {"query": "which module handles billing requests for team 97", "query_id": "g1", "top_k": 5}
@@ -304,6 +312,7 @@ def test_overrides_reach_the_pipeline(base: Service, workdir: Path) -> None:
     assert guide(got_small) and guide(got_base) and guide(got_small) != guide(got_base)
 
 
+@pytest.mark.slow
 def test_a_bad_override_fails_at_start_with_one_line(workdir: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
     for overrides, expected in (
@@ -324,6 +333,7 @@ def test_a_bad_override_fails_at_start_with_one_line(workdir: Path) -> None:
         assert expected in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_serving_imports_no_web_framework_until_serve_runs() -> None:
     code = (
         "import sys, rag_ablate.cli.main, rag_ablate.cli.serve, rag_ablate.run.runner, "
@@ -337,6 +347,7 @@ def test_serving_imports_no_web_framework_until_serve_runs() -> None:
 # --------------------------------------------------------------------------- arbitrary texts, dense
 
 
+@pytest.mark.slow
 def test_dense_encodes_texts_outside_the_dataset_on_demand(workdir: Path) -> None:
     """A dataset query sent under another id is encoded by the service on its own; it finds the
     chunks the run finds with the batch-encoded vector (scores equal to float precision)."""
@@ -389,6 +400,7 @@ def _metrics(out: Path) -> dict[str, float]:
     }
 
 
+@pytest.mark.slow
 def test_system_http_against_the_service_equals_the_local_system(base: Service, workdir: Path) -> None:
     if not (REPO / "rag_ablate" / "systems" / "http.py").is_file():
         pytest.skip("system=http is not in this checkout")

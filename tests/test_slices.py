@@ -302,6 +302,7 @@ def _write_job(folder: Path, num: int, v: VariantData) -> None:
     (folder / VARIANT_FILE).write_text(json.dumps(info), encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_report_shows_where_it_hurts_in_chromium(tmp_path: Path) -> None:
     from PIL import Image
 
@@ -346,6 +347,7 @@ def test_report_shows_where_it_hurts_in_chromium(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- real runs
 
 
+@pytest.mark.slow
 def test_a_run_writes_slices_that_records_alone_reproduce(tmp_path: Path) -> None:
     tags = {"q1": ["short"], "q2": ["multi_doc"], "q3": ["short"], "q7": ["templated"], "q8": ["templated"]}
     queries = [{**q, "tags": tags.get(q["query_id"], [])} for q in QUERIES]
@@ -375,18 +377,15 @@ def test_a_run_writes_slices_that_records_alone_reproduce(tmp_path: Path) -> Non
 
 
 @pytest.fixture(scope="module")
-def sample_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def sample_sweep(default_sweep: dict[str, Any]) -> dict[str, Any]:
+    """README's sweep on the embedded sample (shared by the session: tests/conftest.py)."""
     from mlflow.tracking import MlflowClient
 
-    cwd = tmp_path_factory.mktemp("slice_sweep")
-    args = ["-m", "chunk=256,512", "progress=false", "compare.B=1000", "hydra.sweep.dir=sweep"]
-    proc = run_module("rag_ablate", args, cwd)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'outputs' / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{default_sweep['out'] / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rag_ablate")
     assert exp is not None
     runs = client.search_runs([exp.experiment_id])
-    return {"dir": cwd / "sweep", "proc": proc, "runs": runs, "client": client}
+    return {"dir": default_sweep["dir"], "proc": default_sweep["proc"], "runs": runs, "client": client}
 
 
 @pytest.mark.slow

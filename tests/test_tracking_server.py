@@ -120,6 +120,7 @@ def test_sweep_logs_to_a_tracking_server(tmp_path: Path) -> None:
     assert not (work / "outputs" / "mlflow.db").exists() and not (work / "outputs" / "mlartifacts").exists()
 
 
+@pytest.mark.slow
 def test_unreachable_server_stops_the_run_before_any_compute(tmp_path: Path) -> None:
     write_dataset(tmp_path / "tiny")
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
@@ -132,6 +133,7 @@ def test_unreachable_server_stops_the_run_before_any_compute(tmp_path: Path) -> 
     assert not list(tmp_path.rglob(RECORDS_FILE)) and not list(tmp_path.rglob(METRICS_FILE))
 
 
+@pytest.mark.slow
 def test_server_without_uri_uses_mlflow_tracking_uri(tmp_path: Path) -> None:
     """``tracking=server`` alone reads MLflow's own MLFLOW_TRACKING_URI; it never falls back to
     the local sqlite store (a forgotten uri must not log somewhere else unnoticed)."""

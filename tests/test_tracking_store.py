@@ -51,6 +51,7 @@ def _open(root: Path) -> tuple[str, str, Path]:
     return uri, experiment_id, db
 
 
+@pytest.mark.slow
 def test_new_store_has_the_schema_mlflow_builds_itself(tmp_path: Path) -> None:
     _, _, db = _open(tmp_path / "ours")
     assert tracking.template_path().is_file()  # built once, for the next new store
@@ -113,6 +114,7 @@ def test_empty_file_counts_as_a_new_store(tmp_path: Path) -> None:
     assert MlflowClient(tracking_uri=uri).get_experiment(experiment_id).name == "rag_ablate"
 
 
+@pytest.mark.slow
 def test_without_a_writable_cache_folder_the_store_is_built_beside_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -312,6 +312,7 @@ def test_plot_is_a_real_png_with_cjk_labels(tmp_path: Path) -> None:
         assert colors is not None and len(colors) > 50  # markers, bars, frontier, bar line, anti-aliased text
 
 
+@pytest.mark.slow
 def test_plotting_logs_no_font_lookups(tmp_path: Path) -> None:
     """A sweep logs at INFO (Hydra's logging): drawing the plot must not add matplotlib's font
     lookup lines ("findfont: Failed to find font weight normal ...") to the user's terminal."""
@@ -332,6 +333,7 @@ def test_plotting_logs_no_font_lookups(tmp_path: Path) -> None:
     assert "findfont" not in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_a_plain_import_does_not_load_matplotlib() -> None:
     code = (
         "import sys, rag_ablate.compare.tradeoff, rag_ablate.report.html, rag_ablate.sweep.driver, "

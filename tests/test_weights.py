@@ -436,6 +436,7 @@ def test_no_production_rows_when_nothing_is_weighted_and_a_note_when_the_weights
 # --------------------------------------------------------------------------- a real run
 
 
+@pytest.mark.slow
 def test_a_run_writes_prod_and_edge_means_and_a_bad_tag_stops_it(tmp_path: Path) -> None:
     tagged = []
     for q in QUERIES:
