@@ -14,17 +14,24 @@ from rag_ablate.config.overrides import check_override_keys, normalize_overrides
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.run.resume import rewrite_argv
 
-if __name__ == "__main__":
+
+def main(argv: list[str]) -> None:
+    """Run (or sweep) with the command line ``argv``; exits as the command does (``sys.exit``)."""
     try:
-        sys.argv[1:] = normalize_overrides(rewrite_argv(sys.argv[1:]))
-        check_override_keys(sys.argv[1:])
+        args = normalize_overrides(rewrite_argv(argv))
+        check_override_keys(args)
     except ConfigError as exc:
         print(f"rag_ablate: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    sys.argv[1:] = args  # Hydra reads its command line from sys.argv
     try:
-        from rag_ablate.cli.hydra_app import main
+        from rag_ablate.cli.hydra_app import main as hydra_main
 
-        main()
+        hydra_main()
     except KeyboardInterrupt:  # before a run or sweep exists (they handle their own Ctrl-C)
         print("\nrag_ablate: interrupted (Ctrl-C)", file=sys.stderr)
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

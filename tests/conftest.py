@@ -188,9 +188,16 @@ def shared_path(*parts: str) -> Path:
 
 
 def run_module(
-    module: str, args: list[str], cwd: Path, timeout: int = 900
+    module: str, args: list[str], cwd: Path, timeout: int = 900, *, process: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m <module> args...`` in ``cwd`` as a user would, from this checkout."""
+    """Run ``python -m <module> args...`` in ``cwd`` as a user would, from this checkout.
+
+    ``python -m rag_ablate`` runs in this process (:func:`run_in_process`) unless ``process``:
+    a test of the command line as a process (signals, imports, launchers that start workers,
+    concurrency) asks for a real one; every other test checks what the run writes and says,
+    which is the same in process, without a new interpreter's start-up and imports."""
+    if module == "rag_ablate" and not process:
+        return run_in_process(args, cwd)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
     return subprocess.run(
         [sys.executable, "-m", module, *args],
@@ -201,6 +208,68 @@ def run_module(
         timeout=timeout,
         check=False,
     )
+
+
+def run_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m rag_ablate args...`` in ``cwd``, run in this process: its exit code, stdout and
+    stderr as :func:`run_module` returns them. What a run changes in the process is put back
+    afterwards: the working directory, the environment, ``sys.argv``, the root logger's handlers
+    (Hydra configures logging per run; the files it opened are closed), the SIGINT handler,
+    Hydra's global state and the per-process dataset cache (a test may rewrite a dataset in place).
+    Warnings are ignored as in :func:`run_module` (``PYTHONWARNINGS=ignore``)."""
+    import io
+    import logging
+    import signal
+    import traceback
+    import warnings
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rag_ablate.__main__ import main
+    from rag_ablate.run import runner
+
+    out, err = io.StringIO(), io.StringIO()
+    env, here, argv = dict(os.environ), Path.cwd(), sys.argv[:]
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    loggers = {name: (lg.handlers[:], lg.level, lg.propagate) for name, lg in logging.root.manager.loggerDict.items()
+               if isinstance(lg, logging.Logger)}  # fmt: skip
+    sigint = signal.getsignal(signal.SIGINT)
+    runner._cached_dataset.cache_clear()
+    code = 0
+    os.chdir(cwd)
+    sys.argv = ["rag_ablate"]
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            warnings.simplefilter("ignore")
+            try:
+                main(list(args))
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        GlobalHydra.instance().clear()
+        for h in root.handlers:
+            if h not in handlers:
+                h.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, (hs, lvl, prop) in loggers.items():
+            lg = logging.getLogger(name)
+            for h in lg.handlers:
+                if h not in hs:
+                    h.close()
+            lg.handlers[:], lg.propagate = hs, prop
+            lg.setLevel(lvl)
+        signal.signal(signal.SIGINT, sigint)
+        sys.argv = argv
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(env)
+        runner._cached_dataset.cache_clear()
+    return subprocess.CompletedProcess(["rag_ablate", *args], code, out.getvalue(), err.getvalue())
 
 
 def rag_ablate_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -367,7 +436,7 @@ def shared_run(factory: pytest.TempPathFactory, name: str, args: list[str]) -> d
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not result.is_file():
             cwd.mkdir()
-            proc = run_module("rag_ablate", args, cwd)
+            proc = run_module("rag_ablate", args, cwd, process=True)  # README's command, as typed
             done = {"args": args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
             tmp = result.with_suffix(".tmp")
             tmp.write_text(json.dumps(done), encoding="utf-8")

@@ -157,6 +157,7 @@ def test_sweep_and_jobs_write_profiles_and_log_them(tmp_path: Path) -> None:
         "rag_ablate",
         ["-m", "chunk=256,512", "dataset=custom", "dataset.path=tiny", "progress=false", "compare.B=200"],
         tmp_path,
+        process=True,  # the interpreter's start-up and imports are a stage of their own
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (sweep,) = sorted((tmp_path / "outputs" / "multirun").iterdir())
