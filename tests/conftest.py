@@ -232,8 +232,8 @@ def run_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess[st
     env, here, argv = dict(os.environ), Path.cwd(), sys.argv[:]
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    loggers = {name: (lg.handlers[:], lg.level, lg.propagate) for name, lg in logging.root.manager.loggerDict.items()
-               if isinstance(lg, logging.Logger)}  # fmt: skip
+    known = logging.root.manager.loggerDict.items()
+    loggers = {n: (lg.handlers[:], lg.level, lg.propagate) for n, lg in known if isinstance(lg, logging.Logger)}
     sigint = signal.getsignal(signal.SIGINT)
     runner._cached_dataset.cache_clear()
     code = 0
