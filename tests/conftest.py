@@ -233,7 +233,7 @@ def run_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess[st
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     known = logging.root.manager.loggerDict.items()
-    loggers = {n: (lg.handlers[:], lg.level, lg.propagate) for n, lg in known if isinstance(lg, logging.Logger)}
+    loggers = {n: (g.handlers[:], g.level, g.propagate) for n, g in known if isinstance(g, logging.Logger)}
     sigint = signal.getsignal(signal.SIGINT)
     runner._cached_dataset.cache_clear()
     code = 0
