@@ -33,7 +33,14 @@ import numpy as np
 
 from rag_ablate.compare import stats
 from rag_ablate.compare.analysis import failed
-from rag_ablate.compare.model import Comparison, VariantData
+from rag_ablate.compare.model import (
+    VERDICTS,
+    Comparison,
+    PairwiseQuery,
+    PairwiseReport,
+    PairwiseResult,
+    VariantData,
+)
 from rag_ablate.core.errors import ComparisonError, RagAblateError
 from rag_ablate.records.trace import Record
 
@@ -41,7 +48,6 @@ if TYPE_CHECKING:
     from rag_ablate.config.schema import RunConfig
     from rag_ablate.dataset.model import Dataset
     from rag_ablate.judges import Judge
-from rag_ablate.compare.model import VERDICTS, PairwiseQuery, PairwiseReport, PairwiseResult
 
 # --------------------------------------------------------------------------- one query
 

@@ -8,13 +8,9 @@ from __future__ import annotations
 import email.utils
 import random
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Literal, get_args
 
 from rag_ablate.core.privacy import body_excerpts_allowed
-
-if TYPE_CHECKING:  # httpx is imported when a run talks HTTP, not when the registry lists this system
-    pass
-from typing import TYPE_CHECKING, Literal, get_args
 
 EXCERPT_CHARS = 200  # how much of a response body an error message quotes
 

@@ -31,9 +31,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rag_ablate.dataset.model import LabelCheck, LabelReport, LabelStatus
+
 if TYPE_CHECKING:
     from rag_ablate.dataset.model import Dataset
-from rag_ablate.dataset.model import LabelCheck, LabelReport, LabelStatus
 
 __all__ = [
     "LabelCheck",

@@ -24,10 +24,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rag_ablate.metrics.registry import display_name
+from rag_ablate.tracking.ui import HEADLINE, HEADLINE_DIGITS, LATENCY_NOTE, P95, SPLITS
 
 if TYPE_CHECKING:
     from rag_ablate.compare.model import Comparison, Row
-from rag_ablate.tracking.ui import HEADLINE, HEADLINE_DIGITS, LATENCY_NOTE, P95, SPLITS
 
 
 def headline_deltas(c: Comparison, variant: str, quality: str) -> dict[str, float]:

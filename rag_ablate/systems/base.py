@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rag_ablate.dataset.model import Dataset, Query
+from rag_ablate.records.trace import Trace
 
 if TYPE_CHECKING:
     from rag_ablate.config.schema import RunConfig
     from rag_ablate.core.cache import Cache
-from rag_ablate.records.trace import Trace
 
 
 class System(Protocol):

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rag_ablate.config.schema import RunConfig, validate_system
 from rag_ablate.core.cache import Cache
-from rag_ablate.core.retry import Status
+from rag_ablate.core.retry import Status, backoff_wait, excerpt, retry_after_seconds, status_meaning
 from rag_ablate.dataset.model import Dataset, Document, Query
 from rag_ablate.records.trace import Citation, RetrievedChunk, TokenUsage, Trace
 from rag_ablate.systems import SYSTEMS
@@ -64,7 +64,6 @@ from rag_ablate.systems.base import OnDone
 
 if TYPE_CHECKING:  # httpx is imported when a run talks HTTP, not when the registry lists this system
     import httpx
-from rag_ablate.core.retry import backoff_wait, excerpt, retry_after_seconds, status_meaning
 
 PLACEHOLDERS = ("query", "query_id", "top_k", "user_groups")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")

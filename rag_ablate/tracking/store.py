@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from rag_ablate import __version__
 from rag_ablate.core.errors import RagAblateError, TrackingError
+from rag_ablate.tracking.tags import PARENT_TAG
 
 if TYPE_CHECKING:
     from rag_ablate.config.schema import TrackingConfig
-from rag_ablate.tracking.tags import PARENT_TAG
 
 # MLflow 3 sends usage telemetry from a background thread (a DNS lookup and HTTPS requests to the
 # internet on every run); a run needs no network, so it is off unless the user turns it on
