@@ -45,9 +45,7 @@ JUDGE_RUNTIME_KEYS = (
 # config keys whose values are secrets: never logged, stored or printed (see redact)
 SECRET_KEYS = ("system.headers",)
 
-
 REDACTED = "***"
-
 
 # settings that say how to run, not what the system under test is: never a factor
 # of an ablation, left out of run names and of the confounding guard

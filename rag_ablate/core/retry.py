@@ -77,5 +77,4 @@ def status_meaning(code: int) -> tuple[Status, bool] | None:
 #   stream_cut     the answer stream ended without its end event (the partial answer is kept, not scored)
 Status = Literal["ok", "failed", "timeout", "http_error", "bad_response", "access_denied", "stream_cut"]
 
-
 STATUSES: tuple[str, ...] = get_args(Status)

@@ -21,18 +21,13 @@ def _short(text: str, limit: int = 50) -> str:
 
 SPLITS = ("dev", "holdout")
 
-
 QueryKind = Literal["answerable", "unanswerable", "no_rag"]
-
 
 CORPUS_FILE = "corpus.jsonl"
 
-
 QUERIES_FILE = "queries.jsonl"
 
-
 INTENTS_FILE = "intents.jsonl"
-
 
 #: a human judgement scores metrics (the registry's ``MetricSpec.human`` ones, which
 #: ``load_dataset(human_metrics=...)`` is given) each an integer 0 to this

@@ -35,7 +35,6 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 _BATCH = 100  # MLflow accepts at most 100 params (and 100 tags) per log_batch
 
-
 SERVER_TIMEOUT = 5.0  # seconds to wait for an MLflow server before calling it unreachable
 
 # Which process owns a RUNNING run: "<host>:<pid>:<process start time>". When a store is opened,

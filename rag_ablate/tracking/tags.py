@@ -4,11 +4,8 @@ from __future__ import annotations
 
 PARENT_TAG = "mlflow.parentRunId"
 
-
 NOTE_TAG = "mlflow.note.content"  # the run description the MLflow UI shows and edits
 
-
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."  # experiment tags the UI reads for ?viewStateShareKey=
-
 
 VIEW_KEY_TAG = "rag_ablate.ui_view"  # on a sweep run: the share key of its view

@@ -14,15 +14,11 @@ SPLITS = ("dev", "holdout")
 
 HEADLINE = "headline/"
 
-
 COUNTS = ("n_queries", "n_failed", "error_rate", "n_answerable", "n_unanswerable", "n_no_rag")
-
 
 COLUMN_WIDTH = 180  # pixels per headline column in the saved runs view
 
-
 HEADLINE_DIGITS = 4  # headline values are rounded for reading; exact ones are under dev/, holdout/, cost/
-
 
 LATENCY_NOTE = "measured per query end to end; for the local system in-process with warm caches"
 
