@@ -497,3 +497,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             "mark it slow (it runs a sweep, a subprocess job or a long simulation) or make it faster"
         )
     return report
+
+
+@pytest.fixture
+def scratch_registry() -> Iterator[None]:
+    """Let a test register metrics without leaking them into other tests (a copy of the metric
+    registry for the test's duration)."""
+    from rag_ablate.core.registry import Registry
+    from rag_ablate.metrics import registry as registry_module
+    from rag_ablate.metrics.registry import MetricSpec
+
+    saved = registry_module._METRICS
+    scratch: Registry[MetricSpec] = Registry(saved.kind)
+    for base in saved.names():
+        scratch.add(base, saved.get(base))
+    registry_module._METRICS = scratch
+    try:
+        yield
+    finally:
+        registry_module._METRICS = saved

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +26,9 @@ from rag_ablate.compare.analysis import compare, family_of
 from rag_ablate.compare.model import VariantData
 from rag_ablate.compare.render import format_terminal, write_outputs
 from rag_ablate.core.errors import ConfigError, UnknownNameError
-from rag_ablate.core.registry import Registry
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Dataset
 from rag_ablate.judges import JUDGE_METRICS
-from rag_ablate.metrics import registry as registry_module
 from rag_ablate.metrics.registry import (
     REGISTRY,
     MetricSpec,
@@ -222,19 +219,6 @@ def test_a_spec_whose_facts_do_not_fit_is_refused(extra: dict[str, Any], why: st
 
 # --------------------------------------------------------------------------- a metric added at run time
 
-
-@pytest.fixture
-def scratch_registry() -> Iterator[None]:
-    """Register metrics for one test only."""
-    saved = registry_module._METRICS
-    scratch: Registry[MetricSpec] = Registry(saved.kind)
-    for base in saved.names():
-        scratch.add(base, saved.get(base))
-    registry_module._METRICS = scratch
-    try:
-        yield
-    finally:
-        registry_module._METRICS = saved
 
 
 def _variants(values: dict[str, tuple[list[float], list[float]]], n: int = 12) -> list[VariantData]:

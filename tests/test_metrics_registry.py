@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from rag_ablate.core.errors import ConfigError, RagAblateError, UnknownNameError
-from rag_ablate.core.registry import Registry
-from rag_ablate.metrics import registry as registry_module
 from rag_ablate.metrics.registry import (
     REGISTRY,
     MetricSpec,
@@ -37,19 +33,6 @@ BUILTIN = {
     "latency_ms": ("lower", False, False),
 }
 
-
-@pytest.fixture
-def scratch_registry() -> Iterator[None]:
-    """Let a test register metrics without leaking them into other tests."""
-    saved = registry_module._METRICS
-    scratch: Registry[MetricSpec] = Registry(saved.kind)
-    for base in saved.names():
-        scratch.add(base, saved.get(base))
-    registry_module._METRICS = scratch
-    try:
-        yield
-    finally:
-        registry_module._METRICS = saved
 
 
 def test_builtin_metrics_are_registered() -> None:
