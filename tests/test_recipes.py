@@ -178,6 +178,7 @@ def _add_option(root: Path, group: str, name: str, what: str, section_line: str 
 # --------------------------------------------------------------------------- the recipes
 
 
+@pytest.mark.slow
 def test_how_to_add_a_retriever(tmp_path: Path) -> None:
     root = _copy(tmp_path)
     _write(
@@ -233,6 +234,7 @@ def test_how_to_add_a_retriever(tmp_path: Path) -> None:
     _check_registry_rules(root, _registered(root, "rag_ablate.pipeline.stages", "RETRIEVERS"), "retrieval")
 
 
+@pytest.mark.slow
 def test_how_to_add_a_reranker(tmp_path: Path) -> None:
     root = _copy(tmp_path)
     _write(
@@ -288,6 +290,7 @@ def test_how_to_add_a_reranker(tmp_path: Path) -> None:
     _check_registry_rules(root, _registered(root, "rag_ablate.pipeline.stages", "RERANKERS"), "rerank")
 
 
+@pytest.mark.slow
 def test_how_to_add_a_system(tmp_path: Path) -> None:
     root = _copy(tmp_path)
     _write(
@@ -346,6 +349,7 @@ def test_how_to_add_a_system(tmp_path: Path) -> None:
     _check_registry_rules(root, _registered(root, "rag_ablate.systems", "SYSTEMS"), "system")
 
 
+@pytest.mark.slow
 def test_how_to_add_an_importer(tmp_path: Path) -> None:
     root = _copy(tmp_path)
     _write(

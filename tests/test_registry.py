@@ -167,6 +167,7 @@ def test_modules_are_found_on_disk_including_subpackages(tmp_path: Path) -> None
     assert sorted(found) == ["pkg.a", "pkg.retrievers", "pkg.retrievers.mine"]
 
 
+@pytest.mark.slow
 def test_a_bm25_run_never_imports_model_libraries() -> None:
     out = _run(
         """

@@ -479,6 +479,7 @@ def _build_tiny_cross_encoder(folder: Path, *, num_labels: int = 1, seed: int = 
     return folder
 
 
+@pytest.mark.slow
 def test_tiny_model_tokenizes_known_words(tiny_ce: CrossEncoderReranker) -> None:
     tokens = tiny_ce.model.tokenizer.tokenize("Express shipping items 退货")
     assert tokens == ["express", "shipping", "items", "退", "货"]  # no [UNK]: the vocabulary was loaded
@@ -505,6 +506,7 @@ CE_DOCS = [
 ]
 
 
+@pytest.mark.slow
 def test_cross_encoder_scores_match_predict(tiny_ce_dir: Path, tiny_ce: CrossEncoderReranker) -> None:
     import torch
     from sentence_transformers import CrossEncoder
@@ -529,6 +531,7 @@ def test_cross_encoder_scores_match_predict(tiny_ce_dir: Path, tiny_ce: CrossEnc
     assert [float(probs[i]) for i in expected] == pytest.approx([1 / (1 + math.exp(-s)) for _, s in out])
 
 
+@pytest.mark.slow
 def test_cross_encoder_top_k_beyond_passages_and_empty(tiny_ce: CrossEncoderReranker) -> None:
     out = tiny_ce.rerank(CE_QUERY, CE_DOCS[:3], top_k=10)
     assert sorted(i for i, _ in out) == [0, 1, 2]
@@ -537,6 +540,7 @@ def test_cross_encoder_top_k_beyond_passages_and_empty(tiny_ce: CrossEncoderRera
         tiny_ce.rerank(CE_QUERY, CE_DOCS, top_k=0)
 
 
+@pytest.mark.slow
 def test_cross_encoder_truncates_long_passages(tiny_ce_dir: Path) -> None:
     short = CrossEncoderReranker(str(tiny_ce_dir), max_length=16, batch_size=2)
     long_passage = " ".join(["express shipping takes the next day"] * 200)  # ~1200 tokens
@@ -544,6 +548,7 @@ def test_cross_encoder_truncates_long_passages(tiny_ce_dir: Path) -> None:
     assert sorted(i for i, _ in out) == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_cross_encoder_orders_by_score_with_ties(
     tiny_ce: CrossEncoderReranker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -566,6 +571,7 @@ def test_cross_encoder_orders_by_score_with_ties(
         tiny_ce.rerank("q", passages, top_k=2)
 
 
+@pytest.mark.slow
 def test_cross_encoder_missing_folder(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     with pytest.raises(ConfigError) as info:
@@ -574,6 +580,7 @@ def test_cross_encoder_missing_folder(tmp_path: Path) -> None:
     assert CROSS_ENCODER_HINT in str(info.value)
 
 
+@pytest.mark.slow
 def test_cross_encoder_folder_that_is_not_a_model(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no config\.json") as info:
         CrossEncoderReranker(str(tmp_path))
@@ -586,6 +593,7 @@ def test_cross_encoder_folder_that_is_not_a_model(tmp_path: Path) -> None:
     assert CROSS_ENCODER_HINT in str(info.value)
 
 
+@pytest.mark.slow
 def test_cross_encoder_bad_settings(tiny_ce_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="batch_size"):
         CrossEncoderReranker(str(tiny_ce_dir), batch_size=0)
@@ -610,6 +618,7 @@ def test_make_reranker_none_and_unknown() -> None:
         make_reranker("biencoder")
 
 
+@pytest.mark.slow
 def test_make_reranker_builds_http_and_cross_encoder(server: RerankServer, tiny_ce_dir: Path) -> None:
     http = make_reranker("http", url=server.url, timeout=5.0)
     assert isinstance(http, HttpReranker)
