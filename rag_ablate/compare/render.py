@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+from rag_ablate.compare import tradeoff
 from rag_ablate.compare.mix import mix_markdown, mix_terminal
 from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, Pair, Row, SliceRow
 from rag_ablate.core.layout import COMPARISON_JSON, COMPARISON_MD
@@ -340,8 +341,6 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
 
 def tradeoff_terminal_lines(c: Comparison) -> list[str]:
     """One line per split: the Pareto frontier and, with a quality bar, the cheapest variant clearing it."""
-    from rag_ablate.compare.tradeoff import choice_sentence, cost_display
-
     t = c.tradeoff
     if t is None:
         return []
@@ -350,29 +349,25 @@ def tradeoff_terminal_lines(c: Comparison) -> list[str]:
         front = ", ".join(p.variant for p in st.points if p.frontier) or "none"
         line = (
             f"quality vs cost ({st.split}, {display_name(t.quality_metric)} vs "
-            f"{cost_display(t.cost_metric)}): Pareto frontier {front}"
+            f"{tradeoff.cost_display(t.cost_metric)}): Pareto frontier {front}"
         )
         if t.quality_bar is not None:
-            line += f"; {choice_sentence(t, st)}"
+            line += f"; {tradeoff.choice_sentence(t, st)}"
         out.append(line + " (tradeoff.md)")
     return out
 
 
 def tradeoff_markdown_lines(c: Comparison) -> list[str]:
     """The trade-off tables as a section of ``comparison.md`` (the same as ``tradeoff.md``)."""
-    from rag_ablate.compare.tradeoff import format_markdown as tradeoff_markdown
-
     if c.tradeoff is None:
         return []
-    text = tradeoff_markdown(c.tradeoff)
+    text = tradeoff.format_markdown(c.tradeoff)
     return ["##" + text.lstrip("#").replace("\n## ", "\n### ").rstrip("\n"), ""]
 
 
 def write_outputs(c: Comparison, out_dir: Path) -> list[Path]:
     """``comparison.json`` and ``comparison.md`` in ``out_dir``; ``tradeoff.json`` and ``tradeoff.md``
     too when the comparison has its trade-off."""
-    from rag_ablate.compare import tradeoff
-
     out_dir.mkdir(parents=True, exist_ok=True)
     j, md = out_dir / COMPARISON_JSON, out_dir / COMPARISON_MD
     j.write_text(json.dumps(c.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
