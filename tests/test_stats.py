@@ -807,20 +807,23 @@ def test_aa_simulation_false_positive_rate() -> None:
     stays near alpha; a query-level test on the same data is far too liberal.
     """
     rng = np.random.default_rng(20240501)
-    n_sim, n_groups, alpha, B = 2_000, 40, 0.05, 999
+    # 2,000 simulations as 40 draws of a group structure with 50 independent data columns each
+    # (paired_test tests every column on its own, with its own sign-flip seed)
+    n_draws, per_draw, n_groups, alpha, B = 40, 50, 40, 0.05, 999
+    n_sim = n_draws * per_draw
     rej_group = rej_query = rej_boot = covered = 0
-    for sim in range(n_sim):
+    for draw in range(n_draws):
         sizes = rng.integers(1, 13, n_groups)
         labels = np.repeat(np.arange(n_groups), sizes)
         n = labels.size
-        base = rng.random(n)
-        var = base + rng.normal(0.0, 1.0, n_groups)[labels] + rng.normal(0.0, 0.5, n)
-        r = paired_test(base, var, labels, B=B, seed=sim)
-        q = paired_test(base, var, None, B=B, seed=sim)
-        rej_group += int(r.p_value[0] < alpha)
-        rej_boot += int(r.p_bootstrap[0] < alpha)
-        rej_query += int(q.p_value[0] < alpha)
-        covered += int(r.ci_low[0] <= 0 <= r.ci_high[0])
+        base = rng.random((n, per_draw))
+        var = base + rng.normal(0.0, 1.0, (n_groups, per_draw))[labels] + rng.normal(0.0, 0.5, (n, per_draw))
+        r = paired_test(base, var, labels, B=B, seed=draw)
+        q = paired_test(base, var, None, B=B, seed=draw)
+        rej_group += int((r.p_value < alpha).sum())
+        rej_boot += int((r.p_bootstrap < alpha).sum())
+        rej_query += int((q.p_value < alpha).sum())
+        covered += int(((r.ci_low <= 0) & (r.ci_high >= 0)).sum())
     fpr_group, fpr_query = rej_group / n_sim, rej_query / n_sim
     assert 0.03 <= fpr_group <= 0.07, fpr_group
     assert covered == n_sim - rej_group  # the interval covers the true effect 0 iff p >= alpha
