@@ -372,6 +372,7 @@ def compare(
     order = {(s, v, m): i for i, (s, v, m) in enumerate(_keys(splits, [o.label for o in others], metrics))}
     rows.sort(key=lambda r: order[(r.split, r.variant, r.metric)])
     _adjust(rows, alpha)
+    label_rows(rows, alpha)
     _flag_disagreements(rows)
     return Comparison(
         baseline=base.label,
@@ -618,6 +619,41 @@ def _adjust(rows: list[Row], alpha: float) -> None:
             if r.significant:
                 better = (r.effect > 0) == (r.direction == "higher")
                 r.verdict = "better" if better else "worse"
+
+
+ADJUSTMENT_NAMES = {"holm": "Holm", "bh": "BH"}
+
+
+def label_rows(rows: Sequence[Row], alpha: float) -> None:
+    """Each tested row's minimum detectable effect and the words beside its numbers.
+
+    The label never contradicts the interval shown with it: the interval belongs to the raw p, the
+    ``+``/``-`` verdict to the adjusted p, so a row whose interval excludes 0 (raw p < alpha) but is
+    not significant after adjustment reads ``worse unadjusted, n.s. after Holm``, never a bare
+    "n.s.". A row with no evidence either way says how large an effect its data could have
+    detected: ``no evidence; could detect ±0.031`` (:func:`stats.min_detectable_effect`, 80%
+    power); when the test cannot reject at all (5 groups or fewer at 0.05: the interval is
+    unbounded) it says so.
+    """
+    for r in rows:
+        if not r.tested:
+            continue
+        bounded = math.isfinite(r.ci_low) and math.isfinite(r.ci_high)
+        r.mde = stats.min_detectable_effect(r.se, alpha) if bounded else math.inf
+        above = r.ci_low > 0  # the interval excludes 0 (for a mean: exactly when p < alpha)
+        how = ADJUSTMENT_NAMES.get(r.adjustment, r.adjustment)
+        if r.verdict:
+            r.label = f"{r.verdict} (after {how})"
+        elif above or r.ci_high < 0:
+            better = above == (r.direction == "higher")
+            r.label = f"{'better' if better else 'worse'} unadjusted, n.s. after {how}"
+        elif r.effect == 0 and r.se == 0 and r.ci_low == r.ci_high == 0:
+            r.label = "no change on any query"
+        elif not bounded:
+            r.label = f"no evidence; {r.n_groups} groups cannot detect any effect"
+        else:
+            size = f"{r.mde:.1f}" if r.mde >= 100 else f"{r.mde:.2g}"
+            r.label = f"no evidence; could detect ±{size}"
 
 
 def _flag_disagreements(rows: list[Row]) -> None:
