@@ -321,3 +321,12 @@ def test_gate_lines_name_the_blocked_variant_and_rule() -> None:
         "BLOCK v holdout/recall_at_5:-0.02: effect -0.026 [-0.083, +0.026] p_adj 1 (holm); effect -0.026 "
         "is beyond the margin -0.02 -- block when the effect is below -0.02 (point estimate, whatever its p)"
     )
+
+
+def test_a_sweep_with_an_unreadable_rule_stops_before_any_job(tmp_path: Path) -> None:
+    proc = run_in_process(["-m", "chunk=256,512", "compare.fail_on=[holdout/recall_at_5<-0.02]"], tmp_path)
+    assert proc.returncode != 0  # Hydra's own parser refuses '<': the reason the syntax uses ':'
+    proc = run_in_process(["-m", "chunk=256,512", "compare.fail_on=[holdout/recall_at_5:0.02]"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "write holdout/recall_at_5:-0.02" in proc.stderr
+    assert not list((tmp_path / "outputs").glob("multirun/*/0/records.jsonl"))
