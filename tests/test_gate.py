@@ -215,6 +215,15 @@ def test_readme_sweep_gate_line_runs_through_hydra_and_exits_3(tmp_path: Path) -
         ("holdout/recall_at_5:-0.02", "BLOCK"),
         ("holdout/latency_p95_ms:+50", "PASS"),
     }
+    # the sweep's MLflow run says it too
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rag_ablate")
+    assert exp is not None
+    (parent,) = client.search_runs([exp.experiment_id], "tags.`rag_ablate.kind` = 'sweep'")
+    note = parent.data.tags["mlflow.note.content"]
+    assert "Regression gate BLOCKED: BLOCK chunk=256 `holdout/recall_at_5:-0.02`" in note
 
 
 # --------------------------------------------------------------------------- words that match numbers

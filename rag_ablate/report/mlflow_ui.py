@@ -121,6 +121,10 @@ def sweep_description(
         lines.append(
             f"Slices where a variant hurts ({SLICES_NOTE}): " + ("; ".join(named) if named else "none")
         )
+    if c is not None and c.gate:
+        blocked = [g for g in c.gate if not g.passed]
+        verdicts = "; ".join(f"{g.verdict} {g.variant} `{g.rule}` ({g.reason})" for g in c.gate)
+        lines.append(f"Regression gate {'BLOCKED' if blocked else 'passed'}: {verdicts}")
     if c is not None and c.confounded:
         lines.append("Confounded (change more than their label says): " + ", ".join(sorted(c.confounded)))
     if failed:
