@@ -195,7 +195,14 @@ def test_readme_compare_gate_lines_run_as_written(default_sweep: dict[str, Any],
             assert "regression gate BLOCKED" in proc.stderr and rule in proc.stderr
         saved = json.loads((out / "comparison.json").read_text(encoding="utf-8"))
         assert [(g["rule"], g["verdict"]) for g in saved["gate"]] == [(rule, verdict)]
-        assert f"| {verdict} | chunk=256 | `{rule}` |" in (out / "comparison.md").read_text(encoding="utf-8")
+        md = (out / "comparison.md").read_text(encoding="utf-8")
+        assert f"| {verdict} | chunk=256 | `{rule}` |" in md
+        # every "no evidence" says what could have been detected, slices included
+        slices = md[md.index("## Where it helps and hurts") :]
+        assert "| no evidence |" not in slices and "| no evidence; could detect ±" in slices
+        quiet = [r for r in saved["slices"]["rows"] if r["verdict"] == "no evidence"]
+        assert quiet and all(r["label"] for r in quiet)
+        assert all(r["mde"] > 0 for r in quiet if "could detect" in r["label"])
         assert "Regression gate" in (out / "report.html").read_text(encoding="utf-8")
         seen.add(rule)
     assert seen == set(SAMPLE_EXPECTED)

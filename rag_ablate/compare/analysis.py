@@ -638,22 +638,37 @@ def label_rows(rows: Sequence[Row], alpha: float) -> None:
     for r in rows:
         if not r.tested:
             continue
-        bounded = math.isfinite(r.ci_low) and math.isfinite(r.ci_high)
-        r.mde = stats.min_detectable_effect(r.se, alpha) if bounded else math.inf
-        above = r.ci_low > 0  # the interval excludes 0 (for a mean: exactly when p < alpha)
+        r.mde = detectable(r.se, r.ci_low, r.ci_high, alpha)
         how = ADJUSTMENT_NAMES.get(r.adjustment, r.adjustment)
         if r.verdict:
             r.label = f"{r.verdict} (after {how})"
-        elif above or r.ci_high < 0:
-            better = above == (r.direction == "higher")
-            r.label = f"{'better' if better else 'worse'} unadjusted, n.s. after {how}"
-        elif r.effect == 0 and r.se == 0 and r.ci_low == r.ci_high == 0:
-            r.label = "no change on any query"
-        elif not bounded:
-            r.label = f"no evidence; {r.n_groups} groups cannot detect any effect"
         else:
-            size = f"{r.mde:.1f}" if r.mde >= 100 else f"{r.mde:.2g}"
-            r.label = f"no evidence; could detect ±{size}"
+            r.label = unconfirmed_words(r.ci_low, r.ci_high, r.direction, r.mde, r.n_groups, how)
+
+
+def detectable(se: float, ci_low: float, ci_high: float, alpha: float) -> float:
+    """The minimum detectable effect of a row (inf when its interval is unbounded: the test cannot
+    reject at all, e.g. 5 groups or fewer at 0.05)."""
+    if not (math.isfinite(ci_low) and math.isfinite(ci_high)):
+        return math.inf
+    return stats.min_detectable_effect(se, alpha)
+
+
+def unconfirmed_words(
+    ci_low: float, ci_high: float, direction: str, mde: float, n_groups: int, how: str
+) -> str:
+    """The words for a row that is not significant after adjustment (``how``: Holm, BH), in agreement
+    with its raw interval: ``worse unadjusted, n.s. after BH`` when the interval excludes 0, else
+    ``no evidence; could detect ±0.031`` (or that nothing could be detected)."""
+    if ci_low == ci_high == 0:  # every paired difference is 0
+        return "no change on any query"
+    if ci_low > 0 or ci_high < 0:  # the interval excludes 0 (for a mean: exactly when p < alpha)
+        better = (ci_low > 0) == (direction == "higher")
+        return f"{'better' if better else 'worse'} unadjusted, n.s. after {how}"
+    if not math.isfinite(mde):
+        return f"no evidence; {n_groups} groups cannot detect any effect"
+    size = f"{mde:.1f}" if mde >= 100 else f"{mde:.2g}"
+    return f"no evidence; could detect ±{size}"
 
 
 def _flag_disagreements(rows: list[Row]) -> None:

@@ -213,6 +213,8 @@ class SliceRow:
     p_adjusted: float = math.nan
     verdict: str = ""
     note: str = ""
+    mde: float = math.nan  # minimum detectable effect at 80% power (as Row.mde)
+    label: str = ""  # for "no evidence": the words that agree with the interval (as Row.label)
 
     @property
     def name(self) -> str:

@@ -311,7 +311,7 @@ def slice_markdown_lines(c: Comparison) -> list[str]:
                 out.append(
                     f"| {_md_cell(r.name)} | {display_name(r.metric)} | {r.n_queries} ({r.n_groups}) | "
                     f"{r.n_failed_baseline} / {r.n_failed_variant} | {means} | {_md_cell(_slice_effect(r))} "
-                    f"| {_p(r.p_value)} | {_p(r.p_adjusted)} | {r.verdict} |"
+                    f"| {_p(r.p_value)} | {_p(r.p_adjusted)} | {_md_cell(r.label or r.verdict)} |"
                 )
             out.append("")
     return out

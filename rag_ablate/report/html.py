@@ -267,7 +267,7 @@ def _slice_rows(rows: Sequence[SliceRow], titles: Mapping[str, str]) -> str:
     for r in rows:
         verdict = r.verdict
         cls = {"hurts": "worse", "helps": "better"}.get(verdict, "")
-        badge = f'<span class="badge b-{cls}">{_e(verdict)}</span>' if cls else _e(verdict)
+        badge = f'<span class="badge b-{cls}">{_e(verdict)}</span>' if cls else _e(r.label or verdict)
         if not math.isfinite(r.ci_low):
             effect = _signed(r.effect)
         else:
