@@ -111,7 +111,7 @@ def validate_compare(c: CompareConfig) -> None:
     from rag_ablate.compare.gate import parse_rules
 
     try:  # a gate rule that cannot be read stops the sweep before any job runs
-        parse_rules(c.fail_on)
+        parse_rules(c.fail_on, c.metrics or None)  # empty: the registry's defaults, filled in later
     except ComparisonError as exc:
         raise ConfigError(f"compare.fail_on: {exc}") from None
 

@@ -346,3 +346,9 @@ def test_a_sweep_with_an_unreadable_rule_stops_before_any_job(tmp_path: Path) ->
     assert proc.returncode == 2, proc.stderr
     assert "write holdout/recall_at_5:-0.02" in proc.stderr
     assert not list((tmp_path / "outputs").glob("multirun/*/0/records.jsonl"))
+
+
+def test_a_rule_on_a_metric_not_compared_is_refused_before_the_comparison() -> None:
+    with pytest.raises(ConfigError, match="metric ndcg_at_10 is not compared"):
+        validate_compare(CompareConfig(metrics=["recall@5"], fail_on=["holdout/ndcg_at_10:-0.02"]))
+    validate_compare(CompareConfig(metrics=["recall@5"], fail_on=["holdout/recall_at_5:-0.02"]))

@@ -184,20 +184,26 @@ class GateRule:
         )
 
 
-def parse_rules(rules: Sequence[str]) -> list[GateRule]:
-    """Every rule parsed; the first that cannot be read raises with the syntax."""
-    return [GateRule.parse(r) for r in rules]
+def parse_rules(rules: Sequence[str], metrics: Sequence[str] | None = None) -> list[GateRule]:
+    """Every rule parsed; the first that cannot be read raises with the syntax. With ``metrics`` (the
+    comparison's), a rule on a metric that is not compared raises too."""
+    parsed = [GateRule.parse(r) for r in rules]
+    if metrics is None:
+        return parsed
+    compared = [metric_name(spec.base, k) for spec, k in map(parse_metric_name, metrics)]
+    for rule in parsed:
+        if rule.metric not in compared:
+            raise ComparisonError(
+                f"gate rule '{rule.text}': metric {rule.metric} is not compared "
+                f"(compared: {', '.join(compared)})"
+            )
+    return parsed
 
 
 def evaluate(comparison: Comparison, rules: Sequence[str]) -> list[GateResult]:
     """Each rule's verdict on each variant, in rule then variant order."""
     results = []
-    for rule in parse_rules(rules):
-        if rule.metric not in comparison.metrics:
-            raise ComparisonError(
-                f"gate rule '{rule.text}': metric {rule.metric} is not compared "
-                f"(compared: {', '.join(comparison.metrics)})"
-            )
+    for rule in parse_rules(rules, comparison.metrics):
         for variant in comparison.variants:
             row = comparison.row(rule.split, variant, rule.metric)
             if row is not None:
