@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from rag_ablate.config.schema import CompareConfig, RunConfig, parse_config, validate_system
-from rag_ablate.core.errors import ConfigError
+from rag_ablate.core.errors import ComparisonError, ConfigError
 
 
 def check_names(s: RunConfig) -> None:
@@ -108,6 +108,12 @@ def validate_compare(c: CompareConfig) -> None:
     check_slices(c)  # slice metrics known (no percentiles), min_slice_groups >= 1
     if not set(c.splits) <= {"dev", "holdout"}:
         raise ConfigError(f"compare.splits must be among dev, holdout, got {c.splits}")
+    from rag_ablate.compare.gate import parse_rules
+
+    try:  # a gate rule that cannot be read stops the sweep before any job runs
+        parse_rules(c.fail_on, c.metrics or None)  # empty: the registry's defaults, filled in later
+    except ComparisonError as exc:
+        raise ConfigError(f"compare.fail_on: {exc}") from None
 
 
 def fill_metric_defaults(s: RunConfig) -> None:

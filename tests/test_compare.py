@@ -203,17 +203,20 @@ def test_gate() -> None:
         VariantData("worse", _records({"recall_at_5": worse}, splits, groups)),
     ]
     c = compare(vs, metrics=["recall_at_5"], B=2000)
-    failures = gate(c, ["holdout/recall_at_5<-0.02"])
-    assert len(failures) == 1 and "worse: holdout/recall_at_5 effect -0.1000" in failures[0]
-    assert gate(c, ["holdout/recall_at_5<-0.2"]) == []  # beyond the bound only
-    assert gate(c, ["holdout/recall@5<-0.02"])  # display spelling accepted
-    with pytest.raises(ComparisonError, match="expected SPLIT/METRIC<BOUND"):
+    failures = gate(c, ["holdout/recall_at_5:-0.02"])
+    assert len(failures) == 1 and failures[0].startswith(
+        "BLOCK worse holdout/recall_at_5:-0.02: effect -0.1 ["
+    )
+    assert gate(c, ["holdout/recall_at_5:-0.2"]) == []  # within the margin
+    assert gate(c, ["holdout/recall@5:-0.02"])  # display spelling accepted
+    with pytest.raises(ComparisonError, match="expected SPLIT/METRIC:MARGIN"):
         gate(c, ["recall_at_5 below 2%"])
     with pytest.raises(ComparisonError, match="is not compared"):
-        gate(c, ["holdout/ndcg_at_10<-0.02"])
+        gate(c, ["holdout/ndcg_at_10:-0.02"])
 
 
-def test_gate_ignores_non_significant_effects() -> None:
+def test_point_gate_blocks_a_drop_beyond_the_margin_even_when_not_significant() -> None:
+    """The team's rule is "a drop of more than 2 points blocks", whatever the p; the old gate passed it."""
     splits = ["holdout"] * 6
     groups = [f"g{i}" for i in range(6)]
     vs = [
@@ -223,7 +226,8 @@ def test_gate_ignores_non_significant_effects() -> None:
     c = compare(vs, metrics=["recall_at_5"], splits=["holdout"], B=1000)
     r = c.row("holdout", "v", "recall_at_5")
     assert r is not None and r.effect < -0.02 and not r.significant
-    assert gate(c, ["holdout/recall_at_5<-0.02"]) == []
+    assert len(gate(c, ["holdout/recall_at_5:-0.02"])) == 1
+    assert gate(c, ["holdout/recall_at_5:-0.2"]) == []
 
 
 def test_unknown_metric_and_baseline() -> None:
@@ -316,9 +320,7 @@ def test_failed_queries_are_counted_compared_and_named() -> None:
     variants = _holdout12([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0])
     _fail(variants[1].records, {"q0", "q1", "q2", "q3"}, latency=5000.0)  # four timeouts in the variant
     _fail(variants[0].records, {"q11"}, latency=10.0)  # one failure in the baseline
-    c = compare(
-        variants, metrics=["recall_at_5", "error_rate", "latency_ms"], splits=["holdout"], B=5000
-    )
+    c = compare(variants, metrics=["recall_at_5", "error_rate", "latency_ms"], splits=["holdout"], B=5000)
 
     pair = c.pair("holdout", "v")
     assert pair is not None
@@ -372,9 +374,7 @@ def test_error_rate_is_compared_by_default() -> None:
 def test_a_variant_whose_queries_all_failed_shows_rows_that_say_so() -> None:
     variants = _holdout12([1.0] * 12)
     _fail(variants[1].records, {f"q{i}" for i in range(12)}, latency=30000.0)
-    c = compare(
-        variants, metrics=["recall_at_5", "error_rate", "latency_ms"], splits=["holdout"], B=5000
-    )
+    c = compare(variants, metrics=["recall_at_5", "error_rate", "latency_ms"], splits=["holdout"], B=5000)
     recall = c.row("holdout", "v", "recall_at_5")
     assert recall is not None and not recall.tested and recall.note == "all 12 failed in variant"
     assert not recall.significant and recall.verdict == ""
@@ -387,7 +387,7 @@ def test_a_variant_whose_queries_all_failed_shows_rows_that_say_so() -> None:
     row = next(r for r in data["rows"] if r["metric"] == "recall_at_5")
     assert row["effect"] is None and row["note"] == "all 12 failed in variant"  # JSON has no NaN
     # a gate on the untestable metric fails: a broken variant does not pass by producing no numbers
-    failures = gate(c, ["holdout/recall_at_5<-0.02"])
+    failures = gate(c, ["holdout/recall_at_5:-0.02"])
     assert len(failures) == 1 and "could not be tested (all 12 failed in variant)" in failures[0]
     # MLflow gets the effects that exist; an untestable metric logs nothing rather than NaN
     assert set(delta_metrics(c, "v")) == {
@@ -553,7 +553,7 @@ def test_run_comparison_on_a_sweep_folder(tmp_path: Path) -> None:
     _write_job(tmp_path, 1, "better", better.records, "seed: 3\nchunk:\n  size: 256\n", fp)
     _write_job(tmp_path, 2, "same", same.records, "seed: 3\nchunk: [unclosed\n", fp)
     printed: list[str] = []
-    settings = CompareConfig(metrics=["hit_at_5", "error_rate"], B=500, fail_on=["holdout/error_rate>0.5"])
+    settings = CompareConfig(metrics=["hit_at_5", "error_rate"], B=500, fail_on=["holdout/error_rate:+0.5"])
     run = run_comparison(tmp_path, settings, echo=printed.append)
     c = run.comparison
     assert c.seed == 3  # the sweep's own seed

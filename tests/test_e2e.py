@@ -188,7 +188,7 @@ def test_compare_cli_on_sweep_folder_and_parent_run(own_sweep: dict[str, Any], t
 
     # the gate: a bound nothing crosses passes; evidence recall lost with small chunks is gated
     ok = _rag_ablate(
-        ["compare", str(sweep_dir), "--fail-on", "holdout/recall_at_5<-0.5"],
+        ["compare", str(sweep_dir), "--fail-on", "holdout/recall_at_5:-0.5"],
         own_sweep["cwd"],
     )
     assert ok.returncode == 0 and "regression gate passed" in ok.stdout
@@ -197,11 +197,11 @@ def test_compare_cli_on_sweep_folder_and_parent_run(own_sweep: dict[str, Any], t
             "compare",
             str(sweep_dir),
             "--fail-on",
-            "holdout/evidence_recall_at_5<-0.05",
+            "holdout/evidence_recall_at_5:-0.05",
         ],
         own_sweep["cwd"],
     )
-    assert bad.returncode == 1 and "regression gate FAILED" in bad.stderr and "chunk=256" in bad.stderr
+    assert bad.returncode == 3 and "regression gate BLOCKED" in bad.stderr and "chunk=256" in bad.stderr
 
     # by MLflow parent run id
     from mlflow.tracking import MlflowClient

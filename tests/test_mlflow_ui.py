@@ -76,6 +76,8 @@ def test_sweep_description_holds_the_verdict_table(sweep: dict[str, Any]) -> Non
     row = next(line for line in lines if line.startswith("| chunk=256 |"))
     effect = _row(sweep["comparison"], "holdout", "chunk=256", "recall_at_5")
     assert f"{effect['effect']:+.3f} [{effect['ci_low']:+.3f}, {effect['ci_high']:+.3f}]" in row
+    # the words beside the interval are the row's label, never a bare "n.s."
+    assert effect["label"].startswith("no evidence; could detect ±") and effect["label"] in row
     assert any(line.startswith("| baseline (chunk=512) |") for line in lines)
     assert "in-process with warm caches" in text and "Holm" in text
 

@@ -395,8 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--fail-on",
         action="append",
         metavar="RULE",
-        help="regression gate, e.g. 'holdout/recall_at_5<-0.02': exit 1 when a variant's effect is beyond "
-        "the bound and significant (repeatable)",
+        help="regression gate rule (repeatable): SPLIT/METRIC:MARGIN[:noninferior] or SPLIT/METRIC:superior, "
+        "e.g. holdout/recall_at_5:-0.02 blocks a drop of more than 0.02 (point estimate); exit 3 when "
+        "a rule blocks",
     )
     c.add_argument(
         "--slice-metrics",

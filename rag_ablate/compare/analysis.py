@@ -372,6 +372,7 @@ def compare(
     order = {(s, v, m): i for i, (s, v, m) in enumerate(_keys(splits, [o.label for o in others], metrics))}
     rows.sort(key=lambda r: order[(r.split, r.variant, r.metric)])
     _adjust(rows, alpha)
+    label_rows(rows, alpha)
     _flag_disagreements(rows)
     return Comparison(
         baseline=base.label,
@@ -618,6 +619,56 @@ def _adjust(rows: list[Row], alpha: float) -> None:
             if r.significant:
                 better = (r.effect > 0) == (r.direction == "higher")
                 r.verdict = "better" if better else "worse"
+
+
+ADJUSTMENT_NAMES = {"holm": "Holm", "bh": "BH"}
+
+
+def label_rows(rows: Sequence[Row], alpha: float) -> None:
+    """Each tested row's minimum detectable effect and the words beside its numbers.
+
+    The label never contradicts the interval shown with it: the interval belongs to the raw p, the
+    ``+``/``-`` verdict to the adjusted p, so a row whose interval excludes 0 (raw p < alpha) but is
+    not significant after adjustment reads ``worse unadjusted, n.s. after Holm``, never a bare
+    "n.s.". A row with no evidence either way says how large an effect its data could have
+    detected: ``no evidence; could detect ±0.031`` (:func:`stats.min_detectable_effect`, 80%
+    power); when the test cannot reject at all (5 groups or fewer at 0.05: the interval is
+    unbounded) it says so.
+    """
+    for r in rows:
+        if not r.tested:
+            continue
+        r.mde = detectable(r.se, r.ci_low, r.ci_high, alpha)
+        how = ADJUSTMENT_NAMES.get(r.adjustment, r.adjustment)
+        if r.verdict:
+            r.label = f"{r.verdict} (after {how})"
+        else:
+            r.label = unconfirmed_words(r.ci_low, r.ci_high, r.direction, r.mde, r.n_groups, how)
+
+
+def detectable(se: float, ci_low: float, ci_high: float, alpha: float) -> float:
+    """The minimum detectable effect of a row (inf when its interval is unbounded: the test cannot
+    reject at all, e.g. 5 groups or fewer at 0.05)."""
+    if not (math.isfinite(ci_low) and math.isfinite(ci_high)):
+        return math.inf
+    return stats.min_detectable_effect(se, alpha)
+
+
+def unconfirmed_words(
+    ci_low: float, ci_high: float, direction: str, mde: float, n_groups: int, how: str
+) -> str:
+    """The words for a row that is not significant after adjustment (``how``: Holm, BH), in agreement
+    with its raw interval: ``worse unadjusted, n.s. after BH`` when the interval excludes 0, else
+    ``no evidence; could detect ±0.031`` (or that nothing could be detected)."""
+    if ci_low == ci_high == 0:  # every paired difference is 0
+        return "no change on any query"
+    if ci_low > 0 or ci_high < 0:  # the interval excludes 0 (for a mean: exactly when p < alpha)
+        better = (ci_low > 0) == (direction == "higher")
+        return f"{'better' if better else 'worse'} unadjusted, n.s. after {how}"
+    if not math.isfinite(mde):
+        return f"no evidence; {n_groups} groups cannot detect any effect"
+    size = f"{mde:.1f}" if mde >= 100 else f"{mde:.2g}"
+    return f"no evidence; could detect ±{size}"
 
 
 def _flag_disagreements(rows: list[Row]) -> None:

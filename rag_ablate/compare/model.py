@@ -84,10 +84,41 @@ class Row:
     judge_repeat_sd_baseline: float = math.nan  # mean within-query SD of the judge's repeats, baseline
     judge_repeat_sd_variant: float = math.nan  # the same in the variant
     judge_noise_se: float = math.nan  # SE of the effect that the judge's repeat noise alone explains
+    # what the numbers say, in words that agree with the interval beside them (analysis.label_rows)
+    mde: float = math.nan  # minimum detectable effect at 80% power, two-sided alpha, from the bootstrap SE
+    label: str = ""  # better | worse | "worse unadjusted, n.s. after Holm" | "no evidence; could detect ..."
 
     @property
     def tested(self) -> bool:
         return not self.note
+
+
+@dataclass
+class GateResult:
+    """One gate rule's verdict on one variant (:mod:`rag_ablate.compare.gate`).
+
+    ``effect``, ``ci_low``/``ci_high`` and ``p_adjusted`` are the row's the rule read (NaN when the
+    variant could not be tested, which blocks); ``meaning`` is the rule in words and ``reason`` why
+    it passed or blocked."""
+
+    rule: str
+    variant: str
+    split: str
+    metric: str
+    evidence: str  # point | noninferior | superior
+    margin: float
+    passed: bool
+    effect: float
+    ci_low: float
+    ci_high: float
+    p_adjusted: float
+    adjustment: str
+    meaning: str
+    reason: str
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.passed else "BLOCK"
 
 
 @dataclass
@@ -182,6 +213,8 @@ class SliceRow:
     p_adjusted: float = math.nan
     verdict: str = ""
     note: str = ""
+    mde: float = math.nan  # minimum detectable effect at 80% power (as Row.mde)
+    label: str = ""  # for "no evidence": the words that agree with the interval (as Row.label)
 
     @property
     def name(self) -> str:
@@ -240,6 +273,7 @@ class Comparison:
     mix_weights: str = ""  # the weighting of ``mix``, in words
     pairwise: PairwiseReport | None = None  # judge.mode=pairwise (rag_ablate.compare.pairwise); None: not run
     tradeoff: Tradeoff | None = None  # quality against cost (rag_ablate.compare.tradeoff); None: not computed
+    gate: list[GateResult] = field(default_factory=list)  # the regression gate's verdicts (compare.gate)
 
     def row(self, split: str, variant: str, metric: str) -> Row | None:
         for r in self.rows:
@@ -278,6 +312,7 @@ class Comparison:
             "production_mix": {"weights": self.mix_weights, "rows": [_finite(asdict(r)) for r in self.mix]},
             "pairwise": None if self.pairwise is None else self.pairwise.to_dict(),
             "tradeoff": None if self.tradeoff is None else self.tradeoff.to_dict(),
+            "gate": [{**_finite(asdict(g)), "verdict": g.verdict} for g in self.gate],
         }
 
     @classmethod

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from rag_ablate.compare import tradeoff
+from rag_ablate.compare.gate import result_line
 from rag_ablate.compare.mix import mix_markdown, mix_terminal
 from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, Pair, Row, SliceRow
 from rag_ablate.core.layout import COMPARISON_JSON, COMPARISON_MD
@@ -26,6 +27,8 @@ def _num(v: float) -> str:
 
 
 def _signed(v: float) -> str:
+    if math.isnan(v):
+        return "-"
     return f"{v:+.1f}" if abs(v) >= 100 else f"{v:+.3f}"
 
 
@@ -34,7 +37,7 @@ def _p(v: float) -> str:
 
 
 def _cell(r: Row | None, groups: bool) -> list[str]:
-    width = 5 if groups else 4
+    width = 6 if groups else 5
     if r is None:
         return ["-"] * width
     if not r.tested:
@@ -45,8 +48,46 @@ def _cell(r: Row | None, groups: bool) -> list[str]:
         f"{_signed(r.effect)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}]",
         _p(r.p_value) + ("" if r.p_exact else "~"),
         _p(r.p_adjusted) + mark,
+        r.label,
     ]
     return [*cells, str(r.n_groups)] if groups else cells
+
+
+VERDICT_WORDS = (
+    "the interval is the raw p's and the verdict the adjusted p's, so an interval excluding 0 that "
+    "adjustment does not confirm reads 'worse unadjusted, n.s. after Holm'; beside 'no evidence', the "
+    "effect the data could detect (80% power, from the group-bootstrap SE)"
+)
+
+
+def gate_lines(c: Comparison) -> list[str]:
+    """The regression gate's verdicts, one line per rule and variant (nothing without rules)."""
+    if not c.gate:
+        return []
+    blocked = sum(1 for g in c.gate if not g.passed)
+    head = (
+        f"regression gate: {'BLOCKED' if blocked else 'passed'} ({blocked} of {len(c.gate)} verdicts block)"
+    )
+    return [head, *(f"  {result_line(g)}" for g in c.gate)]
+
+
+def gate_markdown_lines(c: Comparison) -> list[str]:
+    """``comparison.md``'s gate section: each rule's verdict per variant, its evidence and meaning."""
+    if not c.gate:
+        return []
+    out = [
+        "## Regression gate",
+        "",
+        "| verdict | variant | rule | effect [CI] | p_adj | why | the rule means |",
+        "|---|---|---|---|---:|---|---|",
+    ]
+    for g in c.gate:
+        interval = f"{_signed(g.effect)} [{_signed(g.ci_low)}, {_signed(g.ci_high)}]"
+        out.append(
+            f"| {g.verdict} | {_md_cell(g.variant)} | `{g.rule}` | {interval} | {_p(g.p_adjusted)} "
+            f"({g.adjustment or '-'}) | {_md_cell(g.reason)} | {_md_cell(g.meaning)} |"
+        )
+    return [*out, ""]
 
 
 def guard_flag(c: Comparison, variant: str) -> str:
@@ -63,7 +104,7 @@ def table_rows(c: Comparison, groups: bool = True) -> tuple[list[str], list[list
     """Rows of variant x metric with dev and holdout side by side (``groups``: a column of group counts)."""
     headers = ["variant", "metric"]
     for s in c.splits:
-        headers += [f"{s} base -> var", f"{s} effect [95% CI]", f"{s} p", f"{s} p_adj"]
+        headers += [f"{s} base -> var", f"{s} effect [95% CI]", f"{s} p", f"{s} p_adj", f"{s} verdict"]
         headers += [f"{s} groups"] if groups else []
     headers.append("flag")
     rows = []
@@ -107,9 +148,10 @@ def format_terminal(c: Comparison) -> str:
     lines = [
         f"comparison against baseline '{c.baseline}' ({sizes}effect = variant - baseline; 95% CI by "
         f"inverting the group sign-flip test that gives p (~ Monte Carlo); p_adj: Holm on holdout, BH on "
-        f"dev, latency a family apart; + better / - worse at alpha {c.alpha}; bootstrap B={c.B} SE and "
-        "interval in comparison.json)",
+        f"dev, latency a family apart; + better / - worse at alpha {c.alpha}; {VERDICT_WORDS}; bootstrap "
+        f"B={c.B} SE and interval in comparison.json)",
         format_table(headers, rows),
+        *gate_lines(c),
         # the terminal shows the first (primary) metric's production mix; comparison.md every metric
         *mix_terminal(c.mix, c.variants, c.metrics[:1], c.splits, c.mix_weights, c.B),
     ]
@@ -269,7 +311,7 @@ def slice_markdown_lines(c: Comparison) -> list[str]:
                 out.append(
                     f"| {_md_cell(r.name)} | {display_name(r.metric)} | {r.n_queries} ({r.n_groups}) | "
                     f"{r.n_failed_baseline} / {r.n_failed_variant} | {means} | {_md_cell(_slice_effect(r))} "
-                    f"| {_p(r.p_value)} | {_p(r.p_adjusted)} | {r.verdict} |"
+                    f"| {_p(r.p_value)} | {_p(r.p_adjusted)} | {_md_cell(r.label or r.verdict)} |"
                 )
             out.append("")
     return out
@@ -287,12 +329,13 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
         "Benjamini-Hochberg on dev; the latency metrics are a family of their own (`family` in "
         "comparison.json), so timing noise does not move the other rows' p_adj. "
         f"`+` significantly better, `-` significantly worse at alpha {c.alpha} "
-        "(by the metric's direction); `~` marks a Monte Carlo p.",
+        f"(by the metric's direction); `~` marks a Monte Carlo p. Verdict: {VERDICT_WORDS}.",
         "",
         "| " + " | ".join(headers) + " |",
         "|" + "---|" * len(headers),
         *("| " + " | ".join(_md_cell(x) for x in r) + " |" for r in rows),
         "",
+        *gate_markdown_lines(c),
         *mix_markdown(c.mix, c.variants, c.metrics, c.splits, c.mix_weights, c.B),
         *judge_spread_lines(c),
         *pairwise_markdown_lines(c),

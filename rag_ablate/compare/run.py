@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.analysis import compare
-from rag_ablate.compare.gate import gate
+from rag_ablate.compare.gate import EXIT_BLOCKED, evaluate, result_line
 from rag_ablate.compare.guard import check
 from rag_ablate.compare.load import load_mlflow_parent, load_sweep_dir, pick_baseline
 from rag_ablate.compare.model import Comparison, VariantData
@@ -45,7 +45,7 @@ class ComparisonRun:
     comparison: Comparison
     source: Source
     paths: list[Path]  # comparison.json, comparison.md, tradeoff.json, tradeoff.md
-    failures: list[str]  # regression gate messages; empty: passed
+    failures: list[str]  # one line per blocked gate rule and variant; empty: passed
 
 
 def load_source(source: str | Path, tracking_uri: str | None = None, out_dir: Path | None = None) -> Source:
@@ -150,19 +150,24 @@ def run_comparison(
     c.tradeoff = tradeoff.compute(
         src.variants, replace(settings, splits=c.splits), seed=run_seed, baseline=c.baseline
     )
+    c.gate = evaluate(c, settings.fail_on)  # each rule's verdict per variant, in every view
     paths = write_outputs(c, src.out_dir)
-    failures = gate(c, settings.fail_on)
+    failures = [result_line(g) for g in c.gate if not g.passed]
     echo(format_terminal(c))
     return ComparisonRun(c, src, paths, failures)
 
 
-def gate_report(run: ComparisonRun, n_rules: int) -> int:
-    """Print the gate's outcome (failures to stderr); 1 when it failed, else 0."""
-    if run.failures:
-        print("\nregression gate FAILED:", file=sys.stderr)
-        for f in run.failures:
+def print_gate_outcome(failures: Sequence[str], n_rules: int) -> None:
+    """The gate's outcome after everything else: what blocked (stderr), or that it passed."""
+    if failures:
+        print("\nregression gate BLOCKED:", file=sys.stderr)
+        for f in failures:
             print(f"  {f}", file=sys.stderr)
-        return 1
-    if n_rules:
+    elif n_rules:
         print(f"regression gate passed ({n_rules} rule(s))")
-    return 0
+
+
+def gate_report(run: ComparisonRun, n_rules: int) -> int:
+    """Print the gate's outcome; :data:`~rag_ablate.compare.gate.EXIT_BLOCKED` when it blocked, else 0."""
+    print_gate_outcome(run.failures, n_rules)
+    return EXIT_BLOCKED if run.failures else 0

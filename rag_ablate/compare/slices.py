@@ -40,7 +40,15 @@ import numpy as np
 import numpy.typing as npt
 
 from rag_ablate.compare import stats
-from rag_ablate.compare.analysis import _by_id, _pair, _untested_note, quantile_of, value
+from rag_ablate.compare.analysis import (
+    _by_id,
+    _pair,
+    _untested_note,
+    detectable,
+    quantile_of,
+    unconfirmed_words,
+    value,
+)
 from rag_ablate.compare.draws import Collector, SharedDraws, ratios
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, SliceRow, SliceSection, VariantData
@@ -179,6 +187,7 @@ def compare_slices(
         row.effect = float(res.effect[0])
         row.ci_low, row.ci_high = float(res.ci_low[0]), float(res.ci_high[0])
         row.p_value, row.p_exact = float(res.p_value[0]), bool(res.p_exact[0])
+        row.mde = detectable(float(res.se[0]), row.ci_low, row.ci_high, alpha)
         row.verdict = "no evidence"  # until the adjustment says otherwise
     _adjust(rows, alpha)
     variant_order = {v: i for i, v in enumerate(comparison.variants)}
@@ -274,3 +283,5 @@ def _adjust(rows: Sequence[SliceRow], alpha: float) -> None:
             r.p_adjusted = float(a)
             if a < alpha and r.effect != 0:
                 r.verdict = "helps" if _improvement(r) > 0 else "hurts"
+            else:  # "no evidence", in words that agree with the slice's interval
+                r.label = unconfirmed_words(r.ci_low, r.ci_high, r.direction, r.mde, r.n_groups, "BH")

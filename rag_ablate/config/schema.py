@@ -268,7 +268,7 @@ class CompareConfig:
     alpha: float = 0.05  # significance level after adjustment (Holm on holdout, BH on dev)
     flip_threshold: float = 0.2  # a continuous metric "flips" when it moves more than this (relative for
     # latency and token counts)
-    fail_on: list[str] = field(default_factory=list)  # gate rules, e.g. "holdout/recall_at_5<-0.02"
+    fail_on: list[str] = field(default_factory=list)  # gate rules, e.g. "holdout/recall_at_5:-0.02"
     quality_metric: str = "auto"  # quality-vs-cost y axis; auto = an answer metric if any, else recall_at_5
     cost_metric: str = "auto"  # x axis; auto = usd_per_1k if priced, else latency_p95_ms, else context_tokens
     quality_bar: float | None = None  # iso-quality view: cheapest variant whose CI bound clears it, e.g. 0.85

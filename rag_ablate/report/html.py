@@ -100,7 +100,7 @@ def _signed(v: Any) -> str:
 
 
 def _p(v: Any) -> str:
-    if v is None:
+    if v is None or math.isnan(float(v)):
         return "-"
     return "<0.001" if float(v) < 0.001 else f"{float(v):.3f}"
 
@@ -208,7 +208,7 @@ def _comparison_section(c: Comparison, titles: Mapping[str, str]) -> str:
             if v in c.unchecked:
                 badges += '<span class="badge b-warn">unchecked</span>'
             verdict = r.verdict
-            sig = f'<span class="badge b-{verdict}">{verdict}</span>' if verdict else ""
+            sig = f'<span class="badge b-{verdict}">{verdict}</span>' if verdict else _e(r.label)
             if not r.tested:
                 effect = f"<i>{_e(r.note)}</i>"
                 means = "-"
@@ -231,7 +231,7 @@ def _comparison_section(c: Comparison, titles: Mapping[str, str]) -> str:
                 "effect [95% CI]",
                 "p",
                 "p adjusted",
-                "significant",
+                "verdict",
                 "flag",
             )
         )
@@ -241,12 +241,33 @@ def _comparison_section(c: Comparison, titles: Mapping[str, str]) -> str:
     return "".join(out)
 
 
+def _gate_section(c: Comparison) -> str:
+    """Each gate rule's verdict per variant: the evidence it read and what the rule means."""
+    blocked = sum(1 for g in c.gate if not g.passed)
+    rows = [
+        [
+            f'<span class="badge b-{"worse" if not g.passed else "better"}">{g.verdict}</span>',
+            _e(g.variant),
+            f"<code>{_e(g.rule)}</code>",
+            f"{_signed(g.effect)} [{_signed(g.ci_low)}, {_signed(g.ci_high)}]",
+            f"{_p(g.p_adjusted)} ({_e(g.adjustment or '-')})",
+            _e(g.reason),
+            _e(g.meaning),
+        ]
+        for g in c.gate
+    ]
+    outcome = "BLOCKED" if blocked else "passed"
+    head = f'<p class="muted">{outcome}: {blocked} of {len(c.gate)} verdicts block</p>'
+    headers = ["verdict", "variant", "rule", "effect [CI]", "p adjusted", "why", "the rule means"]
+    return head + _table(headers, rows, raw=True)
+
+
 def _slice_rows(rows: Sequence[SliceRow], titles: Mapping[str, str]) -> str:
     body = []
     for r in rows:
         verdict = r.verdict
         cls = {"hurts": "worse", "helps": "better"}.get(verdict, "")
-        badge = f'<span class="badge b-{cls}">{_e(verdict)}</span>' if cls else _e(verdict)
+        badge = f'<span class="badge b-{cls}">{_e(verdict)}</span>' if cls else _e(r.label or verdict)
         if not math.isfinite(r.ci_low):
             effect = _signed(r.effect)
         else:
@@ -546,6 +567,7 @@ def render(
         ("plan", "Plan", _plan_section(plan)),
         ("tradeoff", "Quality against cost", trade),
         ("comparison", "Comparison with the baseline", _guard_section(c) + _comparison_section(c, titles)),
+        *([("gate", "Regression gate", _gate_section(c))] if c.gate else []),
         ("hurts", "Where it hurts", _slices_section(c, titles)),
         ("intents", "Per-intent accuracy", _intent_section(variants, titles)),
         (

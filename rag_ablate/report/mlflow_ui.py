@@ -57,13 +57,14 @@ def _signed(x: float) -> str:
 
 
 def effect_text(r: Row | None) -> str:
-    """``+0.031 [+0.010, +0.052] better*`` (``*``: significant after adjustment), ``n.s.``, or ``-``."""
+    """``+0.031 [+0.010, +0.052] better*`` (``*``: significant after adjustment), else the row's label
+    (``no evidence; could detect ±0.031``, ``worse unadjusted, n.s. after Holm``), or ``-``."""
     if r is None:
         return "-"
     if not r.tested:
         return f"untested ({r.note})"
     ci = f"[{_signed(r.ci_low)}, {_signed(r.ci_high)}]"
-    verdict = f"{r.verdict}*" if r.significant else "n.s."
+    verdict = f"{r.verdict}*" if r.significant else (r.label or "n.s.")
     return f"{_signed(r.effect)} {ci} {verdict}"
 
 
@@ -110,8 +111,9 @@ def sweep_description(
         "",
         "Effects: variant minus baseline over paired queries, 95% interval from the group sign-flip "
         "test (means) or the group bootstrap (p95); `*` = significant after Holm (holdout) or "
-        "Benjamini-Hochberg (dev); n.s. = not significant. Details: comparison.md among this run's "
-        "artifacts.",
+        "Benjamini-Hochberg (dev); otherwise what the numbers show: an interval excluding 0 that "
+        "adjustment does not confirm, or no evidence and the effect the data could detect (80% power). "
+        "Details: comparison.md among this run's artifacts.",
     ]
     if c is not None and c.slices is not None:
         hurting = [(v, hurts_text(c, v)) for v in c.variants]
@@ -119,6 +121,10 @@ def sweep_description(
         lines.append(
             f"Slices where a variant hurts ({SLICES_NOTE}): " + ("; ".join(named) if named else "none")
         )
+    if c is not None and c.gate:
+        blocked = [g for g in c.gate if not g.passed]
+        verdicts = "; ".join(f"{g.verdict} {g.variant} `{g.rule}` ({g.reason})" for g in c.gate)
+        lines.append(f"Regression gate {'BLOCKED' if blocked else 'passed'}: {verdicts}")
     if c is not None and c.confounded:
         lines.append("Confounded (change more than their label says): " + ", ".join(sorted(c.confounded)))
     if failed:

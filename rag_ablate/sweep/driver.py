@@ -33,7 +33,8 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
-from rag_ablate.compare.run import ComparisonRun, run_comparison
+from rag_ablate.compare.gate import EXIT_BLOCKED
+from rag_ablate.compare.run import ComparisonRun, print_gate_outcome, run_comparison
 from rag_ablate.config.keys import env_interpolated, redact_override
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import profiling
@@ -56,7 +57,7 @@ from rag_ablate.sweep.publish import publish_sweep
 from rag_ablate.tracking import store as tracking
 
 # exit codes of a sweep
-EXIT_FAILED = 1  # a job, the comparison, the MLflow logging or the regression gate failed
+EXIT_FAILED = 1  # a job, the comparison or the MLflow logging failed (the gate blocking: EXIT_BLOCKED, 3)
 EXIT_INVALID = 2  # nothing ran: the plan, a job's config or the MLflow store is unusable
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
 
@@ -189,7 +190,8 @@ def finish_sweep(
     returns: Sequence[JobReturn],
     launch_error: BaseException | None = None,
 ) -> int:
-    """Everything after the jobs; returns the sweep's exit code (0, or EXIT_FAILED).
+    """Everything after the jobs; returns the sweep's exit code: 0, EXIT_FAILED, or EXIT_BLOCKED when
+    nothing failed but the regression gate blocked.
 
     Whatever failed, the table and the comparison of the jobs that finished are
     still written and logged; each failure is one line on stderr and one entry,
@@ -286,18 +288,16 @@ def finish_sweep(
         )
         for f in failures:
             print(f"  {f.line()}", file=sys.stderr)
-    if gate_failures:
-        print("\nregression gate FAILED:", file=sys.stderr)
-        for g in gate_failures:
-            print(f"  {g}", file=sys.stderr)
-    elif done is not None and s.compare.fail_on:
-        print(f"regression gate passed ({len(s.compare.fail_on)} rule(s))")
+    if done is not None:
+        print_gate_outcome(gate_failures, len(s.compare.fail_on))
     done_prof = profiling.read_profile(sweep_dir)
     if done_prof is not None:
         line = profiling.summary_line(done_prof["breakdown"], peak_mb=float(done_prof.get("peak_mb", 0.0)))
         print(f"{line} ({sweep_dir / PROFILE_FILE})")
     profiling.end_sweep_profile()
-    return EXIT_FAILED if failures or gate_failures else 0
+    if failures:
+        return EXIT_FAILED
+    return EXIT_BLOCKED if gate_failures else 0
 
 
 def _stop_and_write_profile(prof: profiling.Profile, sweep_dir: Path, plan: Plan) -> Path:
