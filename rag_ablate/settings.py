@@ -121,10 +121,21 @@ def fill_metric_defaults(s: RunConfig) -> None:
         s.metrics.summary = default_summary_metrics()
 
 
+def fill_dataset_name(s: RunConfig) -> None:
+    """No ``dataset.name`` (the default) becomes the dataset folder's name, as ``rag-ablate validate``
+    names it (``sample`` for the embedded sample); a name given explicitly is kept."""
+    if s.dataset.name is None:
+        from rag_ablate.dataset.model import dataset_name
+
+        s.dataset.name = dataset_name(s.dataset.path)
+
+
 def to_settings(cfg: DictConfig) -> RunConfig:
-    """A composed config as a :class:`RunConfig`, checked: the schema, the metric defaults filled in
-    (:func:`fill_metric_defaults`), then :func:`validate`."""
+    """A composed config as a :class:`RunConfig`, checked: the schema, the metric defaults and the
+    dataset's name filled in (:func:`fill_metric_defaults`, :func:`fill_dataset_name`), then
+    :func:`validate`."""
     settings = parse_config(cfg)
     fill_metric_defaults(settings)
+    fill_dataset_name(settings)
     validate(settings)
     return settings

@@ -65,7 +65,7 @@ class SystemConfig:
 
 @dataclass
 class DatasetConfig:
-    name: str = "sample"  # label used in run names and tags
+    name: str | None = None  # label in run names, tags and variant.json; null = the folder's name
     path: str | None = None  # dataset folder (docs/dataset-format.md); null = embedded sample
     holdout_share: float = 0.3  # target share of queries in holdout when splits are assigned
     group_threshold: float = 0.7  # char 4-gram Jaccard at which queries count as near-duplicates
