@@ -106,6 +106,11 @@ def validate_compare(c: CompareConfig) -> None:
     from rag_ablate.compare.slices import check_settings as check_slices
 
     check_slices(c)  # slice metrics known (no percentiles), min_slice_groups >= 1
+    if c.baseline is not None and c.baseline_run is not None:
+        raise ConfigError(
+            f"compare.baseline ({c.baseline}, a variant of this sweep) and compare.baseline_run "
+            f"({c.baseline_run}, an earlier run) name two baselines; give one"
+        )
     if not set(c.splits) <= {"dev", "holdout"}:
         raise ConfigError(f"compare.splits must be among dev, holdout, got {c.splits}")
 

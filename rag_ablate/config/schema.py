@@ -260,6 +260,9 @@ class MetricsConfig:
 class CompareConfig:
     enabled: bool = True  # run the comparison at the end of every multirun
     baseline: str | None = None  # label of the baseline variant; null = the one marked baseline, else job 0
+    # an earlier run every variant is compared with instead (README "CI: does this commit regress?"): a run
+    # folder, a sweep's job folder, a sweep folder (its baseline) or an MLflow run id; null = this sweep's
+    baseline_run: str | None = None
     # tested against the baseline; empty = the metric registry's default set (MetricSpec.default_compare),
     # filled in by rag_ablate.settings.to_settings and by the comparison itself
     metrics: list[str] = field(default_factory=list)
