@@ -7,6 +7,7 @@ comparison reads only these, never anything held in memory.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -15,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
+from rag_ablate.compare.guard import FINGERPRINTS
 from rag_ablate.compare.model import VariantData
 from rag_ablate.core.errors import ComparisonError
 from rag_ablate.core.layout import CONFIG_FILE, RECORDS_FILE, SUMMARY_FILE, VARIANT_FILE
@@ -42,13 +44,32 @@ def read_config(path: Path) -> tuple[dict[str, Any] | None, str]:
 NO_ENTRY: Mapping[str, Any] = MappingProxyType({})
 
 
+def _outputs(rec: Record) -> bytes:
+    """A digest of what the system returned for one query: its status, retrieved chunk ids,
+    answer, intents and citations (timings, scores and metrics left out)."""
+    retrieved = [(e.get("doc_id"), e.get("chunk_id")) for e in rec.get("retrieved") or []]
+    kept = [rec.get("status"), retrieved, rec.get("answer"), rec.get("intent_pred"), rec.get("intents")]
+    text = json.dumps([*kept, rec.get("citations")], ensure_ascii=False, sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+
+
 class _Slimmer:
-    """:func:`slim_record` with one table of interned names shared by every record of a load."""
+    """:func:`slim_record` with one table of interned names shared by every record of a load; it
+    also keeps a digest of each query's outputs (:meth:`outputs`), read before they are slimmed."""
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {}
+        self.digests: dict[str, bytes] = {}
+
+    def outputs(self) -> str:
+        """One fingerprint of every query's outputs (the last record of each query counts)."""
+        h = hashlib.blake2b(digest_size=16)
+        for query_id, digest in sorted(self.digests.items()):
+            h.update(query_id.encode("utf-8") + b"\0" + digest)
+        return h.hexdigest()
 
     def __call__(self, rec: Record) -> Record:
+        self.digests[str(rec.get("query_id"))] = _outputs(rec)
         names = self.names
         out: dict[str, Any] = {}
         for k, v in rec.items():
@@ -74,9 +95,12 @@ def _variant(
     info: dict[str, Any], records_path: Path, config_path: Path | None, run_id: str | None, source: str
 ) -> VariantData:
     config, problem = (None, f"{CONFIG_FILE} missing") if config_path is None else read_config(config_path)
+    slimmer = _Slimmer()
+    records = read_records(records_path, slimmer)
     return VariantData(
         label=str(info["label"]),
-        records=read_records(records_path, _Slimmer()),
+        records=records,
+        outputs=slimmer.outputs(),
         config=config,
         overrides=[str(o) for o in info.get("overrides", [])],
         run_id=run_id,
@@ -171,15 +195,11 @@ def load_pinned(ref: str, uri: str) -> VariantData:
     return replace(v, label=PINNED_PREFIX + name)
 
 
-#: what must be the same for two runs' queries to be paired: (variant.json key, what it is)
-DATA_IDENTITY = (("corpus_fingerprint", "corpus"), ("queries_fingerprint", "query set"))
-
-
 def check_same_data(pinned: VariantData, variants: Sequence[VariantData]) -> None:
     """ComparisonError, one line, when a variant ran on another corpus or query set than the pinned
     baseline (their ``variant.json`` fingerprints differ, or one has none)."""
     for v in variants:
-        for key, what in DATA_IDENTITY:
+        for key, what in FINGERPRINTS:
             mine, theirs = pinned.info.get(key), v.info.get(key)
             if mine is None or mine != theirs:
                 raise ComparisonError(

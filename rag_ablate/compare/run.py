@@ -19,7 +19,7 @@ from pathlib import Path
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.analysis import compare
 from rag_ablate.compare.gate import gate
-from rag_ablate.compare.guard import check
+from rag_ablate.compare.guard import check, no_ops
 from rag_ablate.compare.load import (
     check_same_data,
     load_mlflow_parent,
@@ -169,6 +169,7 @@ def run_comparison(
     # judge.mode=pairwise (in the baseline's config): the judge compares each variant's answers with
     # the baseline's, both orders; a pairwise step that cannot run leaves a note, not a failed comparison
     c.pairwise = pairwise_section(src.variants, c)
+    c.no_op = [label for label in no_ops(src.variants, c.baseline) if label in c.variants]
     if guard:
         c.confounded = {label: f.differences for label, f in findings.items() if f.confounded}
         c.unchecked = {label: f.unchecked for label, f in findings.items() if f.unchecked}
