@@ -159,6 +159,8 @@ def _factor(ov: Override, config: DictConfig) -> Factor:
         # were given, e.g. by range(256,1025,256)
         lo = normalize_overrides([f"{key}={s}"])[0] if is_group else f"{key}={s}"
         lv = _unquote(lo.split("=", 1)[1])
+        if _ESCAPED.search(s) and "'" not in lv:  # Hydra's escapes (a URL's colons): quoted instead
+            lo = f"{key}='{lv}'"
         if lv not in levels:
             levels.append(lv)
             level_overrides.append(lo)
