@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from omegaconf import DictConfig
 
 from rag_ablate.config.schema import CompareConfig, RunConfig, parse_config, validate_system
@@ -110,6 +112,12 @@ def validate_compare(c: CompareConfig) -> None:
         raise ConfigError(
             f"compare.baseline ({c.baseline}, a variant of this sweep) and compare.baseline_run "
             f"({c.baseline_run}, an earlier run) name two baselines; give one"
+        )
+    ref = c.baseline_run
+    if ref is not None and ("/" in ref or ref.startswith((".", "~"))) and not Path(ref).expanduser().is_dir():
+        raise ConfigError(
+            f"compare.baseline_run: no folder {ref} (a run folder, a sweep's job folder, a sweep folder, "
+            "or an MLflow run id)"
         )
     if not set(c.splits) <= {"dev", "holdout"}:
         raise ConfigError(f"compare.splits must be among dev, holdout, got {c.splits}")
