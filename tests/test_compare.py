@@ -724,3 +724,7 @@ def test_a_variant_whose_records_equal_the_baseline_is_flagged_no_op(tmp_path: P
     html = write_report(tmp_path, c, run.source.variants).html.read_text()
     assert html.count('<span class="badge b-warn">no-op</span>') == len(c.splits)  # one row per split
     assert "top_k=20 returned the same retrieved chunks" in html
+    from rag_ablate.report.mlflow_ui import sweep_description
+
+    described = sweep_description(c, [], "hit_at_5", "baseline")
+    assert "No-op (the same records as the baseline, timings aside): top_k=20" in described
