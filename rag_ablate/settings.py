@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from omegaconf import DictConfig
 
 from rag_ablate.config.schema import CompareConfig, RunConfig, parse_config, validate_system
@@ -106,6 +108,17 @@ def validate_compare(c: CompareConfig) -> None:
     from rag_ablate.compare.slices import check_settings as check_slices
 
     check_slices(c)  # slice metrics known (no percentiles), min_slice_groups >= 1
+    if c.baseline is not None and c.baseline_run is not None:
+        raise ConfigError(
+            f"compare.baseline ({c.baseline}, a variant of this sweep) and compare.baseline_run "
+            f"({c.baseline_run}, an earlier run) name two baselines; give one"
+        )
+    ref = c.baseline_run
+    if ref is not None and ("/" in ref or ref.startswith((".", "~"))) and not Path(ref).expanduser().is_dir():
+        raise ConfigError(
+            f"compare.baseline_run: no folder {ref} (a run folder, a sweep's job folder, a sweep folder, "
+            "or an MLflow run id)"
+        )
     if not set(c.splits) <= {"dev", "holdout"}:
         raise ConfigError(f"compare.splits must be among dev, holdout, got {c.splits}")
     from rag_ablate.compare.gate import parse_rules
@@ -127,10 +140,21 @@ def fill_metric_defaults(s: RunConfig) -> None:
         s.metrics.summary = default_summary_metrics()
 
 
+def fill_dataset_name(s: RunConfig) -> None:
+    """No ``dataset.name`` (the default) becomes the dataset folder's name, as ``rag-ablate validate``
+    names it (``sample`` for the embedded sample); a name given explicitly is kept."""
+    if s.dataset.name is None:
+        from rag_ablate.dataset.model import dataset_name
+
+        s.dataset.name = dataset_name(s.dataset.path)
+
+
 def to_settings(cfg: DictConfig) -> RunConfig:
-    """A composed config as a :class:`RunConfig`, checked: the schema, the metric defaults filled in
-    (:func:`fill_metric_defaults`), then :func:`validate`."""
+    """A composed config as a :class:`RunConfig`, checked: the schema, the metric defaults and the
+    dataset's name filled in (:func:`fill_metric_defaults`, :func:`fill_dataset_name`), then
+    :func:`validate`."""
     settings = parse_config(cfg)
     fill_metric_defaults(settings)
+    fill_dataset_name(settings)
     validate(settings)
     return settings

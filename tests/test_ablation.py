@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -15,7 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from rag_ablate.config.overrides import CONF_DIR, normalize_overrides
 from rag_ablate.config.schema import RunConfig, register_configs
 from rag_ablate.core.errors import ConfigError
-from rag_ablate.sweep.plan import Plan, build_plan, check_plan
+from rag_ablate.sweep.plan import Job, Plan, build_plan, check_plan, refuse_repeats
 from tests.conftest import run_module
 
 register_configs()
@@ -83,6 +84,8 @@ def test_numeric_group_as_typed() -> None:
 def test_level_equal_to_default_is_the_baseline() -> None:
     p = plan_for(["chunk=512"])
     assert labels(p) == ["baseline"]
+    p = plan_for(["retrieval.hybrid.rrf_k=60,10"])  # 60 is the baseline's 60.0
+    assert labels(p) == ["baseline", "retrieval.hybrid.rrf_k=10"]
     p = plan_for(["retrieval.top_k=10,10,20"])
     assert labels(p) == ["baseline", "retrieval.top_k=20"]
 
@@ -195,6 +198,157 @@ def test_every_job_is_validated_before_any_runs(args: list[str], message: str) -
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
 
 
+def _settings(**values: Any) -> RunConfig:
+    """RunConfig() with dotted settings (``retrieval__top_k=5``) changed."""
+    s = RunConfig()
+    for key, value in values.items():
+        *path, name = key.split("__")
+        node: Any = s
+        for part in path:
+            node = getattr(node, part)
+        setattr(node, name, value)
+    return s
+
+
+@pytest.mark.parametrize(
+    "common,level,why",
+    [
+        (
+            {"rerank__method": "biencoder"},
+            {"retrieval__top_k": 20},
+            "retrieval.top_k is not used when "
+            "rerank.method=biencoder (with a reranker, rerank.candidates sets how many chunks are retrieved",
+        ),
+        (
+            {},
+            {"retrieval__hybrid__weight": 0.3},
+            "retrieval.hybrid.weight is not used when retrieval.method=bm25",
+        ),
+        (
+            {"retrieval__method": "hybrid"},
+            {"retrieval__hybrid__weight": 0.3},
+            "retrieval.hybrid.weight is not used when retrieval.hybrid.fusion=rrf",
+        ),
+        (
+            {},
+            {"retrieval__dense__encoder": "minilm"},
+            "retrieval.dense.encoder is not used when retrieval.method=bm25",
+        ),
+        (
+            {"retrieval__method": "dense"},
+            {"retrieval__bm25__k1": 2.0},
+            "retrieval.bm25.k1 is not used when retrieval.method=dense",
+        ),
+        ({}, {"rerank__candidates": 20}, "rerank.candidates is not used when rerank.method=none"),
+        (
+            {"rerank__method": "biencoder"},
+            {"rerank__model_path": "/m"},
+            "rerank.model_path is not used when rerank.method=biencoder",
+        ),
+        ({}, {"generator__max_chunks": 5}, "generator.max_chunks is not used when generator.name=none"),
+        (
+            {"generator__name": "extractive"},
+            {"generator__temperature": 1.0},
+            "generator.temperature is not used when generator.name=extractive",
+        ),
+        ({}, {"judge__repeats": 3}, "judge.repeats is not used when judge.name=none"),
+        (
+            {"router__method": "none"},
+            {"router__ngram": 3},
+            "router.ngram is not used when router.method=none",
+        ),
+        ({}, {"system__timeout_s": 5.0}, "system.timeout_s is not used when system.name=local"),
+    ],
+    ids=lambda a: ",".join(a) if isinstance(a, dict) else None,
+)
+def test_a_level_that_changes_only_unused_settings_is_refused(
+    common: dict[str, Any], level: dict[str, Any], why: str
+) -> None:
+    (key, value), *_ = level.items()
+    label = f"{key.replace('__', '.')}={value}"
+    plan = Plan("ofat", False, [], [])
+    plan.jobs = [
+        Job(0, "baseline", "baseline", None, None, []),
+        Job(1, label, "variant", label, str(value), []),
+    ]
+    with pytest.raises(ConfigError) as info:
+        refuse_repeats(plan, [_settings(**common), _settings(**common, **level)])
+    line = str(info.value)
+    assert line.startswith(
+        f"level {label} of factor {label} would run the same settings as the baseline (#0): {why}"
+    )
+    assert line.endswith("; drop the level, or change a setting this configuration uses") and "\n" not in line
+
+
+def test_the_plan_refuses_unused_levels_as_composed() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"^level retrieval.top_k=20 of factor retrieval.top_k would run the "
+        r"same settings as the baseline \(#0\): retrieval.top_k is not used when rerank.method=bi",
+    ):
+        checked(["retrieval.top_k=20,100", "rerank=biencoder"])
+
+
+def test_a_grid_job_that_repeats_another_is_refused() -> None:
+    args = ["retrieval=bm25,hybrid", "retrieval.hybrid.rrf_k=60,10", "ablation.mode=grid"]
+    with pytest.raises(
+        ConfigError,
+        match=r"^grid job retrieval.hybrid.rrf_k=10 would run the same settings as "
+        r"the baseline \(#0\): retrieval.hybrid.rrf_k is not used when retrieval.method=bm25",
+    ):
+        checked(args)
+
+
+def test_levels_of_settings_the_configuration_uses_run() -> None:
+    plan = Plan("ofat", False, [], [])
+    plan.jobs = [Job(i, f"job{i}", "variant", "x", "y", []) for i in range(4)]
+    refuse_repeats(
+        plan,
+        [
+            _settings(),
+            _settings(retrieval__top_k=20),  # no reranker: top_k is the list's length
+            _settings(rerank__method="biencoder", rerank__candidates=20),
+            _settings(rerank__method="biencoder"),  # candidates unused in the baseline only
+        ],
+    )
+
+
+def test_every_used_only_when_rule_names_real_settings() -> None:
+    from dataclasses import asdict
+
+    from rag_ablate.config.keys import USED_ONLY_WHEN, is_under
+    from rag_ablate.run.runner import flatten
+
+    names = set(flatten(asdict(RunConfig()))) | {"system.headers", "system.body"}  # empty mappings
+    for rule in USED_ONLY_WHEN:
+        assert rule.setting in names, rule
+        for key in rule.keys:
+            assert any(is_under(n, [key]) for n in names), (rule, key)
+
+
+@pytest.mark.parametrize(
+    "levels",
+    [
+        "system.base_url=http://127.0.0.1:8001,http://127.0.0.1:8002",
+        'system.base_url="http://127.0.0.1:8001","http://127.0.0.1:8002"',
+        "system.base_url='http://127.0.0.1:8001','http://127.0.0.1:8002'",
+    ],
+    ids=["unquoted", "double-quoted", "single-quoted"],
+)
+def test_urls_as_levels_quoted_or_not(levels: str) -> None:
+    """Hydra escapes an unquoted URL's colons; the level is still the URL: the one equal to the
+    baseline's is the baseline (not a job under another label), the other job calls its own."""
+    plan, jobs = checked(["system=http", "system.base_url=http://127.0.0.1:8001", levels])
+    assert labels(plan) == ["baseline", "system.base_url=http://127.0.0.1:8002"]
+    assert [s.system.base_url for s in jobs] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    plan, jobs = checked(["system=http", "system.base_url=http://127.0.0.1:8003", levels])
+    assert labels(plan)[1:] == [
+        "system.base_url=http://127.0.0.1:8001",
+        "system.base_url=http://127.0.0.1:8002",
+    ]
+    assert [s.system.base_url for s in jobs] == [f"http://127.0.0.1:800{i}" for i in (3, 1, 2)]
+
+
 def test_missing_dataset_folder_is_caught_before_any_job(tmp_path: Path, tiny_dataset: Path) -> None:
     with pytest.raises(ConfigError) as info:
         checked([f"dataset.path={tiny_dataset},{tmp_path / 'missing'}"])
@@ -277,8 +431,13 @@ def test_grid_sweep_tags_and_guard(tiny_dataset: Path, tmp_path: Path) -> None:
             "rag_ablate: error: chunk=0: a chunk size must be a whole number >= 1 "
             "(presets: 128, 256, 512, 1024; any other size such as chunk=300 works too)",
         ),
+        (
+            ["retrieval.top_k=20,100", "rerank=biencoder"],
+            "rag_ablate: error: level retrieval.top_k=20 of factor retrieval.top_k would run the same "
+            "settings as the baseline (#0): retrieval.top_k is not used when rerank.method=biencoder",
+        ),
     ],
-    ids=["misspelt-factor", "unknown-option", "invalid-level", "bad-size"],
+    ids=["misspelt-factor", "unknown-option", "invalid-level", "bad-size", "unused-setting"],
 )
 def test_bad_sweep_stops_before_anything_with_one_line(args: list[str], line: str, tmp_path: Path) -> None:
     proc = _run(["-m", *args, "progress=false"], tmp_path)

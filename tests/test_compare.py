@@ -685,3 +685,46 @@ def test_compare_refuses_bad_input_with_one_line_and_a_nonzero_exit(tmp_path: Pa
         assert message in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
         assert not (folder / "comparison.json").exists()  # nothing half-written
+
+
+def test_a_variant_whose_records_equal_the_baseline_is_flagged_no_op(tmp_path: Path) -> None:
+    """Same retrieved ids, answers and intents for every query (timings aside): NO-OP in every view."""
+    from rag_ablate.config.schema import CompareConfig
+    from rag_ablate.report.html import write_report
+
+    variants, _, _ = _sweep(n=40)
+    base = variants[0].records
+    for i, r in enumerate(base):
+        r.update(retrieved=[{"doc_id": f"d{i}", "chunk_id": f"d{i}#0", "score": 1.0}], answer=f"a{i}")
+        r.update(intent_pred="K_x", intents=["K_x"], timings_ms={"total": 10.0})
+    slower = [
+        {**r, "timings_ms": {"total": 99.0}, "metrics": {**r["metrics"], "latency_ms": 99.0}} for r in base
+    ]
+    slower = [{**r, "retrieved": [{**r["retrieved"][0], "score": 0.5}]} for r in slower]  # scores aside too
+    other = [dict(r) for r in base]
+    other[7] = {**other[7], "retrieved": [{"doc_id": "d8", "chunk_id": "d8#0", "score": 1.0}]}
+    reworded = [dict(r) for r in base]
+    reworded[3] = {**reworded[3], "answer": "another answer"}
+    fp = _fp("a", "b")
+    for num, (label, records) in enumerate(
+        [("baseline", base), ("top_k=20", slower), ("retrieval=other", other), ("prompt=v2", reworded)]
+    ):
+        _write_job(
+            tmp_path, num, label, records, "seed: 3\n", {"role": "variant" if num else "baseline", **fp}
+        )
+    printed: list[str] = []
+    run = run_comparison(tmp_path, CompareConfig(metrics=["hit_at_5"], B=200), echo=printed.append)
+    c = run.comparison
+    assert c.no_op == ["top_k=20"]
+    assert Comparison.from_dict(json.loads((tmp_path / "comparison.json").read_text())).no_op == ["top_k=20"]
+    line = "NO-OP: top_k=20 returned the same retrieved chunks, answers and intents as the baseline"
+    assert line in printed[0] and "retrieval=other returned" not in printed[0]
+    md = (tmp_path / "comparison.md").read_text()
+    assert "## No-op variants" in md and "NO-OP: same records as the baseline" in md
+    html = write_report(tmp_path, c, run.source.variants).html.read_text()
+    assert html.count('<span class="badge b-warn">no-op</span>') == len(c.splits)  # one row per split
+    assert "top_k=20 returned the same retrieved chunks" in html
+    from rag_ablate.report.mlflow_ui import sweep_description
+
+    described = sweep_description(c, [], "hit_at_5", "baseline")
+    assert "No-op (the same records as the baseline, timings aside): top_k=20" in described

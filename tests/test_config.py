@@ -341,3 +341,16 @@ def test_every_place_that_leaves_out_runtime_settings_agrees(key: str) -> None:
     assert (variant_label([f"{key}=1", "chunk=256"]) == "chunk=256") is runtime
     assert (baseline_run_name([{"key": key, "default": 1}]) == "baseline") is runtime
     assert changed_factors({key: 1}, {key: 2}) == ([] if runtime else [key])
+
+
+def test_a_pinned_baseline_folder_must_exist(tmp_path: Path) -> None:
+    from rag_ablate.config.schema import CompareConfig
+    from rag_ablate.settings import validate_compare
+
+    missing = tmp_path / "runs" / "gone"
+    with pytest.raises(ConfigError, match=f"^compare.baseline_run: no folder {missing} "):
+        validate_compare(CompareConfig(baseline_run=str(missing)))
+    validate_compare(CompareConfig(baseline_run=str(tmp_path)))  # a folder
+    validate_compare(CompareConfig(baseline_run="0123456789abcdef0123456789abcdef"))  # an MLflow run id
+    with pytest.raises(ConfigError, match="name two baselines"):
+        validate_compare(CompareConfig(baseline="chunk=256", baseline_run=str(tmp_path)))

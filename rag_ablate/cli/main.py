@@ -236,6 +236,7 @@ def _compare_settings(args: argparse.Namespace, names: Sequence[str]) -> Compare
 
 _COMPARE_OPTIONS = (
     "baseline",
+    "baseline_run",
     "metrics",
     "splits",
     "B",
@@ -253,14 +254,20 @@ _TRADEOFF_OPTIONS = ("B", "quality_metric", "cost_metric", "quality_bar")
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from rag_ablate.compare.run import gate_report, load_source, run_comparison
+    from rag_ablate.core.layout import PINNED_DIR
     from rag_ablate.report.html import write_report
 
     settings = _compare_settings(args, _COMPARE_OPTIONS)
-    source = load_source(args.source, args.tracking_uri, Path(args.out) if args.out else None)
+    out = Path(args.out) if args.out else None
+    if out is None and settings.baseline_run and Path(args.source).is_dir():
+        out = Path(args.source) / PINNED_DIR  # the sweep's own comparison stays as it was
+    source = load_source(args.source, args.tracking_uri, out)
     run = run_comparison(source, settings, seed=args.seed, guard=args.guard)
     report = write_report(run.source.out_dir, run.comparison, run.source.variants)
     # a run id: the comparison goes to its parent run and the effects to the child runs, as after a sweep
-    if not Path(args.source).is_dir() and run.source.tracking_uri and run.source.parent_run_id:
+    # (not one against a pinned earlier run: the sweep's own comparison stays what MLflow shows)
+    pinned = settings.baseline_run is not None
+    if not pinned and not Path(args.source).is_dir() and run.source.tracking_uri and run.source.parent_run_id:
         from rag_ablate.sweep.publish import publish_comparison
 
         publish_comparison(
@@ -279,12 +286,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from rag_ablate.compare import tradeoff
     from rag_ablate.compare.render import write_outputs
-    from rag_ablate.compare.run import load_comparison, load_source
+    from rag_ablate.compare.run import load_comparison, load_source, pin_baseline
     from rag_ablate.report.html import write_report
 
     out_dir = Path(args.sweep_dir)
     c = load_comparison(out_dir)
     source = load_source(out_dir)
+    if source.baseline_run and c.baseline not in {v.label for v in source.variants}:
+        source = pin_baseline(source, source.baseline_run)  # compare.baseline_run: an earlier run
     written: list[Path] = []
     retrade = any(getattr(args, name, None) is not None for name in _TRADEOFF_OPTIONS)
     if retrade or c.tradeoff is None or args.seed is not None:
@@ -351,6 +360,7 @@ def cmd_local_llm(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from rag_ablate.config.schema import CompareConfig
+    from rag_ablate.core.layout import PINNED_DIR
 
     cmp = CompareConfig()  # the defaults the help texts name (a sweep's compare.* defaults)
     p = argparse.ArgumentParser(
@@ -382,7 +392,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Holm (holdout) / BH (dev) adjustment, per-query flips. Writes comparison.json and comparison.md.",
     )
     c.add_argument("source", help="a sweep folder (outputs/multirun/<time>) or an MLflow parent run id")
-    c.add_argument("--baseline", help="label of the baseline variant (default: the one marked baseline)")
+    c.add_argument(
+        "--baseline", help="label of the baseline, a variant of this sweep (default: the one marked baseline)"
+    )
+    c.add_argument(
+        "--baseline-run",
+        metavar="RUN",
+        help="compare every variant of SWEEP (its baseline too) with an earlier run instead: a run folder "
+        "(outputs/runs/<time>_<id>), a sweep's job folder, a sweep folder (its baseline) or an MLflow run "
+        f"id; refused unless it ran on the same corpus and queries; writes SWEEP/{PINNED_DIR}/ (or --out)",
+    )
     c.add_argument("--metrics", help="comma-separated metric names (default: the registry's default list)")
     c.add_argument("--splits", help=f"comma-separated: dev,holdout (default {','.join(cmp.splits)})")
     c.add_argument("--B", type=int, help=f"bootstrap resamples (default {cmp.B})")

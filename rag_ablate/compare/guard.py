@@ -18,6 +18,10 @@ set is a confound by itself, named as such, whatever the config says (the
 dataset's path and name are then not factors: the fingerprints decide). A
 variant whose config (or the baseline's) cannot be read is reported as
 unchecked, never passed silently.
+
+After the run, :func:`no_ops` names the variants whose records equal the baseline's (every
+query's status, retrieved chunk ids, answer, intents and citations; timings aside): whatever
+their label says they change, it changed nothing the metrics can see.
 """
 
 from __future__ import annotations
@@ -155,3 +159,11 @@ def confounded_variants(variants: Sequence[VariantData], baseline: str) -> dict[
 def unchecked_variants(variants: Sequence[VariantData], baseline: str) -> dict[str, str]:
     """Variants whose config could not be compared, with why."""
     return {label: f.unchecked for label, f in check(variants, baseline).items() if f.unchecked}
+
+
+def no_ops(variants: Sequence[VariantData], baseline: str) -> list[str]:
+    """The variants whose records equal the baseline's, timings aside (``VariantData.outputs``)."""
+    base = next((v for v in variants if v.label == baseline), None)
+    if base is None or base.outputs is None:
+        return []
+    return [v.label for v in variants if v.label != baseline and v.outputs == base.outputs]

@@ -7,13 +7,16 @@ comparison reads only these, never anything held in memory.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
+from rag_ablate.compare.guard import FINGERPRINTS
 from rag_ablate.compare.model import VariantData
 from rag_ablate.core.errors import ComparisonError
 from rag_ablate.core.layout import CONFIG_FILE, RECORDS_FILE, SUMMARY_FILE, VARIANT_FILE
@@ -41,13 +44,32 @@ def read_config(path: Path) -> tuple[dict[str, Any] | None, str]:
 NO_ENTRY: Mapping[str, Any] = MappingProxyType({})
 
 
+def _outputs(rec: Record) -> bytes:
+    """A digest of what the system returned for one query: its status, retrieved chunk ids,
+    answer, intents and citations (timings, scores and metrics left out)."""
+    retrieved = [(e.get("doc_id"), e.get("chunk_id")) for e in rec.get("retrieved") or []]
+    kept = [rec.get("status"), retrieved, rec.get("answer"), rec.get("intent_pred"), rec.get("intents")]
+    text = json.dumps([*kept, rec.get("citations")], ensure_ascii=False, sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+
+
 class _Slimmer:
-    """:func:`slim_record` with one table of interned names shared by every record of a load."""
+    """:func:`slim_record` with one table of interned names shared by every record of a load; it
+    also keeps a digest of each query's outputs (:meth:`outputs`), read before they are slimmed."""
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {}
+        self.digests: dict[str, bytes] = {}
+
+    def outputs(self) -> str:
+        """One fingerprint of every query's outputs (the last record of each query counts)."""
+        h = hashlib.blake2b(digest_size=16)
+        for query_id, digest in sorted(self.digests.items()):
+            h.update(query_id.encode("utf-8") + b"\0" + digest)
+        return h.hexdigest()
 
     def __call__(self, rec: Record) -> Record:
+        self.digests[str(rec.get("query_id"))] = _outputs(rec)
         names = self.names
         out: dict[str, Any] = {}
         for k, v in rec.items():
@@ -73,9 +95,12 @@ def _variant(
     info: dict[str, Any], records_path: Path, config_path: Path | None, run_id: str | None, source: str
 ) -> VariantData:
     config, problem = (None, f"{CONFIG_FILE} missing") if config_path is None else read_config(config_path)
+    slimmer = _Slimmer()
+    records = read_records(records_path, slimmer)
     return VariantData(
         label=str(info["label"]),
-        records=read_records(records_path, _Slimmer()),
+        records=records,
+        outputs=slimmer.outputs(),
         config=config,
         overrides=[str(o) for o in info.get("overrides", [])],
         run_id=run_id,
@@ -83,6 +108,16 @@ def _variant(
         info=info,
         config_problem=problem,
     )
+
+
+def _job_variant(job: Path) -> VariantData:
+    """The variant a job folder (or a single run's folder) holds."""
+    info = json.loads((job / VARIANT_FILE).read_text(encoding="utf-8"))
+    summary_path = job / SUMMARY_FILE
+    run_id = None
+    if summary_path.is_file():
+        run_id = json.loads(summary_path.read_text(encoding="utf-8")).get("run_id")
+    return _variant(info, job / RECORDS_FILE, job / CONFIG_FILE, run_id, str(job))
 
 
 def load_sweep_dir(sweep_dir: Path) -> list[VariantData]:
@@ -97,23 +132,29 @@ def load_sweep_dir(sweep_dir: Path) -> list[VariantData]:
     found = []
     for rec_path in sorted(sweep_dir.glob(f"*/{RECORDS_FILE}")):
         job = rec_path.parent
-        variant_path = job / VARIANT_FILE
-        if not job.name.isdigit() or not variant_path.is_file():  # a sweep's jobs are folders 0, 1, ...
+        if not job.name.isdigit() or not (job / VARIANT_FILE).is_file():  # a sweep's jobs: 0, 1, ...
             continue
-        info = json.loads(variant_path.read_text(encoding="utf-8"))
-        summary_path = job / SUMMARY_FILE
-        run_id = None
-        if summary_path.is_file():
-            run_id = json.loads(summary_path.read_text(encoding="utf-8")).get("run_id")
-        found.append(
-            (int(info.get("job_num", 0)), _variant(info, rec_path, job / CONFIG_FILE, run_id, str(job)))
-        )
+        v = _job_variant(job)
+        found.append((int(v.info.get("job_num", 0)), v))
     if not found:
         raise ComparisonError(
             f"{sweep_dir} is not a sweep folder with finished jobs: no job folders 0, 1, ... holding "
             f"{RECORDS_FILE} and {VARIANT_FILE} (a sweep folder is outputs/multirun/<time>_<id>)"
         )
     return [v for _, v in sorted(found, key=lambda t: t[0])]
+
+
+def _mlflow_variant(uri: str, run_id: str, name: str) -> VariantData:
+    """The variant an MLflow run holds, from its artifacts."""
+    from rag_ablate.tracking import store as tracking
+
+    tmp = Path(tempfile.mkdtemp(prefix="rag_ablate_cmp_"))
+    files = tracking.download(uri, run_id, [RECORDS_FILE, VARIANT_FILE, CONFIG_FILE], tmp)
+    if RECORDS_FILE not in files:
+        raise ComparisonError(f"run {run_id} ({name}) has no {RECORDS_FILE} artifact")
+    info = json.loads(files[VARIANT_FILE].read_text(encoding="utf-8")) if VARIANT_FILE in files else {}
+    info.setdefault("label", name)
+    return _variant(info, files[RECORDS_FILE], files.get(CONFIG_FILE), run_id, f"mlflow run {run_id}")
 
 
 def load_mlflow_parent(uri: str, parent_run_id: str) -> list[VariantData]:
@@ -123,17 +164,49 @@ def load_mlflow_parent(uri: str, parent_run_id: str) -> list[VariantData]:
     children = tracking.child_runs(uri, parent_run_id)
     if not children:
         raise ComparisonError(f"run {parent_run_id} has no child runs in {uri}")
-    out = []
-    for run_id, name in children:
-        tmp = Path(tempfile.mkdtemp(prefix="rag_ablate_cmp_"))
-        files = tracking.download(uri, run_id, [RECORDS_FILE, VARIANT_FILE, CONFIG_FILE], tmp)
-        if RECORDS_FILE not in files:
-            raise ComparisonError(f"child run {run_id} ({name}) has no {RECORDS_FILE} artifact")
-        info = json.loads(files[VARIANT_FILE].read_text(encoding="utf-8")) if VARIANT_FILE in files else {}
-        info.setdefault("label", name)
-        v = _variant(info, files[RECORDS_FILE], files.get(CONFIG_FILE), run_id, f"mlflow run {run_id}")
-        out.append((int(info.get("job_num", 0)), v))
-    return [v for _, v in sorted(out, key=lambda t: t[0])]
+    out = [_mlflow_variant(uri, run_id, name) for run_id, name in children]
+    return sorted(out, key=lambda v: int(v.info.get("job_num", 0)))
+
+
+#: the label of a baseline pinned from an earlier run (``rag-ablate compare --baseline-run``)
+PINNED_PREFIX = "pinned:"
+
+
+def load_pinned(ref: str, uri: str) -> VariantData:
+    """An earlier run to compare a sweep's variants against, labelled ``pinned:<name>``: a single
+    run's folder (``outputs/runs/<time>_<id>``) or a sweep's job folder, a sweep folder (its
+    baseline), or an MLflow run id (a run, or a sweep's parent run: its baseline) in ``uri``."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        if (path / RECORDS_FILE).is_file() and (path / VARIANT_FILE).is_file():
+            v = _job_variant(path)
+            name = f"{path.resolve().parent.name}/{path.name}" if path.name.isdigit() else path.name
+        else:
+            v, name = pick_baseline(load_sweep_dir(path), None)[0], path.resolve().name
+    else:
+        from rag_ablate.tracking import store as tracking
+
+        children = tracking.child_runs(uri, ref)  # TrackingError names a run id the store lacks
+        if children:
+            v = pick_baseline(load_mlflow_parent(uri, ref), None)[0]
+        else:
+            v = _mlflow_variant(uri, ref, ref)
+        name = ref
+    return replace(v, label=PINNED_PREFIX + name)
+
+
+def check_same_data(pinned: VariantData, variants: Sequence[VariantData]) -> None:
+    """ComparisonError, one line, when a variant ran on another corpus or query set than the pinned
+    baseline (their ``variant.json`` fingerprints differ, or one has none)."""
+    for v in variants:
+        for key, what in FINGERPRINTS:
+            mine, theirs = pinned.info.get(key), v.info.get(key)
+            if mine is None or mine != theirs:
+                raise ComparisonError(
+                    f"the pinned baseline {pinned.label} ({pinned.source}) ran on another {what} than "
+                    f"{v.label} ({key} {mine} vs {theirs}, dataset {pinned.info.get('dataset')} vs "
+                    f"{v.info.get('dataset')}): their queries cannot be paired; pin a run on this dataset"
+                )
 
 
 def pick_baseline(variants: Sequence[VariantData], baseline: str | None) -> tuple[VariantData, list[str]]:

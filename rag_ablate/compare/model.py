@@ -39,6 +39,7 @@ class VariantData:
     source: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     config_problem: str = ""
+    outputs: str | None = None  # fingerprint of every query's retrieved ids, answer and intents (no timings)
 
 
 @dataclass
@@ -268,6 +269,7 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     confounded: dict[str, list[str]] = field(default_factory=dict)  # variant -> what it changes (guard)
     unchecked: dict[str, str] = field(default_factory=dict)  # variant -> why the guard could not check it
+    no_op: list[str] = field(default_factory=list)  # variants whose records equal the baseline's (no timings)
     slices: SliceSection | None = None  # per-slice effects (rag_ablate.compare.slices); None: not computed
     mix: list[MixRow] = field(default_factory=list)  # production-weighted and edge rows (compare.mix)
     mix_weights: str = ""  # the weighting of ``mix``, in words
@@ -299,6 +301,7 @@ class Comparison:
             "notes": self.notes,
             "confounded": self.confounded,
             "unchecked": self.unchecked,
+            "no_op": self.no_op,
             "pairs": [{**asdict(p), "n_left_out": p.n_left_out} for p in self.pairs],
             "rows": [_finite(asdict(r)) for r in self.rows],
             "flips": {

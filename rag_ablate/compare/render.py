@@ -90,9 +90,17 @@ def gate_markdown_lines(c: Comparison) -> list[str]:
     return [*out, ""]
 
 
+def no_op_text(variant: str) -> str:
+    """What a variant flagged ``no_op`` is, in words (the terminal, comparison.md, report.html)."""
+    return (
+        f"{variant} returned the same retrieved chunks, answers and intents as the baseline for every "
+        "query (timings aside): its change did nothing here"
+    )
+
+
 def guard_flag(c: Comparison, variant: str) -> str:
     """The guard's verdict on a variant as a table flag ('' when it found one factor)."""
-    parts = []
+    parts = ["NO-OP: same records as the baseline"] if variant in c.no_op else []
     if variant in c.confounded:
         parts.append("CONFOUNDED: " + ", ".join(c.confounded[variant]))
     if variant in c.unchecked:
@@ -183,6 +191,7 @@ def format_terminal(c: Comparison) -> str:
         lines.append(f"CONFOUNDED: {v} differs from the baseline in: {', '.join(factors)}")
     for v, why in c.unchecked.items():
         lines.append(f"UNCHECKED: {v} was not checked for confounding: {why}")
+    lines += [f"NO-OP: {no_op_text(v)}" for v in c.no_op]
     for n in c.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)
@@ -359,6 +368,8 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
         out += [f"- **{v}** CONFOUNDED, differs in: {', '.join(f)}" for v, f in c.confounded.items()]
         out += [f"- **{v}** UNCHECKED: {why}" for v, why in c.unchecked.items()]
         out.append("")
+    if c.no_op:
+        out += ["## No-op variants", "", *(f"- **NO-OP**: {_md_cell(no_op_text(v))}" for v in c.no_op), ""]
     if c.notes:
         out += ["## Notes", "", *(f"- {n}" for n in c.notes), ""]
     out += slice_markdown_lines(c)

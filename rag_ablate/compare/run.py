@@ -19,8 +19,14 @@ from pathlib import Path
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.analysis import compare
 from rag_ablate.compare.gate import EXIT_BLOCKED, evaluate, result_line
-from rag_ablate.compare.guard import check
-from rag_ablate.compare.load import load_mlflow_parent, load_sweep_dir, pick_baseline
+from rag_ablate.compare.guard import check, no_ops
+from rag_ablate.compare.load import (
+    check_same_data,
+    load_mlflow_parent,
+    load_pinned,
+    load_sweep_dir,
+    pick_baseline,
+)
 from rag_ablate.compare.model import Comparison, VariantData
 from rag_ablate.compare.pairwise import pairwise_section
 from rag_ablate.compare.render import format_terminal, write_outputs
@@ -38,6 +44,7 @@ class Source:
     out_dir: Path
     tracking_uri: str | None = None
     parent_run_id: str | None = None
+    baseline_run: str | None = None  # the earlier run the sweep was compared with (compare.baseline_run)
 
 
 @dataclass
@@ -59,6 +66,7 @@ def load_source(source: str | Path, tracking_uri: str | None = None, out_dir: Pa
             out_dir or path,
             tracking_uri or info.get("tracking_uri"),
             info.get("parent_run_id"),
+            info.get("baseline_run"),
         )
     from rag_ablate.tracking import store as tracking
 
@@ -70,6 +78,19 @@ def load_source(source: str | Path, tracking_uri: str | None = None, out_dir: Pa
         uri,
         run_id,
     )
+
+
+def pin_baseline(src: Source, ref: str) -> Source:
+    """``src`` with an earlier run as its baseline (:func:`~rag_ablate.compare.load.load_pinned`: a run
+    or job folder, a sweep folder's baseline, an MLflow run id), first: every variant of ``src``, its
+    own baseline included, is then compared with it. Refused (ComparisonError, one line) when a
+    variant ran on another corpus or query set (:func:`~rag_ablate.compare.load.check_same_data`)."""
+    from rag_ablate.tracking import store as tracking
+
+    uri = src.tracking_uri or tracking.default_uri(Path.cwd() / "outputs")
+    pinned = load_pinned(ref, uri)
+    check_same_data(pinned, src.variants)
+    return replace(src, variants=[pinned, *src.variants], baseline_run=ref)
 
 
 def load_comparison(out_dir: Path) -> Comparison:
@@ -106,6 +127,11 @@ def run_comparison(
     guard. The gate's messages are returned, not printed (see :func:`gate_report`).
     """
     src = source if isinstance(source, Source) else load_source(source)
+    # a pinned baseline: compare.baseline_run (--baseline-run), else the one the sweep was compared with
+    pinned = settings.baseline_run or (None if settings.baseline else src.baseline_run)
+    if pinned:
+        src = pin_baseline(src, pinned)
+        settings = replace(settings, baseline=src.variants[0].label)
     if len(src.variants) < 2:
         only = src.variants[0].label if src.variants else "none"
         raise ComparisonError(
@@ -143,6 +169,7 @@ def run_comparison(
     # judge.mode=pairwise (in the baseline's config): the judge compares each variant's answers with
     # the baseline's, both orders; a pairwise step that cannot run leaves a note, not a failed comparison
     c.pairwise = pairwise_section(src.variants, c)
+    c.no_op = [label for label in no_ops(src.variants, c.baseline) if label in c.variants]
     if guard:
         c.confounded = {label: f.differences for label, f in findings.items() if f.confounded}
         c.unchecked = {label: f.unchecked for label, f in findings.items() if f.unchecked}

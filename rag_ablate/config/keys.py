@@ -1,8 +1,10 @@
-"""Which config keys are runtime settings (how to run, never a factor) and which hold secrets."""
+"""Which config keys are runtime settings (how to run, never a factor), which hold secrets, and
+which a configuration never reads (:data:`USED_ONLY_WHEN`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -87,6 +89,98 @@ def is_runtime_key(key: str) -> bool:
 def is_secret_key(key: str) -> bool:
     """Whether ``key`` is one of :data:`SECRET_KEYS` (its whole value is secret) or below one."""
     return is_under(key, SECRET_KEYS)
+
+
+@dataclass(frozen=True)
+class UsedOnlyWhen:
+    """Settings the built-in pipeline (and system=http) read only under some values of another
+    setting: under any other value they change nothing a run does, so a sweep level that changes
+    only them repeats another job (:func:`unused_settings`; refused when the plan is checked)."""
+
+    keys: tuple[str, ...]  # settings, or whole sections (every setting below them; `setting` excepted)
+    setting: str  # the setting that decides
+    values: tuple[str, ...] = ()  # read only when `setting` is one of these ...
+    unless: tuple[str, ...] = ()  # ... or only when it is none of these
+    hint: str = ""  # what to change instead
+
+    def unused(self, value: Any) -> bool:
+        text = _text(value)
+        return (bool(self.values) and text not in self.values) or text in self.unless
+
+    def why(self, key: str, value: Any) -> str:
+        when = f"{self.setting}={_text(value)}"
+        return f"{key} is not used when {when}" + (f" ({self.hint})" if self.hint else "")
+
+
+def _keys(section: str, names: str) -> tuple[str, ...]:
+    """``section.name`` for each space-separated name."""
+    return tuple(f"{section}.{name}" for name in names.split())
+
+
+_CLIENT = "timeout_s retries backoff_s backoff_max_s"  # an HTTP client's settings
+_PROMPTED = f"base_url model api_key_env temperature max_tokens prompt_zh prompt_en {_CLIENT}"  # openai
+
+#: every "ignored under this configuration" case, in one place (README "Levels that change nothing")
+USED_ONLY_WHEN: tuple[UsedOnlyWhen, ...] = (
+    UsedOnlyWhen(("retrieval.bm25",), "retrieval.method", values=("bm25", "hybrid")),
+    UsedOnlyWhen(
+        _keys("retrieval.dense", "encoder index approximate_above build_threads"),
+        "retrieval.method",
+        values=("dense", "hybrid"),
+    ),
+    UsedOnlyWhen(("retrieval.hybrid",), "retrieval.method", values=("hybrid",)),
+    UsedOnlyWhen(("retrieval.hybrid.rrf_k",), "retrieval.hybrid.fusion", values=("rrf",)),
+    UsedOnlyWhen(("retrieval.hybrid.weight",), "retrieval.hybrid.fusion", values=("weighted",)),
+    UsedOnlyWhen(
+        ("retrieval.top_k",),
+        "rerank.method",
+        values=("none",),
+        hint="with a reranker, rerank.candidates sets how many chunks are retrieved and rerank.top_k "
+        "how many are kept",
+    ),
+    UsedOnlyWhen(("rerank",), "rerank.method", unless=("none",)),
+    UsedOnlyWhen(("rerank.encoder",), "rerank.method", values=("biencoder",)),
+    UsedOnlyWhen(("rerank.model_path",), "rerank.method", values=("cross_encoder",)),
+    UsedOnlyWhen(_keys("rerank", "url model timeout api_key_env"), "rerank.method", values=("http",)),
+    UsedOnlyWhen(("router.ngram",), "router.method", unless=("none",)),
+    UsedOnlyWhen(("generator",), "generator.name", unless=("none",)),
+    UsedOnlyWhen(
+        _keys("generator", "max_chunks max_sentences min_support refusal_zh refusal_en"),
+        "generator.name",
+        values=("extractive",),
+    ),
+    UsedOnlyWhen(
+        _keys("generator", _PROMPTED),
+        "generator.name",
+        values=("openai",),
+    ),
+    UsedOnlyWhen(("judge",), "judge.name", unless=("none",)),
+    UsedOnlyWhen(
+        _keys("system", f"base_url eval_path chat_path headers body response concurrency {_CLIENT}"),
+        "system.name",
+        values=("http",),
+    ),
+)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
+def unused_settings(flat: Mapping[str, Any]) -> dict[str, str]:
+    """The keys of ``flat`` (a run's settings as ``{dotted.key: value}``) that its configuration never
+    reads (:data:`USED_ONLY_WHEN`), each with one line saying why."""
+    out: dict[str, str] = {}
+    for rule in USED_ONLY_WHEN:
+        value = flat.get(rule.setting)
+        if rule.setting not in flat or not rule.unused(value):
+            continue
+        for key in flat:
+            if key != rule.setting and key not in out and is_under(key, rule.keys):
+                out[key] = rule.why(key, value)
+    return out
 
 
 def env_interpolated(cfg: Any) -> dict[str, str]:

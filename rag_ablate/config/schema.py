@@ -65,7 +65,7 @@ class SystemConfig:
 
 @dataclass
 class DatasetConfig:
-    name: str = "sample"  # label used in run names and tags
+    name: str | None = None  # label in run names, tags and variant.json; null = the folder's name
     path: str | None = None  # dataset folder (docs/dataset-format.md); null = embedded sample
     holdout_share: float = 0.3  # target share of queries in holdout when splits are assigned
     group_threshold: float = 0.7  # char 4-gram Jaccard at which queries count as near-duplicates
@@ -260,6 +260,9 @@ class MetricsConfig:
 class CompareConfig:
     enabled: bool = True  # run the comparison at the end of every multirun
     baseline: str | None = None  # label of the baseline variant; null = the one marked baseline, else job 0
+    # an earlier run every variant is compared with instead (README "CI: does this commit regress?"): a run
+    # folder, a sweep's job folder, a sweep folder (its baseline) or an MLflow run id; null = this sweep's
+    baseline_run: str | None = None
     # tested against the baseline; empty = the metric registry's default set (MetricSpec.default_compare),
     # filled in by rag_ablate.settings.to_settings and by the comparison itself
     metrics: list[str] = field(default_factory=list)

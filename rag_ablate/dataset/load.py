@@ -41,6 +41,7 @@ from rag_ablate.dataset.model import (
     LabelReport,
     Query,
     Span,
+    dataset_name,
     sample_dataset_path,
 )
 
@@ -646,7 +647,7 @@ def load_dataset(
         for q, g, s in zip(raw, groups, splits, strict=True)
     )
     return Dataset(
-        name=name or folder.name,
+        name=name or dataset_name(path),
         path=folder,
         documents=docs,
         queries=queries,

@@ -249,3 +249,10 @@ class Dataset:
 def sample_dataset_path() -> Path:
     """The folder of the embedded sample dataset shipped in the package."""
     return Path(str(resources.files("rag_ablate") / "data" / "sample"))
+
+
+def dataset_name(path: str | Path | None) -> str:
+    """A dataset's name when none is given: its folder's name (``sample`` for the embedded one),
+    the name ``rag-ablate validate`` prints and a run's ``dataset.name`` defaults to."""
+    folder = sample_dataset_path() if path is None else Path(path).expanduser().resolve()
+    return folder.name

@@ -39,6 +39,7 @@ from typing import Any
 
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.model import Comparison, Row, SliceRow, Tradeoff, VariantData
+from rag_ablate.compare.render import no_op_text
 from rag_ablate.core.layout import PLAN_FILE
 from rag_ablate.metrics.intent import intent_report
 from rag_ablate.metrics.registry import display_name
@@ -168,10 +169,17 @@ def _flagged(c: Comparison) -> dict[str, str]:
     return out
 
 
+def _no_op_section(c: Comparison) -> str:
+    if not c.no_op:
+        return ""
+    items = "".join(f"<li><b>no-op</b>: {_e(no_op_text(v))}</li>" for v in c.no_op)
+    return f'<div class="warn">Variants that changed nothing:<ul>{items}</ul></div>'
+
+
 def _guard_section(c: Comparison) -> str:
     confounded, unchecked = c.confounded, c.unchecked
     if not confounded and not unchecked:
-        return (
+        return _no_op_section(c) + (
             '<div class="ok">Confounding check: every variant differs from the baseline only in what '
             "its label says.</div>"
         )
@@ -180,7 +188,7 @@ def _guard_section(c: Comparison) -> str:
         for v, diff in confounded.items()
     ]
     items += [f"<li><b>{_e(v)}</b> is <b>unchecked</b>: {_e(why)}</li>" for v, why in unchecked.items()]
-    return (
+    return _no_op_section(c) + (
         '<div class="warn">Confounding check: its effects cannot be attributed to its label alone.'
         f"<ul>{''.join(items)}</ul></div>"
     )
@@ -207,6 +215,8 @@ def _comparison_section(c: Comparison, titles: Mapping[str, str]) -> str:
                 badges += '<span class="badge b-warn">confounded</span>'
             if v in c.unchecked:
                 badges += '<span class="badge b-warn">unchecked</span>'
+            if v in c.no_op:
+                badges += '<span class="badge b-warn">no-op</span>'
             verdict = r.verdict
             sig = f'<span class="badge b-{verdict}">{verdict}</span>' if verdict else _e(r.label)
             if not r.tested:

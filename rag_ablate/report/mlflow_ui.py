@@ -127,6 +127,8 @@ def sweep_description(
         lines.append(f"Regression gate {'BLOCKED' if blocked else 'passed'}: {verdicts}")
     if c is not None and c.confounded:
         lines.append("Confounded (change more than their label says): " + ", ".join(sorted(c.confounded)))
+    if c is not None and c.no_op:
+        lines.append("No-op (the same records as the baseline, timings aside): " + ", ".join(c.no_op))
     if failed:
         lines.append("Failed: " + "; ".join(failed))
     return "\n".join(lines)

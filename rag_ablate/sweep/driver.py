@@ -155,6 +155,9 @@ def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
     env = env_interpolated(OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"]))
     overrides = [redact_override(o, env) for o in config.hydra.overrides.task]
     info: dict[str, Any] = {"overrides": overrides, "jobs": len(plan.jobs)}
+    if s.compare.baseline_run:  # compare.baseline_run: what `rag-ablate compare/report` pin again
+        pinned = Path(s.compare.baseline_run).expanduser()
+        info["baseline_run"] = str(pinned.resolve()) if pinned.is_dir() else s.compare.baseline_run
     experiment_id = None
     if s.tracking.enabled:
         uri, artifacts = tracking.resolve(s.tracking, output_root)
@@ -217,13 +220,16 @@ def finish_sweep(
     gate_failures: list[str] = []
     done: ComparisonRun | None = None
     report: Report | None = None
-    baseline_failed = s.compare.baseline is None and any(
-        f.job == job.index for f in failures for job in plan.jobs if job.role == "baseline"
+    pinned = s.compare.baseline_run is not None  # every job is compared with that earlier run
+    baseline_failed = (
+        s.compare.baseline is None
+        and not pinned
+        and any(f.job == job.index for f in failures for job in plan.jobs if job.role == "baseline")
     )
-    if s.compare.enabled and len(plan.jobs) > 1:
+    if s.compare.enabled and (len(plan.jobs) > 1 or pinned):
         if baseline_failed:
             failures.append(Failure("comparison", "comparison", "not run: the baseline job failed"))
-        elif len(summaries) > 1:
+        elif len(summaries) > (0 if pinned else 1):
             print()
             try:
                 with prof.stage("compare"):

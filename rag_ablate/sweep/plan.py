@@ -13,7 +13,15 @@ on the command line are added, and replace a study factor on the same key.
 Before anything runs, :func:`check_plan` composes every job's config the way the
 launcher will and validates it (schema, ranges, registry names), so a misspelt
 factor, an unknown option or an invalid level fails with one line naming it and
-the valid choices, before a folder or an MLflow run exists.
+the valid choices, before a folder or an MLflow run exists. A job whose settings,
+once those its configuration never reads are left out
+(:data:`rag_ablate.config.keys.USED_ONLY_WHEN`), equal an earlier job's would measure
+the same system again: the plan is refused, naming the setting and why it is unused
+(``retrieval.top_k`` under a reranker).
+
+A level is compared with the baseline's value as Hydra reads it: an unquoted URL
+(``system.base_url=http://127.0.0.1:8001,...``, whose colons Hydra's sweep parser
+escapes) equals the same URL quoted or in the baseline.
 
 The plan is written to ``<sweep dir>/plan.json``; each job finds its own entry
 there by its job number, so run names and ``ablation.*`` tags never depend on
@@ -25,6 +33,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import json
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,11 +45,12 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rag_ablate.config.keys import unused_settings
 from rag_ablate.config.overrides import normalize_overrides
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError, RagAblateError
 from rag_ablate.core.layout import PLAN_FILE
-from rag_ablate.run.runner import job_entry
+from rag_ablate.run.runner import flatten, job_entry
 from rag_ablate.settings import to_settings
 
 __all__ = [
@@ -54,6 +64,7 @@ __all__ = [
     "check_plan",
     "format_plan",
     "job_entry",
+    "refuse_repeats",
     "write_plan",
 ]
 
@@ -100,10 +111,25 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+_ESCAPED = re.compile(r"\\(.)")
+
+
 def _unquote(s: str) -> str:
+    """A level as its value reads: quotes removed, or Hydra's escapes of an unquoted value
+    (``http\\://a\\:8001`` -> ``http://a:8001``) undone."""
     if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
         return s[1:-1]
-    return s
+    return _ESCAPED.sub(r"\1", s)
+
+
+def _same(level: str, default: str) -> bool:
+    """Whether a level is the baseline's value: the same text, or the same number (``60`` is ``60.0``)."""
+    if level == default:
+        return True
+    try:
+        return float(level) == float(default)
+    except ValueError:
+        return False
 
 
 def _factor(ov: Override, config: DictConfig) -> Factor:
@@ -133,6 +159,8 @@ def _factor(ov: Override, config: DictConfig) -> Factor:
         # were given, e.g. by range(256,1025,256)
         lo = normalize_overrides([f"{key}={s}"])[0] if is_group else f"{key}={s}"
         lv = _unquote(lo.split("=", 1)[1])
+        if _ESCAPED.search(s) and "'" not in lv:  # Hydra's escapes (a URL's colons): quoted instead
+            lo = f"{key}='{lv}'"
         if lv not in levels:
             levels.append(lv)
             level_overrides.append(lo)
@@ -187,13 +215,13 @@ def build_plan(config: DictConfig, arguments: list[str], parser: OverridesParser
     if mode == "ofat":
         for f in factors:
             for lv, lo in zip(f.levels, f.level_overrides, strict=True):
-                if lv == f.default:
+                if _same(lv, f.default):
                     continue
                 jobs.append(Job(len(jobs), f"{f.key}={lv}", "variant", f.key, lv, [*common, lo]))
     else:
         axes = [list(zip(f.levels, f.level_overrides, strict=True)) for f in factors]
         for combo in itertools.product(*axes):
-            changed = [(f, lv) for f, (lv, _) in zip(factors, combo, strict=True) if lv != f.default]
+            changed = [(f, lv) for f, (lv, _) in zip(factors, combo, strict=True) if not _same(lv, f.default)]
             if not changed:
                 continue  # the baseline, already first
             label = ",".join(f"{f.key}={lv}" for f, lv in changed)
@@ -271,7 +299,38 @@ def check_plan(
         except (HydraException, OmegaConfBaseException, ValueError) as exc:
             raise ConfigError(f"invalid {what}: {_one_line(exc)}") from exc
         settings.append(s)
+    refuse_repeats(plan, settings)
     return settings
+
+
+def _what(job: Job) -> str:
+    if job.role == "baseline":
+        return "the baseline"
+    return f"level {job.label} of factor {job.factor}" if job.role == "variant" else f"grid job {job.label}"
+
+
+def refuse_repeats(plan: Plan, settings: list[RunConfig]) -> None:
+    """Raise ConfigError when a job's effective settings (its settings without those its
+    configuration never reads) equal an earlier job's: it would measure the same system again
+    under another label. The line names the job, the one it repeats and why the settings that
+    differ change nothing."""
+    seen: list[tuple[Job, dict[str, Any]]] = []
+    for job, s in zip(plan.jobs, settings, strict=True):
+        flat = flatten(asdict(s))
+        unused = unused_settings(flat)
+        effective = {k: v for k, v in flat.items() if k not in unused}
+        for other, other_flat in seen:
+            if effective != {k: v for k, v in other_flat.items() if k not in unused_settings(other_flat)}:
+                continue
+            differ = sorted(k for k in flat.keys() | other_flat.keys() if flat.get(k) != other_flat.get(k))
+            why = "; ".join(dict.fromkeys(unused[k] for k in differ if k in unused))
+            if not why:
+                why = f"{job.level} is the value {_what(other)} already has, written another way"
+            raise ConfigError(
+                f"{_what(job)} would run the same settings as {_what(other)} (#{other.index}): {why}; "
+                "drop the level, or change a setting this configuration uses"
+            )
+        seen.append((job, flat))
 
 
 def format_plan(plan: Plan) -> str:
@@ -282,7 +341,7 @@ def format_plan(plan: Plan) -> str:
     )
     lines = [f"ablation plan ({kind}): {len(plan.jobs)} job(s)"]
     for f in plan.factors:
-        kept = [lv for lv in f.levels if lv != f.default]
+        kept = [lv for lv in f.levels if not _same(lv, f.default)]
         same = " (one level equals the baseline)" if len(kept) < len(f.levels) else ""
         lines.append(f"  factor {f.key}: baseline {f.default}; levels {', '.join(f.levels)}{same}")
     width = max(len(j.label) for j in plan.jobs)
