@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from rag_ablate.records.trace import Trace
 from rag_ablate.run.runner import evaluate, variant_label
 from rag_ablate.systems.local import LocalSystem
 from tests.conftest import QUERIES, run_module, write_dataset
+from tests.rerank_server import RerankServer
 
 
 class FlakyTarget:
@@ -144,31 +144,29 @@ def test_every_routed_query_failed_leaves_intent_metrics_absent(tiny_dataset: Pa
     assert "all/latency_ms_p95" in agg
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_a_sweep_whose_variant_fails_every_query(tmp_path: Path) -> None:
-    """A rerank service that refuses every connection: the run finishes, the comparison says what failed."""
+    """A rerank service that rejects every request (HTTP 400), with an error budget that allows it:
+    the run finishes, the comparison says what failed. (One that refuses connections stops the run:
+    tests/test_failures.py.)"""
     answerable = [q for q in QUERIES if q.get("answerable", True) and "relevant" in q]
     dataset = write_dataset(tmp_path / "data", queries=answerable)  # every query retrieves, so reranks
-    url = f"http://127.0.0.1:{_closed_port()}/rerank"
-    proc = run_module(
-        "rag_ablate",
-        [
-            "-m",
-            "rerank=none,http",
-            f"rerank.url={url}",
-            f"dataset.path={dataset}",
-            "tracking=none",
-            "progress=false",
-            "compare.B=1000",
-        ],
-        tmp_path,
-    )
+    with RerankServer() as server:
+        server.state.reject_status = 400
+        proc = run_module(
+            "rag_ablate",
+            [
+                "-m",
+                "rerank=none,http",
+                f"rerank.url={server.url}",
+                f"dataset.path={dataset}",
+                "system.max_error_rate=1.0",
+                "tracking=none",
+                "progress=false",
+                "compare.B=1000",
+            ],
+            tmp_path,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep_dir = next((tmp_path / "outputs" / "multirun").iterdir())
     job = next(

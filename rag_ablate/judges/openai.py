@@ -121,6 +121,8 @@ def validate_judge(cfg: JudgeConfig) -> None:
             raise ConfigError(f"judge.{name} must be >= 0, got {number}")
     if cfg.backoff_max_s < 0:
         raise ConfigError(f"judge.backoff_max_s must be >= 0, got {cfg.backoff_max_s}")
+    if not 0.0 <= cfg.max_error_rate <= 1.0:
+        raise ConfigError(f"judge.max_error_rate must be in [0, 1], got {cfg.max_error_rate}")
     for lang in ("en", "zh"):
         for name, needed in REQUIRED.items():
             template = getattr(cfg, f"{name}_{lang}")

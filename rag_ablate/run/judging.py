@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
+from rag_ablate.core.errors import EndpointDownError
 from rag_ablate.metrics.answers import (
     AnswerScoring,
     answer_sentences,
@@ -147,6 +148,8 @@ def judge_records(
     def one(inp: JudgeInput) -> Judgement:
         try:
             return judge.judge(inp)
+        except EndpointDownError:
+            raise  # the judge's endpoint is down: the run stops
         except Exception as exc:  # the contract says a judge records its failures; never lose a query
             return failed_judgement(judge, f"{type(exc).__name__}: {exc}")
 
@@ -176,6 +179,12 @@ def _repeats(rec: Record) -> list[JudgeRepeat]:
     judgement = rec.get("judge")
     reps = (judgement.get("repeats") if judgement else None) or []
     return [r for r in reps if isinstance(r, Mapping)]
+
+
+def judge_errors(records: Sequence[Record], metric: str) -> list[str]:
+    """Why each failed judgement of ``metric`` failed, one text per failed repeat (the run's error budget
+    quotes the most common one)."""
+    return [str(e) for r in records for rep in _repeats(r) if (e := (rep.get("errors") or {}).get(metric))]
 
 
 def repeat_sd(scores: Sequence[float]) -> float:

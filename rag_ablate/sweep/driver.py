@@ -234,7 +234,9 @@ def finish_sweep(
                     from rag_ablate.report.html import write_report
 
                     with prof.stage("report"):
-                        report = write_report(sweep_dir, done.comparison, done.source.variants)
+                        report = write_report(
+                            sweep_dir, done.comparison, done.source.variants, [f.line() for f in failures]
+                        )
                     print(f"report: {report.html}")
                 except Exception as exc:
                     failures.append(_failure("report", "HTML report", exc))

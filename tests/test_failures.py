@@ -1,0 +1,234 @@
+"""Nothing failed passes: error budgets, an endpoint that is down, and the exit codes.
+
+* every stage with outside calls has an error budget that fails the run by default: the system's
+  queries (``system.max_error_rate``, local and http alike: a generator's failure fails its query)
+  and the judge's judgements (``judge.max_error_rate``); a run over one exits 1 and names the stage;
+* an endpoint that refuses connections (a real closed port on 127.0.0.1) stops the run within
+  seconds with one line naming its URL (the circuit breaker, :class:`rag_ablate.core.retry.Breaker`),
+  for ``system=http``, ``generator=openai`` and ``judge=openai``;
+* exit codes: 0 ok, 1 something failed, 2 nothing ran (usage or config error).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_ablate.config.schema import RunConfig
+from rag_ablate.core.errors import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    ConfigError,
+    EndpointDownError,
+    ErrorRateError,
+    exit_code_of,
+)
+from rag_ablate.core.layout import FAILURES_FILE, RECORDS_FILE
+from rag_ablate.core.retry import BREAKER_LIMIT, Breaker
+from rag_ablate.llm.client import ChatClient
+from rag_ablate.run.runner import budget_breaches
+from tests.conftest import free_port, run_in_process, run_module
+from tests.fake_llm import FakeLLM
+
+FAST = ["progress=false", "tracking=none"]
+
+
+def _closed_url(path: str = "") -> str:
+    """A URL on 127.0.0.1 where nothing listens: every connection is refused at once."""
+    return f"http://127.0.0.1:{free_port()}{path}"
+
+
+# --------------------------------------------------------------------------- the breaker
+
+
+def test_the_breaker_opens_after_tries_in_a_row_that_could_not_connect_and_a_response_resets_it() -> None:
+    b = Breaker("judge", "http://127.0.0.1:1/v1/chat/completions", limit=3)
+    assert not b.failed("ConnectError") and not b.failed("ConnectError")
+    b.succeeded()  # an answer in between: the count starts again
+    assert not b.failed("ConnectError") and not b.failed("ConnectError") and not b.open
+    assert b.failed("ConnectError: refused") and b.open
+    assert "judge endpoint http://127.0.0.1:1/v1/chat/completions is unreachable" in b.message()
+    assert "ConnectError: refused" in b.message() and "\n" not in b.message()
+
+
+def test_a_chat_client_at_a_closed_port_gives_up_within_seconds_and_names_the_url() -> None:
+    url = _closed_url("/v1")
+    client = ChatClient(
+        owner="generator", base_url=url, model="m", api_key_env=None, timeout_s=5.0, retries=10,
+        backoff_s=0.05, backoff_max_s=0.2, cache=None,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    with pytest.raises(EndpointDownError, match=f"generator endpoint {url}/chat/completions is unreachable"):
+        client.complete([{"role": "user", "content": "hi"}], temperature=0.0, max_tokens=8)
+    assert client.calls == BREAKER_LIMIT  # not retries + 1 = 11 tries
+    with pytest.raises(EndpointDownError):  # later calls fail at once, without a request
+        client.complete([{"role": "user", "content": "again"}], temperature=0.0, max_tokens=8)
+    assert client.calls == BREAKER_LIMIT and time.perf_counter() - t0 < 5
+    client.close()
+
+
+# --------------------------------------------------------------------------- exit codes
+
+
+def test_exit_codes_of_errors_nothing_ran_is_2_something_failed_is_1() -> None:
+    assert exit_code_of(ConfigError("bad")) == EXIT_INVALID == 2
+    assert exit_code_of(ErrorRateError("too many")) == EXIT_FAILED == 1
+    assert exit_code_of(EndpointDownError("down")) == 1
+    assert exit_code_of(RuntimeError("a bug")) == 1
+
+
+def test_a_config_error_exits_2(tmp_path: Path, tiny_dataset: Path) -> None:
+    proc = run_in_process([f"dataset.path={tiny_dataset}", "system.max_error_rate=1.5", *FAST], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "max_error_rate must be in [0, 1]" in proc.stderr
+
+
+def test_an_ok_run_exits_0(tmp_path: Path, tiny_dataset: Path) -> None:
+    proc = run_in_process([f"dataset.path={tiny_dataset}", *FAST], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --------------------------------------------------------------------------- error budgets
+
+
+def _records(n_ok: int, n_failed: int, error: str = "generate: generator endpoint X: HTTP 500") -> list[Any]:
+    ok = [{"query_id": f"ok{i}", "status": "ok", "error": None} for i in range(n_ok)]
+    return ok + [{"query_id": f"f{i}", "status": "http_error", "error": error} for i in range(n_failed)]
+
+
+def test_the_default_budgets_fail_a_run_whose_queries_or_judgements_fail() -> None:
+    s = RunConfig()
+    assert s.system.max_error_rate == s.judge.max_error_rate == 0.05  # the local system too, not 1.0
+    # 1 of 20 failed queries is within the budget; 3 of 20 is not, and the line names the error
+    assert budget_breaches(s, {"all/error_rate": 0.05}, _records(19, 1)) == []
+    (line,) = budget_breaches(s, {"all/error_rate": 0.15, "all/n_status_http_error": 3.0}, _records(17, 3))
+    assert "3 of 20 queries failed (http_error 3)" in line and "system.max_error_rate=0.05" in line
+    assert "most common error (3x): generate: generator endpoint X: HTTP 500" in line
+    # a judge whose every judgement failed: its own line, the metric and the budget named
+    judged = [
+        {
+            "query_id": "q",
+            "status": "ok",
+            "judge": {"repeats": [{"errors": {"relevance": "bad_response: x"}}]},
+        }
+    ]
+    metrics = {"judge/relevance/error_rate": 1.0, "judge/relevance/n_queries": 1.0}
+    (line,) = budget_breaches(s, metrics, judged)
+    assert line.startswith("judge (none, None): 1.000 of the relevance judgements of 1 answers failed")
+    assert "judge.max_error_rate=0.05" in line and "bad_response: x" in line
+
+
+# --------------------------------------------------------------------------- endpoints that are down
+
+
+def _assert_stopped(proc: Any, url: str, elapsed: float) -> None:
+    assert proc.returncode == 1, proc.stderr
+    assert elapsed < 30, elapsed  # the whole run, imports and the dataset included
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("rag_ablate: error:")]
+    assert len(errors) == 1 and url in errors[0] and "is unreachable" in errors[0], proc.stderr
+
+
+def test_a_generator_at_a_closed_port_stops_the_run_in_seconds_exit_1(
+    tmp_path: Path, tiny_dataset: Path
+) -> None:
+    url = _closed_url("/v1")
+    args = [
+        f"dataset.path={tiny_dataset}",
+        "generator=openai",
+        f"generator.base_url={url}",
+        "generator.model=m",
+    ]
+    t0 = time.perf_counter()
+    proc = run_in_process([*args, "generator.backoff_s=0.05", *FAST], tmp_path)
+    _assert_stopped(proc, url, time.perf_counter() - t0)
+    assert "generator endpoint" in proc.stderr
+
+
+def test_a_judge_at_a_closed_port_stops_the_run_in_seconds_exit_1(tmp_path: Path, tiny_dataset: Path) -> None:
+    url = _closed_url("/v1")
+    args = [f"dataset.path={tiny_dataset}", "generator=extractive", "judge=openai", f"judge.base_url={url}"]
+    t0 = time.perf_counter()
+    proc = run_in_process([*args, "judge.model=m", "judge.backoff_s=0.05", *FAST], tmp_path)
+    _assert_stopped(proc, url, time.perf_counter() - t0)
+    assert "judge endpoint" in proc.stderr
+
+
+def test_an_http_system_at_a_closed_port_stops_the_run_in_seconds_exit_1(
+    tmp_path: Path, tiny_dataset: Path
+) -> None:
+    url = _closed_url()
+    args = [f"dataset.path={tiny_dataset}", "system=http", f"system.base_url={url}", "system.backoff_s=0.05"]
+    t0 = time.perf_counter()
+    proc = run_in_process([*args, *FAST], tmp_path)
+    _assert_stopped(proc, url, time.perf_counter() - t0)
+    assert "system endpoint" in proc.stderr
+
+
+def test_a_rerank_service_at_a_closed_port_stops_the_run_in_seconds_exit_1(
+    tmp_path: Path, tiny_dataset: Path
+) -> None:
+    url = _closed_url("/rerank")
+    t0 = time.perf_counter()
+    proc = run_in_process(
+        [f"dataset.path={tiny_dataset}", "rerank=http", f"rerank.url={url}", *FAST], tmp_path
+    )
+    _assert_stopped(proc, url, time.perf_counter() - t0)
+    assert "rerank endpoint" in proc.stderr
+
+
+# --------------------------------------------------------------------------- a judge that fails
+
+
+@pytest.mark.slow
+def test_a_judge_whose_every_reply_is_unusable_fails_the_run_exit_1(
+    fake_llm: FakeLLM, tmp_path: Path, tiny_dataset: Path
+) -> None:
+    fake_llm.respond = lambda body, call: "no JSON here"  # every reply, the repair's too, unparsable
+    args = [
+        f"dataset.path={tiny_dataset}",
+        "generator=extractive",
+        "judge=openai",
+        f"judge.base_url={fake_llm.url}",
+    ]
+    proc = run_in_process([*args, "judge.model=m", *FAST, "hydra.run.dir=run"], tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("rag_ablate: error:")]
+    assert len(errors) == 1 and "judge (openai, " + fake_llm.url in errors[0]
+    assert "judge.max_error_rate=0.05" in errors[0], errors
+    records = (tmp_path / "run" / RECORDS_FILE).read_text(encoding="utf-8").splitlines()
+    assert records and all(json.loads(r)["status"] == "ok" for r in records)  # the queries themselves are ok
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_judge_fails_names_it_in_failures_json_the_terminal_and_the_report(
+    fake_llm: FakeLLM, tmp_path: Path, tiny_dataset: Path
+) -> None:
+    # the baseline has no answers (generator=none), so only the variant's answers meet the judge
+    fake_llm.respond = lambda body, call: "no JSON here"
+    proc = run_module(
+        "rag_ablate",
+        [
+            "-m",
+            "generator=none,extractive",
+            f"dataset.path={tiny_dataset}",
+            "judge=openai",
+            f"judge.base_url={fake_llm.url}",
+            "judge.model=m",
+            "compare.B=200",
+            "progress=false",
+            "hydra.sweep.dir=sweep",
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "judge.max_error_rate=0.05" in proc.stderr and "sweep FAILED" in proc.stderr
+    failures = json.loads((tmp_path / "sweep" / FAILURES_FILE).read_text(encoding="utf-8"))
+    assert failures["failed"] is True
+    (failure,) = failures["failures"]
+    assert failure["what"] == "generator=extractive" and "judge (openai, " + fake_llm.url in failure["error"]
+    report = (tmp_path / "sweep" / "report.html").read_text(encoding="utf-8")
+    assert "This sweep FAILED: 1 problem(s)" in report and "judge.max_error_rate=0.05" in report
