@@ -79,6 +79,22 @@ def test_exit_codes_of_errors_nothing_ran_is_2_something_failed_is_1() -> None:
     assert exit_code_of(ErrorRateError("too many")) == EXIT_FAILED == 1
     assert exit_code_of(EndpointDownError("down")) == 1
     assert exit_code_of(RuntimeError("a bug")) == 1
+    # every class says nothing ran (2) or something failed (1); bad input is 2 wherever it is met
+    import rag_ablate.core.errors as errors
+    from rag_ablate.pipeline.rerank import RerankError
+    from rag_ablate.records.jsonl import RecordsError
+
+    failed = {errors.ErrorRateError, errors.EndpointDownError, errors.JudgeCalibrationError, RerankError}
+    for cls in (
+        errors.DatasetError,
+        errors.ConfigError,
+        errors.TrackingError,
+        errors.ComparisonError,
+        RecordsError,
+    ):
+        assert cls.exit_code == 2, cls
+    for cls in (*failed, errors.GenerationError):
+        assert cls.exit_code == 1, cls
 
 
 def test_a_config_error_exits_2(tmp_path: Path, tiny_dataset: Path) -> None:

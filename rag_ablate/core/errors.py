@@ -138,10 +138,14 @@ class EndpointDownError(RagAblateError):
 class ComparisonError(RagAblateError):
     """The comparison step cannot be computed from what is on disk."""
 
+    exit_code = EXIT_INVALID
+
 
 class LocalModelError(RagAblateError):
     """The offline model cannot be prepared or served (rag_ablate/llm/local.py): the extra is not
     installed, a part is missing or corrupt, or the server did not start. Says the fixing command."""
+
+    exit_code = EXIT_INVALID
 
 
 class JudgeCalibrationError(RagAblateError):
