@@ -248,3 +248,102 @@ def test_a_sweep_whose_judge_fails_names_it_in_failures_json_the_terminal_and_th
     assert failure["what"] == "generator=extractive" and "judge (openai, " + fake_llm.url in failure["error"]
     report = (tmp_path / "sweep" / "report.html").read_text(encoding="utf-8")
     assert "This sweep FAILED: 1 problem(s)" in report and "judge.max_error_rate=0.05" in report
+
+
+# --------------------------------------------------------------------------- failure-aware verdicts
+
+
+def _rec(i: int, split: str, *, ok: bool, recall: float, ms: float) -> dict[str, Any]:
+    """A record of query ``q<i>`` (its own group); a failed one names recall_at_5 with None (it applied)."""
+    metrics: dict[str, float | None] = {"latency_ms": ms, "recall_at_5": recall if ok else None}
+    return {
+        "query_id": f"q{i}",
+        "split": split,
+        "group": f"g{i}",
+        "kind": "answerable",
+        "status": "ok" if ok else "http_error",
+        "error": None if ok else "eval /rag/eval: HTTP 500",
+        "timings_ms": {"total": ms},
+        "metrics": metrics,
+    }
+
+
+def _fails_more(n: int = 120, share: float = 0.3) -> tuple[Any, Any]:
+    """A baseline, and a variant that fails ``share`` of the queries fast (45 ms, against about
+    400 ms) and is slightly better on the rest (recall +0.05)."""
+    import random
+
+    from rag_ablate.compare.model import VariantData
+
+    rng = random.Random(7)
+    base, var = [], []
+    for i in range(n):
+        split = "holdout" if i % 2 else "dev"
+        recall = rng.choice([0.0, 0.5, 1.0])
+        ms = 400 + rng.gauss(0, 40)
+        base.append(_rec(i, split, ok=True, recall=recall, ms=ms))
+        fails = rng.random() < share
+        var.append(
+            _rec(
+                i,
+                split,
+                ok=not fails,
+                recall=min(1.0, recall + 0.05),
+                ms=45.0 if fails else ms + rng.gauss(0, 5),
+            )
+        )
+    return VariantData("baseline", base), VariantData("fails", var)
+
+
+def test_a_variant_that_fails_more_never_leads_the_headline_and_never_passes_the_gate() -> None:
+    from rag_ablate.compare.analysis import compare
+    from rag_ablate.compare.gate import gate
+
+    base, var = _fails_more()
+    c = compare([base, var], metrics=["recall_at_5", "error_rate"], B=500, seed=1)
+    for split in ("dev", "holdout"):
+        row = c.row(split, "fails", "recall_at_5")
+        assert row is not None and row.tested
+        # failure-aware under the plain name: every failed query scored 0, over every query
+        assert row.n_queries == 60 and row.effect < -0.1 and row.verdict != "better"
+        # the ok-only figures beside it: slightly better over the queries ok on both sides
+        assert 0.02 < row.ok_effect <= 0.05 and 30 < row.n_ok_queries < 60
+    assert c.row("holdout", "fails", "recall_at_5").verdict == "worse"  # type: ignore[union-attr]
+    assert gate(c, ["holdout/recall_at_5<-0.02"])  # blocked
+    # the records' own aggregate (the end table, MLflow): failure-aware, ok-only beside it
+    from rag_ablate.records.scoring import aggregate
+
+    agg = aggregate(var.records)
+    assert agg["holdout/recall_at_5"] < agg["holdout/ok/recall_at_5"]
+    assert aggregate(base.records)["holdout/recall_at_5"] > agg["holdout/recall_at_5"]
+    assert "holdout/ok/recall_at_5" not in aggregate(base.records)  # nothing failed: one form
+
+
+def test_errors_that_return_fast_do_not_read_as_faster() -> None:
+    from rag_ablate.compare.analysis import compare
+
+    base, var = _fails_more()
+    c = compare([base, var], metrics=["latency_ms", "latency_p50_ms", "latency_p95_ms"], B=500, seed=1)
+    for row in c.rows:
+        assert row.tested and row.verdict != "better", row  # over the queries ok on both sides
+    pair = c.pair("holdout", "fails")
+    assert pair is not None and pair.failed_latency_ms_variant == 45.0  # reported apart
+    assert pair.failed_latency_ms_baseline is None
+    assert c.row("holdout", "fails", "latency_ms").n_queries == pair.n_ok_both  # type: ignore[union-attr]
+
+
+def test_a_failed_query_records_which_failure_aware_metrics_it_misses(tiny_dataset: Path) -> None:
+    """The record of a failed query names the metrics that applied with None, never a 0."""
+    from rag_ablate.dataset.load import load_dataset
+    from rag_ablate.records.scoring import score_record
+
+    ds = load_dataset(str(tiny_dataset))
+    answerable = next(q for q in ds.queries if q.kind == "answerable")
+    rec = {"status": "timeout", "timings_ms": {"total": 12.0}, "retrieved": [], "answer": None}
+    out = score_record(rec, answerable, ds.documents, [5], routed=True, answered=True)  # type: ignore[arg-type]
+    assert out["latency_ms"] == 12.0
+    assert out["recall_at_5"] is None and out["token_f1"] is None  # applied, no value
+    assert "context_tokens_at_5" not in out and "latency_ms_p95" not in out  # no failure-aware form
+    assert all(v is None for k, v in out.items() if k != "latency_ms")
+    no_answers = score_record(rec, answerable, ds.documents, [5], routed=False, answered=False)  # type: ignore[arg-type]
+    assert "token_f1" not in no_answers and "intent_top1" not in no_answers

@@ -542,7 +542,7 @@ def test_each_fault_ends_with_its_honest_status_and_one_record(
     assert (
         by["q7"]["answer"] == "Thirty "
         and by["q7"]["retrieved"]
-        and by["q7"]["metrics"].keys() <= {"latency_ms"}
+        and all(v is None for k, v in by["q7"]["metrics"].items() if k != "latency_ms")
     )
     assert "end event" in by["q10"]["error"] and by["q10"]["answer"] == "Thirty "
     # 403: access denied at once, never retried

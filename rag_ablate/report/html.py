@@ -39,6 +39,7 @@ from typing import Any
 
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.model import Comparison, Row, SliceRow, Tradeoff, VariantData
+from rag_ablate.compare.render import ok_only_line, ok_only_rows
 from rag_ablate.core.layout import FAILURES_FILE, PLAN_FILE
 from rag_ablate.metrics.intent import intent_report
 from rag_ablate.metrics.registry import display_name
@@ -236,6 +237,13 @@ def _comparison_section(c: Comparison, titles: Mapping[str, str]) -> str:
             )
         )
         out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+    ok_only = ok_only_rows(c)
+    if ok_only:  # the quality rows are failure-aware; the ok-only figures beside them
+        out.append(
+            '<p class="muted">Quality metrics are failure-aware (a query that failed on one side scores a '
+            "miss there); where a query failed, the ok-only figures over the queries ok on both sides:</p>"
+            "<ul>" + "".join(f"<li>{_e(ok_only_line(r))}</li>" for r in ok_only) + "</ul>"
+        )
     if c.notes:
         out.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in c.notes) + "</ul>")
     return "".join(out)

@@ -149,6 +149,8 @@ def evaluate(
     # each retrieved chunk is tokenised once per run (context_tokens_at_k); a local system's
     # counts cached with its chunks are used as they are
     tokens = TokenCounts(getattr(target, "chunk_token_counts", None))
+    # a system that generates answers: its failed queries miss the answer metrics too
+    answered = bool(getattr(target, "generates_answers", False))
 
     def finish(q: Query, trace: Trace) -> None:
         """One query is final: score it, hand it on, count it (a repeat report is ignored)."""
@@ -163,6 +165,7 @@ def evaluate(
             routed=target.routes_intents,
             answers=answers,
             tokens=tokens,
+            answered=answered,
         )
         done[q.query_id] = rec
         if on_record is not None:

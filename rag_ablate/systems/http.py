@@ -229,6 +229,11 @@ class HttpSystem:
     def routes_intents(self) -> bool:
         return self.map.intents is not None
 
+    @property
+    def generates_answers(self) -> bool:
+        """The service streams answers (a failed query then misses the answer metrics)."""
+        return self.cfg.chat_path is not None
+
     def prepare(self, dataset: Dataset) -> dict[str, Any]:
         """Keep the documents (to place retrieved text); report where requests go (never headers' values)."""
         self._docs = dataset.documents
