@@ -196,6 +196,20 @@ def test_a_rerank_service_at_a_closed_port_stops_the_run_in_seconds_exit_1(
     assert "rerank endpoint" in proc.stderr
 
 
+def test_a_local_run_whose_generator_fails_every_query_fails_by_default_exit_1(
+    fake_llm: FakeLLM, tmp_path: Path, tiny_dataset: Path
+) -> None:
+    """The endpoint answers, with an error (400, not retried): every query fails; the local
+    system's default budget (0.05, not 1.0) fails the run, and the line names the generator."""
+    fake_llm.failures = [(400, {})] * 100
+    args = [f"dataset.path={tiny_dataset}", "generator=openai", f"generator.base_url={fake_llm.url}"]
+    proc = run_in_process([*args, "generator.model=m", *FAST], tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("rag_ablate: error:")]
+    assert "queries failed" in line and "system.max_error_rate=0.05" in line
+    assert f"generate: generator endpoint {fake_llm.url}/chat/completions: HTTP 400" in line
+
+
 # --------------------------------------------------------------------------- a judge that fails
 
 

@@ -37,7 +37,7 @@ from rag_ablate.compare.run import ComparisonRun, run_comparison
 from rag_ablate.config.keys import env_interpolated, redact_override
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import profiling
-from rag_ablate.core.errors import TrackingError, one_line
+from rag_ablate.core.errors import EXIT_FAILED, TrackingError, one_line
 from rag_ablate.core.layout import (
     COMPARISON_MD,
     FAILURES_FILE,
@@ -55,9 +55,9 @@ from rag_ablate.sweep.plan import Plan, write_plan
 from rag_ablate.sweep.publish import publish_sweep
 from rag_ablate.tracking import store as tracking
 
-# exit codes of a sweep
-EXIT_FAILED = 1  # a job, the comparison, the MLflow logging or the regression gate failed
-EXIT_INVALID = 2  # nothing ran: the plan, a job's config or the MLflow store is unusable
+# exit codes of a sweep: those of every command (rag_ablate.core.errors, README "Exit codes"):
+# EXIT_FAILED a job, the comparison or the MLflow logging failed; EXIT_INVALID nothing ran (the plan,
+# a job's config or the MLflow store is unusable)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
 
 
