@@ -103,6 +103,13 @@ def test_a_config_error_exits_2(tmp_path: Path, tiny_dataset: Path) -> None:
     assert "max_error_rate must be in [0, 1]" in proc.stderr
 
 
+@pytest.mark.parametrize("override", ["retrieval=nope", "retrieval.top_k=abc", "chunk.size=[1,2"])
+def test_an_override_hydra_cannot_parse_or_compose_exits_2(override: str, tmp_path: Path) -> None:
+    proc = run_in_process([override, *FAST], tmp_path)  # Hydra itself would exit 1
+    assert proc.returncode == 2, proc.stderr
+    assert not (tmp_path / "outputs").exists()  # nothing ran
+
+
 def test_an_ok_run_exits_0(tmp_path: Path, tiny_dataset: Path) -> None:
     proc = run_in_process([f"dataset.path={tiny_dataset}", *FAST], tmp_path)
     assert proc.returncode == 0, proc.stderr
