@@ -338,6 +338,14 @@ def test_a_variant_that_fails_more_never_leads_the_headline_and_never_passes_the
     assert agg["holdout/recall_at_5"] < agg["holdout/ok/recall_at_5"]
     assert aggregate(base.records)["holdout/recall_at_5"] > agg["holdout/recall_at_5"]
     assert "holdout/ok/recall_at_5" not in aggregate(base.records)  # nothing failed: one form
+    # the MLflow headline and the trade-off's quality axis read the same failure-aware values
+    from rag_ablate.compare.tradeoff import quality_measure
+    from rag_ablate.tracking.ui import headline_metrics
+
+    head = headline_metrics(agg, "recall_at_5")
+    assert head["headline/holdout_recall_at_5"] == pytest.approx(agg["holdout/recall_at_5"], abs=1e-4)
+    failed = next(r for r in var.records if r["status"] != "ok")
+    assert quality_measure("recall_at_5").extract(failed) == 0.0
 
 
 def test_errors_that_return_fast_do_not_read_as_faster() -> None:
