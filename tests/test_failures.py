@@ -376,3 +376,25 @@ def test_a_failed_query_records_which_failure_aware_metrics_it_misses(tiny_datas
     assert all(v is None for k, v in out.items() if k != "latency_ms")
     no_answers = score_record(rec, answerable, ds.documents, [5], routed=False, answered=False)  # type: ignore[arg-type]
     assert "token_f1" not in no_answers and "intent_top1" not in no_answers
+
+
+def test_a_failed_query_of_a_judged_run_misses_the_judged_metrics_it_would_have_been_asked(
+    tiny_dataset: Path,
+) -> None:
+    from rag_ablate.dataset.load import load_dataset
+    from rag_ablate.records.scoring import aggregate
+    from rag_ablate.run.judging import judge_records
+
+    ds = load_dataset(str(tiny_dataset))
+    with_refs = next(q for q in ds.queries if q.reference_answers)
+    without = next(q for q in ds.queries if not q.reference_answers and q.query_id != with_refs.query_id)
+    ok = {"query_id": with_refs.query_id, "split": "dev", "status": "ok", "answer": "x", "judge": {},
+          "metrics": {"faithfulness": 4.0, "relevance": 5.0, "completeness": 3.0}}  # fmt: skip
+    failed = [{"query_id": q.query_id, "split": "dev", "status": "timeout", "answer": None, "metrics": {}}
+              for q in (with_refs, without)]  # fmt: skip
+    out = judge_records([ok, *failed], judge=None, dataset=ds, ks=[5], routed=False)  # type: ignore[arg-type]
+    assert out[0] is ok  # judged already: left as it is
+    assert out[1]["metrics"] == {"faithfulness": None, "relevance": None, "completeness": None}
+    assert out[2]["metrics"] == {"faithfulness": None, "relevance": None}  # no references: not asked
+    agg = aggregate([{**r, "kind": "answerable"} for r in out])
+    assert agg["dev/faithfulness"] == pytest.approx(4.0 / 3) and agg["dev/ok/faithfulness"] == 4.0

@@ -111,6 +111,19 @@ def failed_judgement(judge: Judge, error: str) -> Judgement:
     }
 
 
+def _judged_misses(rec: Record, query: Query) -> Record:
+    """A failed query misses the judged metrics the judge would have asked about its answer
+    (``None``, never a 0: their failure-aware form counts it as a miss); an ok record is returned
+    as it is."""
+    from rag_ablate.judges import asked_metrics
+
+    metrics = rec.get("metrics") or {}
+    if rec.get("status") == "ok":
+        return rec
+    missed = {m: None for m in asked_metrics(bool(query.reference_answers)) if m not in metrics}
+    return {**rec, "metrics": {**metrics, **missed}} if missed else rec
+
+
 def judge_records(
     records: Sequence[Record],
     judge: Judge,
@@ -128,7 +141,8 @@ def judge_records(
     """``records`` in the same order, every one that :func:`needs_judgement` judged and scored again.
 
     ``on_record`` gets each judged record as soon as it is done (the job appends it to
-    ``records.jsonl``, so an interrupted judge phase keeps what it judged). A judge that raises
+    ``records.jsonl``, so an interrupted judge phase keeps what it judged). When the system
+    answers, a failed query's record names the judged metrics it misses, with None. A judge that raises
     gives the query a judgement whose every metric failed (:func:`failed_judgement`); the
     query itself stays ok.
     """
@@ -136,6 +150,8 @@ def judge_records(
 
     by_id = {q.query_id: q for q in dataset.queries}
     out = list(records)
+    if any(r.get("answer") is not None for r in records):  # the system answers: its failures miss them
+        out = [_judged_misses(r, by_id[r["query_id"]]) for r in records]
     todo: list[tuple[int, JudgeInput]] = []
     for i, rec in enumerate(records):
         if needs_judgement(rec):
