@@ -418,7 +418,8 @@ def test_resume_reruns_failed_queries_and_keeps_one_record_each(
         out = run_module("rag_ablate", [*_args(server), "paths.output_root=failing"], work)
     finally:
         server.state.reject_status = None
-    assert out.returncode == 0, out.stderr
+    # over the default error budget: written and logged, marked FAILED, exit 1
+    assert out.returncode == 1 and "> system.max_error_rate=0.05" in out.stderr, out.stderr
     (job,) = (work / "failing" / "runs").iterdir()
     first = read_records(job / RECORDS_FILE)
     failed = {r["query_id"] for r in first if r["status"] != "ok"}

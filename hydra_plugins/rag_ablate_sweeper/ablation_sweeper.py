@@ -83,9 +83,9 @@ class AblationSweeper(Sweeper):
             sys.exit(130)
 
     def _sweep(self, arguments: list[str]) -> Any:
-        from rag_ablate.core.errors import RagAblateError
+        from rag_ablate.core.errors import EXIT_INVALID, RagAblateError
         from rag_ablate.core.profiling import sweep_profile
-        from rag_ablate.sweep.driver import EXIT_INVALID, finish_sweep, start_sweep
+        from rag_ablate.sweep.driver import finish_sweep, start_sweep
         from rag_ablate.sweep.plan import build_plan, check_plan, format_plan
 
         prof = sweep_profile()  # where the sweep's time goes: <sweep dir>/profile.json

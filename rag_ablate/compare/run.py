@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.analysis import compare
-from rag_ablate.compare.gate import EXIT_BLOCKED, evaluate, result_line
+from rag_ablate.compare.gate import evaluate, result_line
 from rag_ablate.compare.guard import check, no_ops
 from rag_ablate.compare.load import (
     check_same_data,
@@ -32,7 +32,7 @@ from rag_ablate.compare.pairwise import pairwise_section
 from rag_ablate.compare.render import format_terminal, write_outputs
 from rag_ablate.compare.slices import compare_slices, resolve_metrics
 from rag_ablate.config.schema import CompareConfig
-from rag_ablate.core.errors import ComparisonError
+from rag_ablate.core.errors import EXIT_BLOCKED, ComparisonError
 from rag_ablate.core.layout import COMPARISON_JSON, SWEEP_FILE
 
 

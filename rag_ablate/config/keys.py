@@ -41,6 +41,7 @@ JUDGE_RUNTIME_KEYS = (
     "judge.backoff_s",
     "judge.backoff_max_s",
     "judge.concurrency",
+    "judge.max_error_rate",
 )
 
 

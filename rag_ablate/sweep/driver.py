@@ -33,12 +33,11 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
-from rag_ablate.compare.gate import EXIT_BLOCKED
 from rag_ablate.compare.run import ComparisonRun, print_gate_outcome, run_comparison
 from rag_ablate.config.keys import env_interpolated, redact_override
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import profiling
-from rag_ablate.core.errors import TrackingError, one_line
+from rag_ablate.core.errors import EXIT_BLOCKED, EXIT_FAILED, TrackingError, one_line
 from rag_ablate.core.layout import (
     COMPARISON_MD,
     FAILURES_FILE,
@@ -56,9 +55,9 @@ from rag_ablate.sweep.plan import Plan, write_plan
 from rag_ablate.sweep.publish import publish_sweep
 from rag_ablate.tracking import store as tracking
 
-# exit codes of a sweep
-EXIT_FAILED = 1  # a job, the comparison or the MLflow logging failed (the gate blocking: EXIT_BLOCKED, 3)
-EXIT_INVALID = 2  # nothing ran: the plan, a job's config or the MLflow store is unusable
+# exit codes of a sweep: those of every command (rag_ablate.core.errors, README "Exit codes"):
+# EXIT_FAILED a job, the comparison or the MLflow logging failed; EXIT_INVALID nothing ran (the plan,
+# a job's config or the MLflow store is unusable)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
 
 
@@ -242,7 +241,9 @@ def finish_sweep(
                     from rag_ablate.report.html import write_report
 
                     with prof.stage("report"):
-                        report = write_report(sweep_dir, done.comparison, done.source.variants)
+                        report = write_report(
+                            sweep_dir, done.comparison, done.source.variants, [f.line() for f in failures]
+                        )
                     print(f"report: {report.html}")
                 except Exception as exc:
                     failures.append(_failure("report", "HTML report", exc))

@@ -56,7 +56,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rag_ablate.config.schema import RunConfig, validate_system
 from rag_ablate.core.cache import Cache
-from rag_ablate.core.retry import Status, backoff_wait, excerpt, retry_after_seconds, status_meaning
+from rag_ablate.core.errors import EndpointDownError
+from rag_ablate.core.retry import Breaker, Status, backoff_wait, excerpt, retry_after_seconds, status_meaning
 from rag_ablate.dataset.model import Dataset, Document, Query
 from rag_ablate.records.trace import Citation, RetrievedChunk, TokenUsage, Trace
 from rag_ablate.systems import SYSTEMS
@@ -148,10 +149,13 @@ class _Failure(Exception):
 class _Retry(Exception):
     """A failure that may go away when the request is sent again (after ``retry_after`` if given)."""
 
-    def __init__(self, failure: _Failure, retry_after: float | None = None) -> None:
+    def __init__(
+        self, failure: _Failure, retry_after: float | None = None, *, unreachable: bool = False
+    ) -> None:
         super().__init__(failure.error)
         self.failure = failure
         self.retry_after = retry_after
+        self.unreachable = unreachable  # the try could not connect (the breaker counts it)
 
 
 def _bad(where: str, problem: str, body: str | bytes) -> _Failure:
@@ -164,11 +168,11 @@ def _transport_failure(what: str, exc: httpx.TransportError) -> _Failure | _Retr
 
     detail = f"{what}: {type(exc).__name__}: {exc}".rstrip(": ")
     if isinstance(exc, httpx.ConnectTimeout):
-        return _Retry(_Failure("timeout", detail))
+        return _Retry(_Failure("timeout", detail), unreachable=True)
     if isinstance(exc, httpx.TimeoutException):
         return _Failure("timeout", detail)
     if isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
-        return _Retry(_Failure("http_error", detail))
+        return _Retry(_Failure("http_error", detail), unreachable=isinstance(exc, httpx.ConnectError))
     return _Failure("http_error", detail)
 
 
@@ -215,6 +219,7 @@ class HttpSystem:
         self._docs: Mapping[str, Document] = {}
         self._dataset_name = ""
         self._rng = random.Random(settings.seed)  # backoff jitter only
+        self.breaker = Breaker("system", self.base_url)  # a service that is down stops the run
         # httpx logs every request at INFO, which Hydra's log setup shows: one line per request would
         # bury the run's output (each query's outcome is in its record instead)
         for name in ("httpx", "httpcore"):
@@ -223,6 +228,11 @@ class HttpSystem:
     @property
     def routes_intents(self) -> bool:
         return self.map.intents is not None
+
+    @property
+    def generates_answers(self) -> bool:
+        """The service streams answers (a failed query then misses the answer metrics)."""
+        return self.cfg.chat_path is not None
 
     def prepare(self, dataset: Dataset) -> dict[str, Any]:
         """Keep the documents (to place retrieved text); report where requests go (never headers' values)."""
@@ -291,6 +301,8 @@ class HttpSystem:
                             self._eval(client, body, trace, t0), self._chat(client, body, trace, t0)
                         )
                     )
+            except EndpointDownError:
+                raise  # the service is down: the run stops
             except Exception as exc:  # a bug or an unforeseen error fails this query only
                 trace.status, trace.error = "failed", f"{type(exc).__name__}: {exc}"
                 trace.timings_ms["total"] = (time.perf_counter() - t0) * 1000
@@ -306,11 +318,21 @@ class HttpSystem:
             return query, trace
 
     async def _retrying(self, call: _Call, attempt: Callable[[], Awaitable[T]]) -> T:
-        """``attempt()`` until it returns, or raises _Failure, or retries run out."""
+        """``attempt()`` until it returns, or raises _Failure, or retries run out; EndpointDownError
+        once the service could not be connected to ``BREAKER_LIMIT`` tries in a row (any queries')."""
         while True:
+            if self.breaker.open:
+                raise EndpointDownError(self.breaker.message())
             try:
-                return await attempt()
+                result = await attempt()
+            except _Failure:
+                self.breaker.succeeded()  # it answered, if not well
+                raise
             except _Retry as r:
+                if not r.unreachable:
+                    self.breaker.succeeded()
+                elif self.breaker.failed(r.failure.error):
+                    raise EndpointDownError(self.breaker.message()) from None
                 if call.retries >= self.cfg.retries:
                     raise r.failure from None
                 wait = backoff_wait(
@@ -318,6 +340,9 @@ class HttpSystem:
                 )
                 call.retries += 1
                 await asyncio.sleep(wait)
+            else:
+                self.breaker.succeeded()
+                return result
 
     # ------------------------------------------------------------------ eval (JSON)
 

@@ -96,6 +96,11 @@ class LocalSystem:
     def routes_intents(self) -> bool:
         return self.router is not None
 
+    @property
+    def generates_answers(self) -> bool:
+        """A generator answers each query (a failed query then misses the answer metrics)."""
+        return self.generator is not None
+
     # ------------------------------------------------------------------ build
 
     def _chunk(self, dataset: Dataset) -> tuple[str, dict[str, Any]]:
