@@ -330,7 +330,7 @@ def test_a_variant_that_fails_more_never_leads_the_headline_and_never_passes_the
         # the ok-only figures beside it: slightly better over the queries ok on both sides
         assert 0.02 < row.ok_effect <= 0.05 and 30 < row.n_ok_queries < 60
     assert c.row("holdout", "fails", "recall_at_5").verdict == "worse"  # type: ignore[union-attr]
-    assert gate(c, ["holdout/recall_at_5<-0.02"])  # blocked
+    assert gate(c, ["holdout/recall_at_5:-0.02"])  # blocked
     # the records' own aggregate (the end table, MLflow): failure-aware, ok-only beside it
     from rag_ablate.records.scoring import aggregate
 
