@@ -27,6 +27,11 @@ Timing. A query's clock starts when it is sent (retries and their waits count):
 done (the end event of the stream), ``timings_ms["eval"]``/``["chat"]`` per call,
 and the service's own timings as ``service.<stage>``.
 
+Warm-up. Before the first timed query, one untimed eval request per connection the run
+will use (``system.concurrency`` of them, query id ``rag-ablate-warm-up``, answers
+ignored) opens the connections and lets the service load what it loads on first use, so
+the first queries are not charged for it (:meth:`HttpSystem._warm`).
+
 Concurrency. One ``httpx.AsyncClient`` (one connection pool) per run; at most
 ``system.concurrency`` queries are in flight. The runner gets each trace through
 ``run_many``'s callback as soon as it is complete.
@@ -45,6 +50,8 @@ decorators, and it saves a dependency for the one place that retries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -68,6 +75,7 @@ if TYPE_CHECKING:  # httpx is imported when a run talks HTTP, not when the regis
 PLACEHOLDERS = ("query", "query_id", "top_k", "user_groups")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 _MISSING: Any = object()
+WARMUP_ID = "rag-ablate-warm-up"  # the query id of the untimed requests that open the connections
 T = TypeVar("T")
 
 
@@ -215,6 +223,7 @@ class HttpSystem:
         self._docs: Mapping[str, Document] = {}
         self._dataset_name = ""
         self._rng = random.Random(settings.seed)  # backoff jitter only
+        self._kept: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None  # run()'s client
         # httpx logs every request at INFO, which Hydra's log setup shows: one line per request would
         # bury the run's output (each query's outcome is in its record instead)
         for name in ("httpx", "httpcore"):
@@ -235,12 +244,27 @@ class HttpSystem:
         }
 
     def close(self) -> None:
-        """Nothing to release: each run's client is closed when ``run_many`` returns."""
+        """Close the client :meth:`run` keeps between calls (each ``run_many`` closes its own)."""
+        if self._kept is not None:
+            loop, client = self._kept
+            self._kept = None
+            try:
+                loop.run_until_complete(client.aclose())
+            finally:
+                loop.close()
 
     def run(self, query: Query) -> Trace:
-        traces: list[Trace] = []
-        self.run_many([query], lambda _q, t: traces.append(t))
-        return traces[0]
+        """One query, on a client kept open (and warmed by the first call) until :meth:`close`:
+        called once per query (the sweep's timing pass does), it times the query, not a new
+        connection."""
+        if self._kept is None:
+            loop = asyncio.new_event_loop()
+            client = self._client()
+            self._kept = (loop, client)
+            loop.run_until_complete(self._warm(client, [query]))
+        loop, client = self._kept
+        _, trace = loop.run_until_complete(self._one(client, asyncio.Semaphore(1), query))
+        return trace
 
     def run_many(self, queries: Sequence[Query], on_done: OnDone) -> None:
         """Send every query, ``system.concurrency`` at a time; ``on_done`` as each completes."""
@@ -265,6 +289,7 @@ class HttpSystem:
     async def _run_all(self, queries: Sequence[Query], on_done: OnDone) -> None:
         sem = asyncio.Semaphore(self.cfg.concurrency)
         async with self._client() as client:
+            await self._warm(client, queries[: self.cfg.concurrency])
             tasks = [asyncio.create_task(self._one(client, sem, q)) for q in queries]
             try:
                 for next_done in asyncio.as_completed(tasks):
@@ -274,6 +299,19 @@ class HttpSystem:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _warm(self, client: httpx.AsyncClient, queries: Sequence[Query]) -> None:
+        """One untimed eval request per query given, sent together, under the id ``WARMUP_ID``,
+        their answers and failures ignored: the connections (TCP, TLS) the timed queries reuse
+        are opened here, and whatever the service loads on first use is loaded. The chat
+        endpoint is not called (it may run a paid model); nor are these counted or retried."""
+
+        async def one(query: Query) -> None:
+            values = request_values(dataclasses.replace(query, query_id=WARMUP_ID), self.top_k)
+            with contextlib.suppress(Exception):  # the timed queries record what goes wrong
+                await client.post(self.cfg.eval_path, json=render_body(self.cfg.body, values))
+
+        await asyncio.gather(*(one(q) for q in queries))
 
     async def _one(
         self, client: httpx.AsyncClient, sem: asyncio.Semaphore, query: Query
