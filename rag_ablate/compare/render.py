@@ -143,6 +143,8 @@ def format_terminal(c: Comparison) -> str:
         lines.append(f"UNCHECKED: {v} was not checked for confounding: {why}")
     for n in c.notes:
         lines.append(f"note: {n}")
+    if c.latency_note:
+        lines.append(f"how latency was measured: {c.latency_note}")
     return "\n".join(lines)
 
 
@@ -318,6 +320,8 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
         out.append("")
     if c.notes:
         out += ["## Notes", "", *(f"- {n}" for n in c.notes), ""]
+    if c.latency_note:
+        out += ["## How latency was measured", "", c.latency_note, ""]
     out += slice_markdown_lines(c)
     out += ["## Per-query flips", ""]
     for v, by_metric in c.flips.items():

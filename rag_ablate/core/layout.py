@@ -30,3 +30,4 @@ SWEEP_SUMMARY_MD = "summary.md"  # the per-variant table
 COMPARISON_JSON = "comparison.json"
 COMPARISON_MD = "comparison.md"
 FAILURES_FILE = "failures.json"  # jobs and steps of the sweep that failed, with why
+TIMING_FILE = "timing.jsonl"  # the interleaved timing pass: one line per query, variant and repeat

@@ -238,6 +238,8 @@ def _comparison_section(c: Comparison, titles: Mapping[str, str]) -> str:
         out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
     if c.notes:
         out.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in c.notes) + "</ul>")
+    if c.latency_note:
+        out.append(f"<h3>How latency was measured</h3><p>{_e(c.latency_note)}</p>")
     return "".join(out)
 
 
