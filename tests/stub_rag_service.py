@@ -12,12 +12,20 @@ other documents, ten in all. Switches:
 
 A query id the dataset does not have (the client's warm-up requests) gets an empty list.
 ``requests`` counts the requests handled, per query id.
+
+As a process of its own (a deployment apart from the client, as benchmarks want it)::
+
+    python tests/stub_rag_service.py [--dataset FOLDER] [--rank-noise 0.3] [--seed 0]
+
+prints its URL on one line and serves until its standard input closes.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -65,6 +73,7 @@ class StubServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK wait
     server: StubServer
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
@@ -101,3 +110,20 @@ def stub_service(
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+def main() -> None:
+    from rag_ablate.dataset.load import load_dataset
+
+    ap = argparse.ArgumentParser(description="the stub RAG service; serves until stdin closes")
+    ap.add_argument("--dataset", default=None, help="dataset folder (default: the embedded sample)")
+    ap.add_argument("--rank-noise", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    with stub_service(load_dataset(args.dataset), rank_noise=args.rank_noise, seed=args.seed) as server:
+        print(server.url, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()

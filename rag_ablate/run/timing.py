@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -53,12 +53,18 @@ class TimedCall:
 
 
 def interleave(
-    systems: Mapping[str, System], queries: Sequence[Query], *, repeats: int, seed: int
+    systems: Mapping[str, System],
+    queries: Sequence[Query],
+    *,
+    repeats: int,
+    seed: int,
+    on_trace: Callable[[str, Query, Trace], None] | None = None,
 ) -> list[TimedCall]:
     """Time every query on every system in randomised blocks (see the module docstring).
 
     ``systems`` are prepared; each call's time is the trace's ``timings_ms["total"]``, else
     the call's wall time; a call that raises is a failed call, timed until it raised.
+    ``on_trace(label, query, trace)`` gets every call's trace (benchmarks score them).
     """
     rng = random.Random(seed)
     labels = list(systems)
@@ -77,6 +83,8 @@ def interleave(
                     trace = Trace(query.query_id, status="failed", error=f"{type(exc).__name__}: {exc}")
                 elapsed = (time.perf_counter() - t0) * 1000
                 latency = float(trace.timings_ms.get("total", elapsed))
+                if on_trace is not None:
+                    on_trace(label, query, trace)
                 calls.append(TimedCall(label, query.query_id, repeat, position, latency, trace.status))
     return calls
 
