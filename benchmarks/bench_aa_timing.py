@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,9 +200,9 @@ def main() -> None:
 
         # http: the stub service in a process of its own; its answers vary per call, so quality
         # and latency both come from the pass
-        with stub_process(args.rank_noise) as url:
+        with stub_process(args.rank_noise) if args.http_reps else nullcontext("") as url:
             s = settings()
-            s.system.name, s.system.base_url, s.system.chat_path = "http", url, None
+            s.system.name, s.system.base_url, s.system.chat_path = "http", url or "http://127.0.0.1", None
             https: dict[str, System] = {label: HttpSystem(s) for label in ("A", "B")}
             for system in https.values():
                 system.prepare(ds)
@@ -219,8 +219,9 @@ def main() -> None:
                 apply_timing(variants, calls)
                 return variants
 
-            http = run_reps("http", args.http_reps, http_rep, args.B, args.alpha)
-            results.append(("http (stub service), interleaved pass", http))
+            if args.http_reps:
+                http = run_reps("http", args.http_reps, http_rep, args.B, args.alpha)
+                results.append(("http (stub service), interleaved pass", http))
             for system in https.values():
                 system.close()
     elapsed = time.perf_counter() - t_all

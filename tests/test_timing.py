@@ -22,7 +22,7 @@ from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Dataset, Query
 from rag_ablate.records.trace import Trace
 from rag_ablate.run.runner import evaluate
-from rag_ablate.run.timing import TimedCall, interleave, read_timing
+from rag_ablate.run.timing import TimedCall, TimingJob, interleave, read_timing, timing_pass
 from rag_ablate.systems.http import WARMUP_ID, HttpSystem
 from rag_ablate.systems.local import LocalSystem
 from rag_ablate.text import analyzers
@@ -201,3 +201,28 @@ def test_a_sweep_times_its_variants_interleaved_and_every_view_says_so(
     lines = (sweep / "0" / RECORDS_FILE).read_text(encoding="utf-8").splitlines()
     job_latency = [json.loads(line)["metrics"]["latency_ms"] for line in lines]
     assert len(job_latency) == n
+
+
+def test_the_pass_times_only_queries_ok_in_every_job(tiny_dataset: Path, tmp_path: Path) -> None:
+    """A query that failed in a job is left out of latency anyway: the pass does not call a
+    (perhaps dead) endpoint for it again, and times nothing when no query is ok everywhere."""
+    ids = [q.query_id for q in load_dataset(tiny_dataset).queries]
+    s = _settings()
+    s.dataset.path, s.cache.dir = str(tiny_dataset), str(tmp_path / "cache")
+
+    def records(name: str, failed: set[str]) -> Path:
+        path = tmp_path / name / RECORDS_FILE
+        path.parent.mkdir()
+        lines = [json.dumps({"query_id": q, "status": "failed" if q in failed else "ok"}) for q in ids]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return path
+
+    jobs = [TimingJob("baseline", s, records("a", {ids[0]})), TimingJob("b", s, records("b", {ids[1]}))]
+    done = timing_pass(tmp_path, jobs, tmp_path, repeats=2, seed=0)
+    calls = read_timing(done.path)
+    assert {c.query_id for c in calls} == set(ids[2:]) and len(calls) == 2 * 2 * (len(ids) - 2)
+    assert {c.status for c in calls} == {"ok"} and all(c.latency_ms > 0 for c in calls)
+    done.path.unlink()
+    jobs[1] = TimingJob("b", s, records("c", set(ids)))
+    assert not timing_pass(tmp_path, jobs, tmp_path, repeats=1, seed=0).written
+    assert not (tmp_path / TIMING_FILE).exists()

@@ -34,6 +34,7 @@ from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.cache import Cache
 from rag_ablate.core.layout import TIMING_FILE
 from rag_ablate.dataset.model import Query
+from rag_ablate.records.jsonl import final_records, read_records
 from rag_ablate.records.trace import Trace
 from rag_ablate.run.runner import get_dataset
 from rag_ablate.systems import SYSTEMS
@@ -99,26 +100,46 @@ class TimingPass:
     repeats: int
     n_failed: int  # calls that failed
     seconds: float
+    written: bool = True  # False: no query was ok in every job, nothing timed
+
+
+@dataclass
+class TimingJob:
+    """A finished variant to time: its label, settings and the records its job wrote."""
+
+    label: str
+    settings: RunConfig
+    records: Path
 
 
 def timing_pass(
     sweep_dir: Path,
-    jobs: Sequence[tuple[str, RunConfig]],
+    jobs: Sequence[TimingJob],
     output_root: Path,
     *,
     repeats: int,
     seed: int,
 ) -> TimingPass:
-    """Build the jobs' systems side by side, time their common queries interleaved, write
-    ``timing.jsonl`` in ``sweep_dir``. ``jobs``: each finished variant's label and settings."""
+    """Build the jobs' systems side by side, time their queries interleaved, write
+    ``timing.jsonl`` in ``sweep_dir``.
+
+    The queries timed are those ok in every job: a query that failed in a job is left out
+    of latency anyway, and a dead endpoint is not called again for nothing. With none, or
+    a job short of a query, nothing is timed and no file is written.
+    """
     t0 = time.perf_counter()
-    datasets = {label: get_dataset(s) for label, s in jobs}
-    common = set.intersection(*({q.query_id for q in ds.queries} for ds in datasets.values()))
-    first = datasets[jobs[0][0]]
-    queries = [q for q in first.queries if q.query_id in common]
+    datasets = {job.label: get_dataset(job.settings) for job in jobs}
+    finals = [final_records(read_records(job.records)) for job in jobs]
+    ok = [{q for q, r in recs.items() if r["status"] == "ok"} for recs in finals]
+    common = set.intersection(*ok, *({q.query_id for q in ds.queries} for ds in datasets.values()))
+    queries = [q for q in datasets[jobs[0].label].queries if q.query_id in common]
+    path = sweep_dir / TIMING_FILE
+    if not queries:
+        return TimingPass(path, [job.label for job in jobs], 0, repeats, 0, 0.0, written=False)
     systems: dict[str, System] = {}
     try:
-        for label, s in jobs:
+        for job in jobs:
+            label, s = job.label, job.settings
             cache_dir = Path(s.cache.dir) if s.cache.dir else output_root / "cache"
             system = SYSTEMS.get(s.system.name)(s, Cache(cache_dir, enabled=s.cache.enabled))
             systems[label] = system
@@ -127,13 +148,12 @@ def timing_pass(
     finally:
         for system in systems.values():
             system.close()
-    path = sweep_dir / TIMING_FILE
     with path.open("w", encoding="utf-8") as f:
         for call in calls:
             f.write(json.dumps(asdict(call), ensure_ascii=False) + "\n")
     return TimingPass(
         path,
-        [label for label, _ in jobs],
+        [job.label for job in jobs],
         len(queries),
         repeats,
         sum(1 for c in calls if c.status != "ok"),

@@ -52,7 +52,7 @@ from rag_ablate.core.layout import (
 from rag_ablate.report.html import Report
 from rag_ablate.run.runner import variant_label
 from rag_ablate.run.summary import markdown_table, print_table, ui_hint
-from rag_ablate.run.timing import timing_pass
+from rag_ablate.run.timing import TimingJob, timing_pass
 from rag_ablate.settings import to_settings
 from rag_ablate.sweep.plan import Plan, write_plan
 from rag_ablate.sweep.publish import publish_sweep
@@ -322,7 +322,7 @@ def _timing_pass(config: DictConfig, plan: Plan, job_settings: Sequence[RunConfi
     s = _settings(config)
     sweep_dir = _sweep_dir(config)
     jobs = [
-        (job.label, settings)
+        TimingJob(job.label, settings, sweep_dir / str(job.index) / RECORDS_FILE)
         for job, settings in zip(plan.jobs, job_settings, strict=True)
         if (sweep_dir / str(job.index) / RECORDS_FILE).is_file()
         and (sweep_dir / str(job.index) / VARIANT_FILE).is_file()
@@ -331,6 +331,9 @@ def _timing_pass(config: DictConfig, plan: Plan, job_settings: Sequence[RunConfi
     done = timing_pass(
         sweep_dir, jobs, (_cwd(config) / s.paths.output_root).resolve(), repeats=s.timing.repeats, seed=s.seed
     )
+    if not done.written:
+        print("timing pass: no query was ok in every variant's job; nothing to time")
+        return
     failed = f", {done.n_failed} call(s) failed" if done.n_failed else ""
     print(f"timing pass: {done.n_queries} queries interleaved in {done.seconds:.1f}s{failed} ({done.path})")
 
