@@ -11,7 +11,7 @@ other documents, ten in all. Switches:
   an index loaded on first use).
 
 A query id the dataset does not have (the client's warm-up requests) gets an empty list.
-``requests`` counts the requests handled, per query id.
+``requests`` counts the requests handled, per query id; ``connections`` the connections.
 
 As a process of its own (a deployment apart from the client, as benchmarks want it)::
 
@@ -51,6 +51,7 @@ class StubServer(ThreadingHTTPServer):
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.requests: Counter[str] = Counter()
+        self.connections = 0  # TCP connections accepted
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
 
     def answer(self, query_id: str) -> dict[str, Any]:
@@ -74,6 +75,11 @@ class StubServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK wait
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.lock:
+            self.server.connections += 1
     server: StubServer
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet

@@ -77,16 +77,21 @@ def test_the_first_http_query_is_not_charged_for_the_service_warming_up(tiny_dat
 
 def test_run_keeps_one_warm_client_between_calls(tiny_dataset: Path) -> None:
     """system=http's run() (one query per call, as the timing pass calls it) warms up once and
-    reuses its connection, so no call pays for a new connection or the first-use delay."""
+    reuses its connection, so no call pays for a new connection or the first-use delay; two
+    variants of one service share that connection (two connections differ by themselves)."""
     ds = load_dataset(tiny_dataset)
     with stub_service(ds, first_delay_s=0.5) as service:
         s = _settings()
         s.system.name, s.system.base_url, s.system.chat_path = "http", service.url, None
-        system = HttpSystem(s)
-        system.prepare(ds)
-        traces = [system.run(q) for q in ds.queries]
-        system.close()
+        a, b = HttpSystem(s), HttpSystem(s)
+        a.prepare(ds)
+        b.prepare(ds)
+        traces = [system.run(q) for q in ds.queries for system in (a, b)]
+        a.close()
+        assert b.run(ds.queries[0]).status == "ok"  # still open for its other user
+        b.close()
         assert service.requests[WARMUP_ID] == 1
+        assert service.connections == 1
     assert {t.status for t in traces} == {"ok"}
     assert max(t.timings_ms["total"] for t in traces) < 250
 

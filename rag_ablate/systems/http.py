@@ -206,6 +206,25 @@ class _Call:
     elapsed_ms: float = 0.0
 
 
+@dataclass
+class _Kept:
+    """A client that :meth:`HttpSystem.run` keeps open, and how many systems use it."""
+
+    key: tuple[Any, ...]
+    client: httpx.AsyncClient
+    users: int = 0
+
+
+_RUN_CLIENTS: dict[tuple[Any, ...], _Kept] = {}  # run()'s clients, per service and headers
+_RUN_LOOP: list[asyncio.AbstractEventLoop] = []  # the event loop they live on
+
+
+def _run_loop() -> asyncio.AbstractEventLoop:
+    if not _RUN_LOOP:
+        _RUN_LOOP.append(asyncio.new_event_loop())
+    return _RUN_LOOP[0]
+
+
 @SYSTEMS.register("http")
 class HttpSystem:
     """A RAG service behind HTTP: the :class:`~rag_ablate.systems.base.BatchSystem` contract."""
@@ -223,7 +242,7 @@ class HttpSystem:
         self._docs: Mapping[str, Document] = {}
         self._dataset_name = ""
         self._rng = random.Random(settings.seed)  # backoff jitter only
-        self._kept: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None  # run()'s client
+        self._kept: tuple[Any, ...] | None = None  # run()'s shared client, by its key (_RUN_CLIENTS)
         # httpx logs every request at INFO, which Hydra's log setup shows: one line per request would
         # bury the run's output (each query's outcome is in its record instead)
         for name in ("httpx", "httpcore"):
@@ -244,27 +263,43 @@ class HttpSystem:
         }
 
     def close(self) -> None:
-        """Close the client :meth:`run` keeps between calls (each ``run_many`` closes its own)."""
-        if self._kept is not None:
-            loop, client = self._kept
-            self._kept = None
-            try:
-                loop.run_until_complete(client.aclose())
-            finally:
+        """Let go of the client :meth:`run` uses (closed with its last user); each ``run_many``
+        closes its own."""
+        if self._kept is None:
+            return
+        entry = _RUN_CLIENTS[self._kept]
+        self._kept = None
+        entry.users -= 1
+        if entry.users == 0:
+            del _RUN_CLIENTS[entry.key]
+            loop = _run_loop()
+            loop.run_until_complete(entry.client.aclose())
+            if not _RUN_CLIENTS:
                 loop.close()
+                _RUN_LOOP.clear()
 
     def run(self, query: Query) -> Trace:
-        """One query, on a client kept open (and warmed by the first call) until :meth:`close`:
-        called once per query (the sweep's timing pass does), it times the query, not a new
-        connection."""
+        """One query, on a client kept open (and warmed by its first call) until :meth:`close`,
+        shared by every HttpSystem of this thread that calls the same service with the same
+        headers: called once per query (the sweep's timing pass does), it times the query, not
+        a new connection, and two variants of one service are timed over the same connection
+        (two connections to one service differ by themselves, which an A/A test shows)."""
+        loop = _run_loop()
         if self._kept is None:
-            loop = asyncio.new_event_loop()
-            client = self._client()
-            self._kept = (loop, client)
-            loop.run_until_complete(self._warm(client, [query]))
-        loop, client = self._kept
+            key = self._client_key()
+            entry = _RUN_CLIENTS.get(key)
+            if entry is None:
+                entry = _RUN_CLIENTS[key] = _Kept(key, self._client())
+                loop.run_until_complete(self._warm(entry.client, [query]))
+            entry.users += 1
+            self._kept = key
+        client = _RUN_CLIENTS[self._kept].client
         _, trace = loop.run_until_complete(self._one(client, asyncio.Semaphore(1), query))
         return trace
+
+    def _client_key(self) -> tuple[Any, ...]:
+        c = self.cfg
+        return (self.base_url, tuple(sorted(c.headers.items())), c.timeout_s)
 
     def run_many(self, queries: Sequence[Query], on_done: OnDone) -> None:
         """Send every query, ``system.concurrency`` at a time; ``on_done`` as each completes."""
