@@ -4,8 +4,9 @@ A sweep's jobs run one after another (or on other machines), so whatever changes
 them (the machine's load, a cache, the service under test) lands on one variant's latency
 and not on the other's. After the jobs, the sweep's driver calls :func:`timing_pass`: every
 finished variant's system is built side by side in one process (the local pipeline's
-indexes come from the cache; system=http keeps one warm connection per deployment) and
-warmed up, then the queries are timed in randomised blocks: a block is one query answered
+indexes come from the cache; system=http variants of one service share one warm
+connection) and warmed up, then the queries are timed in randomised blocks: a block is
+one query answered
 by every variant, one call at a time, in a random order; the queries come in a random
 order, ``timing.repeats`` times. Two variants' times of one query are taken moments apart,
 and which of them goes first is a coin flip, so drift and order effects fall on both sides
