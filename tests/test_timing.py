@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from rag_ablate.compare.analysis import compare
-from rag_ablate.compare.model import VariantData
+from rag_ablate.compare.model import Comparison, VariantData
+from rag_ablate.compare.run import run_comparison
 from rag_ablate.compare.timing import apply_timing
-from rag_ablate.config.schema import RunConfig
+from rag_ablate.config.schema import CompareConfig, RunConfig
 from rag_ablate.core.cache import Cache
 from rag_ablate.core.layout import COMPARISON_JSON, COMPARISON_MD, RECORDS_FILE, TIMING_FILE
 from rag_ablate.dataset.load import load_dataset
@@ -202,6 +203,10 @@ def test_a_sweep_times_its_variants_interleaved_and_every_view_says_so(
     assert "## How latency was measured" in (sweep / COMPARISON_MD).read_text(encoding="utf-8")
     assert "How latency was measured" in (sweep / "report.html").read_text(encoding="utf-8")
     assert "how latency was measured: Latency compares the interleaved timing pass" in done.stdout
+    # rag-ablate compare on the folder later uses the same times
+    again = run_comparison(sweep, CompareConfig(B=200), echo=lambda _line: None)
+    assert again.comparison.latency_method == comparison["latency_method"]
+    assert Comparison.from_dict(comparison).latency_method == comparison["latency_method"]
     # the job's own latency stays in its records
     lines = (sweep / "0" / RECORDS_FILE).read_text(encoding="utf-8").splitlines()
     job_latency = [json.loads(line)["metrics"]["latency_ms"] for line in lines]
