@@ -56,8 +56,8 @@ def test_the_first_query_of_a_warm_cached_run_is_no_outlier(
     system.close()
     latency = np.array([r["metrics"]["latency_ms"] for r in records])
     assert info["index.warmup_seconds"] > 0
-    assert latency[0] < 20 * float(np.median(latency)) + 5.0, latency[:5]
-    assert latency.max() < 20 * float(np.median(latency)) + 5.0
+    # jieba's load took ~600 ms against a median under 1 ms; the margin leaves room for a busy machine
+    assert latency.max() < 20 * float(np.median(latency)) + 100.0, latency[:5]
 
 
 def test_the_first_http_query_is_not_charged_for_the_service_warming_up(tiny_dataset: Path) -> None:
