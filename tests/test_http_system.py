@@ -38,7 +38,7 @@ from rag_ablate.records.trace import Record, Trace
 from rag_ablate.run.runner import evaluate
 from rag_ablate.settings import validate_system
 from rag_ablate.systems import SYSTEMS
-from rag_ablate.systems.http import HttpSystem, get_path, render_body, request_values
+from rag_ablate.systems.http import WARMUP_ID, HttpSystem, get_path, render_body, request_values
 from rag_ablate.systems.local import LocalSystem
 from tests.conftest import DOCS, QUERIES, run_module, write_dataset
 
@@ -698,7 +698,10 @@ def test_the_body_template_reaches_the_service(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
-    assert received == [{"q": QUERIES[0]["query"], "k": 10, "params": {"chunk": 40, "tag": "run-q1"}}]
+    # the untimed warm-up request first (its own query id), then the query
+    body = {"q": QUERIES[0]["query"], "k": 10, "params": {"chunk": 40, "tag": "run-q1"}}
+    warm_up = {**body, "params": {"chunk": 40, "tag": f"run-{WARMUP_ID}"}}
+    assert received == [warm_up, body]
     assert records[0]["status"] == "ok" and records[0]["answer"] is None
 
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
 from rag_ablate.compare.mix import MixRow
+from rag_ablate.metrics.registry import spec_of
 from rag_ablate.records.trace import Record
 
 
@@ -286,12 +287,20 @@ class Comparison:
     pairwise: PairwiseReport | None = None  # judge.mode=pairwise (rag_ablate.compare.pairwise); None: not run
     tradeoff: Tradeoff | None = None  # quality against cost (rag_ablate.compare.tradeoff); None: not computed
     gate: list[GateResult] = field(default_factory=list)  # the regression gate's verdicts (compare.gate)
+    latency_method: str = ""  # how the latency rows' times were measured (rag_ablate.compare.timing)
 
     def row(self, split: str, variant: str, metric: str) -> Row | None:
         for r in self.rows:
             if (r.split, r.variant, r.metric) == (split, variant, metric):
                 return r
         return None
+
+    @property
+    def latency_note(self) -> str:
+        """How latency was measured, when the comparison has latency rows (else empty): every view
+        prints it beside them."""
+        timed = any(spec_of(m).family == "timing" for m in self.metrics)
+        return self.latency_method if timed else ""
 
     def pair(self, split: str, variant: str) -> Pair | None:
         for p in self.pairs:
@@ -326,6 +335,7 @@ class Comparison:
             "pairwise": None if self.pairwise is None else self.pairwise.to_dict(),
             "tradeoff": None if self.tradeoff is None else self.tradeoff.to_dict(),
             "gate": [{**_finite(asdict(g)), "verdict": g.verdict} for g in self.gate],
+            "latency_method": self.latency_method,
         }
 
     @classmethod

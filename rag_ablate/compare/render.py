@@ -231,6 +231,8 @@ def format_terminal(c: Comparison) -> str:
     lines += [f"NO-OP: {no_op_text(v)}" for v in c.no_op]
     for n in c.notes:
         lines.append(f"note: {n}")
+    if c.latency_note:
+        lines.append(f"how latency was measured: {c.latency_note}")
     return "\n".join(lines)
 
 
@@ -417,6 +419,8 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
         out += ["## No-op variants", "", *(f"- **NO-OP**: {_md_cell(no_op_text(v))}" for v in c.no_op), ""]
     if c.notes:
         out += ["## Notes", "", *(f"- {n}" for n in c.notes), ""]
+    if c.latency_note:
+        out += ["## How latency was measured", "", c.latency_note, ""]
     out += slice_markdown_lines(c)
     out += ["## Per-query flips", ""]
     for v, by_metric in c.flips.items():

@@ -59,6 +59,7 @@ RUNTIME_KEYS = (
     "hydra",
     "metrics.summary",
     "compare",
+    "timing",  # how latency is measured for the comparison
     "ablation",
     "cache",
     "cost",

@@ -283,6 +283,14 @@ class CompareConfig:
 
 
 @dataclass
+class TimingConfig:
+    # after a sweep's jobs, time every variant's queries again, interleaved in randomised blocks, and
+    # compare latency on those paired times (rag_ablate.run.timing); false = the jobs' own latencies
+    interleave: bool = True
+    repeats: int = 1  # times each query is answered by each variant in the pass (its latency: their median)
+
+
+@dataclass
 class AblationConfig:
     mode: str = "ofat"  # ofat: baseline + one variant per non-default level | grid: full factorial
     dry_run: bool = False  # print the plan (variants, what each changes, job count) and run nothing
@@ -313,6 +321,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)  # how latency is measured for the verdict
     ablation: AblationConfig = field(default_factory=AblationConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     cost: CostConfig = field(default_factory=CostConfig)

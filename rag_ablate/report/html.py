@@ -255,6 +255,8 @@ def _comparison_section(c: Comparison, titles: Mapping[str, str]) -> str:
         )
     if c.notes:
         out.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in c.notes) + "</ul>")
+    if c.latency_note:
+        out.append(f"<h3>How latency was measured</h3><p>{_e(c.latency_note)}</p>")
     return "".join(out)
 
 
