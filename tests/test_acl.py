@@ -334,6 +334,7 @@ def test_system_http_sends_each_users_groups_and_the_reference_service_filters_b
     acl_dataset: Dataset,
 ) -> None:
     from rag_ablate.cli.serve import EvalRequest, ReferenceService, create_app
+    from rag_ablate.systems.http import WARMUP_ID
     from tests.test_http_system import uvicorn_app
 
     def through_http(settings: RunConfig) -> tuple[list[dict[str, Any]], list[EvalRequest]]:
@@ -361,7 +362,7 @@ def test_system_http_sends_each_users_groups_and_the_reference_service_filters_b
 
     base = _settings(top_k=5)
     open_records, seen = through_http(base)
-    sent = {r.query_id: r.user_groups for r in seen}
+    sent = {r.query_id: r.user_groups for r in seen if r.query_id != WARMUP_ID}  # warm-ups: untimed, ignored
     assert sent == {qid: None if g is None else tuple(g) for qid, g in USERS.items()}  # groups in every body
     filtered, _ = through_http(replace(base, retrieval=replace(base.retrieval, acl_filter=True)))
     assert aggregate(open_records)["all/acl_leak_rate_at_10"] > 0

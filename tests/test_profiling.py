@@ -162,7 +162,8 @@ def test_sweep_and_jobs_write_profiles_and_log_them(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     (sweep,) = sorted((tmp_path / "outputs" / "multirun").iterdir())
     data = json.loads((sweep / PROFILE_FILE).read_text(encoding="utf-8"))
-    assert list(data["stages"]) == ["imports", "plan", "store", "jobs", "summary", "compare", "report", "log"]
+    stages = ["imports", "plan", "store", "jobs", "summary", "timing", "compare", "report", "log"]
+    assert list(data["stages"]) == stages
     assert set(data["jobs"]) == {"baseline", "chunk=256"}
     for label, job in data["jobs"].items():
         assert list(job["stages"]) == JOB_STAGES, label
