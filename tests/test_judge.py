@@ -592,7 +592,7 @@ def test_composed_config_selects_and_checks_the_judge() -> None:
     s = compose_settings("judge=openai", "judge.repeats=3")
     assert s.judge.temperature == 0.0 and s.judge.repeats == 3 and s.judge.json_mode is True
     assert [len(s.judge.rubric_zh[m]) for m in JUDGE_METRICS] == [6, 6, 6]
-    with pytest.raises(ConfigError, match=r"judge\.mode must be pointwise or pairwise"):
+    with pytest.raises(ConfigError, match=r"judge\.mode must be one of pointwise \| pairwise, got 'both'"):
         compose_settings("judge=openai", "judge.mode=both")
 
 

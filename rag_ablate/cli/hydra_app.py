@@ -1,7 +1,8 @@
 """The Hydra application: compose the config, run one variant.
 
 A single run (``python -m rag_ablate ...``) that fails prints one line and exits 2
-for an error rag_ablate raises on purpose (a bad dataset, an unusable MLflow store);
+for an error rag_ablate raises on purpose (a bad dataset, an unusable MLflow store; a refused
+config also removes the run folder Hydra made for it);
 anything else exits 1 with Hydra's report. Ctrl-C prints one line with the resume
 command and exits 130 (the run is marked KILLED). Inside a sweep the error is raised
 instead, so Hydra records the job as failed and the sweeper lists it at the end.
@@ -9,8 +10,11 @@ instead, so Hydra records the job as failed and the sweeper lists it at the end.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import signal
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -27,6 +31,20 @@ register_configs()
 register_resolvers()
 
 
+def _remove_refused_run(run_dir: Path, job_name: str) -> None:
+    """Delete the folder Hydra made for a run whose config was refused, when it holds only what
+    Hydra wrote into it (``.hydra/`` and the log): a folder with anything else (``resume=``) stays."""
+    own = {".hydra", f"{job_name}.log"}
+    if not run_dir.is_dir() or not {p.name for p in run_dir.iterdir()} <= own:
+        return
+    hydra_files = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+    if (run_dir / ".hydra").is_dir() and not {p.name for p in (run_dir / ".hydra").iterdir()} <= hydra_files:
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        run_dir.parent.rmdir()  # runs/, when this was its only folder
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     from rag_ablate.run.runner import run_variant
@@ -34,7 +52,13 @@ def main(cfg: DictConfig) -> float | None:
 
     hc = HydraConfig.get()
     try:
-        return run_variant(cfg, to_settings(cfg))
+        try:
+            settings = to_settings(cfg)
+        except RagAblateError:
+            if hc.mode != RunMode.MULTIRUN:  # a refused run leaves no folder behind
+                _remove_refused_run(Path(hc.runtime.output_dir), hc.job.name)
+            raise
+        return run_variant(cfg, settings)
     except KeyboardInterrupt:
         if hc.mode == RunMode.MULTIRUN:
             raise  # the sweeper ends the sweep's runs and says how to resume
