@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from rag_ablate.config.overrides import CONF_DIR, normalize_overrides, numeric_groups, register_resolvers
 from rag_ablate.config.schema import register_configs
 from rag_ablate.core.errors import RagAblateError, one_line
+from rag_ablate.core.fmt import visible
 
 __all__ = ["CONF_DIR", "main", "normalize_overrides", "numeric_groups"]
 
@@ -74,6 +75,6 @@ def main(cfg: DictConfig) -> float | None:
             print(f"rag_ablate: job #{hc.job.num} failed: {one_line(exc)}", file=sys.stderr)
             raise  # recorded by Hydra as a failed job; the sweeper reports it
         if isinstance(exc, RagAblateError):
-            print(f"rag_ablate: error: {exc}", file=sys.stderr)
+            print(f"rag_ablate: error: {visible(str(exc))}", file=sys.stderr)
             sys.exit(2)
         raise
