@@ -333,8 +333,11 @@ def _tradeoff_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from rag_ablate.cli.serve import serve
+    from rag_ablate.core.errors import ConfigError
 
-    return serve(list(args.overrides), host=args.host, port=args.port)
+    if args.max_body_bytes < 1:
+        raise ConfigError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    return serve(list(args.overrides), host=args.host, port=args.port, max_body_bytes=args.max_body_bytes)
 
 
 def cmd_local_llm(args: argparse.Namespace) -> int:
@@ -366,6 +369,7 @@ def cmd_local_llm(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rag_ablate.cli.serve import MAX_BODY_BYTES
     from rag_ablate.config.schema import CompareConfig
     from rag_ablate.core.layout import PINNED_DIR
 
@@ -507,6 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m rag_ablate")
     sv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default %(default)s)")
     sv.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
+    sv.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=MAX_BODY_BYTES,
+        help="larger request bodies get 413 without being read (default %(default)s)",
+    )
     sv.set_defaults(func=cmd_serve)
 
     ll = sub.add_parser(
