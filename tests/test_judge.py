@@ -539,7 +539,7 @@ def test_judge_none_builds_nothing_and_the_default_is_none() -> None:
     [
         ({"base_url": "ftp://x"}, r"judge=openai needs judge\.base_url starting with http"),
         ({"model": None}, r"judge=openai needs judge\.model"),
-        ({"mode": "listwise"}, r"judge\.mode must be pointwise or pairwise, got 'listwise'"),
+        ({"mode": "listwise"}, r"judge\.mode must be one of pointwise \| pairwise, got 'listwise'"),
         ({"repeats": 0}, r"judge\.repeats must be >= 1, got 0"),
         ({"concurrency": 0}, r"judge\.concurrency must be >= 1"),
         ({"max_contexts": 0}, r"judge\.max_contexts must be >= 1"),

@@ -32,6 +32,7 @@ from rag_ablate.config.ranges import (
     Positive,
     Range,
     Share,
+    check_ranges,
 )
 from rag_ablate.core.errors import ConfigError
 
@@ -389,9 +390,8 @@ def _unresolved(exc: OmegaConfBaseException) -> str:
 
 
 def validate_system(s: SystemConfig) -> None:
-    """Ranges of the system settings; system=http needs its base_url."""
-    if not 0.0 <= s.max_error_rate <= 1.0:
-        raise ConfigError(f"system.max_error_rate must be in [0, 1], got {s.max_error_rate}")
+    """Ranges of the system settings (the bounds on its fields); system=http needs its base_url."""
+    check_ranges(s, "system")
     if s.name != "http":
         return
     if not s.base_url:
@@ -404,13 +404,3 @@ def validate_system(s: SystemConfig) -> None:
     for key, path in (("eval_path", s.eval_path), ("chat_path", s.chat_path)):
         if path is not None and not path.startswith("/"):
             raise ConfigError(f"system.{key} must start with '/', got '{path}'")
-    if s.concurrency < 1:
-        raise ConfigError(f"system.concurrency must be >= 1, got {s.concurrency}")
-    if s.timeout_s <= 0:
-        raise ConfigError(f"system.timeout_s must be > 0, got {s.timeout_s}")
-    if s.retries < 0:
-        raise ConfigError(f"system.retries must be >= 0, got {s.retries}")
-    if s.backoff_s < 0 or s.backoff_max_s < 0:
-        raise ConfigError(
-            f"system.backoff_s and system.backoff_max_s must be >= 0, got {s.backoff_s}, {s.backoff_max_s}"
-        )
