@@ -104,3 +104,14 @@ def test_every_config_group_and_option_is_documented() -> None:
         assert f"`{group}`" in README, f"README lacks config group {group}"
         for opt in sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")):
             assert f"`{opt}`" in README, f"README lacks option {group}={opt}"
+
+
+def test_one_line_errors_show_control_characters_as_escapes() -> None:
+    """The one-line errors of failed sweep jobs and refused runs may quote dataset text."""
+    from rag_ablate.core.errors import DatasetError, one_line
+    from rag_ablate.core.fmt import visible
+
+    assert one_line(DatasetError("tag '\x1b[2J\u202e'", file="q.jsonl", line=3)) == (
+        "q.jsonl:3: tag '\\x1b[2J\\u202e'"
+    )
+    assert visible("中文 text, tabs\tand all") == "中文 text, tabs\\tand all"
