@@ -41,6 +41,7 @@ JUDGE_RUNTIME_KEYS = (
     "judge.backoff_s",
     "judge.backoff_max_s",
     "judge.concurrency",
+    "judge.max_error_rate",
 )
 
 
@@ -58,6 +59,7 @@ RUNTIME_KEYS = (
     "hydra",
     "metrics.summary",
     "compare",
+    "timing",  # how latency is measured for the comparison
     "ablation",
     "cache",
     "cost",

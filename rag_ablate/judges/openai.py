@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from rag_ablate.config.ranges import check_ranges
 from rag_ablate.core.errors import ConfigError, GenerationError
 from rag_ablate.generators.base import Context
-from rag_ablate.judges import JUDGE_METRICS, JUDGES, SUPPORT_KEY, JudgeInput
+from rag_ablate.judges import JUDGE_METRICS, JUDGES, SUPPORT_KEY, JudgeInput, asked_metrics
 from rag_ablate.llm.client import ChatClient, ChatResult
 from rag_ablate.metrics.answers import answer_sentences
 from rag_ablate.records.trace import Judgement, JudgeRepeat, JudgeUsage
@@ -210,7 +210,7 @@ def build_prompt(cfg: JudgeConfig, inp: JudgeInput) -> Prompt:
     """The pointwise prompt for one answer (see the module docstring)."""
     lang = language(inp.question)
     order = shuffled_contexts(inp.contexts, inp.query_id, cfg.seed, cfg.max_contexts)
-    asked = tuple(m for m in JUDGE_METRICS if m != "completeness" or inp.references)
+    asked = asked_metrics(bool(inp.references))
     sentences = answer_sentences(inp.answer)
     pairs = []
     for i, (index, passage) in enumerate(inp.citations, 1):
