@@ -6,6 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from rag_ablate.config.ranges import check_ranges
 from rag_ablate.config.schema import CompareConfig, RunConfig, parse_config, validate_system
 from rag_ablate.core.errors import ComparisonError, ConfigError
 
@@ -36,7 +37,9 @@ def check_names(s: RunConfig) -> None:
 
 
 def validate(s: RunConfig) -> None:
-    """Checks that a schema cannot express (registered names, ranges and combinations)."""
+    """Every setting's range and allowed values (declared on the schema's fields, one generic check),
+    then what a field alone cannot say: registered names and combinations."""
+    check_ranges(s, "")
     check_names(s)
     from rag_ablate.tracking.traces import parse_setting
 
@@ -50,49 +53,19 @@ def validate(s: RunConfig) -> None:
         from rag_ablate.judges.openai import validate_judge
 
         validate_judge(s.judge)
+    if not s.metrics.ks:
+        raise ConfigError("metrics.ks must list at least one cut-off, e.g. [1, 5, 10]")
     c = s.chunk
-    if c.size < 1:
-        raise ConfigError(f"chunk.size must be >= 1, got {c.size}")
     if not 0 <= c.overlap < c.size:
         raise ConfigError(f"chunk.overlap must be in [0, chunk.size={c.size}), got {c.overlap}")
-    if c.unit not in ("auto", "char", "token"):
-        raise ConfigError(f"chunk.unit must be auto, char or token, got '{c.unit}'")
-    if s.retrieval.top_k < 1:
-        raise ConfigError(f"retrieval.top_k must be >= 1, got {s.retrieval.top_k}")
-    if s.timing.repeats < 1:
-        raise ConfigError(f"timing.repeats must be >= 1, got {s.timing.repeats}")
-    dense = s.retrieval.dense
-    if dense.approximate_above < 0 or dense.build_threads < 1:
-        raise ConfigError(
-            "retrieval.dense.approximate_above must be >= 0 and retrieval.dense.build_threads >= 1, "
-            f"got {dense.approximate_above} and {dense.build_threads}"
-        )
-    if not s.metrics.ks or any(k < 1 for k in s.metrics.ks):
-        raise ConfigError(f"metrics.ks must be positive integers, got {s.metrics.ks}")
     if s.rerank.method != "none" and not 1 <= s.rerank.top_k <= s.rerank.candidates:
         raise ConfigError(
             f"rerank.top_k={s.rerank.top_k} must be in [1, rerank.candidates={s.rerank.candidates}]"
         )
-    if not 0.0 <= s.retrieval.hybrid.weight <= 1.0:
-        raise ConfigError(f"retrieval.hybrid.weight must be in [0, 1], got {s.retrieval.hybrid.weight}")
-    g = s.generator
-    if g.max_chunks < 1 or g.max_sentences < 1:
-        raise ConfigError(
-            "generator.max_chunks and generator.max_sentences must be >= 1, "
-            f"got {g.max_chunks}, {g.max_sentences}"
-        )
-    if not 0.0 <= g.min_support < 1.0:
-        raise ConfigError(f"generator.min_support must be in [0, 1), got {g.min_support}")
-    if not 0.0 < s.metrics.citation_support <= 1.0:
-        raise ConfigError(f"metrics.citation_support must be in (0, 1], got {s.metrics.citation_support}")
-    if s.ablation.mode not in ("ofat", "grid"):
-        raise ConfigError(f"ablation.mode must be ofat or grid, got '{s.ablation.mode}'")
     if s.cost.model is not None and s.cost.model not in s.cost.prices:
         known = ", ".join(sorted(s.cost.prices)) or "none (add them under cost.prices)"
         raise ConfigError(f"cost.model '{s.cost.model}' has no price in cost.prices; known: {known}")
     validate_compare(s.compare)
-    if not 0.0 < s.dataset.holdout_share < 1.0:
-        raise ConfigError(f"dataset.holdout_share must be in (0, 1), got {s.dataset.holdout_share}")
     from rag_ablate.dataset.weights import check_settings as check_weights
 
     check_weights(s.dataset)  # slice_weights finite and >= 0 (the tags are checked against the data)
@@ -100,10 +73,7 @@ def validate(s: RunConfig) -> None:
 
 def validate_compare(c: CompareConfig) -> None:
     """The comparison's settings, for a sweep (``compare.*``) and for ``rag-ablate compare`` alike."""
-    if c.B < 100:
-        raise ConfigError(f"compare.B must be >= 100, got {c.B}")
-    if not 0.0 < c.alpha < 1.0:
-        raise ConfigError(f"compare.alpha must be in (0, 1), got {c.alpha}")
+    check_ranges(c, "compare")
     from rag_ablate.compare.tradeoff import check_settings
 
     check_settings(c)

@@ -184,7 +184,7 @@ def test_unknown_factor_key_suggests_the_nearest_setting() -> None:
         ),
         (
             ["chunk=256,512", "rerank.top_k=0", "rerank=biencoder"],
-            "invalid the baseline (the config every job starts from): rerank.top_k=0 must be in",
+            "invalid the baseline (the config every job starts from): rerank.top_k must be >= 1, got 0",
         ),
         (
             ["chunk=256,512", "router=centroid,nearest", "ablation.mode=grid", "chunk.overlap=300"],

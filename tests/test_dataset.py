@@ -71,6 +71,29 @@ def test_duplicate_query_id(tmp_path: Path) -> None:
     _expect(tmp_path, queries=qs, file="queries.jsonl", line=3, field="query_id", match="duplicate query_id")
 
 
+@pytest.mark.parametrize(
+    "bad_id",
+    ["q 1", "q1 ", "q\t1", "q\n1", "q\x001", "q\x1b[31m1", "q\u30001", "q\u00a01", "q\u200b1", "q\u202e1"],
+    ids=["space", "trailing", "tab", "newline", "nul", "escape", "ideographic", "nbsp", "zero-width", "rtl"],
+)
+def test_ids_with_whitespace_or_control_characters_are_refused(tmp_path: Path, bad_id: str) -> None:
+    """TREC files split columns on whitespace, a NUL ends a C string, an ESC acts on a terminal:
+    such ids fail validation with file, line and field, before anything runs."""
+    qs = _queries()
+    qs[1]["query_id"] = bad_id
+    err = _expect(
+        tmp_path / "q",
+        queries=qs,
+        file="queries.jsonl",
+        line=2,
+        field="query_id",
+        match="must be free of whitespace",
+    ).errors[0]
+    assert "\x1b" not in str(err) and "\x00" not in str(err) and "\n" not in str(err)
+    docs = [*DOCS, {"doc_id": bad_id.replace("q", "d"), "text": "a document"}]
+    _expect(tmp_path / "d", docs=docs, file="corpus.jsonl", line=len(docs), field="doc_id", match="doc_id ")
+
+
 def test_missing_text(tmp_path: Path) -> None:
     docs = copy.deepcopy(DOCS)
     docs[1]["text"] = "   "

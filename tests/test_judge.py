@@ -539,7 +539,7 @@ def test_judge_none_builds_nothing_and_the_default_is_none() -> None:
     [
         ({"base_url": "ftp://x"}, r"judge=openai needs judge\.base_url starting with http"),
         ({"model": None}, r"judge=openai needs judge\.model"),
-        ({"mode": "listwise"}, r"judge\.mode must be pointwise or pairwise, got 'listwise'"),
+        ({"mode": "listwise"}, r"judge\.mode must be one of pointwise \| pairwise, got 'listwise'"),
         ({"repeats": 0}, r"judge\.repeats must be >= 1, got 0"),
         ({"concurrency": 0}, r"judge\.concurrency must be >= 1"),
         ({"max_contexts": 0}, r"judge\.max_contexts must be >= 1"),
@@ -592,7 +592,7 @@ def test_composed_config_selects_and_checks_the_judge() -> None:
     s = compose_settings("judge=openai", "judge.repeats=3")
     assert s.judge.temperature == 0.0 and s.judge.repeats == 3 and s.judge.json_mode is True
     assert [len(s.judge.rubric_zh[m]) for m in JUDGE_METRICS] == [6, 6, 6]
-    with pytest.raises(ConfigError, match=r"judge\.mode must be pointwise or pairwise"):
+    with pytest.raises(ConfigError, match=r"judge\.mode must be one of pointwise \| pairwise, got 'both'"):
         compose_settings("judge=openai", "judge.mode=both")
 
 

@@ -219,3 +219,74 @@ def test_the_printed_link_opens_the_ranked_runs_view(sweep: dict[str, Any], tmp_
             assert dom.index(f">{best}<") < dom.index(f">{other}<")
         if os.environ.get("RAG_ABLATE_SCREENSHOT"):  # refresh docs/img/mlflow-ui.png by hand
             chromium(match[1], tmp_path / "profile2", f"--screenshot={os.environ['RAG_ABLATE_SCREENSHOT']}")
+
+
+# --------------------------------------------------------------------------- hostile text in descriptions
+
+HOSTILE_TAG = "<img src=x onerror=alert(1)>"
+HOSTILE_LABEL = "<b>bold</b>|[x](http://127.0.0.1:9/)"
+
+
+def _hostile_descriptions() -> tuple[str, str]:
+    """The sweep's and the variant's description of a comparison whose dataset tag, variant label,
+    baseline name and failure line carry HTML and Markdown."""
+    from rag_ablate.report.mlflow_ui import child_description, sweep_description
+    from tests.test_slices import _section, crafted
+
+    variants = crafted()
+    for v in variants:
+        for rec in v.records:
+            rec["tags"] = [HOSTILE_TAG if t == "multi_doc" else t for t in rec.get("tags") or []]
+    variants[1].label = HOSTILE_LABEL
+    c, _ = _section(variants)
+    summaries = [{"label": v.label, "metrics": {"dev/recall_at_5": 0.5}} for v in variants]
+    sweep = sweep_description(
+        c, summaries, "recall_at_5", "<i>base</i>", failed=["job #2 <script>alert(1)</script>"]
+    )
+    return sweep, child_description(c, HOSTILE_LABEL, "recall_at_5")
+
+
+def test_descriptions_show_html_and_markdown_from_the_data_as_text() -> None:
+    sweep, child = _hostile_descriptions()
+    for text in (sweep, child):
+        assert "<img" not in text and "<b>" not in text and "<script" not in text and "<i>" not in text
+        assert not re.search(r"(?<!\\)\]\(", text)  # no link: [ and ] escaped
+    assert "&lt;img src=x onerror=alert(1)&gt;" in child and "&lt;b&gt;bold&lt;/b&gt;" in sweep
+    assert "&lt;i&gt;base&lt;/i&gt;" in sweep and "&lt;script&gt;" in sweep and "\\[x\\]" in sweep
+    # the label's '|' cannot end the table cell: every row has the header's number of cells
+    rows = [line for line in sweep.splitlines() if line.startswith("|")]
+    cells = {len(re.split(r"(?<!\\)\|", row)) for row in rows}
+    assert len(cells) == 1, rows
+
+
+@pytest.mark.slow
+def test_the_mlflow_ui_shows_html_from_the_data_as_text(tmp_path: Path) -> None:
+    """In headless Chromium, MLflow's run page renders a description's HTML (the control run shows a
+    real <b> and <img>); the descriptions rag_ablate writes show the same markup as text."""
+    from mlflow.tracking import MlflowClient
+
+    require_chromium()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("hostile")
+    control = client.create_run(exp).info.run_id
+    client.set_tag(control, NOTE, "control: <b>bold</b> <img src=x>")
+    sweep, child = _hostile_descriptions()
+    runs = {}
+    for name, text in (("sweep", sweep), ("child", child)):
+        runs[name] = client.create_run(exp).info.run_id
+        client.set_tag(runs[name], NOTE, text)
+    with mlflow_ui(tmp_path / "ui.log", uri=uri) as port:
+
+        def page(run_id: str) -> str:
+            url = f"http://127.0.0.1:{port}/#/experiments/{exp}/runs/{run_id}"
+            return chromium(url, tmp_path / f"profile-{run_id}", "--dump-dom", window="1900,1200")
+
+        dom = page(control)
+        assert "<b>bold</b>" in dom and '<img src="x"' in dom  # the UI renders HTML: the test can fail
+        dom = page(runs["sweep"])
+        assert "Verdict against &lt;i&gt;base&lt;/i&gt;" in dom and "&lt;b&gt;bold&lt;/b&gt;" in dom
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom and "<script>alert" not in dom
+        assert "<b>bold" not in dom and "<i>base" not in dom and 'href="http://127.0.0.1:9/' not in dom
+        dom = page(runs["child"])
+        assert "tag=&lt;img src=x onerror=alert(1)&gt;" in dom and '<img src="x"' not in dom

@@ -458,3 +458,96 @@ def test_a_sentence_shared_by_overlapping_chunks_is_quoted_once() -> None:
     ans = extractive_answer("how many days do refunds of gift cards take", [first, second])
     assert ans.text == "Refunds of gift cards take ten days. [1] Refunds take five days. [2]"
     assert [c.chunk_id for c in ans.citations] == ["D#1", "D#0"]
+
+
+# --------------------------------------------------------------------------- hostile requests
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+LONG_NUMBER = b'{"query": "refunds", "query_id": "n", "top_k": ' + b"7" * 100_000 + b"}"
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (DEEP, "deeper than 16"),
+        (
+            b'{"query": "q", "query_id": "a", "top_k": 1, "params": ' + b'{"a": ' * 17 + b"1" + b"}" * 18,
+            "deeper",
+        ),
+        (LONG_NUMBER, "100000 characters"),
+        (b'{"query": "q", "query_id": "a", "top_k": 1.' + b"5" * 70 + b"}", "72 characters"),
+        (b'{"query": "q", "query_id": "a", "top_k": NaN}', "NaN is not a JSON value"),
+    ],
+    ids=["deep-array", "deep-params", "long-int", "long-float", "nan"],
+)
+def test_parse_request_refuses_deep_nesting_and_long_numbers_with_400(raw: bytes, words: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        parse_request(raw)
+    assert caught.value.status == 400 and caught.value.field == "body" and words in caught.value.message
+
+
+def _raw(
+    svc: Service, head: str, parts: list[bytes], *, close_early: bool = False
+) -> tuple[int, dict[str, Any]]:
+    """Send a request over a plain socket (headers ``head``, then ``parts``); its status and JSON body.
+    ``close_early``: leave after sending, without reading (status 0)."""
+    import socket
+
+    host, port = svc.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST /rag/eval HTTP/1.1\r\nHost: {host}\r\n{head}\r\n".encode())
+        with contextlib.suppress(OSError):  # the server may answer, and stop reading, before the end
+            for part in parts:
+                sock.sendall(part)
+        if close_early:
+            return 0, {}
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _length(data):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, json.loads(data.split(b"\r\n\r\n", 1)[1] or b"{}")
+
+
+def _length(data: bytes) -> int:
+    head = data.split(b"\r\n\r\n", 1)[0].decode().lower()
+    return next(
+        (int(line.split(":")[1]) for line in head.splitlines() if line.startswith("content-length:")), 0
+    )
+
+
+@pytest.mark.slow
+def test_oversized_deep_and_long_number_bodies_get_json_errors_at_once(base: Service) -> None:
+    t0 = time.perf_counter()
+    # a 60 MB body announced by its Content-Length: refused before any of it is read
+    status, body = _raw(base, "Content-Type: application/json\r\nContent-Length: 60000000\r\n", [b"{"])
+    assert status == 413 and body["field"] == "body" and "limit is 1000000" in body["error"]
+    # no Content-Length (chunked): refused once 1 MB has arrived
+    chunk = b"x" * 65536
+    parts = [f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"] * 32 + [b"0\r\n\r\n"]
+    status, body = _raw(base, "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n", parts)
+    assert status == 413 and "limit is 1000000" in body["error"]
+    for raw, words in ((DEEP, "deeper than"), (LONG_NUMBER, "characters; the limit")):
+        r = post(base, "/rag/eval", raw)
+        assert r.status_code == 400 and words in r.json()["error"], r.text
+    assert time.perf_counter() - t0 < 10
+    assert not base.log_lines("Traceback") and not base.log_lines(" 500 ")
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_mid_body_costs_no_work_and_no_traceback(base: Service) -> None:
+    head = "Content-Type: application/json\r\nContent-Length: 500000\r\n"
+    _raw(
+        base,
+        head,
+        [b'{"query": "refunds", "query_id": "gone-1", "top_k": 3, "pad": "' + b"x" * 1000],
+        close_early=True,
+    )
+    deadline = time.monotonic() + 10
+    while not base.log_lines("POST /rag/eval 499") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert base.log_lines("POST /rag/eval 499"), base.log.read_text()[-2000:]
+    assert not base.log_lines("Traceback")
+    assert httpx.get(f"{base.url}/health", timeout=5).status_code == 200

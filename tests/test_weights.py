@@ -310,9 +310,7 @@ def test_slice_weights_on_the_command_line_compose_and_a_negative_one_fails_at_c
     assert s.dataset.slice_weights == {"edge": 0.05, "numeric": 0.5}
     assert s.dataset.edge_tags == ["edge", "x"]
     assert to_settings(_compose([])).dataset.edge_tags == ["edge"]
-    with pytest.raises(
-        ConfigError, match=r"dataset\.slice_weights\.numeric must be a finite number >= 0, got -1"
-    ):
+    with pytest.raises(ConfigError, match=r"dataset\.slice_weights\.numeric must be >= 0, got -1"):
         to_settings(_compose(["++dataset.slice_weights={numeric: -1}"]))
 
 

@@ -4,15 +4,19 @@ A single run (``python -m rag_ablate ...``) that fails on an error rag_ablate ra
 prints one line and exits with the error's code (:func:`rag_ablate.core.errors.exit_code_of`:
 2 when nothing ran, a bad config or dataset or an unusable MLflow store; 1 when something failed,
 a stage over its error budget or an endpoint that is down); anything else exits 1 with Hydra's
-report. Ctrl-C prints one line with the resume
+report. A refused config also removes the run folder Hydra made for it. Ctrl-C prints one line
+with the resume
 command and exits 130 (the run is marked KILLED). Inside a sweep the error is raised
 instead, so Hydra records the job as failed and the sweeper lists it at the end.
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import signal
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -22,11 +26,26 @@ from omegaconf import DictConfig
 from rag_ablate.config.overrides import CONF_DIR, normalize_overrides, numeric_groups, register_resolvers
 from rag_ablate.config.schema import register_configs
 from rag_ablate.core.errors import RagAblateError, exit_code_of, one_line
+from rag_ablate.core.fmt import visible
 
 __all__ = ["CONF_DIR", "main", "normalize_overrides", "numeric_groups"]
 
 register_configs()
 register_resolvers()
+
+
+def _remove_refused_run(run_dir: Path, job_name: str) -> None:
+    """Delete the folder Hydra made for a run whose config was refused, when it holds only what
+    Hydra wrote into it (``.hydra/`` and the log): a folder with anything else (``resume=``) stays."""
+    own = {".hydra", f"{job_name}.log"}
+    if not run_dir.is_dir() or not {p.name for p in run_dir.iterdir()} <= own:
+        return
+    hydra_files = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+    if (run_dir / ".hydra").is_dir() and not {p.name for p in (run_dir / ".hydra").iterdir()} <= hydra_files:
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        run_dir.parent.rmdir()  # runs/, when this was its only folder
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -36,7 +55,13 @@ def main(cfg: DictConfig) -> float | None:
 
     hc = HydraConfig.get()
     try:
-        return run_variant(cfg, to_settings(cfg))
+        try:
+            settings = to_settings(cfg)
+        except RagAblateError:
+            if hc.mode != RunMode.MULTIRUN:  # a refused run leaves no folder behind
+                _remove_refused_run(Path(hc.runtime.output_dir), hc.job.name)
+            raise
+        return run_variant(cfg, settings)
     except KeyboardInterrupt:
         if hc.mode == RunMode.MULTIRUN:
             raise  # the sweeper ends the sweep's runs and says how to resume
@@ -52,6 +77,6 @@ def main(cfg: DictConfig) -> float | None:
             print(f"rag_ablate: job #{hc.job.num} failed: {one_line(exc)}", file=sys.stderr)
             raise  # recorded by Hydra as a failed job; the sweeper reports it
         if isinstance(exc, RagAblateError):
-            print(f"rag_ablate: error: {exc}", file=sys.stderr)
+            print(f"rag_ablate: error: {visible(str(exc))}", file=sys.stderr)
             sys.exit(exit_code_of(exc))
         raise

@@ -23,9 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from rag_ablate import __version__
 from rag_ablate.core.errors import RagAblateError, exit_code_of
+from rag_ablate.core.fmt import visible
 
 if TYPE_CHECKING:
     from rag_ablate.config.schema import CompareConfig
+
+
+def _say(text: str, *, file: Any = None) -> None:
+    """Print a line that may hold dataset text (ids, queries, group names, errors quoting them) with
+    control characters shown as escapes, so a planted ESC sequence cannot act on the terminal."""
+    print(visible(text), file=file)
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -71,14 +78,14 @@ def _print_summary(summary: dict[str, Any]) -> None:
         )
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
-        print(f"{k.ljust(width)}  {v}")
-    print("largest groups:")
+        _say(f"{k.ljust(width)}  {v}")
+    _say("largest groups:")
     for g, n in summary["largest_groups"]:
-        print(f"  {n:>3}  {g}")
+        _say(f"  {n:>3}  {g}")
         for ex in summary["group_examples"].get(g, []):
-            print(f"         e.g. {ex}")
+            _say(f"         e.g. {ex}")
     corpus, queries = summary["corpus_fingerprint"][:12], summary["queries_fingerprint"][:12]
-    print(f"fingerprints  corpus {corpus}  queries {queries}")
+    _say(f"fingerprints  corpus {corpus}  queries {queries}")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -91,11 +98,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
             args.dataset_dir, holdout_share=args.holdout_share, seed=args.seed, human_metrics=human_metrics()
         )
     except DatasetValidationError as exc:
-        print(f"invalid dataset: {len(exc.errors)} problem(s)", file=sys.stderr)
+        _say(f"invalid dataset: {len(exc.errors)} problem(s)", file=sys.stderr)
         for e in exc.errors[:50]:
-            print(f"  {e}", file=sys.stderr)
+            _say(f"  {e}", file=sys.stderr)
         if len(exc.errors) > 50:
-            print(f"  ... and {len(exc.errors) - 50} more", file=sys.stderr)
+            _say(f"  ... and {len(exc.errors) - 50} more", file=sys.stderr)
         return 1
     from rag_ablate.dataset.labels import check_dataset_labels, fix_queries
 
@@ -113,25 +120,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
             {"line": c.line, "field": c.field, "status": c.status, "message": c.message()}
             for c in labels.issues
         ]
-        print(json.dumps(summary, ensure_ascii=False, indent=1))
+        print(json.dumps(summary, ensure_ascii=False, indent=1))  # JSON escapes control characters
     else:
         _print_summary(summary)
         if labels.checked:
-            print(
+            _say(
                 f"evidence quotes  {labels.checked} checked: {labels.checked - len(labels.issues)} at their "
                 f"offsets, {labels.relocated} relocated, {labels.stale} stale, {labels.ambiguous} ambiguous"
             )
         for line in lines:
-            print(f"  {line}")
+            _say(f"  {line}")
         if fixed is not None:
-            print(
+            _say(
                 f"written {fixed[0]}: {fixed[1]} label(s) relocated"
                 + (f"; {unresolved} stale or ambiguous label(s) left as written" if unresolved else "")
             )
         elif labels.relocated:
-            print(f"  {labels.relocated} label(s) relocated at load; --fix OUT writes them to a copy")
+            _say(f"  {labels.relocated} label(s) relocated at load; --fix OUT writes them to a copy")
         if not unresolved:
-            print("OK: the dataset follows the contract.")
+            _say("OK: the dataset follows the contract.")
     if unresolved:
         print(
             f"NOT OK: {unresolved} evidence label(s) stale or ambiguous (left out of evidence_recall): "
@@ -326,8 +333,11 @@ def _tradeoff_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from rag_ablate.cli.serve import serve
+    from rag_ablate.core.errors import ConfigError
 
-    return serve(list(args.overrides), host=args.host, port=args.port)
+    if args.max_body_bytes < 1:
+        raise ConfigError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    return serve(list(args.overrides), host=args.host, port=args.port, max_body_bytes=args.max_body_bytes)
 
 
 def cmd_local_llm(args: argparse.Namespace) -> int:
@@ -359,6 +369,7 @@ def cmd_local_llm(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rag_ablate.cli.serve import MAX_BODY_BYTES
     from rag_ablate.config.schema import CompareConfig
     from rag_ablate.core.layout import PINNED_DIR
 
@@ -500,6 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m rag_ablate")
     sv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default %(default)s)")
     sv.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
+    sv.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=MAX_BODY_BYTES,
+        help="larger request bodies get 413 without being read (default %(default)s)",
+    )
     sv.set_defaults(func=cmd_serve)
 
     ll = sub.add_parser(
@@ -538,7 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except RagAblateError as exc:
-        print(f"rag-ablate: error: {exc}", file=sys.stderr)
+        _say(f"rag-ablate: error: {exc}", file=sys.stderr)
         return exit_code_of(exc)  # 2 when nothing ran (bad input), 1 when something failed
 
 

@@ -26,9 +26,11 @@ reads by default (README "Evaluate your own RAG service over HTTP"):
 ``GET /health``
     ``{"status": "ok", ...}`` once the index is built (the service listens only then).
 
-A request the service cannot read gets 400 (not JSON, or not an object) or 422 (a field
-is missing or has the wrong type) with ``{"error": message, "field": name}``. Every
-request is logged as one line on stderr.
+A request the service cannot read gets 400 (not JSON, not an object, arrays or objects nested
+deeper than ``MAX_DEPTH``, a number longer than ``MAX_NUMBER_CHARS`` characters), 413 (a body over
+``--max-body-bytes``, 1 MB by default, refused from its Content-Length or as it arrives) or 422 (a
+field is missing or has the wrong type) with ``{"error": message, "field": name}``. A client that
+leaves before its query runs costs no pipeline work. Every request is logged as one line on stderr.
 
 Starlette and uvicorn are imported inside :func:`create_app` and :func:`serve` only, so
 runs and every other command never import them.
@@ -71,6 +73,10 @@ PIECE_CHARS = 6  # characters per streamed delta event
 PIECE_DELAY_S = 0.004  # pause between two delta events
 ANSWER_CHUNKS = 3  # generator=none: the extractive answer reads the sentences of this many top chunks
 USAGE_COUNT = "local"  # usage["count"]: token counts are rag_ablate's own count, not a model tokenizer's
+MAX_BODY_BYTES = 1_000_000  # a larger body gets 413 unread (rag-ablate serve --max-body-bytes)
+MAX_DEPTH = 16  # JSON arrays and objects nested deeper: 400 (the wire format needs 2)
+MAX_NUMBER_CHARS = 64  # a number written with more characters: 400 (before Python converts it)
+CLIENT_GONE = 499  # logged for a request whose client left before its answer (nginx's code)
 
 log = logging.getLogger("rag_ablate.cli.serve")
 
@@ -145,12 +151,50 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _number_text(text: str) -> str:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise RequestError(
+            400, "body", f"a number in the body has {len(text)} characters; the limit is {MAX_NUMBER_CHARS}"
+        )
+    return text
+
+
+def _int(text: str) -> int:
+    return int(_number_text(text))
+
+
+def _float(text: str) -> float:
+    return float(_number_text(text))
+
+
+def _no_constant(text: str) -> float:
+    raise RequestError(400, "body", f"the body is not JSON: {text} is not a JSON value")
+
+
+def _depth(value: Any) -> int:
+    """How deeply arrays and objects nest in a parsed body (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level)
+            if level <= MAX_DEPTH:  # deeper is refused anyway: stop looking
+                stack.extend((v, level + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
 def parse_request(raw: bytes) -> EvalRequest:
     """Read and check a request body; raises :class:`RequestError` naming the field."""
     try:
-        body = json.loads(raw.decode("utf-8"))
+        body = json.loads(
+            raw.decode("utf-8"), parse_int=_int, parse_float=_float, parse_constant=_no_constant
+        )
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(400, "body", f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError(400, "body", f"the body nests arrays or objects deeper than {MAX_DEPTH}") from None
+    if _depth(body) > MAX_DEPTH:
+        raise RequestError(400, "body", f"the body nests arrays or objects deeper than {MAX_DEPTH}")
     if not isinstance(body, dict):
         raise RequestError(400, "body", f"the body must be a JSON object, got {type(body).__name__}")
     for name in ("query", "query_id"):
@@ -383,37 +427,73 @@ def answer_generator(settings: RunConfig) -> Generator:
 
 
 def create_app(
-    service: ReferenceService, *, piece_chars: int = PIECE_CHARS, piece_delay_s: float = PIECE_DELAY_S
+    service: ReferenceService,
+    *,
+    piece_chars: int = PIECE_CHARS,
+    piece_delay_s: float = PIECE_DELAY_S,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> Starlette:
-    """The Starlette application of ``service``: the two endpoints, /health and the request log."""
+    """The Starlette application of ``service``: the two endpoints, /health and the request log.
+
+    A body over ``max_body_bytes`` gets 413: at once when its Content-Length says so, else as soon
+    as that much has arrived (the rest is never read). A client that leaves while its body arrives or
+    while its query waits for the pipeline costs no pipeline work (logged as 499)."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+    pipeline = asyncio.Lock()  # one query at a time; a waiting request whose client left is skipped
+
+    def too_large(size: str) -> RequestError:
+        return RequestError(
+            413, "body", f"the body is {size} bytes; the limit is {max_body_bytes} (serve --max-body-bytes)"
+        )
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            raise too_large(declared)
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > max_body_bytes:
+                raise too_large(f"over {max_body_bytes}")
+            parts.append(part)
+        return b"".join(parts)
+
     async def traced(request: Request) -> tuple[EvalRequest, Trace, float]:
-        req = parse_request(await request.body())
+        req = parse_request(await read_body(request))
         request.state.query_id = req.query_id
-        t0 = time.perf_counter()
-        trace = await run_in_threadpool(service.run, req)
+        async with pipeline:
+            if await request.is_disconnected():
+                raise ClientDisconnect
+            t0 = time.perf_counter()
+            trace = await run_in_threadpool(service.run, req)
         return req, trace, (time.perf_counter() - t0) * 1000
+
+    def refused(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, RequestError):
+            return JSONResponse(exc.to_dict(), status_code=exc.status)
+        request.state.detail = "client gone"  # nobody reads this answer
+        return Response(status_code=CLIENT_GONE)
 
     async def rag_eval(request: Request) -> Response:
         try:
             _, trace, ms = await traced(request)
-        except RequestError as exc:
-            return JSONResponse(exc.to_dict(), status_code=exc.status)
+        except (RequestError, ClientDisconnect) as exc:
+            return refused(request, exc)
         request.state.detail = f"retrieved={len(trace.retrieved)}"
         return JSONResponse(service.eval_response(trace, ms))
 
     async def rag_chat(request: Request) -> Response:
         try:
             req, trace, _ = await traced(request)
-        except RequestError as exc:
-            return JSONResponse(exc.to_dict(), status_code=exc.status)
+        except (RequestError, ClientDisconnect) as exc:
+            return refused(request, exc)
         ans, done = service.answer(req, trace)
         request.state.detail = f"answer_chars={len(ans.answer)} citations={len(ans.citations)}"
 
@@ -490,7 +570,9 @@ def create_app(
     return app
 
 
-def serve(overrides: list[str], host: str = "127.0.0.1", port: int = 8000) -> int:
+def serve(
+    overrides: list[str], host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = MAX_BODY_BYTES
+) -> int:
     """Build the index for ``overrides``, then serve it until interrupted (Ctrl-C, SIGTERM)."""
     import uvicorn
 
@@ -511,7 +593,12 @@ def serve(overrides: list[str], host: str = "127.0.0.1", port: int = 8000) -> in
         flush=True,
     )
     config = uvicorn.Config(
-        create_app(service), host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+        create_app(service, max_body_bytes=max_body_bytes),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
     )
     server = uvicorn.Server(config)
 

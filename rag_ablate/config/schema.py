@@ -12,14 +12,31 @@ field carries one comment saying what it means.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rag_ablate.config.ranges import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    FINITE,
+    OPEN_SHARE,
+    Count,
+    Count0,
+    NonNeg,
+    OneOf,
+    Positive,
+    Range,
+    Share,
+    check_ranges,
+)
 from rag_ablate.core.errors import ConfigError
+
+BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")  # bm25s's scoring variants
 
 
 @dataclass
@@ -55,12 +72,12 @@ class SystemConfig:
     headers: dict[str, str] = field(default_factory=dict)  # http: request headers; values never logged
     body: dict[str, Any] = field(default_factory=dict)  # http: request body template; {} = the wire format
     response: HttpResponseConfig = field(default_factory=HttpResponseConfig)  # http: response mappings
-    concurrency: int = 8  # http: queries in flight at once (each sends its eval and chat requests together)
-    timeout_s: float = 30.0  # http: connect and read timeout of each request, seconds
-    retries: int = 3  # http: resends on connect errors, 5xx and 429 (exponential backoff with jitter)
-    backoff_s: float = 0.5  # http: first backoff delay, seconds; doubles per retry (Retry-After wins)
-    backoff_max_s: float = 30.0  # http: the longest wait between two tries, Retry-After included
-    max_error_rate: float = 0.05  # the error budget: a run whose share of failed queries is above it
+    concurrency: Count = 8  # http: queries in flight at once (each sends its eval and chat requests together)
+    timeout_s: Positive = 30.0  # http: connect and read timeout of each request, seconds
+    retries: Count0 = 3  # http: resends on connect errors, 5xx and 429 (exponential backoff with jitter)
+    backoff_s: NonNeg = 0.5  # http: first backoff delay, seconds; doubles per retry (Retry-After wins)
+    backoff_max_s: NonNeg = 30.0  # http: the longest wait between two tries, Retry-After included
+    max_error_rate: Share = 0.05  # the error budget: a run whose share of failed queries is above it
     # fails (exit 1), local and http alike; queries failed by the generator or reranker count here
 
 
@@ -68,27 +85,31 @@ class SystemConfig:
 class DatasetConfig:
     name: str | None = None  # label in run names, tags and variant.json; null = the folder's name
     path: str | None = None  # dataset folder (docs/dataset-format.md); null = embedded sample
-    holdout_share: float = 0.3  # target share of queries in holdout when splits are assigned
-    group_threshold: float = 0.7  # char 4-gram Jaccard at which queries count as near-duplicates
-    slice_weights: dict[str, float] = field(default_factory=dict)  # production mix: tag -> weight
+    # target share of queries in holdout when splits are assigned
+    holdout_share: Annotated[float, OPEN_SHARE] = 0.3
+    group_threshold: Share = 0.7  # char 4-gram Jaccard at which queries count as near-duplicates
+    # production mix: tag -> weight
+    slice_weights: Annotated[dict[str, float], AT_LEAST_0] = field(default_factory=dict)
     edge_tags: list[str] = field(default_factory=lambda: ["edge"])  # weigh 0 unless in slice_weights
 
 
 @dataclass
 class ChunkConfig:
-    size: int = 512  # chunk length in units (characters for CJK text, tokens otherwise)
-    overlap: int = 64  # units shared by consecutive chunks; must be < size
-    unit: str = "auto"  # auto | char | token
+    size: Count = 512  # chunk length in units (characters for CJK text, tokens otherwise)
+    overlap: Count0 = 64  # units shared by consecutive chunks; must be < size
+    unit: Annotated[str, OneOf("auto", "char", "token")] = "auto"  # auto | char | token
     snap: bool = True  # end chunks at a sentence boundary when one lies in the last 30% of the window
     include_title: bool = True  # prefix the document title to every chunk's indexed text
 
 
 @dataclass
 class BM25Config:
-    k1: float = 1.5  # term-frequency saturation
-    b: float = 0.75  # length normalisation
-    method: str = "lucene"  # bm25s scoring variant: lucene | robertson | atire | bm25l | bm25+
-    analyzer: str = "auto"  # auto | zh (jieba) | en (lowercase words, stopwords)
+    k1: NonNeg = 1.5  # term-frequency saturation
+    b: Share = 0.75  # length normalisation
+    # bm25s scoring variant: lucene | robertson | atire | bm25l | bm25+
+    method: Annotated[str, OneOf(*BM25_METHODS)] = "lucene"
+    # auto | zh (jieba) | en (lowercase words, stopwords)
+    analyzer: Annotated[str, OneOf("auto", "zh", "en")] = "auto"
 
 
 @dataclass
@@ -96,25 +117,25 @@ class DenseConfig:
     encoder: str = (
         "auto"  # auto (e5-small for Chinese corpora, minilm otherwise) | minilm | e5-small | st:<folder>
     )
-    batch_size: int = 32  # texts per encoder batch
+    batch_size: Count = 32  # texts per encoder batch
     index: str = "auto"  # auto (exact up to approximate_above chunks, usearch above) | exact | usearch
-    approximate_above: int = 1_000_000  # index=auto: chunks above which the approximate HNSW index is used
-    build_threads: int = 1  # usearch build threads (1: the same graph every run; more: faster, varies)
+    approximate_above: Count0 = 1_000_000  # index=auto: chunks above which the approximate HNSW index is used
+    build_threads: Count = 1  # usearch build threads (1: the same graph every run; more: faster, varies)
 
 
 @dataclass
 class HybridConfig:
     fusion: str = "rrf"  # rrf (reciprocal rank fusion) | weighted (min-max normalised scores)
-    rrf_k: float = 60.0  # the RRF constant k in 1 / (k + rank)
-    weight: float = 0.5  # weighted fusion: weight of dense scores (BM25 gets 1 - weight)
-    depth_bm25: int = 50  # candidates taken from BM25 before fusion
-    depth_dense: int = 50  # candidates taken from dense retrieval before fusion
+    rrf_k: Positive = 60.0  # the RRF constant k in 1 / (k + rank)
+    weight: Share = 0.5  # weighted fusion: weight of dense scores (BM25 gets 1 - weight)
+    depth_bm25: Count = 50  # candidates taken from BM25 before fusion
+    depth_dense: Count = 50  # candidates taken from dense retrieval before fusion
 
 
 @dataclass
 class RetrievalConfig:
     method: str = "bm25"  # bm25 | dense | hybrid
-    top_k: int = 10  # chunks returned per query (without a reranker)
+    top_k: Count = 10  # chunks returned per query (without a reranker)
     acl_filter: bool = False  # drop chunks of documents the query's user_groups may not see, before rerank
     bm25: BM25Config = field(default_factory=BM25Config)
     dense: DenseConfig = field(default_factory=DenseConfig)
@@ -124,33 +145,34 @@ class RetrievalConfig:
 @dataclass
 class RerankConfig:
     method: str = "none"  # none | biencoder | cross_encoder | http
-    top_k: int = 10  # chunks kept after reranking (the final list)
-    candidates: int = 50  # the first N retrieved chunks handed to the reranker
+    top_k: Count = 10  # chunks kept after reranking (the final list)
+    candidates: Count = 50  # the first N retrieved chunks handed to the reranker
     encoder: str = "auto"  # biencoder: which encoder re-scores (as retrieval.dense.encoder)
     model_path: str | None = None  # cross_encoder: a local sentence-transformers CrossEncoder folder
     url: str | None = None  # http: the rerank endpoint, e.g. http://127.0.0.1:8080/rerank
     model: str | None = None  # http: model name sent with each request
-    timeout: float = 30.0  # http: seconds per request
+    timeout: Positive = 30.0  # http: seconds per request
     api_key_env: str | None = None  # http: environment variable holding a bearer token
 
 
 @dataclass
 class GeneratorConfig:
     name: str = "none"  # none (retrieval only) | extractive (no model); rag_ablate.generators
-    max_chunks: int = 3  # extractive: read the sentences of this many top chunks
-    max_sentences: int = 2  # extractive: quote at most this many sentences, each with its [n]
-    min_support: float = 0.4  # extractive: refuse unless a sentence holds more than this share of query terms
+    max_chunks: Count = 3  # extractive: read the sentences of this many top chunks
+    max_sentences: Count = 2  # extractive: quote at most this many sentences, each with its [n]
+    # extractive: refuse unless a sentence holds more than this share of query terms
+    min_support: Annotated[float, Range(0, 1, high_open=True)] = 0.4
     refusal_zh: str = "文档中没有找到这个问题的答案。"  # extractive: the answer when nothing is supported
     refusal_en: str = "The documents do not answer this question."  # the same for non-Chinese queries
     base_url: str | None = None  # openai: the API root, e.g. http://127.0.0.1:8080/v1 (+ /chat/completions)
     model: str | None = None  # openai: the model name sent with each request (and the cost.prices key)
     api_key_env: str | None = None  # openai: NAME of the environment variable holding the key; null = none
-    temperature: float = 0.0  # openai: sampling temperature
-    max_tokens: int = 512  # openai: the longest answer, in the model's tokens
-    timeout_s: float = 60.0  # openai: seconds per request (connect, and between two streamed chunks)
-    retries: int = 3  # openai: tries after the first on 429, 5xx and connect errors
-    backoff_s: float = 1.0  # openai: first retry delay, doubling per retry (Retry-After wins)
-    backoff_max_s: float = 30.0  # openai: the longest wait between two tries, Retry-After included
+    temperature: Annotated[float, Range(0, 2)] = 0.0  # openai: sampling temperature
+    max_tokens: Count = 512  # openai: the longest answer, in the model's tokens
+    timeout_s: Positive = 60.0  # openai: seconds per request (connect, and between two streamed chunks)
+    retries: Count0 = 3  # openai: tries after the first on 429, 5xx and connect errors
+    backoff_s: NonNeg = 1.0  # openai: first retry delay, doubling per retry (Retry-After wins)
+    backoff_max_s: NonNeg = 30.0  # openai: the longest wait between two tries, Retry-After included
     prompt_en: str = ""  # openai: prompt for English queries; {question} and {contexts} are filled in
     prompt_zh: str = ""  # openai: prompt for Chinese queries (the same placeholders)
 
@@ -161,19 +183,21 @@ class JudgeConfig:
     base_url: str | None = None  # openai: the API root, e.g. http://127.0.0.1:8080/v1 (+ /chat/completions)
     model: str | None = None  # openai: the judge model's name (logged; the cost.prices key of judge tokens)
     api_key_env: str | None = None  # openai: NAME of the environment variable holding the key; null = none
-    temperature: float = 0.0  # openai: sampling temperature (0: the same prompt gets the same verdict)
-    max_tokens: int = 512  # openai: the longest judgement, in the model's tokens
-    timeout_s: float = 60.0  # openai: seconds per request
-    retries: int = 3  # openai: tries after the first on 429, 5xx and connect errors
-    backoff_s: float = 1.0  # openai: first retry delay, doubling per retry (Retry-After wins)
-    backoff_max_s: float = 30.0  # openai: the longest wait between two tries, Retry-After included
-    repeats: int = 1  # judgements per answer, each its own cache entry (repeat index 0..repeats-1)
-    seed: int = 0  # the contexts' shuffle: seed + query id, so each query's order is reproducible
-    mode: str = "pointwise"  # pointwise (0-5 scores per answer) | pairwise (baseline vs variant, both orders)
-    max_contexts: int = 5  # the judge sees at most this many top contexts (then shuffled)
+    # openai: sampling temperature (0: the same prompt gets the same verdict)
+    temperature: Annotated[float, Range(0, 2)] = 0.0
+    max_tokens: Count = 512  # openai: the longest judgement, in the model's tokens
+    timeout_s: Positive = 60.0  # openai: seconds per request
+    retries: Count0 = 3  # openai: tries after the first on 429, 5xx and connect errors
+    backoff_s: NonNeg = 1.0  # openai: first retry delay, doubling per retry (Retry-After wins)
+    backoff_max_s: NonNeg = 30.0  # openai: the longest wait between two tries, Retry-After included
+    repeats: Count = 1  # judgements per answer, each its own cache entry (repeat index 0..repeats-1)
+    seed: Count0 = 0  # the contexts' shuffle: seed + query id, so each query's order is reproducible
+    # pointwise (0-5 scores per answer) | pairwise (baseline vs variant, both orders)
+    mode: Annotated[str, OneOf("pointwise", "pairwise")] = "pointwise"
+    max_contexts: Count = 5  # the judge sees at most this many top contexts (then shuffled)
     json_mode: bool = True  # send response_format {"type": "json_object"} (servers that support it)
-    concurrency: int = 1  # judge calls in flight at once
-    max_error_rate: float = 0.05  # the judge's error budget: a run where a larger share of a judged
+    concurrency: Count = 1  # judge calls in flight at once
+    max_error_rate: Share = 0.05  # the judge's error budget: a run where a larger share of a judged
     # metric's judgements failed (unparsable replies, failed calls) fails (exit 1)
     prompt_en: str = ""  # pointwise prompt for English questions ({question} {contexts} {references}
     # {answer} {citations} {rubric} {keys})
@@ -201,7 +225,7 @@ class CacheConfig:
 @dataclass
 class RouterConfig:
     method: str = "centroid"  # centroid | nearest (char n-gram TF-IDF over intent texts) | none
-    ngram: int = 2  # character n-gram length of the nearest-neighbour router
+    ngram: Count = 2  # character n-gram length of the nearest-neighbour router
 
 
 @dataclass
@@ -215,9 +239,9 @@ class TrackingConfig:
 
 @dataclass
 class ModelPrice:
-    prompt: float = 0.0  # USD per 1M prompt (input) tokens
-    completion: float = 0.0  # USD per 1M completion (output) tokens
-    embedding: float = 0.0  # USD per 1M embedding tokens
+    prompt: NonNeg = 0.0  # USD per 1M prompt (input) tokens
+    completion: NonNeg = 0.0  # USD per 1M completion (output) tokens
+    embedding: NonNeg = 0.0  # USD per 1M embedding tokens
 
 
 @dataclass
@@ -249,14 +273,16 @@ DEFAULT_REFUSAL_PHRASES = (
 
 @dataclass
 class MetricsConfig:
-    ks: list[int] = field(default_factory=lambda: [1, 3, 5, 10])  # cut-offs of the @k metrics
+    # cut-offs of the @k metrics
+    ks: Annotated[list[int], AT_LEAST_1] = field(default_factory=lambda: [1, 3, 5, 10])
     # columns of the end-of-run table; empty = the metric registry's (MetricSpec.default_summary),
     # filled in by rag_ablate.settings.to_settings
     summary: list[str] = field(default_factory=list)
     refusal_phrases: list[str] = field(  # an answer containing one of these (case-insensitive) refuses
         default_factory=lambda: list(DEFAULT_REFUSAL_PHRASES)
     )
-    citation_support: float = 0.5  # a cited chunk supports its sentence above this share of overlap
+    # a cited chunk supports its sentence above this share of overlap
+    citation_support: Annotated[float, Range(0, 1, low_open=True)] = 0.5
 
 
 @dataclass
@@ -270,16 +296,18 @@ class CompareConfig:
     # filled in by rag_ablate.settings.to_settings and by the comparison itself
     metrics: list[str] = field(default_factory=list)
     splits: list[str] = field(default_factory=lambda: ["dev", "holdout"])  # splits tested, each on its own
-    B: int = 10_000  # bootstrap resamples (and the sign-flip budget)
-    alpha: float = 0.05  # significance level after adjustment (Holm on holdout, BH on dev)
-    flip_threshold: float = 0.2  # a continuous metric "flips" when it moves more than this (relative for
+    B: Annotated[int, Range(100)] = 10_000  # bootstrap resamples (and the sign-flip budget)
+    # significance level after adjustment (Holm on holdout, BH on dev)
+    alpha: Annotated[float, OPEN_SHARE] = 0.05
+    flip_threshold: NonNeg = 0.2  # a continuous metric "flips" when it moves more than this (relative for
     # latency and token counts)
     fail_on: list[str] = field(default_factory=list)  # gate rules, e.g. "holdout/recall_at_5:-0.02"
     quality_metric: str = "auto"  # quality-vs-cost y axis; auto = an answer metric if any, else recall_at_5
     cost_metric: str = "auto"  # x axis; auto = usd_per_1k if priced, else latency_p95_ms, else context_tokens
-    quality_bar: float | None = None  # iso-quality view: cheapest variant whose CI bound clears it, e.g. 0.85
+    # iso-quality view: cheapest variant whose CI bound clears it, e.g. 0.85
+    quality_bar: Annotated[float | None, FINITE] = None
     slice_metrics: list[str] = field(default_factory=lambda: ["auto"])  # tested per slice; auto: quality
-    min_slice_groups: int = 6  # a slice with fewer paired groups is listed as too small, not tested
+    min_slice_groups: Count = 6  # a slice with fewer paired groups is listed as too small, not tested
 
 
 @dataclass
@@ -287,12 +315,13 @@ class TimingConfig:
     # after a sweep's jobs, time every variant's queries again, interleaved in randomised blocks, and
     # compare latency on those paired times (rag_ablate.run.timing); false = the jobs' own latencies
     interleave: bool = True
-    repeats: int = 1  # times each query is answered by each variant in the pass (its latency: their median)
+    repeats: Count = 1  # times each query is answered by each variant in the pass (its latency: their median)
 
 
 @dataclass
 class AblationConfig:
-    mode: str = "ofat"  # ofat: baseline + one variant per non-default level | grid: full factorial
+    # ofat: baseline + one variant per non-default level | grid: full factorial
+    mode: Annotated[str, OneOf("ofat", "grid")] = "ofat"
     dry_run: bool = False  # print the plan (variants, what each changes, job count) and run nothing
     factors: list[str] = field(default_factory=list)  # a study's factors, e.g. "chunk=256,1024"
 
@@ -327,7 +356,7 @@ class RunConfig:
     cost: CostConfig = field(default_factory=CostConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)  # what of the text a run stores
     paths: PathsConfig = field(default_factory=PathsConfig)
-    seed: int = 0  # seeds splits, grouping and the comparison's resampling
+    seed: Count0 = 0  # seeds splits, grouping and the comparison's resampling
     progress: bool = True  # show progress bars
     resume: str | None = None  # a run or sweep folder to finish: reruns its missing and failed queries
 
@@ -340,7 +369,10 @@ def register_configs() -> None:
 def parse_config(cfg: DictConfig) -> RunConfig:
     """A composed config as a :class:`RunConfig`: the schema only (``settings.to_settings`` validates too)."""
     keys = [str(k) for k in cfg if k != "hydra"]
-    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True, throw_on_missing=True)
+    try:
+        plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_unresolved(exc)) from None
     if not isinstance(plain, dict):
         raise ConfigError("the composed config is not a mapping")
     schema = OmegaConf.structured(RunConfig)
@@ -354,10 +386,24 @@ def parse_config(cfg: DictConfig) -> RunConfig:
     return settings
 
 
+_ENV_MISSING = re.compile(r"Environment variable '([^']*)' not found")
+
+
+def _unresolved(exc: OmegaConfBaseException) -> str:
+    """One line for a value that cannot be resolved: an unset ``${oc.env:VAR}``, a missing key."""
+    key = getattr(exc, "full_key", None) or "a setting"
+    env = _ENV_MISSING.search(str(exc))
+    if env:
+        return (
+            f"{key}: the environment variable {env.group(1)} is not set (the setting reads "
+            f"${{oc.env:{env.group(1)}}}); export it, or give a default: ${{oc.env:{env.group(1)},default}}"
+        )
+    return f"{key}: cannot be resolved: {str(exc).splitlines()[0]}"
+
+
 def validate_system(s: SystemConfig) -> None:
-    """Ranges of the system settings; system=http needs its base_url."""
-    if not 0.0 <= s.max_error_rate <= 1.0:
-        raise ConfigError(f"system.max_error_rate must be in [0, 1], got {s.max_error_rate}")
+    """Ranges of the system settings (the bounds on its fields); system=http needs its base_url."""
+    check_ranges(s, "system")
     if s.name != "http":
         return
     if not s.base_url:
@@ -370,13 +416,3 @@ def validate_system(s: SystemConfig) -> None:
     for key, path in (("eval_path", s.eval_path), ("chat_path", s.chat_path)):
         if path is not None and not path.startswith("/"):
             raise ConfigError(f"system.{key} must start with '/', got '{path}'")
-    if s.concurrency < 1:
-        raise ConfigError(f"system.concurrency must be >= 1, got {s.concurrency}")
-    if s.timeout_s <= 0:
-        raise ConfigError(f"system.timeout_s must be > 0, got {s.timeout_s}")
-    if s.retries < 0:
-        raise ConfigError(f"system.retries must be >= 0, got {s.retries}")
-    if s.backoff_s < 0 or s.backoff_max_s < 0:
-        raise ConfigError(
-            f"system.backoff_s and system.backoff_max_s must be >= 0, got {s.backoff_s}, {s.backoff_max_s}"
-        )

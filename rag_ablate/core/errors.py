@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rag_ablate.core.fmt import visible
 from rag_ablate.core.retry import Status
 
 EXIT_OK = 0  # the command did its whole job
@@ -153,9 +154,10 @@ class JudgeCalibrationError(RagAblateError):
 
 
 def one_line(exc: BaseException) -> str:
-    """An exception as one line: its type unless it is one of ours, and its first line."""
+    """An exception as one line: its type unless it is one of ours, and its first line, with control
+    characters escaped (it may quote dataset text, and it is printed to terminals)."""
     text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
+    first = visible(text[0]) if text else ""
     if isinstance(exc, RagAblateError):
         return first or type(exc).__name__
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

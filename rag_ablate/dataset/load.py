@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_ablate.core.errors import DatasetError
+from rag_ablate.core.fmt import invisible, visible
 from rag_ablate.dataset.labels import locate_quote
 from rag_ablate.dataset.model import (
     CORPUS_FILE,
@@ -158,6 +159,24 @@ class _Checker:
             return None
         return value
 
+    def ident(self, line: int, obj: dict[str, Any], key: str) -> str | None:
+        """A required id: a non-empty string without whitespace or invisible characters, which would
+        break TREC files (whitespace-separated columns), file names and terminals."""
+        value = self.string(line, obj, key, required=True)
+        if value is None:
+            return None
+        bad = next((ch for ch in value if ch.isspace() or invisible(ch)), None)
+        if bad is not None:
+            what = "whitespace" if bad.isspace() and not invisible(bad) else "a control character"
+            self.err(
+                line,
+                key,
+                f"{key} {visible(repr(value))} contains {what} (U+{ord(bad):04X}); "
+                "ids must be free of whitespace and control characters",
+            )
+            return None
+        return value
+
     def boolean(self, line: int, obj: dict[str, Any], key: str) -> bool | None:
         if key not in obj or obj[key] is None:
             return None
@@ -184,7 +203,7 @@ def _load_corpus(path: Path, errors: list[DatasetError]) -> tuple[dict[str, Docu
     for line, obj in _read_jsonl(path, errors):
         fingerprint.add(obj)
         chk.unknown(line, obj, _CORPUS_FIELDS)
-        doc_id = chk.string(line, obj, "doc_id", required=True)
+        doc_id = chk.ident(line, obj, "doc_id")
         text = chk.string(line, obj, "text", required=True)
         title = chk.string(line, obj, "title", required=False)
         metadata = obj.get("metadata") or {}
@@ -450,7 +469,7 @@ def _load_queries(
         fingerprint.add(obj)
         n_err = len(errors)
         chk.unknown(line, obj, _QUERY_FIELDS)
-        qid = chk.string(line, obj, "query_id", required=True)
+        qid = chk.ident(line, obj, "query_id")
         text = chk.string(line, obj, "query", required=True)
         if qid is not None:
             if qid in seen:

@@ -28,6 +28,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from rag_ablate.config.ranges import check_ranges
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.generators import GENERATORS
 from rag_ablate.generators.base import Context, Generation
@@ -98,13 +99,7 @@ def validate_openai(cfg: GeneratorConfig) -> None:
         missing = [p for p in PLACEHOLDERS if p not in template]
         if missing:
             raise ConfigError(f"generator.{key} must contain {' and '.join(missing)}")
-    if cfg.max_tokens < 1 or cfg.timeout_s <= 0 or cfg.retries < 0 or cfg.temperature < 0:
-        raise ConfigError(
-            "generator.max_tokens must be >= 1, timeout_s > 0, retries >= 0 and temperature >= 0; got "
-            f"{cfg.max_tokens}, {cfg.timeout_s}, {cfg.retries}, {cfg.temperature}"
-        )
-    if cfg.backoff_s < 0 or cfg.backoff_max_s < 0:
-        raise ConfigError("generator.backoff_s and generator.backoff_max_s must be >= 0")
+    check_ranges(cfg, "generator")  # max_tokens, timeout, retries, temperature: the schema's bounds
 
 
 # ---------------------------------------------------------------------- the generator

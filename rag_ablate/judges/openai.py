@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from rag_ablate.config.ranges import check_ranges
 from rag_ablate.core.errors import ConfigError, GenerationError
 from rag_ablate.generators.base import Context
 from rag_ablate.judges import JUDGE_METRICS, JUDGES, SUPPORT_KEY, JudgeInput, asked_metrics
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
     from rag_ablate.config.schema import JudgeConfig, RunConfig
     from rag_ablate.core.cache import Cache
 
-MODES = ("pointwise", "pairwise")
 LEVELS = 6  # score levels 0..5
 KEYS = (*JUDGE_METRICS, "refusal", "support", "winner")  # keys_en / keys_zh describe each
 # the placeholders every template must contain (other known ones are optional)
@@ -103,26 +103,7 @@ def validate_judge(cfg: JudgeConfig) -> None:
         )
     if not cfg.model:
         raise ConfigError("judge=openai needs judge.model, the model name the endpoint serves")
-    if cfg.mode not in MODES:
-        raise ConfigError(f"judge.mode must be pointwise or pairwise, got '{cfg.mode}'")
-    for name, value, low in (
-        ("repeats", cfg.repeats, 1),
-        ("max_contexts", cfg.max_contexts, 1),
-        ("concurrency", cfg.concurrency, 1),
-        ("max_tokens", cfg.max_tokens, 1),
-        ("retries", cfg.retries, 0),
-    ):
-        if value < low:
-            raise ConfigError(f"judge.{name} must be >= {low}, got {value}")
-    if cfg.timeout_s <= 0:
-        raise ConfigError(f"judge.timeout_s must be > 0, got {cfg.timeout_s}")
-    for name, number in (("temperature", cfg.temperature), ("backoff_s", cfg.backoff_s)):
-        if number < 0:
-            raise ConfigError(f"judge.{name} must be >= 0, got {number}")
-    if cfg.backoff_max_s < 0:
-        raise ConfigError(f"judge.backoff_max_s must be >= 0, got {cfg.backoff_max_s}")
-    if not 0.0 <= cfg.max_error_rate <= 1.0:
-        raise ConfigError(f"judge.max_error_rate must be in [0, 1], got {cfg.max_error_rate}")
+    check_ranges(cfg, "judge")  # mode, counts, timeouts, temperature: the bounds on the schema's fields
     for lang in ("en", "zh"):
         for name, needed in REQUIRED.items():
             template = getattr(cfg, f"{name}_{lang}")

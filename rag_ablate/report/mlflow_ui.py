@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,27 @@ def headline_deltas(c: Comparison, variant: str, quality: str) -> dict[str, floa
 
 # --------------------------------------------------------------------------- descriptions
 
+# Markdown's punctuation that can start a link, an image, emphasis, a code span, a heading or end a
+# table cell; an underscore only at a word's edge (``multi_doc`` stays as written)
+_MARKDOWN = re.compile(r"([\\`*\[\]|~#!])|(?<![^\W_])_|_(?![^\W_])")
+
+
+def md(value: object) -> str:
+    """``value`` as literal text in the Markdown of a run description: on one line, ``& < >`` as HTML
+    entities (a dataset tag ``<img src=x onerror=...>`` or an intent ``<b>`` shows as written) and
+    Markdown's punctuation backslash-escaped (no link, autolink, image, emphasis, code span or table cell
+    break).
+    Every value that comes from a dataset, a config or a label goes through it (or :func:`code`)."""
+    text = " ".join(str(value).split())
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = text.replace("://", "&#58;//")  # a URL stays text, not an autolink
+    return _MARKDOWN.sub(lambda m: "\\" + m[0], text)
+
+
+def code(value: object) -> str:
+    """``value`` as a Markdown code span on one line (inside one, Markdown and HTML are literal text)."""
+    return "`" + " ".join(str(value).replace("`", "'").split()) + "`"
+
 
 def _num(x: float | None, digits: int = 3) -> str:
     if x is None or not math.isfinite(x):
@@ -62,9 +84,9 @@ def effect_text(r: Row | None) -> str:
     if r is None:
         return "-"
     if not r.tested:
-        return f"untested ({r.note})"
+        return f"untested ({md(r.note)})"
     ci = f"[{_signed(r.ci_low)}, {_signed(r.ci_high)}]"
-    verdict = f"{r.verdict}*" if r.significant else (r.label or "n.s.")
+    verdict = f"{r.verdict}*" if r.significant else md(r.label or "n.s.")
     return f"{_signed(r.effect)} {ci} {verdict}"
 
 
@@ -79,7 +101,7 @@ def sweep_description(
     """The sweep run's description: the verdict table in markdown."""
     q = display_name(quality)
     lines = [
-        f"**Verdict against {baseline_name}** — quality: {q} (higher is better); "
+        f"**Verdict against {md(baseline_name)}** — quality: {q} (higher is better); "
         f"cost: p95 latency in ms (lower is better; {LATENCY_NOTE}).",
         "",
         f"| variant | {q} dev | {q} holdout | Δ {q} dev [95% CI] | Δ {q} holdout [95% CI] "
@@ -91,7 +113,7 @@ def sweep_description(
         m = s.get("metrics") or {}
         name = baseline_name if c is not None and label == c.baseline else label
         cells = [
-            name,
+            md(name),
             _num(m.get(f"dev/{quality}")),
             _num(m.get(f"holdout/{quality}")),
         ]
@@ -117,20 +139,25 @@ def sweep_description(
     ]
     if c is not None and c.slices is not None:
         hurting = [(v, hurts_text(c, v)) for v in c.variants]
-        named = [f"{v}: {h}" for v, h in hurting if h and h != "none"]
+        named = [f"{md(v)}: {h}" for v, h in hurting if h and h != "none"]
         lines.append(
             f"Slices where a variant hurts ({SLICES_NOTE}): " + ("; ".join(named) if named else "none")
         )
     if c is not None and c.gate:
         blocked = [g for g in c.gate if not g.passed]
-        verdicts = "; ".join(f"{g.verdict} {g.variant} `{g.rule}` ({g.reason})" for g in c.gate)
+        verdicts = "; ".join(f"{g.verdict} {md(g.variant)} {code(g.rule)} ({md(g.reason)})" for g in c.gate)
         lines.append(f"Regression gate {'BLOCKED' if blocked else 'passed'}: {verdicts}")
     if c is not None and c.confounded:
-        lines.append("Confounded (change more than their label says): " + ", ".join(sorted(c.confounded)))
+        lines.append(
+            "Confounded (change more than their label says): "
+            + ", ".join(md(v) for v in sorted(c.confounded))
+        )
     if c is not None and c.no_op:
-        lines.append("No-op (the same records as the baseline, timings aside): " + ", ".join(c.no_op))
+        lines.append(
+            "No-op (the same records as the baseline, timings aside): " + ", ".join(md(v) for v in c.no_op)
+        )
     if failed:
-        lines.append("Failed: " + "; ".join(failed))
+        lines.append("Failed: " + "; ".join(md(f) for f in failed))
     return "\n".join(lines)
 
 
@@ -146,7 +173,9 @@ def hurts_text(c: Comparison, variant: str, top: int = SLICES_SHOWN) -> str:
     if not hurts:
         return "none"
     shown = hurts[:top]
-    text = ", ".join(f"{r.name} ({r.split} {display_name(r.metric)} {_signed(r.effect)})" for r in shown)
+    text = ", ".join(
+        f"{md(r.name)} ({r.split} {md(display_name(r.metric))} {_signed(r.effect)})" for r in shown
+    )
     return text + (f", and {len(hurts) - top} more" if len(hurts) > top else "")
 
 
@@ -160,7 +189,7 @@ def child_description(c: Comparison, variant: str, quality: str) -> str:
     rq = c.row("holdout", variant, quality)
     rp = c.row("holdout", variant, P95)
     line = (
-        f"vs {c.baseline} on holdout: {q} {effect_text(rq)}; p95 latency ms {effect_text(rp)} "
+        f"vs {md(c.baseline)} on holdout: {q} {effect_text(rq)}; p95 latency ms {effect_text(rp)} "
         f"(`*` significant after Holm; latency {LATENCY_NOTE})."
     )
     hurts = hurts_text(c, variant)
