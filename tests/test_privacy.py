@@ -201,9 +201,9 @@ def _digits(draw: st.DrawFn, n: int) -> str:
 @st.composite
 def _mobile(draw: st.DrawFn) -> str:
     number = "1" + draw(st.sampled_from("3456789")) + _digits(draw, 9)
-    seps = draw(st.lists(st.sampled_from(["", "-", ".", "－", "\u2013", *_SPACES]), min_size=2, max_size=2))
+    sep = draw(st.sampled_from(["", "-", ".", "－", "\u2013", *_SPACES]))
     prefix = draw(st.sampled_from(["", "+86 ", "+86-", "+86.", "＋８６ "]))
-    return prefix + _full_width(draw, number[:3] + seps[0] + number[3:7] + seps[1] + number[7:])
+    return prefix + _full_width(draw, number[:3] + sep + number[3:7] + sep + number[7:])
 
 
 @st.composite

@@ -82,12 +82,14 @@ _CN_ID = re.compile(
 # precedes it (1,299.00 is no card, 卡号,4111... may be)
 _DIGIT_RUN = re.compile(r"(?<![0-9A-Za-z+])(?<!\d[.,])\d+(?:[ -]\d+)*[Xx]?(?![0-9A-Za-z])(?![.,]\d)")
 _PHONES = (
-    # Chinese mobile: 1[3-9]x xxxx xxxx, spaces, dashes or dots between the groups, +86 / 0086 optional
-    re.compile(r"(?<![\d+])(?:(?:\+|00)86[ .-]?)?1[3-9]\d(?:[ .-]?\d{4}){2}(?!\.?\d)"),
+    # Chinese mobile: 1[3-9]x xxxx xxxx, one kind of space, dash or dot between groups, +86/0086 optional
+    re.compile(r"(?<![\d+])(?:(?:\+|00)86[ .-]?)?1[3-9]\d([ .-]?)\d{4}\1\d{4}(?!\.?\d)"),
     # international with a leading +: +1 415 555 0100, +44 20 7946 0958, +1 (415) 555-0100, +44.20.7946.0958
     re.compile(r"(?<![\w+])\+\d{1,3}(?:[ .-]?(?:\(\d{1,4}\)|\d{1,4})){2,6}(?!\.?\d)"),
     # North American: (415) 555-0100, (415)555-0100, 415-555-0100, 415.555.0100
-    re.compile(r"(?<![\w+.-])(?:\([2-9]\d{2}\) ?\d{3}[- ]\d{4}|[2-9]\d{2}([-.])\d{3}\1\d{4})(?![\w-])"),
+    re.compile(
+        r"(?<![\w+-])(?<!\d\.)(?:\([2-9]\d{2}\) ?\d{3}[- ]\d{4}|[2-9]\d{2}([-.])\d{3}\1\d{4})(?![\w-])"
+    ),
     # Chinese landline with its area code: 010-12345678, (021) 6123 4567, 0755-1234567
     re.compile(r"(?<![\w+-])(?:\(0\d{2,3}\) ?|0\d{2,3}-)\d{3,4} ?\d{4}(?!\d)"),
 )
