@@ -118,3 +118,142 @@ def test_values_read_from_the_environment_are_stored_as_their_interpolation(
     params = redact(flatten(resolved), env=env)
     assert params["system.body.token"] == "${oc.env:RAG_BODY_TOKEN}"
     assert "canary-body-token-8e2f7a1c" not in json.dumps(params)
+
+
+# --------------------------------------------------------------------------- keys a careless user passes
+
+
+def test_url_userinfo_is_taken_out_of_the_url_and_hidden_in_text() -> None:
+    from rag_ablate.core.secrets import hide_credentials, hide_userinfo, split_userinfo
+
+    assert split_userinfo("http://user:s3cr%40t@host:8080/v1") == ("http://host:8080/v1", ("user", "s3cr@t"))
+    assert split_userinfo("https://host/v1?a=b@c") == ("https://host/v1?a=b@c", None)  # no userinfo
+    assert split_userinfo("http://KEY@host/v1") == ("http://host/v1", ("KEY", ""))
+    text = "generator.base_url=http://user:KEY@host/v1 and sqlite:///a@b.db, mail a@b.com"
+    assert hide_userinfo(text) == "generator.base_url=http://***@host/v1 and sqlite:///a@b.db, mail a@b.com"
+    assert hide_credentials("Authorization: Bearer sk-abcdef123456; bearer of news") == (
+        "Authorization: Bearer ***; bearer of news"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "secret"),
+    [
+        ("system.body.api_key", True),
+        ("system.body.apiKey", True),
+        ("system.header.X-Api-Token", True),  # a misspelt system.headers
+        ("system.body.params.token", True),
+        ("tracking.password", True),
+        ("generator.api_key_env", False),  # the NAME of the variable holding the key
+        ("generator.max_tokens", False),
+        ("judge.keys_en.faithfulness", False),
+        ("retrieval.top_k", False),
+        ("system.headers", False),  # the mapping: its values are secrets (is_secret_key), not its name
+    ],
+)
+def test_names_that_say_a_value_is_a_secret(key: str, secret: bool) -> None:
+    from rag_ablate.core.secrets import is_secret_name
+
+    assert is_secret_name(key) is secret
+
+
+def test_every_default_setting_name_is_not_taken_for_a_secret() -> None:
+    """The name test must not hide a real setting: no key of the composed configs it reads."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rag_ablate.cli.hydra_app import CONF_DIR
+    from rag_ablate.core.secrets import is_secret_name
+    from rag_ablate.run.runner import flatten
+
+    groups = ["generator=openai", "judge=openai", "system=http", "rerank=http", "tracking=server"]
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        keys = set(flatten(OmegaConf.to_container(compose("config", overrides=groups), resolve=False)))
+    assert len(keys) > 100
+    assert [k for k in sorted(keys) if is_secret_name(k)] == []
+
+
+def test_a_config_and_its_overrides_are_stored_without_any_secret() -> None:
+    from rag_ablate.config.keys import redact, redact_hydra, redact_override
+
+    config = {
+        "system": {
+            "base_url": "http://u:KEY1@host",
+            "headers": {"X-Api-Token": "KEY2"},
+            "header": {"Authorization": "Bearer KEY3"},  # misspelt: not a header, but named a secret
+            "body": {"api_key": "KEY4", "query": "{query}", "h": "Bearer KEY5abcdefgh", "env": "VALUE"},
+        },
+        "generator": {"base_url": "https://u:KEY6@api/v1", "api_key_env": "OPENAI_API_KEY"},
+    }
+    env = {"system.body.env": "${oc.env:RAG_BODY}"}
+    assert redact(config, env=env) == {
+        "system": {
+            "base_url": "http://***@host",
+            "headers": {"X-Api-Token": "***"},
+            "header": {"Authorization": "***"},
+            "body": {"api_key": "***", "query": "{query}", "h": "Bearer ***", "env": "${oc.env:RAG_BODY}"},
+        },
+        "generator": {"base_url": "https://***@api/v1", "api_key_env": "OPENAI_API_KEY"},
+    }
+    overrides = [
+        "system.base_url=http://u:KEY1@host",
+        "+system.headers.X-Api-Token=KEY2",
+        "+system.header.Authorization='Bearer KEY3'",
+        "+system.body.api_key=KEY4",
+        "-m generator.base_url=https://u:KEY6@a/v1,https://u:KEY6@b/v1",
+    ]
+    assert [redact_override(o) for o in overrides] == [
+        "system.base_url=http://***@host",
+        "+system.headers.X-Api-Token=***",
+        "+system.header.Authorization=***",
+        "+system.body.api_key=***",
+        "-m generator.base_url=https://***@a/v1,https://***@b/v1",
+    ]
+    # Hydra's own record of the command line: overrides.task and override_dirname made of them
+    hydra = {
+        "overrides": {"task": overrides[1:4], "hydra": []},
+        "job": {"override_dirname": ",".join(overrides[1:4]), "name": "__main__"},
+        "runtime": {"output_dir": "/tmp/x"},
+    }
+    stored = redact_hydra({"hydra": hydra, **config}, env)
+    text = json.dumps(stored)
+    assert not any(f"KEY{i}" in text for i in range(1, 7)), text
+    assert stored["hydra"]["job"]["override_dirname"] == (
+        "+system.headers.X-Api-Token=***,+system.header.Authorization=***,+system.body.api_key=***"
+    )
+
+
+def test_the_sweep_plan_is_stored_and_logged_without_secrets(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from rag_ablate.core.secrets import hidden_in_logs
+    from rag_ablate.sweep.plan import Factor, Job, Plan, format_plan
+
+    common = ["+system.headers.Authorization='Bearer KEY1'", "system.base_url=http://u:KEY2@h"]
+    url = "http://u:KEY3@a/v1"
+    plan = Plan(
+        "ofat",
+        False,
+        common,
+        [Factor("generator.base_url", False, "null", [url], [f"generator.base_url={url}"])],
+        [
+            Job(0, "baseline", "baseline", None, None, common),
+            Job(
+                1,
+                f"generator.base_url={url}",
+                "variant",
+                "generator.base_url",
+                url,
+                [*common, f"generator.base_url={url}"],
+            ),
+        ],
+    )
+    stored = json.dumps(plan.to_dict()) + format_plan(plan)
+    assert "KEY" not in stored and "http://***@a/v1" in stored
+    assert "KEY1" in " ".join(plan.jobs[1].overrides)  # the launcher gets the real ones
+    with caplog.at_level(logging.INFO):
+        with hidden_in_logs(plan.secret_swaps()):
+            logging.getLogger("hydra.launcher").info("\t#%d : %s", 1, " ".join(plan.jobs[1].overrides))
+        assert "KEY" not in caplog.text and "Authorization=***" in caplog.text
+        logging.getLogger("x").info("Bearer KEY4abcdefgh after the block")  # the factory is put back
+    assert "KEY4abcdefgh" in caplog.text

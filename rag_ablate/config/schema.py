@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rag_ablate.core.errors import ConfigError
+from rag_ablate.core.secrets import hide_userinfo
 
 
 @dataclass
@@ -354,7 +355,8 @@ def validate_system(s: SystemConfig) -> None:
             "e.g. system.base_url=http://127.0.0.1:8000"
         )
     if not s.base_url.startswith(("http://", "https://")):
-        raise ConfigError(f"system.base_url must start with http:// or https://, got '{s.base_url}'")
+        shown = hide_userinfo(s.base_url)
+        raise ConfigError(f"system.base_url must start with http:// or https://, got '{shown}'")
     for key, path in (("eval_path", s.eval_path), ("chat_path", s.chat_path)):
         if path is not None and not path.startswith("/"):
             raise ConfigError(f"system.{key} must start with '/', got '{path}'")
