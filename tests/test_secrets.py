@@ -257,3 +257,102 @@ def test_the_sweep_plan_is_stored_and_logged_without_secrets(caplog: pytest.LogC
         assert "KEY" not in caplog.text and "Authorization=***" in caplog.text
         logging.getLogger("x").info("Bearer KEY4abcdefgh after the block")  # the factory is put back
     assert "KEY4abcdefgh" in caplog.text
+
+
+# --------------------------------------------------------------------------- the canary
+
+
+SYS_URL_KEY = "sk-canary-sysurl-7b1d0e9f3a2c"  # system.base_url=http://user:KEY@host
+GEN_URL_KEY = "sk-canary-genurl-0e4a9c2f7b5d"  # generator.base_url=http://user:KEY@host/v1
+JUDGE_URL_KEY = "sk-canary-judgeurl-5c3e1a7d9f0b"
+HEADER_KEY = "sk-canary-header-2e8c4a6b0d1f"  # +system.headers.X-Api-Token=KEY
+AUTH_KEY = "sk-canary-auth-8d2f6b0a4c9e"  # +system.headers.Authorization='Bearer KEY' (a sweep)
+BODY_KEY = "sk-canary-body-9f3b7c1e5a0d"  # +system.body.api_key=KEY (the body template)
+MISSPELT_KEY = "sk-canary-misspelt-4c0a8e2f6b1d"  # generator.api_kee=KEY, +system.header.Authorization
+
+
+def _with_key(url: str, key: str) -> str:
+    return url.replace("http://", f"http://user:{key}@", 1)
+
+
+def _basic(key: str) -> str:
+    import base64
+
+    return "Basic " + base64.b64encode(f"user:{key}".encode()).decode()
+
+
+@pytest.mark.slow
+def test_no_careless_way_of_passing_a_key_stores_or_prints_it(tmp_path: Path) -> None:
+    """Each way a careless user passes a key, through real runs and a sweep against servers on
+    127.0.0.1: the servers get the keys (so the search can fail), and no file under the working
+    folder (records, configs, run.json, variant.json, run.trec, Hydra's .hydra/ and multirun.yaml,
+    plan.json, the cache's metadata, MLflow artifacts, the MLflow database) nor the terminal holds
+    them, nor the basic-auth form of a URL's password."""
+    from test_http_system import Plan, fault_server
+
+    data = write_dataset(tmp_path / "data")
+    service = Plan({})
+    with (
+        serve(FakeLLM()) as gen,
+        serve(FakeLLM(respond=_judge_reply)) as judge,
+        fault_server(service) as url,
+    ):
+        runs = {
+            "local pipeline, keys in the generator's and the judge's URLs": [
+                "generator=openai",
+                f"generator.base_url={_with_key(gen.url, GEN_URL_KEY)}",
+                "generator.model=canary-model",
+                "judge=openai",
+                f"judge.base_url={_with_key(judge.url, JUDGE_URL_KEY)}",
+                "judge.model=canary-judge",
+            ],
+            "a service: a key in its URL, a literal header, a key in the body template": [
+                "system=http",
+                f"system.base_url={_with_key(url, SYS_URL_KEY)}",
+                f"+system.headers.X-Api-Token={HEADER_KEY}",
+                "+system.body.query='{query}'",
+                "+system.body.query_id='{query_id}'",
+                f"+system.body.api_key={BODY_KEY}",
+            ],
+            "a sweep with a literal Authorization header": [
+                "-m",
+                "chunk=256,512",
+                "system=http",
+                f"system.base_url={url}",
+                f"+system.headers.Authorization='Bearer {AUTH_KEY}'",
+                "compare.B=200",
+            ],
+            "a misspelt setting": [f"generator.api_kee={MISSPELT_KEY}"],
+            "a misspelt section": [f"+system.header.Authorization='Bearer {MISSPELT_KEY}'"],
+        }
+        codes, terminal = {}, []
+        for what, args in runs.items():
+            out = run_module("rag_ablate", [*args, f"dataset.path={data}", "progress=false"], tmp_path)
+            codes[what] = out.returncode
+            terminal.append(out.stdout + out.stderr)
+            assert out.returncode in (0, 2), (what, out.stderr[-3000:])
+        gen_auth = {r["auth"] for r in gen.requests}
+        judge_auth = {r["auth"] for r in judge.requests}
+    # the keys still work: each server got its own
+    assert list(codes.values()) == [0, 0, 0, 2, 2], codes
+    assert gen_auth == {_basic(GEN_URL_KEY)} and judge_auth == {_basic(JUDGE_URL_KEY)}
+    sent = {(h.get("Authorization"), h.get("X-Api-Token")) for h in service.headers}
+    assert sent == {(_basic(SYS_URL_KEY), HEADER_KEY), (f"Bearer {AUTH_KEY}", None)}
+
+    keys = [SYS_URL_KEY, GEN_URL_KEY, JUDGE_URL_KEY, HEADER_KEY, AUTH_KEY, BODY_KEY, MISSPELT_KEY]
+    needles = [*keys, *(_basic(k).split()[1] for k in (SYS_URL_KEY, GEN_URL_KEY, JUDGE_URL_KEY))]
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(data)]
+    names = {p.name for p in files}
+    assert {"mlflow.db", "overrides.yaml", "hydra.yaml", "multirun.yaml", "plan.json", "meta.json"} <= names
+    assert {"config.yaml", "run.json", "variant.json", "run.trec", "report.html"} <= names
+    assert any("mlartifacts" in p.parts and ".hydra" in p.parts for p in files)
+    leaks = [
+        f"{p.relative_to(tmp_path)}: {n}" for p in files for n in needles if n.encode() in p.read_bytes()
+    ]
+    assert leaks == []
+    printed = "\n".join(terminal)
+    assert [n for n in needles if n in printed] == []
+    # what is stored instead says where the key was
+    assert "http://***@127.0.0.1" in printed or any(
+        b"http://***@127.0.0.1" in p.read_bytes() for p in files if p.name == "config.yaml"
+    )

@@ -62,6 +62,16 @@ def hide_credentials(text: str) -> str:
     return _CREDENTIAL.sub(rf"\g<1>\g<2>{MASK}", hide_userinfo(text))
 
 
+_KEY_LIKE = re.compile(r"(?=[^\s]*\d)(?=[^\s]*[A-Za-z])[A-Za-z0-9._~+/=-]{20,}")
+
+
+def looks_like_key(value: str) -> bool:
+    """Whether ``value`` reads like an API key or token: 20 characters or more of letters, digits and
+    ``._~+/=-`` with both letters and digits (``sk-proj-4f1c...``); what an error message about an
+    unknown setting does not echo."""
+    return bool(_KEY_LIKE.fullmatch(value.strip("'\"")))
+
+
 def is_secret_name(key: str) -> bool:
     """Whether the dotted config ``key`` names a secret by one of its parts: ``system.body.api_key``,
     ``system.header.X-Api-Token``, ``tracking.password``; not ``generator.api_key_env`` (the name of
