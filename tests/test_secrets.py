@@ -10,6 +10,7 @@ header key is covered the same way by tests/test_http_system.py.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -356,3 +357,19 @@ def test_no_careless_way_of_passing_a_key_stores_or_prints_it(tmp_path: Path) ->
     assert "http://***@127.0.0.1" in printed or any(
         b"http://***@127.0.0.1" in p.read_bytes() for p in files if p.name == "config.yaml"
     )
+
+
+def test_a_tracking_servers_password_goes_to_mlflows_variables_not_the_uri(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag_ablate.config.schema import TrackingConfig
+    from rag_ablate.tracking.store import resolve
+
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    uri, _ = resolve(TrackingConfig(uri="http://alice:KEY%2F1@127.0.0.1:5000"), tmp_path)
+    assert uri == "http://127.0.0.1:5000"  # what sweep.json, run.json and the terminal name
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "alice"
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "KEY/1"  # what MLflow sends as basic auth
+    db = "postgresql://u:pw@db/mlflow"  # a database URI needs its password: left as it is
+    assert resolve(TrackingConfig(uri=db), tmp_path)[0] == db
