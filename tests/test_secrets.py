@@ -251,6 +251,25 @@ def test_the_sweep_plan_is_stored_and_logged_without_secrets(caplog: pytest.LogC
     )
     stored = json.dumps(plan.to_dict()) + format_plan(plan)
     assert "KEY" not in stored and "http://***@a/v1" in stored
+    # a swept secret: its levels are numbered masks, so the variants' labels stay distinct
+    body = Factor(
+        "system.body.api_key",
+        False,
+        "KEY0",
+        ["KEY5", "KEY6"],
+        ["system.body.api_key=KEY5", "system.body.api_key=KEY6"],
+    )
+    jobs = [
+        Job(i, f"system.body.api_key={lv}", "variant", body.key, lv, [o])
+        for i, (lv, o) in enumerate(zip(body.levels, body.level_overrides, strict=True), 1)
+    ]
+    swept = Plan("ofat", False, [], [body], [Job(0, "baseline", "baseline", None, None, []), *jobs]).to_dict()
+    assert "KEY" not in json.dumps(swept)
+    assert [j["label"] for j in swept["jobs"]] == [
+        "baseline",
+        "system.body.api_key=***1",
+        "system.body.api_key=***2",
+    ]
     assert "KEY1" in " ".join(plan.jobs[1].overrides)  # the launcher gets the real ones
     with caplog.at_level(logging.INFO):
         with hidden_in_logs(plan.secret_swaps()):

@@ -45,12 +45,18 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rag_ablate.config.keys import env_interpolated, redact_hydra, redact_override, unused_settings
+from rag_ablate.config.keys import (
+    env_interpolated,
+    is_secret_key,
+    redact_hydra,
+    redact_override,
+    unused_settings,
+)
 from rag_ablate.config.overrides import normalize_overrides
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError, RagAblateError
 from rag_ablate.core.layout import PLAN_FILE
-from rag_ablate.core.secrets import hide_credentials
+from rag_ablate.core.secrets import MASK, hide_credentials
 from rag_ablate.run.runner import flatten, job_entry
 from rag_ablate.settings import to_settings
 
@@ -109,12 +115,21 @@ class Plan:
         :func:`rag_ablate.config.keys.redact_override` stores it (header values, keys under secret
         names, URL passwords as ``***``), labels and levels without URL passwords. The launcher
         gets the real overrides."""
-        hide = hide_credentials
+        # the levels of a secret setting (+system.body.api_key=K1,K2) become ***1, ***2: labels stay distinct
+        masks = {
+            lv: f"{MASK}{i}" for f in self.factors if is_secret_key(f.key) for i, lv in enumerate(f.levels, 1)
+        }
+
+        def hide(text: str) -> str:
+            for secret, mask in sorted(masks.items(), key=lambda kv: -len(kv[0])):
+                text = text.replace(secret, mask)
+            return hide_credentials(text)
 
         def factor(f: Factor) -> Factor:
             levels = [hide(lv) for lv in f.levels]
             level_overrides = [redact_override(o) for o in f.level_overrides]
-            return Factor(f.key, f.is_group, hide(f.default), levels, level_overrides)
+            default = MASK if is_secret_key(f.key) else hide(f.default)
+            return Factor(f.key, f.is_group, default, levels, level_overrides)
 
         def job(j: Job) -> Job:
             level = None if j.level is None else hide(j.level)
