@@ -392,3 +392,41 @@ def test_a_tracking_servers_password_goes_to_mlflows_variables_not_the_uri(
     assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "KEY/1"  # what MLflow sends as basic auth
     db = "postgresql://u:pw@db/mlflow"  # a database URI needs its password: left as it is
     assert resolve(TrackingConfig(uri=db), tmp_path)[0] == db
+
+
+@pytest.mark.slow
+def test_resume_asks_for_the_secrets_again_and_still_stores_none(tmp_path: Path) -> None:
+    """A run whose key was not stored: resume= names what to give again, then finishes the run with
+    it (the service gets it), and the key is still stored nowhere."""
+    from test_http_system import Plan, fault_server
+
+    data = write_dataset(tmp_path / "data")
+    service = Plan({"q2": "down"})  # one failed query: something for resume= to do
+    run = tmp_path / "run"
+    with fault_server(service) as url:
+        secrets = [
+            f"system.base_url={_with_key(url, SYS_URL_KEY)}",
+            f"+system.headers.X-Api-Token={HEADER_KEY}",
+        ]
+        common = ["system=http", "system.retries=0", "system.max_error_rate=1.0", f"dataset.path={data}"]
+        first = run_module(
+            "rag_ablate", [*common, *secrets, "progress=false", f"hydra.run.dir={run}"], tmp_path
+        )
+        assert first.returncode == 0, first.stderr[-2000:]
+        service.scenarios.clear()
+        refused = run_module("rag_ablate", [f"resume={run}"], tmp_path)
+        assert refused.returncode == 2
+        assert "+system.headers.X-Api-Token=*** was not stored" in refused.stderr
+        resumed = run_module("rag_ablate", [f"resume={run}", *secrets], tmp_path)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert service.count("/rag/eval", "q2") == 2  # asked again, with the key
+    assert {(h.get("Authorization"), h.get("X-Api-Token")) for h in service.headers} == {
+        (_basic(SYS_URL_KEY), HEADER_KEY)
+    }
+    records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    assert {r["status"] for r in records} == {"ok"}
+    needles = [SYS_URL_KEY, HEADER_KEY, _basic(SYS_URL_KEY).split()[1]]
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(data)]
+    assert [str(p) for p in files for n in needles if n.encode() in p.read_bytes()] == []
+    printed = first.stdout + first.stderr + refused.stderr + resumed.stdout + resumed.stderr
+    assert [n for n in needles if n in printed] == []
