@@ -430,3 +430,24 @@ def test_resume_asks_for_the_secrets_again_and_still_stores_none(tmp_path: Path)
     assert [str(p) for p in files for n in needles if n.encode() in p.read_bytes()] == []
     printed = first.stdout + first.stderr + refused.stderr + resumed.stdout + resumed.stderr
     assert [n for n in needles if n in printed] == []
+
+
+@pytest.mark.parametrize(
+    ("override", "shown"),
+    [
+        (
+            "+system.headers.Authorization='Bearer sk-canary-syntax-1f2e'}",
+            "+system.headers.Authorization=***",
+        ),
+        ("+system.headers.X-Api-Token=[sk-canary-syntax-1f2e", "+system.headers.X-Api-Token=***"),
+        ("generator.base_url=http://u:sk-canary-syntax-1f2e@h/v1}", "generator.base_url=http://***@h/v1}"),
+    ],
+)
+def test_an_override_hydra_cannot_parse_is_named_without_its_key(
+    tmp_path: Path, override: str, shown: str
+) -> None:
+    out = run_module("rag_ablate", [override, "progress=false"], tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"rag_ablate: error: cannot parse the override '{shown}': ")
+    assert "sk-canary-syntax" not in out.stdout + out.stderr
+    assert not (tmp_path / "outputs").exists()  # refused before anything is made
