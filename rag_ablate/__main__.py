@@ -13,7 +13,7 @@ import sys
 
 from rag_ablate.config.keys import redact_override
 from rag_ablate.config.overrides import check_override_keys, normalize_overrides
-from rag_ablate.core.errors import ConfigError
+from rag_ablate.core.errors import EXIT_INVALID, ConfigError
 from rag_ablate.run.resume import rewrite_argv
 
 
@@ -47,12 +47,20 @@ def main(argv: list[str]) -> None:
         check_override_keys(args)
     except ConfigError as exc:
         print(f"rag_ablate: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_INVALID)
     sys.argv[1:] = args  # Hydra reads its command line from sys.argv
     try:
         from rag_ablate.cli.hydra_app import main as hydra_main
 
         hydra_main()
+    except SystemExit as exc:
+        # Hydra reports an override it cannot parse or a config it cannot compose (retrieval=nope,
+        # retrieval.top_k=abc) with exit 1; nothing ran then, so exit 2 as every config error does
+        from hydra.errors import HydraException
+
+        if exc.code == 1 and isinstance(exc.__context__, HydraException):
+            sys.exit(EXIT_INVALID)
+        raise
     except KeyboardInterrupt:  # before a run or sweep exists (they handle their own Ctrl-C)
         print("\nrag_ablate: interrupted (Ctrl-C)", file=sys.stderr)
         sys.exit(130)

@@ -59,6 +59,8 @@ def validate(s: RunConfig) -> None:
         raise ConfigError(f"chunk.unit must be auto, char or token, got '{c.unit}'")
     if s.retrieval.top_k < 1:
         raise ConfigError(f"retrieval.top_k must be >= 1, got {s.retrieval.top_k}")
+    if s.timing.repeats < 1:
+        raise ConfigError(f"timing.repeats must be >= 1, got {s.timing.repeats}")
     dense = s.retrieval.dense
     if dense.approximate_above < 0 or dense.build_threads < 1:
         raise ConfigError(

@@ -357,6 +357,7 @@ def test_a_key_changes_exactly_when_its_inputs_change(
     assert changed == set(row.changes), f"{row.id}: keys of {sorted(changed)} changed"
 
 
+@pytest.mark.slow  # loads the real minilm model for its settings
 def test_the_table_covers_every_setting_of_the_cached_stages() -> None:
     ids = {r.id.split(" ")[0] for r in ROWS}
     expected = {f"chunk.{f.name}" for f in dataclasses.fields(ChunkConfig)}

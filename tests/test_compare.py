@@ -327,11 +327,18 @@ def test_failed_queries_are_counted_compared_and_named() -> None:
     assert (pair.n_failed_baseline, pair.n_failed_variant) == (1, 4)
     assert (pair.left_failed_baseline, pair.left_failed_variant, pair.n_ok_both) == (1, 4, 7)
 
-    # quality means run over the 7 queries ok on both sides (q4..q10)
+    # failure-aware recall over all 12: a query failed on one side scores 0 there (the other side
+    # has a value, so it applied); the 4 variant failures cancel what it gains on the rest
     recall = c.row("holdout", "v", "recall_at_5")
-    assert recall is not None and recall.n_queries == 7
-    assert recall.baseline_mean == pytest.approx((1 + 0 + 0.5 + 1 + 0 + 1 + 0.5) / 7)
-    assert recall.variant_mean == pytest.approx((1 + 0 + 0.5 + 1 + 1 + 1 + 1) / 7)
+    assert recall is not None and recall.n_queries == 12
+    assert recall.baseline_mean == pytest.approx((1 + 0.5 + 0 + 1 + 1 + 0 + 0.5 + 1 + 0 + 1 + 0.5 + 0) / 12)
+    assert recall.variant_mean == pytest.approx((0 + 0 + 0 + 0 + 1 + 0 + 0.5 + 1 + 1 + 1 + 1 + 1) / 12)
+    assert recall.effect == pytest.approx(0.0) and recall.verdict == ""
+    # the ok-only figures beside it: the 7 queries ok on both sides (q4..q10), where it gains
+    assert recall.n_ok_queries == 7
+    assert recall.ok_baseline_mean == pytest.approx((1 + 0 + 0.5 + 1 + 0 + 1 + 0.5) / 7)
+    assert recall.ok_variant_mean == pytest.approx((1 + 0 + 0.5 + 1 + 1 + 1 + 1) / 7)
+    assert recall.ok_effect == pytest.approx(1.5 / 7)
     assert (recall.n_failed_baseline, recall.n_failed_variant) == (1, 4)
 
     # error_rate: 0/1 per query, all 12 queries; 4 fail only in the variant, 1 only in the baseline
@@ -345,10 +352,10 @@ def test_failed_queries_are_counted_compared_and_named() -> None:
     assert err.p_exact and err.p_value == pytest.approx(12 / 32)
     assert err.ci_low <= err.effect <= err.ci_high
 
-    # latency: every query, failures timed until they failed (a timeout cannot make the variant faster)
+    # latency: the 7 queries ok on both sides; the failures' own time is reported apart
     lat = c.row("holdout", "v", "latency_ms")
-    assert lat is not None and lat.n_queries == 12
-    assert lat.variant_mean == pytest.approx((4 * 5000 + 8 * 10) / 12) and lat.effect > 0
+    assert lat is not None and lat.n_queries == 7 and lat.effect == 0.0
+    assert (pair.failed_latency_ms_baseline, pair.failed_latency_ms_variant) == (10.0, 5000.0)
 
     text = format_terminal(c)
     assert "holdout, v: failed 1/12 in baseline, 4/12 in variant" in text
@@ -389,13 +396,10 @@ def test_a_variant_whose_queries_all_failed_shows_rows_that_say_so() -> None:
     # a gate on the untestable metric fails: a broken variant does not pass by producing no numbers
     failures = gate(c, ["holdout/recall_at_5:-0.02"])
     assert len(failures) == 1 and "could not be tested (all 12 failed in variant)" in failures[0]
+    # latency runs over queries ok on both sides: none here
+    assert c.row("holdout", "v", "latency_ms").note == "all 12 failed in variant"  # type: ignore[union-attr]
     # MLflow gets the effects that exist; an untestable metric logs nothing rather than NaN
-    assert set(delta_metrics(c, "v")) == {
-        "delta/holdout/error_rate",
-        "p_adj/holdout/error_rate",
-        "delta/holdout/latency_ms",
-        "p_adj/holdout/latency_ms",
-    }
+    assert set(delta_metrics(c, "v")) == {"delta/holdout/error_rate", "p_adj/holdout/error_rate"}
 
 
 def test_failed_in_both_and_missing_records_are_counted_apart() -> None:
@@ -407,7 +411,9 @@ def test_failed_in_both_and_missing_records_are_counted_apart() -> None:
     pair = c.pair("holdout", "v")
     assert pair is not None
     assert pair.left_out_text() == "3 (1 failed in baseline, 1 failed in both, 1 no record on one side)"
-    assert c.row("holdout", "v", "recall_at_5").n_queries == 9  # type: ignore[union-attr]
+    # recall: q0 failed in the baseline only scores 0 there; q1 (failed in both, applicability
+    # unknown) and q2 (no record) are left out
+    assert c.row("holdout", "v", "recall_at_5").n_queries == 10  # type: ignore[union-attr]
     # error_rate runs over the queries with a record on both sides
     assert c.row("holdout", "v", "error_rate").n_queries == 11  # type: ignore[union-attr]
 
@@ -627,14 +633,26 @@ def test_every_query_is_accounted_for(fates: list[str]) -> None:
     by_metric = {r.metric: r for r in c.rows}
     assert set(by_metric) == set(metrics)  # a row for every metric, tested or saying why not
     recall = by_metric["recall_at_5"]
-    assert recall.n_queries == fates.count("ok") and recall.tested == (fates.count("ok") > 0)
+    # failure-aware: a query failed on one side scores 0 there when the other side has a value and
+    # this side measures recall at all (some ok query has it); failed in both: left out
+    base_measures = any(f in ("ok", "fail_var", "no_record") for f in fates)
+    var_measures = any(f in ("ok", "fail_base") for f in fates)
+    paired = (
+        fates.count("ok")
+        + (fates.count("fail_var") if var_measures else 0)
+        + (fates.count("fail_base") if base_measures else 0)
+    )
+    assert recall.n_queries == paired and recall.tested == (paired > 0)
+    assert recall.n_ok_queries == (fates.count("ok") if recall.tested else 0)
     if set(fates) == {"no_record"}:
         assert recall.note == "no record in variant"
     elif set(fates) == {"fail_var"}:
         assert recall.note == f"all {n} failed in variant"
     with_record = n - fates.count("no_record")
-    for m in ("error_rate", "latency_ms"):  # failures count here
-        assert by_metric[m].n_queries == with_record and by_metric[m].tested == (with_record > 0)
+    assert by_metric["error_rate"].n_queries == with_record  # failures count here
+    assert by_metric["error_rate"].tested == (with_record > 0)
+    lat = by_metric["latency_ms"]  # over the queries ok on both sides; failures' time apart
+    assert lat.n_queries == fates.count("ok") and lat.tested == (fates.count("ok") > 0)
     if with_record:
         err = by_metric["error_rate"]
         diff = fates.count("fail_var") - fates.count("fail_base")

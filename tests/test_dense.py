@@ -229,6 +229,7 @@ def test_dense_finds_paraphrase_that_bm25_misses(
     assert dense_hits[0][0] == target
 
 
+@pytest.mark.slow  # loads each real model
 @pytest.mark.parametrize("name", BUILTIN_ENCODERS)
 def test_embedding_tokens_are_the_models_own_count(name: str) -> None:
     """What an embedding API would bill: the tokens the model reads, its prefix and specials included."""

@@ -15,12 +15,12 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from rag_ablate.compare.analysis import compare, label_rows
-from rag_ablate.compare.gate import EXIT_BLOCKED, GateRule, evaluate, gate
+from rag_ablate.compare.gate import GateRule, evaluate, gate
 from rag_ablate.compare.model import Comparison, Row, VariantData
 from rag_ablate.compare.render import format_markdown, format_terminal
 from rag_ablate.compare.stats import min_detectable_effect, paired_test
 from rag_ablate.config.schema import CompareConfig
-from rag_ablate.core.errors import ComparisonError, ConfigError
+from rag_ablate.core.errors import EXIT_BLOCKED, ComparisonError, ConfigError
 from rag_ablate.records.trace import Record
 from rag_ablate.report.html import render
 from rag_ablate.settings import validate_compare

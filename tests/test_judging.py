@@ -355,6 +355,7 @@ def _judge_args(url: str, out: Path, dataset: Path) -> list[str]:
         "judge.model=m",
         "judge.repeats=2",
         "judge.concurrency=2",
+        "judge.max_error_rate=0.5",  # BROKEN_Q's judgements fail on purpose
         "+cost.prices={m: {prompt: 1.0, completion: 4.0}}",
         f"paths.output_root={out}",
         "progress=false",
@@ -564,7 +565,9 @@ def test_judge_records_judges_only_answers_without_a_judgement_and_records_a_fai
         )
     finally:
         judge.close()
-    assert [r["query_id"] for r in written] == ["q1"] and out[1:] == records[1:]  # nothing else judged
+    assert [r["query_id"] for r in written] == ["q1"] and out[1:3] == records[1:3]  # nothing else judged
+    # the failed query is not judged; it names the judged metrics it misses, with None (never a 0)
+    assert out[3] == {**records[3], "metrics": {"faithfulness": None, "relevance": None}}
     failed, ok = out[0]["judge"]["repeats"]
     assert failed["scores"] == {"faithfulness": None, "relevance": None, "completeness": None}
     assert (

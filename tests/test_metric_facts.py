@@ -152,12 +152,18 @@ def test_the_derived_lists_are_the_ones_the_modules_used_to_keep() -> None:
     assert (
         JUDGE_METRICS == judged_metrics() == human_metrics() == ("faithfulness", "relevance", "completeness")
     )
-    assert set(bases_where(uses_failed=True)) == {
-        "error_rate",
-        "latency_ms",
-        "latency_p50_ms",
-        "latency_p95_ms",
-    }
+    # latency runs over the queries ok on both sides (a failure's time is reported apart)
+    assert set(bases_where(uses_failed=True)) == {"error_rate"}
+    # the failure-aware forms: the worst value of a bounded scale; none for unbounded values, the
+    # failure itself and the judge's own errors
+    no_miss = {s.base for s in metrics_where(miss=None)}
+    assert no_miss == {
+        "context_tokens", "latency_ms", "latency_p50_ms", "latency_p95_ms", "error_rate", "acl_leak",
+        *(f"judge_error_{m}" for m in judged_metrics()),
+    }  # fmt: skip
+    for spec in metrics_where():
+        if spec.miss is not None:
+            assert spec.bounded and spec.miss == (0.0 if spec.direction == "higher" else 1.0), spec.base
     assert set(bases_where(bounded=False)) == {
         "latency_ms",
         "latency_p50_ms",

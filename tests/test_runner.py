@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from rag_ablate.records.trace import Trace
 from rag_ablate.run.runner import evaluate, variant_label
 from rag_ablate.systems.local import LocalSystem
 from tests.conftest import QUERIES, run_module, write_dataset
+from tests.rerank_server import RerankServer
 
 
 class FlakyTarget:
@@ -60,12 +60,16 @@ def test_failed_query_is_recorded_not_dropped(tiny_dataset: Path) -> None:
     assert len(records) == len(ds.queries)
     bad = next(r for r in records if r["query_id"] == "q1")
     assert bad["status"] == "failed" and "simulated timeout" in bad["error"]
-    assert set(bad["metrics"]) == {"latency_ms"}  # no quality value, only its time until it failed
+    # no quality value, only its time until it failed and the metrics that applied, with None
+    assert bad["metrics"]["latency_ms"] > 0 and bad["metrics"]["recall_at_5"] is None
+    assert all(v is None for k, v in bad["metrics"].items() if k != "latency_ms")
     agg = aggregate(records)
     assert agg["all/n_failed"] == 1 and agg["all/error_rate"] == pytest.approx(1 / 8)
-    # the failure is not averaged in as a miss: the mean runs over the 5 other answerable queries
+    # recall_at_5 is failure-aware (the failed answerable query counts as a miss, over all 6); the
+    # ok-only mean over the 5 other answerable queries is beside it
     ok = [r["metrics"]["recall_at_5"] for r in records if r["status"] == "ok" and r["kind"] == "answerable"]
-    assert len(ok) == 5 and agg["all/recall_at_5"] == pytest.approx(sum(ok) / 5)
+    assert len(ok) == 5 and agg["all/ok/recall_at_5"] == pytest.approx(sum(ok) / 5)
+    assert agg["all/recall_at_5"] == pytest.approx(sum(ok) / 6)
 
 
 def test_unanswerable_and_no_rag_stay_out_of_retrieval_means(tiny_dataset: Path) -> None:
@@ -134,41 +138,42 @@ def test_a_crash_while_scoring_fails_that_query_not_the_run(tiny_dataset: Path) 
     assert again["q3"]["status"] == "failed" and again["q1"]["metrics"] == records["q1"]["metrics"]
 
 
-def test_every_routed_query_failed_leaves_intent_metrics_absent(tiny_dataset: Path) -> None:
+def test_every_routed_query_failed_scores_misses_and_has_no_ok_only_mean(tiny_dataset: Path) -> None:
     ds = load_dataset(tiny_dataset)
     target = FlakyTarget(LocalSystem(_settings()), bad={q.query_id for q in ds.queries})
     target.prepare(ds)
     agg = aggregate(evaluate(target, ds, [1, 5]))
     assert agg["all/error_rate"] == 1.0 and agg["all/n_failed"] == 8
-    assert not any(k.endswith("/intent_top1") or k.endswith("/recall_at_5") for k in agg)  # absent, not 0
+    # failure-aware: every query the metric applied to is a miss; no query succeeded, so no ok-only
+    # mean (absent, never 0)
+    assert agg["all/intent_top1"] == 0.0 and agg["all/recall_at_5"] == 0.0
+    assert not any("/ok/" in k for k in agg)
     assert "all/latency_ms_p95" in agg
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow
 def test_a_sweep_whose_variant_fails_every_query(tmp_path: Path) -> None:
-    """A rerank service that refuses every connection: the run finishes, the comparison says what failed."""
+    """A rerank service that rejects every request (HTTP 400), with an error budget that allows it:
+    the run finishes, the comparison says what failed. (One that refuses connections stops the run:
+    tests/test_failures.py.)"""
     answerable = [q for q in QUERIES if q.get("answerable", True) and "relevant" in q]
     dataset = write_dataset(tmp_path / "data", queries=answerable)  # every query retrieves, so reranks
-    url = f"http://127.0.0.1:{_closed_port()}/rerank"
-    proc = run_module(
-        "rag_ablate",
-        [
-            "-m",
-            "rerank=none,http",
-            f"rerank.url={url}",
-            f"dataset.path={dataset}",
-            "tracking=none",
-            "progress=false",
-            "compare.B=1000",
-        ],
-        tmp_path,
-    )
+    with RerankServer() as server:
+        server.state.reject_status = 400
+        proc = run_module(
+            "rag_ablate",
+            [
+                "-m",
+                "rerank=none,http",
+                f"rerank.url={server.url}",
+                f"dataset.path={dataset}",
+                "system.max_error_rate=1.0",
+                "tracking=none",
+                "progress=false",
+                "compare.B=1000",
+            ],
+            tmp_path,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep_dir = next((tmp_path / "outputs" / "multirun").iterdir())
     job = next(
@@ -182,7 +187,8 @@ def test_a_sweep_whose_variant_fails_every_query(tmp_path: Path) -> None:
     assert all(r["metrics"]["latency_ms"] > 0 for r in records)  # timed until the failure
     metrics = json.loads((job / "metrics.json").read_text())
     assert metrics["all/error_rate"] == 1.0 and metrics["all/n_failed"] == len(answerable)
-    assert not [k for k in metrics if k.endswith("intent_top1")]  # absent: no traceback, no 0
+    # failure-aware: every query a miss; no query succeeded, so no ok-only mean and no intent report
+    assert metrics["all/intent_top1"] == 0.0 and not [k for k in metrics if "/ok/" in k]
     assert not (job / "intents.md").exists()
 
     data = json.loads((sweep_dir / "comparison.json").read_text())
@@ -191,8 +197,10 @@ def test_a_sweep_whose_variant_fails_every_query(tmp_path: Path) -> None:
         rows = {r["metric"]: r for r in data["rows"] if r["split"] == split}
         err = rows["error_rate"]
         assert (err["baseline_mean"], err["variant_mean"], err["n_queries"]) == (0.0, 1.0, n)
-        for metric in ("recall_at_5", "ndcg_at_10", "intent_top1"):
-            assert rows[metric]["note"] == f"all {n} failed in variant" and rows[metric]["effect"] is None
+        for metric in ("recall_at_5", "ndcg_at_10", "intent_top1"):  # failure-aware: every query a miss
+            row = rows[metric]
+            assert row["variant_mean"] == 0.0 and row["n_ok_queries"] == 0 and row["ok_effect"] is None
+            assert row["effect"] == pytest.approx(-row["baseline_mean"]) and row["verdict"] != "better"
         pair = next(p for p in data["pairs"] if p["split"] == split)
         assert (pair["n_failed_variant"], pair["left_failed_variant"], pair["n_ok_both"]) == (n, n, 0)
     assert "all" in proc.stdout and "failed in variant" in proc.stdout and "left out" in proc.stdout

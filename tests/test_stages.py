@@ -25,6 +25,7 @@ def _settings(**retrieval: Any) -> RunConfig:
     return s
 
 
+@pytest.mark.slow  # loads the real embedding model
 @pytest.mark.parametrize("method", ["dense", "hybrid"])
 def test_dense_and_hybrid_runs_record_stage_timings(tiny_dataset: Path, tmp_path: Path, method: str) -> None:
     ds = load_dataset(tiny_dataset)

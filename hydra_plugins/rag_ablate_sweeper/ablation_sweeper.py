@@ -83,10 +83,10 @@ class AblationSweeper(Sweeper):
             sys.exit(130)
 
     def _sweep(self, arguments: list[str]) -> Any:
-        from rag_ablate.core.errors import RagAblateError
+        from rag_ablate.core.errors import EXIT_INVALID, RagAblateError
         from rag_ablate.core.profiling import sweep_profile
         from rag_ablate.core.secrets import hidden_in_logs
-        from rag_ablate.sweep.driver import EXIT_INVALID, finish_sweep, start_sweep
+        from rag_ablate.sweep.driver import finish_sweep, start_sweep
         from rag_ablate.sweep.plan import build_plan, check_plan, format_plan
 
         prof = sweep_profile()  # where the sweep's time goes: <sweep dir>/profile.json
@@ -101,7 +101,7 @@ class AblationSweeper(Sweeper):
         try:
             prof.start("plan")
             plan = build_plan(config, arguments, parser)
-            check_plan(
+            job_settings = check_plan(
                 plan,
                 lambda overrides: loader.load_sweep_config(config, overrides),
                 lambda group: list(loader.get_group_options(group)),
@@ -127,7 +127,7 @@ class AblationSweeper(Sweeper):
                     returns = self.launcher.launch([job.overrides for job in plan.jobs], initial_job_idx=0)
             except Exception as exc:  # a launcher's own failure: still finish what ran
                 launch_error = exc
-            code = finish_sweep(config, plan, returns, launch_error)
+            code = finish_sweep(config, plan, returns, launch_error, job_settings)
         except KeyboardInterrupt:
             self._interrupted(plan)
         if code:

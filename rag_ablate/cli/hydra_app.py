@@ -1,8 +1,10 @@
 """The Hydra application: compose the config, run one variant.
 
-A single run (``python -m rag_ablate ...``) that fails prints one line and exits 2
-for an error rag_ablate raises on purpose (a bad dataset, an unusable MLflow store);
-anything else exits 1 with Hydra's report. Ctrl-C prints one line with the resume
+A single run (``python -m rag_ablate ...``) that fails on an error rag_ablate raises on purpose
+prints one line and exits with the error's code (:func:`rag_ablate.core.errors.exit_code_of`:
+2 when nothing ran, a bad config or dataset or an unusable MLflow store; 1 when something failed,
+a stage over its error budget or an endpoint that is down); anything else exits 1 with Hydra's
+report. Ctrl-C prints one line with the resume
 command and exits 130 (the run is marked KILLED). Inside a sweep the error is raised
 instead, so Hydra records the job as failed and the sweeper lists it at the end.
 """
@@ -21,7 +23,7 @@ from omegaconf import DictConfig
 from rag_ablate.config.keys import env_interpolated, redact_hydra_output
 from rag_ablate.config.overrides import CONF_DIR, normalize_overrides, numeric_groups, register_resolvers
 from rag_ablate.config.schema import register_configs
-from rag_ablate.core.errors import RagAblateError, one_line
+from rag_ablate.core.errors import RagAblateError, exit_code_of, one_line
 from rag_ablate.core.secrets import hide_credentials
 
 __all__ = ["CONF_DIR", "main", "normalize_overrides", "numeric_groups"]
@@ -56,5 +58,5 @@ def main(cfg: DictConfig) -> float | None:
             raise  # recorded by Hydra as a failed job; the sweeper reports it
         if isinstance(exc, RagAblateError):
             print(f"rag_ablate: error: {hide_credentials(str(exc))}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(exit_code_of(exc))
         raise

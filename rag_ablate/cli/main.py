@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_ablate import __version__
-from rag_ablate.core.errors import RagAblateError
+from rag_ablate.core.errors import RagAblateError, exit_code_of
 
 if TYPE_CHECKING:
     from rag_ablate.config.schema import CompareConfig
@@ -539,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except RagAblateError as exc:
         print(f"rag-ablate: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_code_of(exc)  # 2 when nothing ran (bad input), 1 when something failed
 
 
 if __name__ == "__main__":

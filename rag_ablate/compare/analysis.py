@@ -2,17 +2,21 @@
 
 Which queries enter a metric's comparison:
 
-* quality metrics (retrieval, evidence, intent, context tokens) run over the
-  queries that are ``ok`` on both sides and have a value on both; a query that
-  failed on either side is left out of them and counted, by why, in the split's
-  :class:`~rag_ablate.compare.model.Pair`;
+* a metric with a failure-aware form (``MetricSpec.miss``: retrieval, evidence, intent,
+  answers, judged scores, leak rate) is failure-aware under its plain name: a query that
+  failed on one side scores the miss there (``recall_at_5``: 0) when the metric applies to it
+  (its failed record names the metric with None, or the other side has a value and this side
+  measures the metric), so a variant that fails more can never lead; a query failed on both
+  sides without a known applicability is left out (its difference would be 0). Beside it the row
+  keeps the ok-only figures (``ok_*``), over the queries ``ok`` on both sides;
+* other metrics (context tokens, latency, leaked-document counts) run over the queries ``ok``
+  on both sides that have a value on both; a query that failed on either side is left out of
+  them and counted, by why, in the split's :class:`~rag_ablate.compare.model.Pair`. Latency in
+  particular: a failure's time is reported apart (``Pair.failed_latency_ms_*``), so errors that
+  return fast never read as "faster" and a timeout never as "slower";
 * ``error_rate`` is the per-query 0/1 "failed" indicator (lower is better), over
   every query with a record on both sides, so failures are compared with the
-  same test, interval and adjustment as any metric;
-* ``latency_ms`` runs over every query with a latency on both sides, failed
-  ones included (a query keeps its time until failure), so a timeout cannot
-  make a variant look faster. (A metric is compared over failed queries when its
-  ``MetricSpec.uses_failed`` says so; these two are the built-in ones.)
+  same test, interval and adjustment as any metric (``MetricSpec.uses_failed``).
 
 A metric that applies but has no paired query (every query failed in the
 variant, say) becomes a row with a ``note`` and no numbers, never a silent gap.
@@ -82,16 +86,31 @@ def failed(rec: Record) -> bool:
 
 
 def value(rec: Record, metric: str) -> float | None:
-    """A record's value of ``metric`` as the comparison uses it (None: no value)."""
+    """A record's value of ``metric`` as the comparison uses it (None: no value): failure-aware,
+    so a failed record that names the metric (it applied) scores its ``MetricSpec.miss``."""
     if metric == ERROR_RATE:
         return 1.0 if failed(rec) else 0.0
-    v = (rec.get("metrics") or {}).get(metric)
+    values = rec.get("metrics") or {}
+    v = values.get(metric)
     if metric == LATENCY and v is None:
         v = (rec.get("timings_ms") or {}).get("total")
-    if v is None or (failed(rec) and not spec_of(metric).uses_failed):
+    spec = spec_of(metric)
+    if failed(rec) and not spec.uses_failed:
+        return spec.miss if spec.miss is not None and metric in values else None
+    if v is None:
         return None
     x = float(v)
     return x if math.isfinite(x) else None
+
+
+def failed_latency(rec: Record) -> float | None:
+    """A failed record's time until it failed (None: not failed, or not timed)."""
+    if not failed(rec):
+        return None
+    v = (rec.get("metrics") or {}).get(LATENCY)
+    if v is None:
+        v = (rec.get("timings_ms") or {}).get("total")
+    return None if v is None or not math.isfinite(float(v)) else float(v)
 
 
 class _CountCache:
@@ -136,6 +155,11 @@ def _pair(split: str, variant: str, base: Mapping[str, Record], var: Mapping[str
             fv += 1
         else:
             ok += 1
+
+    def median_failed(by_id: Mapping[str, Record]) -> float | None:
+        times = [t for r in by_id.values() if (t := failed_latency(r)) is not None]
+        return float(np.median(times)) if times else None
+
     return Pair(
         split=split,
         variant=variant,
@@ -149,6 +173,8 @@ def _pair(split: str, variant: str, base: Mapping[str, Record], var: Mapping[str
         left_failed_variant=fv,
         left_failed_both=both,
         left_no_record=no_record,
+        failed_latency_ms_baseline=median_failed(base),
+        failed_latency_ms_variant=median_failed(var),
     )
 
 
@@ -250,6 +276,41 @@ def _columns(
     return {m: np.array(col, dtype=np.float64) for m, col in zip(metrics, cols, strict=True)}
 
 
+def _failure_aware(
+    by_id: Mapping[str, Record],
+    ids: Sequence[str],
+    metric: str,
+    own: npt.NDArray[np.float64],
+    other: npt.NDArray[np.float64],
+) -> npt.NDArray[np.float64]:
+    """One side's failure-aware column of a metric with a miss, from its ok-only column ``own``:
+    a failed query scores the miss where the metric applies to it (its record names the metric,
+    or the other side has a value and this side measures the metric at all)."""
+    miss = spec_of(metric).miss
+    if miss is None:
+        return own
+    measures = bool(np.isfinite(own).any())
+    out = own.copy()
+    for i, q in enumerate(ids):
+        rec = by_id.get(q)
+        if rec is None or not failed(rec) or math.isfinite(out[i]):
+            continue
+        if metric in (rec.get("metrics") or {}) or (measures and math.isfinite(other[i])):
+            out[i] = miss
+    return out
+
+
+def _ok_only(b: npt.NDArray[np.float64], v: npt.NDArray[np.float64]) -> tuple[float, float, float, int]:
+    """The ok-only figures of a failure-aware row: baseline and variant means and their difference
+    over the queries ok on both sides (``b``, ``v``: the ok-only columns), and their count."""
+    ok = np.isfinite(b) & np.isfinite(v)
+    n = int(ok.sum())
+    if not n:
+        return math.nan, math.nan, math.nan, 0
+    mb, mv = float(b[ok].mean()), float(v[ok].mean())
+    return mb, mv, float((v[ok] - b[ok]).mean()), n
+
+
 def compare(
     variants: Sequence[VariantData],
     *,
@@ -289,6 +350,7 @@ def compare(
     pairs: list[Pair] = []
     flips: Flips = {}
     finish: list[Callable[[], None]] = []  # the second pass, in the order of the first
+    ok_only: dict[tuple[str, str, str], tuple[float, float, float, int]] = {}
     for split in splits:
         base_by_id = _by_id(base.records, split)
         if not base_by_id:
@@ -296,13 +358,22 @@ def compare(
             continue
         base_ids = list(base_by_id)
         sources = list(dict.fromkeys(per_query(m) for m in metrics))
-        base_cols = _columns(base_by_id, base_ids, sources)
+        ok_base_cols = _columns(base_by_id, base_ids, sources)
         for var in others:
             var_by_id = _by_id(var.records, split)
             pair = _pair(split, var.label, base_by_id, var_by_id)
             pairs.append(pair)
             var_only = [r for q, r in var_by_id.items() if q not in base_by_id]
-            var_cols = _columns(var_by_id, base_ids, sources)
+            ok_var_cols = _columns(var_by_id, base_ids, sources)
+            # failure-aware columns of the metrics with a miss; the ok-only figures beside them
+            base_cols, var_cols = dict(ok_base_cols), dict(ok_var_cols)
+            for src in sources:
+                base_cols[src] = _failure_aware(
+                    base_by_id, base_ids, src, ok_base_cols[src], ok_var_cols[src]
+                )
+                var_cols[src] = _failure_aware(var_by_id, base_ids, src, ok_var_cols[src], ok_base_cols[src])
+                if spec_of(src).miss is not None:
+                    ok_only[(split, var.label, src)] = _ok_only(ok_base_cols[src], ok_var_cols[src])
             # metrics measured on the same queries are tested together, on one shared draw
             by_subset: dict[bytes, tuple[npt.NDArray[np.bool_], list[str]]] = {}
             quantile_ms: dict[tuple[str, bytes], tuple[npt.NDArray[np.bool_], list[str]]] = {}
@@ -369,6 +440,11 @@ def compare(
     counts.run()
     for step in finish:
         step()
+    for r in rows:
+        if r.tested and (r.split, r.variant, r.metric) in ok_only:
+            r.ok_baseline_mean, r.ok_variant_mean, r.ok_effect, r.n_ok_queries = ok_only[
+                (r.split, r.variant, r.metric)
+            ]
     order = {(s, v, m): i for i, (s, v, m) in enumerate(_keys(splits, [o.label for o in others], metrics))}
     rows.sort(key=lambda r: order[(r.split, r.variant, r.metric)])
     _adjust(rows, alpha)

@@ -37,8 +37,6 @@ from rag_ablate.compare.model import Comparison, GateResult, Row
 from rag_ablate.core.errors import ComparisonError
 from rag_ablate.metrics.registry import direction_of, metric_name, parse_metric_name
 
-EXIT_BLOCKED = 3  # the gate blocked; 1 is "something failed", 2 "nothing ran"
-
 EVIDENCE = ("point", "noninferior", "superior")
 _RULE = re.compile(r"^(?P<split>dev|holdout)/(?P<metric>[A-Za-z0-9_@]+)(?P<rest>(:[^:]*)*)$")
 _OLD = re.compile(r"^\s*(?P<head>[^<>=]+?)\s*[<>]=?\s*(?P<bound>[-+]?[0-9.]+)\s*$")

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
 from rag_ablate.compare.mix import MixRow
+from rag_ablate.metrics.registry import spec_of
 from rag_ablate.records.trace import Record
 
 
@@ -88,6 +89,13 @@ class Row:
     # what the numbers say, in words that agree with the interval beside them (analysis.label_rows)
     mde: float = math.nan  # minimum detectable effect at 80% power, two-sided alpha, from the bootstrap SE
     label: str = ""  # better | worse | "worse unadjusted, n.s. after Holm" | "no evidence; could detect ..."
+    # a metric with a failure-aware form (MetricSpec.miss): the row's numbers are failure-aware (a
+    # failed query the metric applies to scores the miss); beside them the ok-only figures, over
+    # the queries ok on both sides (NaN: none; or no failure-aware form, the row is ok-only then)
+    ok_baseline_mean: float = math.nan
+    ok_variant_mean: float = math.nan
+    ok_effect: float = math.nan
+    n_ok_queries: int = 0
 
     @property
     def tested(self) -> bool:
@@ -126,11 +134,12 @@ class GateResult:
 class Pair:
     """The queries of one split as the baseline and one variant have them.
 
-    ``n_queries``: queries with a record on either side. Quality metrics run
-    over queries ``ok`` on both sides; the others are left out, counted by why
-    (disjoint): failed in the baseline only, in the variant only, in both, or
-    without a record on one side. ``error_rate`` and ``latency_ms`` use failed
-    queries too.
+    ``n_queries``: queries with a record on either side. The ok-only figures run over queries
+    ``ok`` on both sides; the others are left out of them, counted by why (disjoint): failed in
+    the baseline only, in the variant only, in both, or without a record on one side. A metric's
+    failure-aware form scores a failed query as a miss instead; ``error_rate`` uses failed
+    queries too; latency does not (a failure's time is apart: ``failed_latency_ms_*``, the median
+    time of each side's failed queries, None when none failed).
     """
 
     split: str
@@ -145,6 +154,8 @@ class Pair:
     left_failed_variant: int
     left_failed_both: int
     left_no_record: int
+    failed_latency_ms_baseline: float | None = None
+    failed_latency_ms_variant: float | None = None
 
     @property
     def n_left_out(self) -> int:
@@ -276,12 +287,20 @@ class Comparison:
     pairwise: PairwiseReport | None = None  # judge.mode=pairwise (rag_ablate.compare.pairwise); None: not run
     tradeoff: Tradeoff | None = None  # quality against cost (rag_ablate.compare.tradeoff); None: not computed
     gate: list[GateResult] = field(default_factory=list)  # the regression gate's verdicts (compare.gate)
+    latency_method: str = ""  # how the latency rows' times were measured (rag_ablate.compare.timing)
 
     def row(self, split: str, variant: str, metric: str) -> Row | None:
         for r in self.rows:
             if (r.split, r.variant, r.metric) == (split, variant, metric):
                 return r
         return None
+
+    @property
+    def latency_note(self) -> str:
+        """How latency was measured, when the comparison has latency rows (else empty): every view
+        prints it beside them."""
+        timed = any(spec_of(m).family == "timing" for m in self.metrics)
+        return self.latency_method if timed else ""
 
     def pair(self, split: str, variant: str) -> Pair | None:
         for p in self.pairs:
@@ -316,6 +335,7 @@ class Comparison:
             "pairwise": None if self.pairwise is None else self.pairwise.to_dict(),
             "tradeoff": None if self.tradeoff is None else self.tradeoff.to_dict(),
             "gate": [{**_finite(asdict(g)), "verdict": g.verdict} for g in self.gate],
+            "latency_method": self.latency_method,
         }
 
     @classmethod

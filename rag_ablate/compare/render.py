@@ -15,9 +15,45 @@ from rag_ablate.core.layout import COMPARISON_JSON, COMPARISON_MD
 from rag_ablate.metrics.registry import display_name
 
 WHICH_QUERIES = (
-    "quality metrics compare the queries ok on both sides; error_rate every query with a record on both "
-    "sides; latency_ms every query with a latency, failed ones included (timed until they failed)"
+    "quality metrics are failure-aware: a query that failed on one side scores a miss there (recall 0), "
+    "so a variant that fails more cannot lead; their ok-only figures, and latency, compare the queries ok "
+    "on both sides (a failure's time is shown apart); error_rate every query with a record on both sides"
 )
+
+
+def _ms(t: float | None) -> str:
+    return "-" if t is None else _num(t)
+
+
+def _failed_ms(p: Pair) -> str:
+    """``; failed queries' median time: baseline -, variant 45.0 ms`` ('' when none failed)."""
+    if p.failed_latency_ms_baseline is None and p.failed_latency_ms_variant is None:
+        return ""
+    b, v = (
+        "-" if t is None else f"{_num(t)} ms"
+        for t in (p.failed_latency_ms_baseline, p.failed_latency_ms_variant)
+    )
+    return f"; failed queries' median time: baseline {b}, variant {v}"
+
+
+def ok_only_rows(c: Comparison) -> list[Row]:
+    """The failure-aware rows whose ok-only figures differ (some query failed on a side)."""
+    return [
+        r
+        for r in c.rows
+        if r.tested
+        and math.isfinite(r.ok_effect)
+        and (r.n_ok_queries != r.n_queries or r.ok_effect != r.effect)
+    ]
+
+
+def ok_only_line(r: Row) -> str:
+    """``holdout, v, recall@5: failure-aware -0.150 over 60 queries; ok-only +0.040 (...) over 41``."""
+    return (
+        f"{r.split}, {r.variant}, {display_name(r.metric)}: failure-aware {_signed(r.effect)} over "
+        f"{r.n_queries} queries; ok-only {_signed(r.ok_effect)} ({_num(r.ok_baseline_mean)} -> "
+        f"{_num(r.ok_variant_mean)}) over the {r.n_ok_queries} ok on both sides"
+    )
 
 
 def _num(v: float) -> str:
@@ -136,8 +172,8 @@ def pair_line(p: Pair) -> str:
     """``dev, chunk=256: failed 0/40 in baseline, 3/40 in variant; ...``."""
     return (
         f"{p.split}, {p.variant}: failed {p.n_failed_baseline}/{p.n_baseline} in baseline, "
-        f"{p.n_failed_variant}/{p.n_variant} in variant; quality metrics compare {p.n_ok_both} of "
-        f"{p.n_queries} queries, left out {p.left_out_text()}"
+        f"{p.n_failed_variant}/{p.n_variant} in variant; ok-only figures and latency compare "
+        f"{p.n_ok_both} of {p.n_queries} queries, left out {p.left_out_text()}{_failed_ms(p)}"
     )
 
 
@@ -185,6 +221,7 @@ def format_terminal(c: Comparison) -> str:
     if with_failures:
         lines.append(f"failed and left-out queries ({WHICH_QUERIES}):")
         lines += [f"  {pair_line(p)}" for p in with_failures]
+        lines += [f"  {ok_only_line(r)}" for r in ok_only_rows(c)]
     elif c.pairs:
         lines.append("failed queries: none; no query left out of any pair")
     for v, factors in c.confounded.items():
@@ -194,6 +231,8 @@ def format_terminal(c: Comparison) -> str:
     lines += [f"NO-OP: {no_op_text(v)}" for v in c.no_op]
     for n in c.notes:
         lines.append(f"note: {n}")
+    if c.latency_note:
+        lines.append(f"how latency was measured: {c.latency_note}")
     return "\n".join(lines)
 
 
@@ -354,14 +393,22 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
         f"Failed queries never vanish: {WHICH_QUERIES}. `error_rate` is compared like any metric.",
         "",
         "| split | variant | queries | failed in baseline | failed in variant | ok on both "
-        "| left out (why) |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| left out (why) | failed queries' median ms (base / var) |",
+        "|---|---|---:|---:|---:|---:|---|---|",
         *(
             f"| {p.split} | {_md_cell(p.variant)} | {p.n_queries} | {p.n_failed_baseline}/{p.n_baseline} | "
-            f"{p.n_failed_variant}/{p.n_variant} | {p.n_ok_both} | {p.left_out_text()} |"
+            f"{p.n_failed_variant}/{p.n_variant} | {p.n_ok_both} | {p.left_out_text()} | "
+            f"{_ms(p.failed_latency_ms_baseline)} / {_ms(p.failed_latency_ms_variant)} |"
             for p in c.pairs
         ),
         "",
+        *(
+            ["Failure-aware against ok-only (rows where a query failed):", ""]
+            + [f"- {_md_cell(ok_only_line(r))}" for r in ok_only_rows(c)]
+            + [""]
+            if ok_only_rows(c)
+            else []
+        ),
     ]
     if c.confounded or c.unchecked:
         out += ["## Confounding guard", ""]
@@ -372,6 +419,8 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
         out += ["## No-op variants", "", *(f"- **NO-OP**: {_md_cell(no_op_text(v))}" for v in c.no_op), ""]
     if c.notes:
         out += ["## Notes", "", *(f"- {n}" for n in c.notes), ""]
+    if c.latency_note:
+        out += ["## How latency was measured", "", c.latency_note, ""]
     out += slice_markdown_lines(c)
     out += ["## Per-query flips", ""]
     for v, by_metric in c.flips.items():

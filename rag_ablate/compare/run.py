@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.analysis import compare
-from rag_ablate.compare.gate import EXIT_BLOCKED, evaluate, result_line
+from rag_ablate.compare.gate import evaluate, result_line
 from rag_ablate.compare.guard import check, no_ops
 from rag_ablate.compare.load import (
     check_same_data,
@@ -31,9 +32,11 @@ from rag_ablate.compare.model import Comparison, VariantData
 from rag_ablate.compare.pairwise import pairwise_section
 from rag_ablate.compare.render import format_terminal, write_outputs
 from rag_ablate.compare.slices import compare_slices, resolve_metrics
+from rag_ablate.compare.timing import apply_timing
 from rag_ablate.config.schema import CompareConfig
-from rag_ablate.core.errors import ComparisonError
-from rag_ablate.core.layout import COMPARISON_JSON, SWEEP_FILE
+from rag_ablate.core.errors import EXIT_BLOCKED, ComparisonError
+from rag_ablate.core.layout import COMPARISON_JSON, SWEEP_FILE, TIMING_FILE
+from rag_ablate.run.timing import TimedCall, read_timing
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Source:
     tracking_uri: str | None = None
     parent_run_id: str | None = None
     baseline_run: str | None = None  # the earlier run the sweep was compared with (compare.baseline_run)
+    timing: list[TimedCall] = field(default_factory=list)  # the sweep's interleaved timing pass, if any
 
 
 @dataclass
@@ -61,22 +65,27 @@ def load_source(source: str | Path, tracking_uri: str | None = None, out_dir: Pa
     if path.is_dir():
         info_path = path / SWEEP_FILE
         info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+        timing = path / TIMING_FILE
         return Source(
             load_sweep_dir(path),
             out_dir or path,
             tracking_uri or info.get("tracking_uri"),
             info.get("parent_run_id"),
-            info.get("baseline_run"),
+            baseline_run=info.get("baseline_run"),
+            timing=read_timing(timing) if timing.is_file() else [],
         )
     from rag_ablate.tracking import store as tracking
 
     uri = tracking_uri or tracking.default_uri(Path.cwd() / "outputs")
     run_id = str(source)
+    variants = load_mlflow_parent(uri, run_id)
+    found = tracking.download(uri, run_id, [TIMING_FILE], Path(tempfile.mkdtemp(prefix="rag_ablate_cmp_")))
     return Source(
-        load_mlflow_parent(uri, run_id),
+        variants,
         out_dir or Path.cwd() / "outputs" / "comparisons" / run_id,
         uri,
         run_id,
+        timing=read_timing(found[TIMING_FILE]) if TIMING_FILE in found else [],
     )
 
 
@@ -149,6 +158,7 @@ def run_comparison(
                 "queries cannot be paired. Rerun them on the baseline's dataset (--no-guard compares anyway)"
             )
     run_seed = _default_seed(src.variants) if seed is None else seed
+    latency_method = apply_timing(src.variants, src.timing)  # the interleaved times, when measured
     c = compare(
         src.variants,
         baseline=settings.baseline,
@@ -159,6 +169,7 @@ def run_comparison(
         alpha=settings.alpha,
         flip_threshold=settings.flip_threshold,
     )
+    c.latency_method = latency_method
     # where it helps and hurts: the same test within each slice (exploratory, BH across slices)
     c.slices = compare_slices(
         src.variants,

@@ -43,6 +43,7 @@ JUDGE_RUNTIME_KEYS = (
     "judge.backoff_s",
     "judge.backoff_max_s",
     "judge.concurrency",
+    "judge.max_error_rate",
 )
 
 
@@ -60,6 +61,7 @@ RUNTIME_KEYS = (
     "hydra",
     "metrics.summary",
     "compare",
+    "timing",  # how latency is measured for the comparison
     "ablation",
     "cache",
     "cost",

@@ -61,7 +61,8 @@ class SystemConfig:
     retries: int = 3  # http: resends on connect errors, 5xx and 429 (exponential backoff with jitter)
     backoff_s: float = 0.5  # http: first backoff delay, seconds; doubles per retry (Retry-After wins)
     backoff_max_s: float = 30.0  # http: the longest wait between two tries, Retry-After included
-    max_error_rate: float = 1.0  # a run whose share of failed queries is above this fails (1.0 = never)
+    max_error_rate: float = 0.05  # the error budget: a run whose share of failed queries is above it
+    # fails (exit 1), local and http alike; queries failed by the generator or reranker count here
 
 
 @dataclass
@@ -173,6 +174,8 @@ class JudgeConfig:
     max_contexts: int = 5  # the judge sees at most this many top contexts (then shuffled)
     json_mode: bool = True  # send response_format {"type": "json_object"} (servers that support it)
     concurrency: int = 1  # judge calls in flight at once
+    max_error_rate: float = 0.05  # the judge's error budget: a run where a larger share of a judged
+    # metric's judgements failed (unparsable replies, failed calls) fails (exit 1)
     prompt_en: str = ""  # pointwise prompt for English questions ({question} {contexts} {references}
     # {answer} {citations} {rubric} {keys})
     prompt_zh: str = ""  # pointwise prompt for Chinese questions (the same placeholders)
@@ -281,6 +284,14 @@ class CompareConfig:
 
 
 @dataclass
+class TimingConfig:
+    # after a sweep's jobs, time every variant's queries again, interleaved in randomised blocks, and
+    # compare latency on those paired times (rag_ablate.run.timing); false = the jobs' own latencies
+    interleave: bool = True
+    repeats: int = 1  # times each query is answered by each variant in the pass (its latency: their median)
+
+
+@dataclass
 class AblationConfig:
     mode: str = "ofat"  # ofat: baseline + one variant per non-default level | grid: full factorial
     dry_run: bool = False  # print the plan (variants, what each changes, job count) and run nothing
@@ -311,6 +322,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)  # how latency is measured for the verdict
     ablation: AblationConfig = field(default_factory=AblationConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     cost: CostConfig = field(default_factory=CostConfig)

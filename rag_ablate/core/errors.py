@@ -14,7 +14,8 @@ against the code)::
     │   ├── ConfigError                 a config value or combination is invalid
     │   ├── UnknownNameError            also KeyError: a name not in a registry (lists the valid names)
     │   ├── TrackingError               MLflow store / run problems
-    │   ├── ErrorRateError              a run's share of failed queries is above system.max_error_rate
+    │   ├── ErrorRateError              a stage's share of failed calls/queries is above its error budget
+    │   ├── EndpointDownError           an endpoint refused connections several times in a row: the run stops
     │   ├── ComparisonError             the comparison step cannot be computed
     │   ├── LocalModelError             the offline model (extra [local-llm]) missing, corrupt, not started
     │   ├── JudgeCalibrationError       the judge calibration failed after the run was logged
@@ -32,6 +33,12 @@ it and never reaches a caller. ``_Retry`` and ``_Failure`` become a retry or a q
 (``timeout``, ``http_error``, ...; a ``_Retry`` that runs out of tries becomes its
 ``GenerationError`` or ``_Failure``), and ``RequestError`` becomes the service's HTTP 400 or 422
 answer. A new error a user can see subclasses :class:`RagAblateError`.
+
+Exit codes. Every command exits with one of four codes (README "Exit codes"): ``EXIT_OK`` 0,
+``EXIT_FAILED`` 1 (something failed: a query budget, a judge, an endpoint, a job, a step),
+``EXIT_INVALID`` 2 (nothing ran: a usage, config, dataset or store error) and ``EXIT_BLOCKED`` 3
+(the regression gate blocked). An error's own code is its class's ``exit_code``
+(:func:`exit_code_of`): 1 unless the class says nothing ran.
 """
 
 from __future__ import annotations
@@ -40,9 +47,24 @@ from collections.abc import Iterable
 
 from rag_ablate.core.retry import Status
 
+EXIT_OK = 0  # the command did its whole job
+EXIT_FAILED = 1  # something failed (a budget, a judge, an endpoint, a job, a step)
+EXIT_INVALID = 2  # nothing ran: usage, config, dataset or store error
+EXIT_BLOCKED = 3  # the regression gate blocked
+
 
 class RagAblateError(Exception):
-    """Base class of all errors raised on purpose by rag_ablate."""
+    """Base class of all errors raised on purpose by rag_ablate.
+
+    ``exit_code``: what a command that stops on it exits with (``EXIT_FAILED`` unless nothing ran).
+    """
+
+    exit_code = EXIT_FAILED
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """The exit code of a command stopped by ``exc``: its class's ``exit_code``, else ``EXIT_FAILED``."""
+    return exc.exit_code if isinstance(exc, RagAblateError) else EXIT_FAILED
 
 
 class DatasetError(RagAblateError):
@@ -51,6 +73,8 @@ class DatasetError(RagAblateError):
     ``file``, ``line`` (1-based, or None for file-level problems) and ``field``
     say exactly where.
     """
+
+    exit_code = EXIT_INVALID
 
     def __init__(
         self,
@@ -75,9 +99,13 @@ class DatasetError(RagAblateError):
 class ConfigError(RagAblateError):
     """A configuration value is invalid or inconsistent."""
 
+    exit_code = EXIT_INVALID
+
 
 class UnknownNameError(RagAblateError, KeyError):
     """A name that is not in a registry. The message lists the valid names."""
+
+    exit_code = EXIT_INVALID
 
     def __init__(self, kind: str, name: str, valid: Iterable[str]) -> None:
         self.kind = kind
@@ -93,18 +121,31 @@ class UnknownNameError(RagAblateError, KeyError):
 class TrackingError(RagAblateError):
     """MLflow could not be reached or used as configured."""
 
+    exit_code = EXIT_INVALID
+
 
 class ErrorRateError(RagAblateError):
-    """A run finished, was logged and marked FAILED: too many of its queries failed."""
+    """A run finished, was logged and marked FAILED: a stage's share of failed queries or calls
+    (the system's queries, the judge's judgements) is above its error budget."""
+
+
+class EndpointDownError(RagAblateError):
+    """An endpoint (``system=http``, ``generator=openai``, ``judge=openai``, ``rerank=http``) failed to
+    connect several times in a row (:class:`rag_ablate.core.retry.Breaker`): the run stops at once
+    instead of trying every query. The message names the URL."""
 
 
 class ComparisonError(RagAblateError):
     """The comparison step cannot be computed from what is on disk."""
 
+    exit_code = EXIT_INVALID
+
 
 class LocalModelError(RagAblateError):
     """The offline model cannot be prepared or served (rag_ablate/llm/local.py): the extra is not
     installed, a part is missing or corrupt, or the server did not start. Says the fixing command."""
+
+    exit_code = EXIT_INVALID
 
 
 class JudgeCalibrationError(RagAblateError):

@@ -1,4 +1,5 @@
-"""Calling a service that may fail: what an HTTP status means, how long to wait, how to quote a body.
+"""Calling a service that may fail: what an HTTP status means, how long to wait, how to quote a body,
+when an endpoint counts as down (:class:`Breaker`).
 
 Shared by every HTTP client of the package (``system=http``, ``generator=openai``, the judge,
 ``rerank=http``)."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import email.utils
 import random
+import threading
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
@@ -78,3 +80,48 @@ def status_meaning(code: int) -> tuple[Status, bool] | None:
 Status = Literal["ok", "failed", "timeout", "http_error", "bad_response", "access_denied", "stream_cut"]
 
 STATUSES: tuple[str, ...] = get_args(Status)
+
+
+BREAKER_LIMIT = 3  # tries in a row that could not connect before an endpoint counts as down
+
+
+class Breaker:
+    """A circuit breaker: the tries in a row that could not connect to one endpoint.
+
+    Every HTTP client of the package keeps one per endpoint for the whole run (shared by its
+    threads or tasks). It calls :meth:`failed` after a try that could not connect (refused,
+    unreachable, connect timeout) and :meth:`succeeded` after any response. After ``limit`` such
+    tries in a row the breaker is :attr:`open`: the client raises
+    :class:`~rag_ablate.core.errors.EndpointDownError` with :meth:`message` instead of retrying, and
+    every later call fails at once, so a service that is down stops the run within seconds instead
+    of costing a round of retries per query.
+    """
+
+    def __init__(self, owner: str, url: str, limit: int = BREAKER_LIMIT) -> None:
+        self.owner, self.url, self.limit = owner, url, limit
+        self.in_a_row = 0
+        self.last_error = ""
+        self._lock = threading.Lock()
+
+    @property
+    def open(self) -> bool:
+        return self.in_a_row >= self.limit
+
+    def failed(self, error: str) -> bool:
+        """One more try that could not connect; True when the breaker is now open."""
+        with self._lock:
+            self.in_a_row += 1
+            self.last_error = error
+            return self.in_a_row >= self.limit
+
+    def succeeded(self) -> None:
+        """The endpoint answered (whatever its status): the count starts again."""
+        with self._lock:
+            self.in_a_row = 0
+
+    def message(self) -> str:
+        """The one line that stops the run: the owner, the URL and the last connection error."""
+        return (
+            f"{self.owner} endpoint {self.url} is unreachable: {self.in_a_row} connection attempts in a "
+            f"row failed ({self.last_error}); the run stops. Is the service running at that address?"
+        )

@@ -40,6 +40,12 @@ if TYPE_CHECKING:
 #: the metrics a judge scores: the registry's ``MetricSpec.judged`` ones, in registration order (the
 #: registry is the one list; this is its value when the judges are imported)
 JUDGE_METRICS: tuple[str, ...] = judged_metrics()
+
+
+def asked_metrics(has_references: bool) -> tuple[str, ...]:
+    """The judged metrics a judge asks about one answer: ``completeness`` only when the query has
+    reference answers (it is measured against them)."""
+    return tuple(m for m in JUDGE_METRICS if m != "completeness" or has_references)
 SUPPORT_KEY = "citation_support"  # the ``errors`` key when the judge's ``support`` list failed
 
 
@@ -80,4 +86,4 @@ JUDGES: Registry[JudgeFactory] = Registry(
     providers=("rag_ablate.judges.none", "rag_ablate.judges.openai"),
 )
 
-__all__ = ["JUDGES", "JUDGE_METRICS", "SUPPORT_KEY", "Judge", "JudgeFactory", "JudgeInput"]
+__all__ = ["JUDGES", "JUDGE_METRICS", "SUPPORT_KEY", "Judge", "JudgeFactory", "JudgeInput", "asked_metrics"]

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from rag_ablate.core.errors import ConfigError, GenerationError
 from rag_ablate.core.secrets import hide_userinfo
 from rag_ablate.generators.base import Context
-from rag_ablate.judges import JUDGE_METRICS, JUDGES, SUPPORT_KEY, JudgeInput
+from rag_ablate.judges import JUDGE_METRICS, JUDGES, SUPPORT_KEY, JudgeInput, asked_metrics
 from rag_ablate.llm.client import ChatClient, ChatResult
 from rag_ablate.metrics.answers import answer_sentences
 from rag_ablate.records.trace import Judgement, JudgeRepeat, JudgeUsage
@@ -122,6 +122,8 @@ def validate_judge(cfg: JudgeConfig) -> None:
             raise ConfigError(f"judge.{name} must be >= 0, got {number}")
     if cfg.backoff_max_s < 0:
         raise ConfigError(f"judge.backoff_max_s must be >= 0, got {cfg.backoff_max_s}")
+    if not 0.0 <= cfg.max_error_rate <= 1.0:
+        raise ConfigError(f"judge.max_error_rate must be in [0, 1], got {cfg.max_error_rate}")
     for lang in ("en", "zh"):
         for name, needed in REQUIRED.items():
             template = getattr(cfg, f"{name}_{lang}")
@@ -228,7 +230,7 @@ def build_prompt(cfg: JudgeConfig, inp: JudgeInput) -> Prompt:
     """The pointwise prompt for one answer (see the module docstring)."""
     lang = language(inp.question)
     order = shuffled_contexts(inp.contexts, inp.query_id, cfg.seed, cfg.max_contexts)
-    asked = tuple(m for m in JUDGE_METRICS if m != "completeness" or inp.references)
+    asked = asked_metrics(bool(inp.references))
     sentences = answer_sentences(inp.answer)
     pairs = []
     for i, (index, passage) in enumerate(inp.citations, 1):

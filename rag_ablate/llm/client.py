@@ -26,7 +26,10 @@ never stored, logged or part of a cache key. ``None`` sends no key.
 Retries. 429, 5xx and connect errors are sent again (``retries`` times), after the
 response's ``Retry-After`` or an exponential backoff with jitter
 (:func:`rag_ablate.core.retry.backoff_wait`, shared with ``system=http``). Read timeouts,
-4xx and broken bodies are not retried. A streamed call is only retried before any content
+4xx and broken bodies are not retried. An endpoint that cannot be connected to
+``BREAKER_LIMIT`` tries in a row (refused, unreachable; :class:`rag_ablate.core.retry.Breaker`)
+raises :class:`~rag_ablate.core.errors.EndpointDownError` at once, and so does every later
+call: the run stops instead of retrying every query. A streamed call is only retried before any content
 arrived. Every failure raises :class:`~rag_ablate.core.errors.GenerationError` whose
 message names the owner ("generator" or "judge") and the endpoint.
 
@@ -53,8 +56,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rag_ablate.core.errors import ConfigError, GenerationError
-from rag_ablate.core.retry import backoff_wait, excerpt, retry_after_seconds, status_meaning
+from rag_ablate.core.errors import ConfigError, EndpointDownError, GenerationError
+from rag_ablate.core.retry import Breaker, backoff_wait, excerpt, retry_after_seconds, status_meaning
 from rag_ablate.core.secrets import split_userinfo
 from rag_ablate.text.count import count_tokens
 
@@ -82,10 +85,13 @@ class ChatResult:
 
 
 class _Retry(Exception):
-    def __init__(self, error: GenerationError, retry_after: float | None = None) -> None:
+    def __init__(
+        self, error: GenerationError, retry_after: float | None = None, *, unreachable: bool = False
+    ) -> None:
         super().__init__(str(error))
         self.error = error
         self.retry_after = retry_after
+        self.unreachable = unreachable  # the try could not connect (the breaker counts it)
 
 
 def messages_sha256(messages: list[dict[str, str]]) -> str:
@@ -123,6 +129,7 @@ class ChatClient:
         self.backoff_max_s = backoff_max_s
         self.cache = cache
         self.calls = 0  # requests sent to the endpoint, retries included
+        self.breaker = Breaker(owner, self.url)  # an endpoint that is down stops the run
         self._lock = threading.Lock()
         self._rng = random.Random(seed)  # backoff jitter only
         self._client: httpx.Client | None = None
@@ -281,10 +288,20 @@ class ChatClient:
         t0 = time.perf_counter()
         retries = 0
         while True:
+            if self.breaker.open:
+                raise EndpointDownError(self.breaker.message())
             try:
                 value = self._stream(body, t0) if body["stream"] else self._once(body)
+                self.breaker.succeeded()
                 break
+            except GenerationError:
+                self.breaker.succeeded()  # it answered, if not well
+                raise
             except _Retry as r:
+                if not r.unreachable:
+                    self.breaker.succeeded()
+                elif self.breaker.failed(str(r.error)):
+                    raise EndpointDownError(self.breaker.message()) from None
                 if retries >= self.retries:
                     raise r.error from None
                 with self._lock:
@@ -316,11 +333,12 @@ class ChatClient:
 
         detail = f"{self._where()}: {type(exc).__name__}: {exc}".rstrip(": ")
         if isinstance(exc, httpx.ConnectTimeout):
-            return _Retry(GenerationError("timeout", detail))
+            return _Retry(GenerationError("timeout", detail), unreachable=True)
         if isinstance(exc, httpx.TimeoutException):
             return GenerationError("timeout", detail)
         if not started and isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
-            return _Retry(GenerationError("http_error", detail))
+            refused = isinstance(exc, httpx.ConnectError)
+            return _Retry(GenerationError("http_error", detail), unreachable=refused)
         return GenerationError("http_error", detail)
 
     def _status_error(self, response: httpx.Response, body: bytes) -> GenerationError | _Retry:

@@ -12,11 +12,12 @@ Names may carry a prefix such as a split or slice (``"dev/recall_at_5"``);
 ``/``. ``parse_metric_name`` takes a bare metric name only.
 
 Every fact about a metric is a field of its :class:`MetricSpec` (direction, scale, family,
-failed queries, percentile, judged, human-labelled, default lists, quality axis), and every list
-of metrics elsewhere is read from here: :func:`metrics_where` / :func:`bases_where` select by
-field, :func:`default_compare_metrics`, :func:`default_summary_metrics`, :func:`quality_axes`,
-:func:`auto_quality`, :func:`judged_metrics` and :func:`human_metrics` are the named lists, and
-:func:`spec_of` looks one name up. docs/metrics.md "Adding a metric" is the recipe.
+failed queries and the failure-aware form's miss, percentile, judged, human-labelled, default
+lists, quality axis), and every list of metrics elsewhere is read from here:
+:func:`metrics_where` / :func:`bases_where` select by field, :func:`default_compare_metrics`,
+:func:`default_summary_metrics`, :func:`quality_axes`, :func:`auto_quality`,
+:func:`judged_metrics` and :func:`human_metrics` are the named lists, and :func:`spec_of` looks
+one name up. docs/metrics.md "Adding a metric" is the recipe.
 
 Errors:
 
@@ -97,8 +98,19 @@ class MetricSpec:
         so its run-to-run noise never moves another row's adjusted p) or ``judge`` (the LLM
         judge's own failures).
     ``uses_failed``
-        compared over failed queries too (a failed query keeps its time, and ``error_rate`` is
-        the failure itself); every other metric only over the queries ``ok`` on both sides.
+        compared over failed queries too (``error_rate`` is the failure itself); every other
+        metric over the queries ``ok`` on both sides (latency included: a failure's time is
+        reported apart, so errors that return fast never read as "faster"), or, with a ``miss``,
+        in its failure-aware form.
+    ``miss``
+        the value a failed query scores in the metric's **failure-aware** form, which is what the
+        metric's plain name means in aggregates, comparisons, the gate and every headline
+        (``recall_at_5``: a failed query that the metric applies to counts as 0 recall); the mean
+        over the queries that succeeded is the *ok-only* form, shown beside it. The worst value of
+        the metric's scale: 0 for a higher-is-better bounded metric, 1 for a lower-is-better rate
+        (``over_refusal``, ``acl_leak_rate``: a failure can never look safer). None: no
+        failure-aware form (unbounded values such as latency, tokens or leaked-document counts,
+        where no worst value exists, and ``error_rate``, the failure itself).
     ``bounded``
         False for a continuous value without a natural scale (milliseconds, token counts): a
         per-query flip is then judged by relative change, not by an absolute threshold.
@@ -136,6 +148,7 @@ class MetricSpec:
     default_compare: bool = False
     default_summary: bool = False
     quality_axis: int | None = None
+    miss: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.base, str) or not _BASE_RE.fullmatch(self.base):
@@ -180,6 +193,10 @@ class MetricSpec:
         listed = self.default_compare or self.default_summary or self.quality_axis is not None
         if listed and self.takes_k and self.default_k is None:
             raise ValueError(f"metric {self.base!r}: in a default list with a cutoff, so it needs default_k")
+        if self.miss is not None and (
+            isinstance(self.miss, bool) or not isinstance(self.miss, int | float) or not self.bounded
+        ):
+            raise ValueError(f"metric {self.base!r}: miss must be a number, and only for a bounded metric")
         if self.quality_axis is not None and (
             isinstance(self.quality_axis, bool) or not isinstance(self.quality_axis, int)
         ):
@@ -423,6 +440,7 @@ def _register_builtins() -> None:
                 default_compare=k is not None,
                 default_summary=base in ("recall", "ndcg"),
                 quality_axis=3 if base == "recall" else None,
+                miss=0.0,
             )
         )
     # alternative evidence sets (docs/metrics.md): computed when a query has relevant_sets
@@ -433,9 +451,14 @@ def _register_builtins() -> None:
             False,
             True,
             "max over relevant_sets of (the set's documents in the top k / its size)",
+            miss=0.0,
         )
     )
-    register(MetricSpec("set_hit", "higher", True, True, "1 if some relevant set lies wholly in the top k"))
+    register(
+        MetricSpec(
+            "set_hit", "higher", True, True, "1 if some relevant set lies wholly in the top k", miss=0.0
+        )
+    )
     register(
         MetricSpec(
             "evidence_recall",
@@ -446,6 +469,7 @@ def _register_builtins() -> None:
             default_k=5,
             default_compare=True,
             default_summary=True,
+            miss=0.0,
         )
     )
     register(
@@ -457,6 +481,7 @@ def _register_builtins() -> None:
             "1 if the predicted leaf intent equals intent_l2",
             default_compare=True,
             default_summary=True,
+            miss=0.0,
         )
     )
     register(
@@ -478,9 +503,9 @@ def _register_builtins() -> None:
             "lower",
             False,
             False,
-            "end-to-end latency in milliseconds",
+            "end-to-end latency in milliseconds (compared over the queries ok on both sides; a failed "
+            "query's time is reported apart)",
             family="timing",
-            uses_failed=True,
             bounded=False,
             default_compare=True,
         )
@@ -492,10 +517,9 @@ def _register_builtins() -> None:
                 "lower",
                 False,
                 False,
-                f"{q}th percentile of end-to-end latency over a split's queries, failed ones included "
+                f"{q}th percentile of end-to-end latency over a split's queries ok on both sides "
                 "(a statistic of the split: compared by a group bootstrap, not per query)",
                 family="timing",
-                uses_failed=True,
                 bounded=False,
                 quantile=float(q),
                 quantile_of="latency_ms",
@@ -540,6 +564,7 @@ def _register_builtins() -> None:
             family="security",
             default_k=10,
             default_compare=True,
+            miss=1.0,
         )
     )
     # answers (docs/metrics.md "Answers"): computed when a record has an answer; rows only when some
@@ -553,6 +578,7 @@ def _register_builtins() -> None:
             "F1 of shared tokens (characters for Chinese, words otherwise), max over references",
             default_compare=True,
             quality_axis=1,
+            miss=0.0,
         ),
         MetricSpec(
             "exact_match",
@@ -562,8 +588,9 @@ def _register_builtins() -> None:
             "1 if the answer's tokens equal a reference's",
             default_compare=True,
             quality_axis=2,
+            miss=0.0,
         ),
-        MetricSpec("refusal", "lower", True, False, "1 if the answer contains a refusal phrase"),
+        MetricSpec("refusal", "lower", True, False, "1 if the answer contains a refusal phrase", miss=1.0),
         MetricSpec(
             "correct_refusal",
             "higher",
@@ -571,6 +598,7 @@ def _register_builtins() -> None:
             False,
             "unanswerable queries: 1 if the answer refuses",
             default_compare=True,
+            miss=0.0,
         ),
         MetricSpec(
             "over_refusal",
@@ -579,6 +607,7 @@ def _register_builtins() -> None:
             False,
             "answerable queries: 1 if the answer refuses",
             default_compare=True,
+            miss=1.0,
         ),
         MetricSpec(
             "citation_precision",
@@ -587,6 +616,7 @@ def _register_builtins() -> None:
             False,
             "citations that support their sentence / citations",
             default_compare=True,
+            miss=0.0,
         ),
         MetricSpec(
             "citation_coverage",
@@ -595,6 +625,7 @@ def _register_builtins() -> None:
             False,
             "answer sentences with a supporting citation / sentences",
             default_compare=True,
+            miss=0.0,
         ),
     ):
         register(spec)
@@ -616,6 +647,7 @@ def _register_builtins() -> None:
                 judged=True,
                 human=True,
                 default_compare=True,
+                miss=0.0,
             )
         )
         register(

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from rag_ablate.core.errors import ConfigError, RagAblateError
-from rag_ablate.core.retry import backoff_wait, excerpt, retry_after_seconds, status_meaning
+from rag_ablate.core.errors import ConfigError, EndpointDownError, RagAblateError
+from rag_ablate.core.retry import Breaker, backoff_wait, excerpt, retry_after_seconds, status_meaning
 from rag_ablate.core.secrets import hide_userinfo, split_userinfo
 from rag_ablate.pipeline.encoders import resolve_encoder
 from rag_ablate.pipeline.stages import RERANKERS, Embedded, Hits, QueryState, Resources
@@ -109,7 +109,9 @@ class HttpReranker:
     from ``random.Random(seed)``), at most 5 s per wait
     (:func:`rag_ablate.core.retry.backoff_wait`); any other non-2xx answer fails
     at once. A ``client`` passed in is used as is and not closed by
-    :meth:`close`; ``timeout`` applies to every request either way.
+    :meth:`close`; ``timeout`` applies to every request either way. A service that cannot be
+    connected to several tries in a row (:class:`rag_ablate.core.retry.Breaker`) raises
+    :class:`~rag_ablate.core.errors.EndpointDownError`, which stops the run.
     """
 
     name: str = "http"
@@ -141,6 +143,7 @@ class HttpReranker:
         self.timeout = float(timeout)
         self.max_retries = max_retries
         self._rng = random.Random(seed)  # backoff jitter only
+        self.breaker = Breaker("rerank", url)
         self._headers = {"Accept": "application/json"}
         if api_key_env:
             key = os.environ.get(api_key_env)
@@ -207,11 +210,16 @@ class HttpReranker:
             attempt += 1
             last = attempt > self.max_retries
             tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
+            if self.breaker.open:
+                raise EndpointDownError(self.breaker.message())
             try:
                 response = self._client.post(
                     self.url, json=payload, headers=self._headers, timeout=self.timeout
                 )
             except transient as exc:
+                unreachable = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+                if unreachable and self.breaker.failed(f"{type(exc).__name__}: {exc}"):
+                    raise EndpointDownError(self.breaker.message()) from exc
                 if last:
                     raise RerankError(
                         f"rerank request to {self.url} failed after {tries}: {type(exc).__name__}: {exc}",
@@ -223,6 +231,7 @@ class HttpReranker:
                 raise RerankError(
                     f"rerank request to {self.url} failed: {type(exc).__name__}: {exc}", status=None
                 ) from exc
+            self.breaker.succeeded()
             status = response.status_code
             meaning = status_meaning(status)
             if meaning is None:

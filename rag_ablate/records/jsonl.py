@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from rag_ablate.core.errors import RagAblateError
+from rag_ablate.core.errors import EXIT_INVALID, RagAblateError
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
 from rag_ablate.records.trace import Record
 
@@ -31,6 +31,8 @@ def write_records(path: Path, records: Iterable[Record]) -> None:
 
 class RecordsError(RagAblateError):
     """A records file has a line that is not a record (anywhere but a half-written last line)."""
+
+    exit_code = EXIT_INVALID
 
 
 @dataclass

@@ -28,6 +28,7 @@ from rag_ablate.dataset.weights import TagWeights, run_metrics
 from rag_ablate.metrics.acl import acl_metrics, has_restrictions
 from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
 from rag_ablate.metrics.intent import intent_top1
+from rag_ablate.metrics.registry import spec_of
 from rag_ablate.metrics.retrieval import evidence_recall_at, retrieval_metrics, set_metrics
 from rag_ablate.records.trace import Record, RetrievedEntry, Trace
 from rag_ablate.text.count import count_tokens
@@ -149,11 +150,14 @@ def score_record(
     routed: bool,
     answers: AnswerScoring | None = None,
     tokens: TokenCounts | None = None,
+    answered: bool = False,
 ) -> dict[str, float | None]:
     """Per-query metric values of one record.
 
-    A failed query gets no quality values, only ``latency_ms`` (its time until
-    it failed), so latency percentiles include slow failures. A record with an
+    A failed query gets no quality values: ``latency_ms`` (its time until it failed) and, for
+    every metric with a failure-aware form (``MetricSpec.miss``) that would have applied to the
+    query, the name with the value None (:func:`applicable_misses`): "applies, no value, the query
+    failed", from which aggregates and comparisons derive the failure-aware form; never a 0. A record with an
     ``answer`` also gets the answer metrics (:func:`rag_ablate.metrics.answers.answer_metrics`,
     scored with ``answers``, default :class:`~rag_ablate.metrics.answers.AnswerScoring`); when it
     carries an LLM judge's verdicts (``judge``, added by :mod:`rag_ablate.run.judging`), the judged
@@ -170,6 +174,7 @@ def score_record(
     if "total" in timings:
         out["latency_ms"] = float(timings["total"])
     if rec["status"] != "ok":
+        out.update(applicable_misses(rec, query, docs, ks, routed=routed, answered=answered))
         return out
     if routed and query.intent_l2 is not None:
         out["intent_top1"] = intent_top1(query.intent_l2, rec.get("intent_pred"))
@@ -197,6 +202,31 @@ def score_record(
     return out
 
 
+def applicable_misses(
+    rec: Record,
+    query: Query,
+    docs: Mapping[str, Document],
+    ks: Sequence[int],
+    *,
+    routed: bool,
+    answered: bool,
+) -> dict[str, float | None]:
+    """The metrics with a failure-aware form (``MetricSpec.miss``) that apply to a failed query,
+    each with the value None: those an empty ok trace of the query would be scored on (its labels
+    decide: answerable, evidence spans, relevant sets, a gold intent under a router) and, when the
+    system generates answers (``answered``), those an empty answer would be scored on."""
+    blank: Record = {
+        **rec,
+        "status": "ok",
+        "retrieved": [],
+        "citations": [],
+        "answer": "" if answered else None,
+    }
+    blank.pop("judge", None)
+    names = score_record(blank, query, docs, ks, routed=routed, tokens=TokenCounts())
+    return {name: None for name in names if spec_of(name).miss is not None}
+
+
 def scored(
     rec: Record,
     query: Query,
@@ -206,14 +236,18 @@ def scored(
     routed: bool,
     answers: AnswerScoring | None = None,
     tokens: TokenCounts | None = None,
+    answered: bool = False,
 ) -> Record:
     """``rec`` with its ``metrics``; a crash while scoring makes the query failed, not the run.
 
     The failed record keeps its trace and latency; ``error`` says ``scoring failed: ...``.
-    ``tokens``: the run's chunk token counts (:class:`TokenCounts`), shared by every record.
+    ``tokens``: the run's chunk token counts (:class:`TokenCounts`), shared by every record;
+    ``answered``: the system generates answers (a failed query then misses the answer metrics too).
     """
     try:
-        metrics = score_record(rec, query, docs, ks, routed=routed, answers=answers, tokens=tokens)
+        metrics = score_record(
+            rec, query, docs, ks, routed=routed, answers=answers, tokens=tokens, answered=answered
+        )
         return {**rec, "metrics": metrics}
     except Exception as exc:  # a bad trace (unknown doc id, broken offsets, ...) fails one query only
         failed: Record = {**rec, "status": "failed", "error": f"scoring failed: {type(exc).__name__}: {exc}"}
@@ -237,8 +271,11 @@ def rescore(
     by_id = {q.query_id: q for q in dataset.queries}
     memo = TokenCounts() if tokens is None else tokens
     docs = dataset.documents
+    answered = any(r.get("answer") is not None for r in records)
     return [
-        scored(r, by_id[r["query_id"]], docs, ks, routed=routed, answers=answers, tokens=memo)
+        scored(
+            r, by_id[r["query_id"]], docs, ks, routed=routed, answers=answers, tokens=memo, answered=answered
+        )
         for r in records
     ]
 
@@ -250,11 +287,13 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def aggregate(records: Sequence[Record], weights: TagWeights | None = None) -> dict[str, float]:
     """Split-prefixed means and counts: ``dev/recall_at_5``, ``holdout/n_failed``, ``all/...``.
 
-    Means run over the queries that have a value (answerable ones for retrieval
-    metrics); failed queries count in ``n_failed`` and ``error_rate``, and in
-    ``latency_ms`` (timed until they failed), never in the quality metrics. A
-    metric no query has a value for (intent accuracy when every routed query
-    failed) is absent, not 0.
+    Means run over the queries a metric applies to (answerable ones for retrieval metrics).
+    A metric with a failure-aware form (``MetricSpec.miss``) is failure-aware under its plain
+    name: a failed query it applies to (its record names the metric with None) scores the miss
+    (``recall_at_5`` counts it as 0); when some failed query did, ``<split>/ok/<metric>`` is the
+    ok-only mean beside it (absent when no query succeeded). Every other metric is a mean over
+    the queries that have a value. Failed queries count in ``n_failed`` and ``error_rate``, and
+    in ``latency_ms`` (timed until they failed). A metric no query applies to is absent, not 0.
 
     Each failure status the run has (``timeout``, ``http_error``, ... see
     :data:`rag_ablate.core.retry.Status`) gets ``n_status_<status>`` and ``error_rate_<status>``
@@ -285,12 +324,23 @@ def aggregate(records: Sequence[Record], weights: TagWeights | None = None) -> d
             out[p + "ttft_ms_p50"] = _percentile(ttft, 50)
             out[p + "ttft_ms_p95"] = _percentile(ttft, 95)
         values: dict[str, list[float]] = {}
+        misses: dict[str, int] = {}  # failed queries a failure-aware metric applies to
         for r in rows:
             for name, v in (r.get("metrics") or {}).items():
                 if v is not None and not (isinstance(v, float) and math.isnan(v)):
                     values.setdefault(name, []).append(float(v))
-        for name in sorted(values):
-            out[p + name] = float(np.mean(values[name]))
+                elif v is None and r["status"] != "ok":
+                    misses[name] = misses.get(name, 0) + 1
+        for name in sorted({*values, *misses}):
+            ok = values.get(name, [])
+            miss = spec_of(name).miss if name in misses else None
+            if miss is None:
+                if ok:
+                    out[p + name] = float(np.mean(ok))
+                continue
+            out[p + name] = (sum(ok) + miss * misses[name]) / (len(ok) + misses[name])
+            if ok:
+                out[p + "ok/" + name] = float(np.mean(ok))
         lat = values.get("latency_ms")
         if lat:
             out[p + "latency_ms_p50"] = _percentile(lat, 50)

@@ -39,8 +39,8 @@ from typing import Any
 
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.model import Comparison, Row, SliceRow, Tradeoff, VariantData
-from rag_ablate.compare.render import no_op_text
-from rag_ablate.core.layout import PLAN_FILE
+from rag_ablate.compare.render import no_op_text, ok_only_line, ok_only_rows
+from rag_ablate.core.layout import FAILURES_FILE, PLAN_FILE
 from rag_ablate.metrics.intent import intent_report
 from rag_ablate.metrics.registry import display_name
 from rag_ablate.report import plots as report_plots
@@ -246,8 +246,17 @@ def _comparison_section(c: Comparison, titles: Mapping[str, str]) -> str:
             )
         )
         out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+    ok_only = ok_only_rows(c)
+    if ok_only:  # the quality rows are failure-aware; the ok-only figures beside them
+        out.append(
+            '<p class="muted">Quality metrics are failure-aware (a query that failed on one side scores a '
+            "miss there); where a query failed, the ok-only figures over the queries ok on both sides:</p>"
+            "<ul>" + "".join(f"<li>{_e(ok_only_line(r))}</li>" for r in ok_only) + "</ul>"
+        )
     if c.notes:
         out.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in c.notes) + "</ul>")
+    if c.latency_note:
+        out.append(f"<h3>How latency was measured</h3><p>{_e(c.latency_note)}</p>")
     return "".join(out)
 
 
@@ -562,8 +571,11 @@ def render(
     plan: Mapping[str, Any] | None,
     tradeoff_png: Path | None,
     recall_png: Path | None,
+    failures: Sequence[str] = (),
 ) -> str:
-    """The whole page as one string (no scripts, no external resources)."""
+    """The whole page as one string (no scripts, no external resources). ``failures``: one line per
+    thing of the sweep that failed (a job over its error budget, an endpoint that was down), shown
+    first, above everything else."""
     c = comparison
     titles = variant_titles(plan, c.baseline)
     names = ", ".join(titles.get(v.label, v.label) for v in variants)
@@ -599,8 +611,30 @@ def render(
         f"<h1>{_e(title)}</h1>"
         f'<p class="muted">Variants: {_e(names)}. Baseline: {_e(titles.get(c.baseline, c.baseline))}. '
         f"Splits: {_e(splits)}. Bootstrap B={_e(c.B)}, seed {_e(c.seed)}.</p>"
-        f"<nav>{nav}</nav>{body}</main></body></html>\n"
+        f"{_failures_box(failures)}<nav>{nav}</nav>{body}</main></body></html>\n"
     )
+
+
+def _failures_box(failures: Sequence[str]) -> str:
+    """What failed in the sweep, one line each (nothing when nothing failed)."""
+    if not failures:
+        return ""
+    items = "".join(f"<li>{_e(line)}</li>" for line in failures)
+    return (
+        f'<div class="warn" id="failures"><b>This sweep FAILED: {len(failures)} problem(s).</b> '
+        f"Its numbers below cover what finished; a job over its error budget is compared as it "
+        f"is.<ul>{items}</ul></div>"
+    )
+
+
+def _failure_lines(out_dir: Path) -> list[str]:
+    """The lines of a sweep folder's ``failures.json`` (``where: error``), empty without one."""
+    data = _read_json(out_dir / FAILURES_FILE) or {}
+    lines = []
+    for f in data.get("failures") or []:
+        where = f"job #{f['job']} {f['what']}" if f.get("job") is not None else str(f.get("what", ""))
+        lines.append(f"{where}: {f.get('error', '')}")
+    return lines
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -610,11 +644,17 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def write_report(out_dir: Path, comparison: Comparison, variants: Sequence[VariantData]) -> Report:
+def write_report(
+    out_dir: Path,
+    comparison: Comparison,
+    variants: Sequence[VariantData],
+    failures: Sequence[str] | None = None,
+) -> Report:
     """Write the quality-vs-cost plot, the recall curves and ``report.html`` into ``out_dir``.
 
     ``comparison`` is the comparison step's result (its trade-off included); ``variants`` the
-    records it compared (intents, recall curves, query texts). Logs nothing.
+    records it compared (intents, recall curves, query texts); ``failures`` what failed in the sweep,
+    one line each (None: the lines of ``out_dir``'s ``failures.json``, if any). Logs nothing.
     """
     c = comparison
     plan = _read_json(out_dir / PLAN_FILE)
@@ -634,6 +674,7 @@ def write_report(out_dir: Path, comparison: Comparison, variants: Sequence[Varia
         plan=plan,
         tradeoff_png=png,
         recall_png=rec,
+        failures=_failure_lines(out_dir) if failures is None else failures,
     )
     out = out_dir / REPORT_HTML
     out.write_text(page, encoding="utf-8")

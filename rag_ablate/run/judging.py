@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
+from rag_ablate.core.errors import EndpointDownError
 from rag_ablate.metrics.answers import (
     AnswerScoring,
     answer_sentences,
@@ -110,6 +111,19 @@ def failed_judgement(judge: Judge, error: str) -> Judgement:
     }
 
 
+def _judged_misses(rec: Record, query: Query) -> Record:
+    """A failed query misses the judged metrics the judge would have asked about its answer
+    (``None``, never a 0: their failure-aware form counts it as a miss); an ok record is returned
+    as it is."""
+    from rag_ablate.judges import asked_metrics
+
+    metrics = rec.get("metrics") or {}
+    if rec.get("status") == "ok":
+        return rec
+    missed = {m: None for m in asked_metrics(bool(query.reference_answers)) if m not in metrics}
+    return {**rec, "metrics": {**metrics, **missed}} if missed else rec
+
+
 def judge_records(
     records: Sequence[Record],
     judge: Judge,
@@ -127,7 +141,8 @@ def judge_records(
     """``records`` in the same order, every one that :func:`needs_judgement` judged and scored again.
 
     ``on_record`` gets each judged record as soon as it is done (the job appends it to
-    ``records.jsonl``, so an interrupted judge phase keeps what it judged). A judge that raises
+    ``records.jsonl``, so an interrupted judge phase keeps what it judged). When the system
+    answers, a failed query's record names the judged metrics it misses, with None. A judge that raises
     gives the query a judgement whose every metric failed (:func:`failed_judgement`); the
     query itself stays ok.
     """
@@ -135,6 +150,8 @@ def judge_records(
 
     by_id = {q.query_id: q for q in dataset.queries}
     out = list(records)
+    if any(r.get("answer") is not None for r in records):  # the system answers: its failures miss them
+        out = [_judged_misses(r, by_id[r["query_id"]]) for r in records]
     todo: list[tuple[int, JudgeInput]] = []
     for i, rec in enumerate(records):
         if needs_judgement(rec):
@@ -147,6 +164,8 @@ def judge_records(
     def one(inp: JudgeInput) -> Judgement:
         try:
             return judge.judge(inp)
+        except EndpointDownError:
+            raise  # the judge's endpoint is down: the run stops
         except Exception as exc:  # the contract says a judge records its failures; never lose a query
             return failed_judgement(judge, f"{type(exc).__name__}: {exc}")
 
@@ -176,6 +195,12 @@ def _repeats(rec: Record) -> list[JudgeRepeat]:
     judgement = rec.get("judge")
     reps = (judgement.get("repeats") if judgement else None) or []
     return [r for r in reps if isinstance(r, Mapping)]
+
+
+def judge_errors(records: Sequence[Record], metric: str) -> list[str]:
+    """Why each failed judgement of ``metric`` failed, one text per failed repeat (the run's error budget
+    quotes the most common one)."""
+    return [str(e) for r in records for rep in _repeats(r) if (e := (rep.get("errors") or {}).get(metric))]
 
 
 def repeat_sd(scores: Sequence[float]) -> float:

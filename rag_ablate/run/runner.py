@@ -16,6 +16,7 @@ import functools
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -32,7 +33,7 @@ from rag_ablate.config.overrides import override_key
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import privacy, profiling
 from rag_ablate.core.cache import Cache
-from rag_ablate.core.errors import ConfigError, ErrorRateError, JudgeCalibrationError
+from rag_ablate.core.errors import ConfigError, EndpointDownError, ErrorRateError, JudgeCalibrationError
 from rag_ablate.core.layout import (
     CONFIG_FILE,
     INTENTS_JSON,
@@ -54,13 +55,13 @@ from rag_ablate.judges import JUDGES, Judge
 from rag_ablate.judges.calibration import run_calibration
 from rag_ablate.metrics.answers import AnswerScoring
 from rag_ablate.metrics.intent import intent_report
-from rag_ablate.metrics.registry import human_metrics
+from rag_ablate.metrics.registry import human_metrics, judged_metrics
 from rag_ablate.records.jsonl import RecordWriter, write_records
 from rag_ablate.records.scoring import TokenCounts, aggregate, make_record, scored
 from rag_ablate.records.trace import Record, Trace
 from rag_ablate.run import cost, resume, slices
 from rag_ablate.run.export import write_trec
-from rag_ablate.run.judging import judge_records, judge_run_metrics
+from rag_ablate.run.judging import judge_errors, judge_records, judge_run_metrics
 from rag_ablate.run.summary import print_table, ui_hint
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.base import System, batch_runner
@@ -132,7 +133,8 @@ def evaluate(
     """Run every query (or only ``queries``) through the target and score it (answers with ``answers``).
 
     A query that raises is recorded with status ``failed`` and its error, never
-    dropped or scored as a miss; so is a query whose scoring raises. Every query
+    dropped or scored as a miss; so is a query whose scoring raises. An endpoint that is down
+    (:class:`~rag_ablate.core.errors.EndpointDownError`) stops the whole run instead. Every query
     keeps its elapsed time (``timings_ms["total"]``, the record's ``latency_ms``):
     a failure is timed until it failed, so a timeout cannot improve p95. A
     system's own ``total`` is kept when it reports one.
@@ -147,6 +149,8 @@ def evaluate(
     # each retrieved chunk is tokenised once per run (context_tokens_at_k); a local system's
     # counts cached with its chunks are used as they are
     tokens = TokenCounts(getattr(target, "chunk_token_counts", None))
+    # a system that generates answers: its failed queries miss the answer metrics too
+    answered = bool(getattr(target, "generates_answers", False))
 
     def finish(q: Query, trace: Trace) -> None:
         """One query is final: score it, hand it on, count it (a repeat report is ignored)."""
@@ -161,6 +165,7 @@ def evaluate(
             routed=target.routes_intents,
             answers=answers,
             tokens=tokens,
+            answered=answered,
         )
         done[q.query_id] = rec
         if on_record is not None:
@@ -176,6 +181,8 @@ def evaluate(
             t_batch = time.perf_counter()
             try:
                 run_many(todo, finish)
+            except EndpointDownError:
+                raise  # the service is down: the run stops (the records so far are on disk)
             except Exception as exc:  # queries it never reported are failed, never dropped
                 error = f"{type(exc).__name__}: {exc}"
                 total = {"total": (time.perf_counter() - t_batch) * 1000}
@@ -187,6 +194,8 @@ def evaluate(
                 t0 = time.perf_counter()
                 try:
                     trace = target.run(q)
+                except EndpointDownError:
+                    raise  # an endpoint is down (generator, reranker): the run stops
                 except Exception as exc:
                     trace = Trace(q.query_id, status="failed", error=f"{type(exc).__name__}: {exc}")
                 elapsed_ms = (time.perf_counter() - t0) * 1000
@@ -333,10 +342,9 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     with prof.stage("write"):
         _write_job_files(cfg, job, inputs.dataset, metrics)
 
-    # too many failed queries: everything is still written and logged, then the run is FAILED
-    error_rate = metrics.get("all/error_rate", 0.0)
-    too_many_failed = error_rate > s.system.max_error_rate
-    final_status = "FAILED" if too_many_failed or calibration_error else "FINISHED"
+    # a stage over its error budget: everything is still written and logged, then the run is FAILED
+    over_budget = budget_breaches(s, metrics, out.records)
+    final_status = "FAILED" if over_budget or calibration_error else "FINISHED"
     n_traces = 0
     if store is not None:
         n_traces = _log_job(
@@ -370,18 +378,58 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
             f"({calibration_error}); everything else is written and logged, the run is marked FAILED "
             f"({job.job_dir})"
         )
-    if too_many_failed:
+    if over_budget:
+        raise ErrorRateError(
+            f"{job.label}: {'; '.join(over_budget)} "
+            f"(run marked FAILED; records: {job.job_dir / RECORDS_FILE})"
+        )
+    return metrics.get("holdout/recall_at_5")
+
+
+def _most_common(errors: Sequence[str]) -> str:
+    """The most frequent error text, as ``most common error (n x): <its first 200 characters>``."""
+    if not errors:
+        return ""
+    text, n = Counter(errors).most_common(1)[0]
+    first = " ".join(text.split())
+    return f"; most common error ({n}x): {first[:200]}{'...' if len(first) > 200 else ''}"
+
+
+def budget_breaches(s: RunConfig, metrics: Mapping[str, float], records: Sequence[Record]) -> list[str]:
+    """One line per stage over its error budget (empty: every stage within it).
+
+    The system's: the share of failed queries (``all/error_rate``; a generator's or reranker's failure
+    fails its query) against ``system.max_error_rate``. The judge's: the largest share of failed
+    judgements of a judged metric (``judge/<metric>/error_rate``) against ``judge.max_error_rate``.
+    Each line names the stage, the counts, the budget and the most common error (which names the
+    endpoint when a call failed).
+    """
+    lines = []
+    error_rate = metrics.get("all/error_rate", 0.0)
+    if error_rate > s.system.max_error_rate:
+        failed = [r for r in records if r["status"] != "ok"]
         statuses = ", ".join(
             f"{k.removeprefix('all/n_status_')} {int(v)}"
             for k, v in sorted(metrics.items())
             if k.startswith("all/n_status_")
         )
-        raise ErrorRateError(
-            f"{job.label}: {n_failed} of {len(out.records)} queries failed ({statuses}); error rate "
-            f"{error_rate:.3f} > system.max_error_rate={s.system.max_error_rate} (run marked FAILED; "
-            f"records: {job.job_dir / RECORDS_FILE})"
+        lines.append(
+            f"{len(failed)} of {len(records)} queries failed ({statuses}); error rate {error_rate:.3f} > "
+            f"system.max_error_rate={s.system.max_error_rate}"
+            + _most_common([str(r.get("error")) for r in failed])
         )
-    return metrics.get("holdout/recall_at_5")
+    judge_rates = {m: v for m in judged_metrics() if (v := metrics.get(f"judge/{m}/error_rate")) is not None}
+    if judge_rates:
+        worst = max(judge_rates, key=lambda m: judge_rates[m])
+        if judge_rates[worst] > s.judge.max_error_rate:
+            errors = judge_errors(records, worst)
+            n = int(metrics.get(f"judge/{worst}/n_queries", 0))
+            lines.append(
+                f"judge ({s.judge.name}, {s.judge.base_url}): {judge_rates[worst]:.3f} of the {worst} "
+                f"judgements of {n} answers failed > judge.max_error_rate={s.judge.max_error_rate}"
+                f"{_most_common(errors)}"
+            )
+    return lines
 
 
 def _identify(cfg: DictConfig, s: RunConfig) -> _Job:

@@ -72,6 +72,11 @@ def print_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) 
     print()
     print(format_table(headers, rows))
     print("(metric cells: dev / holdout)")
+    if any(s["metrics"].get("all/n_failed") for s in summaries):
+        print(
+            "(metric cells are failure-aware: a failed query counts as a miss; metrics.json has "
+            "<split>/ok/<metric>, the mean over the queries that succeeded)"
+        )
 
 
 def markdown_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:

@@ -33,32 +33,34 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
-from rag_ablate.compare.gate import EXIT_BLOCKED
 from rag_ablate.compare.run import ComparisonRun, print_gate_outcome, run_comparison
 from rag_ablate.config.keys import env_interpolated, redact_override
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import profiling
-from rag_ablate.core.errors import TrackingError, one_line
+from rag_ablate.core.errors import EXIT_BLOCKED, EXIT_FAILED, TrackingError, one_line
 from rag_ablate.core.layout import (
     COMPARISON_MD,
     FAILURES_FILE,
     PROFILE_FILE,
+    RECORDS_FILE,
     SUMMARY_FILE,
     SWEEP_FILE,
     SWEEP_SUMMARY_MD,
+    TIMING_FILE,
     VARIANT_FILE,
 )
 from rag_ablate.report.html import Report
 from rag_ablate.run.runner import variant_label
 from rag_ablate.run.summary import markdown_table, print_table, ui_hint
+from rag_ablate.run.timing import TimingJob, timing_pass
 from rag_ablate.settings import to_settings
 from rag_ablate.sweep.plan import Plan, write_plan
 from rag_ablate.sweep.publish import publish_sweep
 from rag_ablate.tracking import store as tracking
 
-# exit codes of a sweep
-EXIT_FAILED = 1  # a job, the comparison or the MLflow logging failed (the gate blocking: EXIT_BLOCKED, 3)
-EXIT_INVALID = 2  # nothing ran: the plan, a job's config or the MLflow store is unusable
+# exit codes of a sweep: those of every command (rag_ablate.core.errors, README "Exit codes"):
+# EXIT_FAILED a job, the comparison or the MLflow logging failed; EXIT_INVALID nothing ran (the plan,
+# a job's config or the MLflow store is unusable)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
 
 
@@ -98,7 +100,7 @@ def read_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
 class Failure:
     """One thing of a sweep that failed: a job, or a sweep-wide step."""
 
-    step: str  # job | launch | comparison | report | tracking
+    step: str  # job | launch | timing | comparison | report | tracking
     what: str  # the job's label, or the step
     error: str  # one line: why
     job: int | None = None  # the job number, for a job
@@ -192,9 +194,14 @@ def finish_sweep(
     plan: Plan,
     returns: Sequence[JobReturn],
     launch_error: BaseException | None = None,
+    job_settings: Sequence[RunConfig] = (),
 ) -> int:
     """Everything after the jobs; returns the sweep's exit code: 0, EXIT_FAILED, or EXIT_BLOCKED when
     nothing failed but the regression gate blocked.
+
+    ``job_settings``: every job's settings in job order (:func:`rag_ablate.sweep.plan.check_plan`
+    returns them); with them, and ``timing.interleave``, the finished variants are timed again
+    side by side before the comparison (:func:`_timing_pass`).
 
     Whatever failed, the table and the comparison of the jobs that finished are
     still written and logged; each failure is one line on stderr and one entry,
@@ -226,6 +233,14 @@ def finish_sweep(
         and not pinned
         and any(f.job == job.index for f in failures for job in plan.jobs if job.role == "baseline")
     )
+    (sweep_dir / TIMING_FILE).unlink(missing_ok=True)  # a resumed sweep's pass is made again
+    comparing = s.compare.enabled and len(plan.jobs) > 1 and not baseline_failed and len(summaries) > 1
+    if comparing and s.timing.interleave and job_settings:
+        try:
+            with prof.stage("timing"):
+                _timing_pass(config, plan, job_settings)
+        except Exception as exc:  # the comparison still runs, on the jobs' own latencies
+            failures.append(_failure("timing", "interleaved timing pass", exc))
     if s.compare.enabled and (len(plan.jobs) > 1 or pinned):
         if baseline_failed:
             failures.append(Failure("comparison", "comparison", "not run: the baseline job failed"))
@@ -242,7 +257,9 @@ def finish_sweep(
                     from rag_ablate.report.html import write_report
 
                     with prof.stage("report"):
-                        report = write_report(sweep_dir, done.comparison, done.source.variants)
+                        report = write_report(
+                            sweep_dir, done.comparison, done.source.variants, [f.line() for f in failures]
+                        )
                     print(f"report: {report.html}")
                 except Exception as exc:
                     failures.append(_failure("report", "HTML report", exc))
@@ -257,6 +274,7 @@ def finish_sweep(
     if "parent_run_id" in info:
         uri, run_id = info["tracking_uri"], info["parent_run_id"]
         report_paths = report.paths if report is not None else []
+        timing_file = [p for p in [sweep_dir / TIMING_FILE] if p.is_file()]
         try:
             published = publish_sweep(
                 s,
@@ -266,7 +284,7 @@ def finish_sweep(
                 comparison=done.comparison if done is not None else None,
                 comparison_files=done.paths if done is not None else [],
                 variants=done.source.variants if done is not None else [],
-                files=[sweep_dir / SWEEP_SUMMARY_MD, info_path, failures_path, *report_paths],
+                files=[sweep_dir / SWEEP_SUMMARY_MD, info_path, failures_path, *report_paths, *timing_file],
                 failed=[f.line() for f in failures],
                 n_failed_jobs=sum(1 for f in failures if f.step == "job"),
                 write_profile=lambda: _stop_and_write_profile(prof, sweep_dir, plan),
@@ -304,6 +322,27 @@ def finish_sweep(
     if failures:
         return EXIT_FAILED
     return EXIT_BLOCKED if gate_failures else 0
+
+
+def _timing_pass(config: DictConfig, plan: Plan, job_settings: Sequence[RunConfig]) -> None:
+    """The finished variants' queries timed again, interleaved (:mod:`rag_ablate.run.timing`)."""
+    s = _settings(config)
+    sweep_dir = _sweep_dir(config)
+    jobs = [
+        TimingJob(job.label, settings, sweep_dir / str(job.index) / RECORDS_FILE)
+        for job, settings in zip(plan.jobs, job_settings, strict=True)
+        if (sweep_dir / str(job.index) / RECORDS_FILE).is_file()
+        and (sweep_dir / str(job.index) / VARIANT_FILE).is_file()
+    ]
+    print(f"\ntiming pass: {len(jobs)} variants side by side, {s.timing.repeats} repeat(s)")
+    done = timing_pass(
+        sweep_dir, jobs, (_cwd(config) / s.paths.output_root).resolve(), repeats=s.timing.repeats, seed=s.seed
+    )
+    if not done.written:
+        print("timing pass: no query was ok in every variant's job; nothing to time")
+        return
+    failed = f", {done.n_failed} call(s) failed" if done.n_failed else ""
+    print(f"timing pass: {done.n_queries} queries interleaved in {done.seconds:.1f}s{failed} ({done.path})")
 
 
 def _stop_and_write_profile(prof: profiling.Profile, sweep_dir: Path, plan: Plan) -> Path:

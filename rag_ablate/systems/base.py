@@ -46,6 +46,10 @@ class System(Protocol):
         """True when the system predicts intents (intent metrics are then computed)."""
         ...
 
+    # Optional: ``generates_answers`` (a bool property), True when the system answers each query;
+    # a failed query of such a system then misses the answer metrics too (their failure-aware
+    # form). The runner reads it with getattr, so a system without it generates none.
+
 
 # Called once per query as soon as its trace is final (from the thread that called run_many).
 OnDone = Callable[[Query, Trace], None]

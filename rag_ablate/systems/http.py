@@ -27,6 +27,11 @@ Timing. A query's clock starts when it is sent (retries and their waits count):
 done (the end event of the stream), ``timings_ms["eval"]``/``["chat"]`` per call,
 and the service's own timings as ``service.<stage>``.
 
+Warm-up. Before the first timed query, one untimed eval request per connection the run
+will use (``system.concurrency`` of them, query id ``rag-ablate-warm-up``, answers
+ignored) opens the connections and lets the service load what it loads on first use, so
+the first queries are not charged for it (:meth:`HttpSystem._warm`).
+
 Concurrency. One ``httpx.AsyncClient`` (one connection pool) per run; at most
 ``system.concurrency`` queries are in flight. The runner gets each trace through
 ``run_many``'s callback as soon as it is complete.
@@ -45,6 +50,8 @@ decorators, and it saves a dependency for the one place that retries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -56,7 +63,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rag_ablate.config.schema import RunConfig, validate_system
 from rag_ablate.core.cache import Cache
-from rag_ablate.core.retry import Status, backoff_wait, excerpt, retry_after_seconds, status_meaning
+from rag_ablate.core.errors import EndpointDownError
+from rag_ablate.core.retry import Breaker, Status, backoff_wait, excerpt, retry_after_seconds, status_meaning
 from rag_ablate.core.secrets import split_userinfo
 from rag_ablate.dataset.model import Dataset, Document, Query
 from rag_ablate.records.trace import Citation, RetrievedChunk, TokenUsage, Trace
@@ -69,6 +77,7 @@ if TYPE_CHECKING:  # httpx is imported when a run talks HTTP, not when the regis
 PLACEHOLDERS = ("query", "query_id", "top_k", "user_groups")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 _MISSING: Any = object()
+WARMUP_ID = "rag-ablate-warm-up"  # the query id of the untimed requests that open the connections
 T = TypeVar("T")
 
 
@@ -149,10 +158,13 @@ class _Failure(Exception):
 class _Retry(Exception):
     """A failure that may go away when the request is sent again (after ``retry_after`` if given)."""
 
-    def __init__(self, failure: _Failure, retry_after: float | None = None) -> None:
+    def __init__(
+        self, failure: _Failure, retry_after: float | None = None, *, unreachable: bool = False
+    ) -> None:
         super().__init__(failure.error)
         self.failure = failure
         self.retry_after = retry_after
+        self.unreachable = unreachable  # the try could not connect (the breaker counts it)
 
 
 def _bad(where: str, problem: str, body: str | bytes) -> _Failure:
@@ -165,11 +177,11 @@ def _transport_failure(what: str, exc: httpx.TransportError) -> _Failure | _Retr
 
     detail = f"{what}: {type(exc).__name__}: {exc}".rstrip(": ")
     if isinstance(exc, httpx.ConnectTimeout):
-        return _Retry(_Failure("timeout", detail))
+        return _Retry(_Failure("timeout", detail), unreachable=True)
     if isinstance(exc, httpx.TimeoutException):
         return _Failure("timeout", detail)
     if isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
-        return _Retry(_Failure("http_error", detail))
+        return _Retry(_Failure("http_error", detail), unreachable=isinstance(exc, httpx.ConnectError))
     return _Failure("http_error", detail)
 
 
@@ -199,6 +211,25 @@ class _Call:
     elapsed_ms: float = 0.0
 
 
+@dataclass
+class _Kept:
+    """A client that :meth:`HttpSystem.run` keeps open, and how many systems use it."""
+
+    key: tuple[Any, ...]
+    client: httpx.AsyncClient
+    users: int = 0
+
+
+_RUN_CLIENTS: dict[tuple[Any, ...], _Kept] = {}  # run()'s clients, per service and headers
+_RUN_LOOP: list[asyncio.AbstractEventLoop] = []  # the event loop they live on
+
+
+def _run_loop() -> asyncio.AbstractEventLoop:
+    if not _RUN_LOOP:
+        _RUN_LOOP.append(asyncio.new_event_loop())
+    return _RUN_LOOP[0]
+
+
 @SYSTEMS.register("http")
 class HttpSystem:
     """A RAG service behind HTTP: the :class:`~rag_ablate.systems.base.BatchSystem` contract."""
@@ -217,6 +248,8 @@ class HttpSystem:
         self._docs: Mapping[str, Document] = {}
         self._dataset_name = ""
         self._rng = random.Random(settings.seed)  # backoff jitter only
+        self.breaker = Breaker("system", self.base_url)  # a service that is down stops the run
+        self._kept: tuple[Any, ...] | None = None  # run()'s shared client, by its key (_RUN_CLIENTS)
         # httpx logs every request at INFO, which Hydra's log setup shows: one line per request would
         # bury the run's output (each query's outcome is in its record instead)
         for name in ("httpx", "httpcore"):
@@ -225,6 +258,11 @@ class HttpSystem:
     @property
     def routes_intents(self) -> bool:
         return self.map.intents is not None
+
+    @property
+    def generates_answers(self) -> bool:
+        """The service streams answers (a failed query then misses the answer metrics)."""
+        return self.cfg.chat_path is not None
 
     def prepare(self, dataset: Dataset) -> dict[str, Any]:
         """Keep the documents (to place retrieved text); report where requests go (never headers' values)."""
@@ -237,12 +275,43 @@ class HttpSystem:
         }
 
     def close(self) -> None:
-        """Nothing to release: each run's client is closed when ``run_many`` returns."""
+        """Let go of the client :meth:`run` uses (closed with its last user); each ``run_many``
+        closes its own."""
+        if self._kept is None:
+            return
+        entry = _RUN_CLIENTS[self._kept]
+        self._kept = None
+        entry.users -= 1
+        if entry.users == 0:
+            del _RUN_CLIENTS[entry.key]
+            loop = _run_loop()
+            loop.run_until_complete(entry.client.aclose())
+            if not _RUN_CLIENTS:
+                loop.close()
+                _RUN_LOOP.clear()
 
     def run(self, query: Query) -> Trace:
-        traces: list[Trace] = []
-        self.run_many([query], lambda _q, t: traces.append(t))
-        return traces[0]
+        """One query, on a client kept open (and warmed by its first call) until :meth:`close`,
+        shared by every HttpSystem of this thread that calls the same service with the same
+        headers: called once per query (the sweep's timing pass does), it times the query, not
+        a new connection, and two variants of one service are timed over the same connection
+        (two connections to one service differ by themselves, which an A/A test shows)."""
+        loop = _run_loop()
+        if self._kept is None:
+            key = self._client_key()
+            entry = _RUN_CLIENTS.get(key)
+            if entry is None:
+                entry = _RUN_CLIENTS[key] = _Kept(key, self._client())
+                loop.run_until_complete(self._warm(entry.client, [query]))
+            entry.users += 1
+            self._kept = key
+        client = _RUN_CLIENTS[self._kept].client
+        _, trace = loop.run_until_complete(self._one(client, asyncio.Semaphore(1), query))
+        return trace
+
+    def _client_key(self) -> tuple[Any, ...]:
+        c = self.cfg
+        return (self.base_url, tuple(sorted(c.headers.items())), c.timeout_s)
 
     def run_many(self, queries: Sequence[Query], on_done: OnDone) -> None:
         """Send every query, ``system.concurrency`` at a time; ``on_done`` as each completes."""
@@ -268,6 +337,7 @@ class HttpSystem:
     async def _run_all(self, queries: Sequence[Query], on_done: OnDone) -> None:
         sem = asyncio.Semaphore(self.cfg.concurrency)
         async with self._client() as client:
+            await self._warm(client, queries[: self.cfg.concurrency])
             tasks = [asyncio.create_task(self._one(client, sem, q)) for q in queries]
             try:
                 for next_done in asyncio.as_completed(tasks):
@@ -277,6 +347,19 @@ class HttpSystem:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _warm(self, client: httpx.AsyncClient, queries: Sequence[Query]) -> None:
+        """One untimed eval request per query given, sent together, under the id ``WARMUP_ID``,
+        their answers and failures ignored: the connections (TCP, TLS) the timed queries reuse
+        are opened here, and whatever the service loads on first use is loaded. The chat
+        endpoint is not called (it may run a paid model); nor are these counted or retried."""
+
+        async def one(query: Query) -> None:
+            values = request_values(dataclasses.replace(query, query_id=WARMUP_ID), self.top_k)
+            with contextlib.suppress(Exception):  # the timed queries record what goes wrong
+                await client.post(self.cfg.eval_path, json=render_body(self.cfg.body, values))
+
+        await asyncio.gather(*(one(q) for q in queries))
 
     async def _one(
         self, client: httpx.AsyncClient, sem: asyncio.Semaphore, query: Query
@@ -294,6 +377,8 @@ class HttpSystem:
                             self._eval(client, body, trace, t0), self._chat(client, body, trace, t0)
                         )
                     )
+            except EndpointDownError:
+                raise  # the service is down: the run stops
             except Exception as exc:  # a bug or an unforeseen error fails this query only
                 trace.status, trace.error = "failed", f"{type(exc).__name__}: {exc}"
                 trace.timings_ms["total"] = (time.perf_counter() - t0) * 1000
@@ -309,11 +394,21 @@ class HttpSystem:
             return query, trace
 
     async def _retrying(self, call: _Call, attempt: Callable[[], Awaitable[T]]) -> T:
-        """``attempt()`` until it returns, or raises _Failure, or retries run out."""
+        """``attempt()`` until it returns, or raises _Failure, or retries run out; EndpointDownError
+        once the service could not be connected to ``BREAKER_LIMIT`` tries in a row (any queries')."""
         while True:
+            if self.breaker.open:
+                raise EndpointDownError(self.breaker.message())
             try:
-                return await attempt()
+                result = await attempt()
+            except _Failure:
+                self.breaker.succeeded()  # it answered, if not well
+                raise
             except _Retry as r:
+                if not r.unreachable:
+                    self.breaker.succeeded()
+                elif self.breaker.failed(r.failure.error):
+                    raise EndpointDownError(self.breaker.message()) from None
                 if call.retries >= self.cfg.retries:
                     raise r.failure from None
                 wait = backoff_wait(
@@ -321,6 +416,9 @@ class HttpSystem:
                 )
                 call.retries += 1
                 await asyncio.sleep(wait)
+            else:
+                self.breaker.succeeded()
+                return result
 
     # ------------------------------------------------------------------ eval (JSON)
 
