@@ -132,6 +132,8 @@ def test_url_userinfo_is_taken_out_of_the_url_and_hidden_in_text() -> None:
     assert split_userinfo("http://KEY@host/v1") == ("http://host/v1", ("KEY", ""))
     text = "generator.base_url=http://user:KEY@host/v1 and sqlite:///a@b.db, mail a@b.com"
     assert hide_userinfo(text) == "generator.base_url=http://***@host/v1 and sqlite:///a@b.db, mail a@b.com"
+    assert hide_userinfo("http://u:p@ss@host:1/v1") == "http://***@host:1/v1"  # an @ in the password
+    assert split_userinfo("http://u:p@ss@host:1/v1") == ("http://host:1/v1", ("u", "p@ss"))
     assert hide_credentials("Authorization: Bearer sk-abcdef123456; bearer of news") == (
         "Authorization: Bearer ***; bearer of news"
     )

@@ -27,7 +27,7 @@ from typing import Any
 
 MASK = "***"
 
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s'\"]+@")
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s'\"]+@")  # to the last @ of the host part
 _CREDENTIAL = re.compile(r"(?i)\b(bearer)(\s+)[A-Za-z0-9._~+/=-]{8,}")
 # parts of a key name (split at _ - . and case changes) that say its value is a secret
 _SECRET_PARTS = frozenset(
