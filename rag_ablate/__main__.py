@@ -8,17 +8,42 @@ becomes the folder's own command line (:mod:`rag_ablate.run.resume`).
 
 from __future__ import annotations
 
+import re
 import sys
 
+from rag_ablate.config.keys import redact_override
 from rag_ablate.config.overrides import check_override_keys, normalize_overrides
 from rag_ablate.core.errors import EXIT_INVALID, ConfigError
 from rag_ablate.run.resume import rewrite_argv
+
+
+def check_override_syntax(args: list[str]) -> None:
+    """Each override parsed as Hydra will parse it; ConfigError naming one that Hydra cannot read,
+    with its value as it may be printed (Hydra's own message would quote a key it holds)."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for override in get_args_parser().parse_known_args(args)[0].overrides:
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as exc:
+            shown = redact_override(override)
+            lines = [ln.strip() for ln in str(exc.message).splitlines()]
+            why = [ln for ln in lines if ln and override not in ln and "hydra.cc" not in ln and ln != "^"]
+            reason = why[0] if why else "not a valid override"
+            value = override.split("=", 1)[-1]
+            if shown != override and any(part in reason for part in re.findall(r"[\w.~+/-]{4,}", value)):
+                reason = "not a valid override"  # the parser quotes part of a secret
+            raise ConfigError(f"cannot parse the override '{shown}': {reason}") from None
 
 
 def main(argv: list[str]) -> None:
     """Run (or sweep) with the command line ``argv``; exits as the command does (``sys.exit``)."""
     try:
         args = normalize_overrides(rewrite_argv(argv))
+        check_override_syntax(args)
         check_override_keys(args)
     except ConfigError as exc:
         print(f"rag_ablate: error: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ absent when they must be, present in the default mode (so the search can fail).
 
 from __future__ import annotations
 
+import datetime
 import json
 import threading
 from collections.abc import Iterator
@@ -144,6 +145,168 @@ def test_only_ids_with_their_check_character_are_ids(n: int) -> None:
     assert (redact_text(ok)[1].get("cn_id") == 1) == is_cn_id(ok)
 
 
+# --------------------------------------------------------------------------- how Chinese text writes them
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "counts"),
+    [
+        ("手机１５９１２３４５６７８。", "手机[PHONE]。", {"phone": 1}),  # full-width digits
+        ("电话 138.1234.5678，或 +86.139.1234.5678", "电话 [PHONE]，或 [PHONE]", {"phone": 2}),  # dotted
+        ("Call 415.555.0100 or +44.20.7946.0958.", "Call [PHONE] or [PHONE].", {"phone": 2}),
+        ("卡号,4111111111111111", "卡号,[CARD]", {"card": 1}),  # right after an ASCII comma
+        ("card.4111111111111111.", "card.[CARD].", {"card": 1}),  # ... or a period
+        ("卡号：4111\u00a01111\u00a01111\u00a01111。", "卡号：[CARD]。", {"card": 1}),  # no-break spaces
+        ("Card 4111\u202f1111\u202f1111\u202f1111 ok", "Card [CARD] ok", {"card": 1}),  # narrow ones
+        ("身份证 110105 19491231 002X", "身份证 [CN_ID]", {"cn_id": 1}),  # in groups
+        ("id 110105-1949-1231-002x.", "id [CN_ID].", {"cn_id": 1}),
+        ("身份证１１０１０５１９４９１２３１００２Ｘ", "身份证[CN_ID]", {"cn_id": 1}),  # full width
+        ("邮箱 zhang＠example．com，谢谢", "邮箱 [EMAIL]，谢谢", {"email": 1}),  # full-width @ and .
+        ("写信到zhang@例子.中国，谢谢", "写信到[EMAIL]，谢谢", {"email": 1}),  # internationalised domain
+        ("mail a@münchen.de or b@xn--fsqu00a.xn--fiqs8s", "mail [EMAIL] or [EMAIL]", {"email": 2}),
+        # still not personal data once normalised: amounts, decimals, dates, grouped order numbers
+        ("价格 ￥１，２９９．００，pi 3.1415926535897", "价格 ￥１，２９９．００，pi 3.1415926535897", {}),
+        (
+            "日期 ２０２４－０５－０１，订单 2024 0501 1234 56",
+            "日期 ２０２４－０５－０１，订单 2024 0501 1234 56",
+            {},
+        ),
+        (
+            "1,234,567,890,123,456 and 4111 1111 1111 1112",
+            "1,234,567,890,123,456 and 4111 1111 1111 1112",
+            {},
+        ),
+        ("id 110105 19491231 0021", "id 110105 19491231 0021", {}),  # wrong check character
+    ],
+)
+def test_redact_text_reads_widths_and_separators(text: str, expected: str, counts: dict[str, int]) -> None:
+    assert redact_text(text) == (expected, counts)
+
+
+_SPACES = [" ", "\u00a0", "\u202f", "\u3000"]  # space, no-break, narrow no-break, ideographic
+
+
+def _full_width(draw: st.DrawFn, text: str) -> str:
+    """``text`` with each ASCII character written full width or not, at random."""
+    wide = draw(st.lists(st.booleans(), min_size=len(text), max_size=len(text)))
+    return "".join(
+        chr(ord(c) + 0xFEE0) if w and "!" <= c <= "~" else c for c, w in zip(text, wide, strict=True)
+    )
+
+
+def _digits(draw: st.DrawFn, n: int) -> str:
+    return "".join(draw(st.lists(st.sampled_from("0123456789"), min_size=n, max_size=n)))
+
+
+@st.composite
+def _mobile(draw: st.DrawFn) -> str:
+    number = "1" + draw(st.sampled_from("3456789")) + _digits(draw, 9)
+    sep = draw(st.sampled_from(["", "-", ".", "－", "\u2013", *_SPACES]))
+    prefix = draw(st.sampled_from(["", "+86 ", "+86-", "+86.", "＋８６ "]))
+    return prefix + _full_width(draw, number[:3] + sep + number[3:7] + sep + number[7:])
+
+
+@st.composite
+def _card(draw: st.DrawFn) -> str:
+    head = draw(st.sampled_from(["4", "51", "62"])) + _digits(draw, 12)
+    head += draw(st.sampled_from([d for d in "0123456789" if luhn_valid(head + "0" + d)]))
+    body = head + next(d for d in "0123456789" if luhn_valid(head + d))  # 15 + 1 check digit
+    sep = draw(st.sampled_from(["", "-", "－", *_SPACES]))
+    return _full_width(draw, sep.join(body[i : i + 4] for i in range(0, 16, 4)))
+
+
+@st.composite
+def _cn_id(draw: st.DrawFn) -> str:
+    born = draw(st.dates(min_value=datetime.date(1900, 1, 1), max_value=datetime.date(2025, 12, 31)))
+    first17 = (
+        draw(st.sampled_from("123456789")) + _digits(draw, 5) + born.strftime("%Y%m%d") + _digits(draw, 3)
+    )
+    number = first17 + cn_id_check_char(first17)
+    if number.endswith("X") and draw(st.booleans()):
+        number = number[:-1] + "x"
+    cuts = draw(st.sampled_from([(18,), (6, 8, 4), (6, 4, 4, 4), (3, 3, 4, 4, 4)]))
+    sep = draw(st.sampled_from(["", "-", *_SPACES]))
+    parts, at = [], 0
+    for n in cuts:
+        parts.append(number[at : at + n])
+        at += n
+    return _full_width(draw, sep.join(parts))
+
+
+@st.composite
+def _email(draw: st.DrawFn) -> str:
+    local = draw(st.from_regex(r"[a-z][a-z0-9._]{0,8}[a-z0-9]", fullmatch=True))
+    domain = draw(
+        st.sampled_from(["example.com", "mail.163.com", "例子.中国", "münchen.de", "xn--fsqu00a.xn--fiqs8s"])
+    )
+    at = draw(st.sampled_from(["@", "＠", "﹫"]))
+    dot = draw(st.sampled_from([".", "．"]))
+    return local + at + domain.replace(".", dot)
+
+
+@st.composite
+def _other_phone(draw: st.DrawFn) -> str:
+    sep = draw(st.sampled_from(["-", ".", "－"]))
+    na = (
+        f"{draw(st.sampled_from('23456789'))}{_digits(draw, 2)}{sep}{_digits(draw, 3)}{sep}{_digits(draw, 4)}"
+    )
+    intl = f"+44{sep}20{sep}{_digits(draw, 4)}{sep}{_digits(draw, 4)}"
+    return _full_width(draw, draw(st.sampled_from([na, intl])))
+
+
+_BEFORE = ["", "请拨打 ", "手机：", "卡号,", "卡号.", "身份证号码 ", "Call ", "card: ", "（", "mail "]
+_AFTER = ["", "。", "，谢谢", " today.", "）", ", thanks"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(
+        [
+            ("phone", _mobile()),
+            ("card", _card()),
+            ("cn_id", _cn_id()),
+            ("email", _email()),
+            ("phone", _other_phone()),
+        ]
+    ).flatmap(lambda p: st.tuples(st.just(p[0]), p[1])),
+    st.sampled_from(_BEFORE),
+    st.sampled_from(_AFTER),
+)
+def test_each_format_is_redacted_whatever_its_separators_and_widths(
+    found: tuple[str, str], before: str, after: str
+) -> None:
+    kind, value = found
+    text = before + value + after
+    assert redact_text(text) == (before + PLACEHOLDERS[kind] + after, {kind: 1}), text
+
+
+@st.composite
+def _not_personal(draw: st.DrawFn) -> str:
+    day = draw(st.dates(min_value=datetime.date(1900, 1, 1), max_value=datetime.date(2099, 12, 31)))
+    amount = draw(st.integers(min_value=0, max_value=10**9))
+    text = draw(
+        st.sampled_from(
+            [
+                day.isoformat(),
+                f"{day.year}年{day.month}月{day.day}日",
+                day.strftime("%Y.%m.%d"),
+                f"¥{amount:,}.{draw(st.integers(0, 99)):02d}",
+                f"${amount / 100:,.2f}",
+                str(draw(st.integers(min_value=0, max_value=10**10 - 1))),
+                f"{amount}.{draw(st.integers(0, 10**6))}",
+            ]
+        )
+    )
+    return _full_width(draw, text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_not_personal(), st.sampled_from(_BEFORE), st.sampled_from(_AFTER))
+def test_dates_amounts_and_ordinary_numbers_are_left_alone(value: str, before: str, after: str) -> None:
+    text = before + value + after
+    assert redact_text(text) == (text, {}), text
+
+
 # --------------------------------------------------------------------------- records and messages
 
 
@@ -248,12 +411,17 @@ QUERIES = [
     },
     {
         "query_id": "c4",
-        "query": "zqxquerynovember express shipping, call 139-8765-4321",
+        "query": "zqxquerynovember express shipping, call 139-8765-4321, id 110105 19491231 002X",
         "relevant": {"D4": 2},
     },
     # the refund hotline of D2 ranks first, D1 (the gold) second: top_k=1 loses it (a recall flip)
     {"query_id": "c5", "query": "zqxqueryoscar refund hotline urgent", "relevant": {"D1": 2}},
-    {"query_id": "c6", "query": "zqxquerypapa standard shipping days", "relevant": {"D4": 2}},
+    {
+        "query_id": "c6",
+        "query": "zqxquerypapa standard shipping days, 手机１５９.１２３４.５６７８ 邮箱 zhao＠例子.中国 "
+        "卡号,4111\u00a01111\u00a01111\u00a01111",
+        "relevant": {"D4": 2},
+    },
 ]
 QUERY_CANARIES = [f"zqxquery{w}" for w in ("kilo", "lima", "mike", "november", "oscar", "papa")]
 PASSAGE_CANARIES = ["zqxpassagealpha", "zqxpassagebeta", "zqxpassagegamma", "zqxpassagedelta"]
@@ -266,6 +434,11 @@ PII = [
     "11010519491231002X",
     "4111 1111 1111 1111",
     "6222 0213 8123 4561",
+    # full width, in groups, dotted, an internationalised domain, no-break spaces
+    "110105 19491231 002X",
+    "１５９.１２３４.５６７８",
+    "zhao＠例子.中国",
+    "4111\u00a01111\u00a01111\u00a01111",
 ]
 
 

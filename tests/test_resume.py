@@ -211,6 +211,19 @@ def test_resume_refuses_an_override_that_changes_the_config(tmp_path: Path) -> N
         rewrite_argv([f"resume={run}", "hydra.run.dir=elsewhere"])
 
 
+def test_resume_asks_again_for_the_secrets_that_were_not_stored(tmp_path: Path) -> None:
+    # what .hydra/overrides.yaml holds of +system.headers.Authorization='Bearer KEY' and a URL password
+    stored = ["system=http", "system.base_url=http://***@127.0.0.1:8000", "+system.headers.Authorization=***"]
+    run = _fake_run(tmp_path / "run", stored)
+    with pytest.raises(ConfigError, match=r"system.base_url=http://\*\*\*@127.0.0.1:8000 .* was not stored"):
+        rewrite_argv([f"resume={run}"])  # never resumed with *** sent as the key
+    given = ["system.base_url=http://u:KEY@127.0.0.1:8000", "+system.headers.Authorization='Bearer KEY'"]
+    argv = rewrite_argv([f"resume={run}", *given])
+    assert argv == ["system=http", *given, f"hydra.run.dir='{run}'", f"resume='{run}'"]
+    with pytest.raises(ConfigError, match="changes the config"):  # another URL is another run
+        rewrite_argv([f"resume={run}", "system.base_url=http://u:KEY@127.0.0.1:9000", given[1]])
+
+
 def test_resume_takes_hydra_config_groups_as_runtime_settings(tmp_path: Path) -> None:
     # hydra/launcher says how to run, as hydra.job.chdir does (it was refused: the runtime check
     # matched hydra.* keys but not the group path hydra/...)

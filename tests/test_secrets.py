@@ -10,6 +10,7 @@ header key is covered the same way by tests/test_http_system.py.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,337 @@ def test_values_read_from_the_environment_are_stored_as_their_interpolation(
     params = redact(flatten(resolved), env=env)
     assert params["system.body.token"] == "${oc.env:RAG_BODY_TOKEN}"
     assert "canary-body-token-8e2f7a1c" not in json.dumps(params)
+
+
+# --------------------------------------------------------------------------- keys a careless user passes
+
+
+def test_url_userinfo_is_taken_out_of_the_url_and_hidden_in_text() -> None:
+    from rag_ablate.core.secrets import hide_credentials, hide_userinfo, split_userinfo
+
+    assert split_userinfo("http://user:s3cr%40t@host:8080/v1") == ("http://host:8080/v1", ("user", "s3cr@t"))
+    assert split_userinfo("https://host/v1?a=b@c") == ("https://host/v1?a=b@c", None)  # no userinfo
+    assert split_userinfo("http://KEY@host/v1") == ("http://host/v1", ("KEY", ""))
+    text = "generator.base_url=http://user:KEY@host/v1 and sqlite:///a@b.db, mail a@b.com"
+    assert hide_userinfo(text) == "generator.base_url=http://***@host/v1 and sqlite:///a@b.db, mail a@b.com"
+    assert hide_userinfo("http://u:p@ss@host:1/v1") == "http://***@host:1/v1"  # an @ in the password
+    assert split_userinfo("http://u:p@ss@host:1/v1") == ("http://host:1/v1", ("u", "p@ss"))
+    assert hide_credentials("Authorization: Bearer sk-abcdef123456; bearer of news") == (
+        "Authorization: Bearer ***; bearer of news"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "secret"),
+    [
+        ("system.body.api_key", True),
+        ("system.body.apiKey", True),
+        ("system.header.X-Api-Token", True),  # a misspelt system.headers
+        ("system.body.params.token", True),
+        ("tracking.password", True),
+        ("generator.api_key_env", False),  # the NAME of the variable holding the key
+        ("generator.max_tokens", False),
+        ("judge.keys_en.faithfulness", False),
+        ("retrieval.top_k", False),
+        ("system.headers", False),  # the mapping: its values are secrets (is_secret_key), not its name
+    ],
+)
+def test_names_that_say_a_value_is_a_secret(key: str, secret: bool) -> None:
+    from rag_ablate.core.secrets import is_secret_name
+
+    assert is_secret_name(key) is secret
+
+
+def test_every_default_setting_name_is_not_taken_for_a_secret() -> None:
+    """The name test must not hide a real setting: no key of the composed configs it reads."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rag_ablate.cli.hydra_app import CONF_DIR
+    from rag_ablate.core.secrets import is_secret_name
+    from rag_ablate.run.runner import flatten
+
+    groups = ["generator=openai", "judge=openai", "system=http", "rerank=http", "tracking=server"]
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        keys = set(flatten(OmegaConf.to_container(compose("config", overrides=groups), resolve=False)))
+    assert len(keys) > 100
+    assert [k for k in sorted(keys) if is_secret_name(k)] == []
+
+
+def test_a_config_and_its_overrides_are_stored_without_any_secret() -> None:
+    from rag_ablate.config.keys import redact, redact_hydra, redact_override
+
+    config = {
+        "system": {
+            "base_url": "http://u:KEY1@host",
+            "headers": {"X-Api-Token": "KEY2"},
+            "header": {"Authorization": "Bearer KEY3"},  # misspelt: not a header, but named a secret
+            "body": {"api_key": "KEY4", "query": "{query}", "h": "Bearer KEY5abcdefgh", "env": "VALUE"},
+        },
+        "generator": {"base_url": "https://u:KEY6@api/v1", "api_key_env": "OPENAI_API_KEY"},
+    }
+    env = {"system.body.env": "${oc.env:RAG_BODY}"}
+    assert redact(config, env=env) == {
+        "system": {
+            "base_url": "http://***@host",
+            "headers": {"X-Api-Token": "***"},
+            "header": {"Authorization": "***"},
+            "body": {"api_key": "***", "query": "{query}", "h": "Bearer ***", "env": "${oc.env:RAG_BODY}"},
+        },
+        "generator": {"base_url": "https://***@api/v1", "api_key_env": "OPENAI_API_KEY"},
+    }
+    overrides = [
+        "system.base_url=http://u:KEY1@host",
+        "+system.headers.X-Api-Token=KEY2",
+        "+system.header.Authorization='Bearer KEY3'",
+        "+system.body.api_key=KEY4",
+        "-m generator.base_url=https://u:KEY6@a/v1,https://u:KEY6@b/v1",
+    ]
+    assert [redact_override(o) for o in overrides] == [
+        "system.base_url=http://***@host",
+        "+system.headers.X-Api-Token=***",
+        "+system.header.Authorization=***",
+        "+system.body.api_key=***",
+        "-m generator.base_url=https://***@a/v1,https://***@b/v1",
+    ]
+    # Hydra's own record of the command line: overrides.task and override_dirname made of them
+    hydra = {
+        "overrides": {"task": overrides[1:4], "hydra": []},
+        "job": {"override_dirname": ",".join(overrides[1:4]), "name": "__main__"},
+        "runtime": {"output_dir": "/tmp/x"},
+    }
+    stored = redact_hydra({"hydra": hydra, **config}, env)
+    text = json.dumps(stored)
+    assert not any(f"KEY{i}" in text for i in range(1, 7)), text
+    assert stored["hydra"]["job"]["override_dirname"] == (
+        "+system.headers.X-Api-Token=***,+system.header.Authorization=***,+system.body.api_key=***"
+    )
+
+
+def test_the_sweep_plan_is_stored_and_logged_without_secrets(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from rag_ablate.core.secrets import hidden_in_logs
+    from rag_ablate.sweep.plan import Factor, Job, Plan, format_plan
+
+    common = ["+system.headers.Authorization='Bearer KEY1'", "system.base_url=http://u:KEY2@h"]
+    url = "http://u:KEY3@a/v1"
+    plan = Plan(
+        "ofat",
+        False,
+        common,
+        [Factor("generator.base_url", False, "null", [url], [f"generator.base_url={url}"])],
+        [
+            Job(0, "baseline", "baseline", None, None, common),
+            Job(
+                1,
+                f"generator.base_url={url}",
+                "variant",
+                "generator.base_url",
+                url,
+                [*common, f"generator.base_url={url}"],
+            ),
+        ],
+    )
+    stored = json.dumps(plan.to_dict()) + format_plan(plan)
+    assert "KEY" not in stored and "http://***@a/v1" in stored
+    # a swept secret: its levels are numbered masks, so the variants' labels stay distinct
+    body = Factor(
+        "system.body.api_key",
+        False,
+        "KEY0",
+        ["KEY5", "KEY6"],
+        ["system.body.api_key=KEY5", "system.body.api_key=KEY6"],
+    )
+    jobs = [
+        Job(i, f"system.body.api_key={lv}", "variant", body.key, lv, [o])
+        for i, (lv, o) in enumerate(zip(body.levels, body.level_overrides, strict=True), 1)
+    ]
+    swept = Plan("ofat", False, [], [body], [Job(0, "baseline", "baseline", None, None, []), *jobs]).to_dict()
+    assert "KEY" not in json.dumps(swept)
+    assert [j["label"] for j in swept["jobs"]] == [
+        "baseline",
+        "system.body.api_key=***1",
+        "system.body.api_key=***2",
+    ]
+    assert "KEY1" in " ".join(plan.jobs[1].overrides)  # the launcher gets the real ones
+    with caplog.at_level(logging.INFO):
+        with hidden_in_logs(plan.secret_swaps()):
+            logging.getLogger("hydra.launcher").info("\t#%d : %s", 1, " ".join(plan.jobs[1].overrides))
+        assert "KEY" not in caplog.text and "Authorization=***" in caplog.text
+        logging.getLogger("x").info("Bearer KEY4abcdefgh after the block")  # the factory is put back
+    assert "KEY4abcdefgh" in caplog.text
+
+
+# --------------------------------------------------------------------------- the canary
+
+
+SYS_URL_KEY = "sk-canary-sysurl-7b1d0e9f3a2c"  # system.base_url=http://user:KEY@host
+GEN_URL_KEY = "sk-canary-genurl-0e4a9c2f7b5d"  # generator.base_url=http://user:KEY@host/v1
+JUDGE_URL_KEY = "sk-canary-judgeurl-5c3e1a7d9f0b"
+HEADER_KEY = "sk-canary-header-2e8c4a6b0d1f"  # +system.headers.X-Api-Token=KEY
+AUTH_KEY = "sk-canary-auth-8d2f6b0a4c9e"  # +system.headers.Authorization='Bearer KEY' (a sweep)
+BODY_KEY = "sk-canary-body-9f3b7c1e5a0d"  # +system.body.api_key=KEY (the body template)
+MISSPELT_KEY = "sk-canary-misspelt-4c0a8e2f6b1d"  # generator.api_kee=KEY, +system.header.Authorization
+
+
+def _with_key(url: str, key: str) -> str:
+    return url.replace("http://", f"http://user:{key}@", 1)
+
+
+def _basic(key: str) -> str:
+    import base64
+
+    return "Basic " + base64.b64encode(f"user:{key}".encode()).decode()
+
+
+@pytest.mark.slow
+def test_no_careless_way_of_passing_a_key_stores_or_prints_it(tmp_path: Path) -> None:
+    """Each way a careless user passes a key, through real runs and a sweep against servers on
+    127.0.0.1: the servers get the keys (so the search can fail), and no file under the working
+    folder (records, configs, run.json, variant.json, run.trec, Hydra's .hydra/ and multirun.yaml,
+    plan.json, the cache's metadata, MLflow artifacts, the MLflow database) nor the terminal holds
+    them, nor the basic-auth form of a URL's password."""
+    from test_http_system import Plan, fault_server
+
+    data = write_dataset(tmp_path / "data")
+    service = Plan({})
+    with (
+        serve(FakeLLM()) as gen,
+        serve(FakeLLM(respond=_judge_reply)) as judge,
+        fault_server(service) as url,
+    ):
+        runs = {
+            "local pipeline, keys in the generator's and the judge's URLs": [
+                "generator=openai",
+                f"generator.base_url={_with_key(gen.url, GEN_URL_KEY)}",
+                "generator.model=canary-model",
+                "judge=openai",
+                f"judge.base_url={_with_key(judge.url, JUDGE_URL_KEY)}",
+                "judge.model=canary-judge",
+            ],
+            "a service: a key in its URL, a literal header, a key in the body template": [
+                "system=http",
+                f"system.base_url={_with_key(url, SYS_URL_KEY)}",
+                f"+system.headers.X-Api-Token={HEADER_KEY}",
+                "+system.body.query='{query}'",
+                "+system.body.query_id='{query_id}'",
+                f"+system.body.api_key={BODY_KEY}",
+            ],
+            "a sweep with a literal Authorization header": [
+                "-m",
+                "chunk=256,512",
+                "system=http",
+                f"system.base_url={url}",
+                f"+system.headers.Authorization='Bearer {AUTH_KEY}'",
+                "compare.B=200",
+            ],
+            "a misspelt setting": [f"generator.api_kee={MISSPELT_KEY}"],
+            "a misspelt section": [f"+system.header.Authorization='Bearer {MISSPELT_KEY}'"],
+        }
+        codes, terminal = {}, []
+        for what, args in runs.items():
+            out = run_module("rag_ablate", [*args, f"dataset.path={data}", "progress=false"], tmp_path)
+            codes[what] = out.returncode
+            terminal.append(out.stdout + out.stderr)
+            assert out.returncode in (0, 2), (what, out.stderr[-3000:])
+        gen_auth = {r["auth"] for r in gen.requests}
+        judge_auth = {r["auth"] for r in judge.requests}
+    # the keys still work: each server got its own
+    assert list(codes.values()) == [0, 0, 0, 2, 2], codes
+    assert gen_auth == {_basic(GEN_URL_KEY)} and judge_auth == {_basic(JUDGE_URL_KEY)}
+    sent = {(h.get("Authorization"), h.get("X-Api-Token")) for h in service.headers}
+    assert sent == {(_basic(SYS_URL_KEY), HEADER_KEY), (f"Bearer {AUTH_KEY}", None)}
+
+    keys = [SYS_URL_KEY, GEN_URL_KEY, JUDGE_URL_KEY, HEADER_KEY, AUTH_KEY, BODY_KEY, MISSPELT_KEY]
+    needles = [*keys, *(_basic(k).split()[1] for k in (SYS_URL_KEY, GEN_URL_KEY, JUDGE_URL_KEY))]
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(data)]
+    names = {p.name for p in files}
+    assert {"mlflow.db", "overrides.yaml", "hydra.yaml", "multirun.yaml", "plan.json", "meta.json"} <= names
+    assert {"config.yaml", "run.json", "variant.json", "run.trec", "report.html"} <= names
+    assert any("mlartifacts" in p.parts and ".hydra" in p.parts for p in files)
+    leaks = [
+        f"{p.relative_to(tmp_path)}: {n}" for p in files for n in needles if n.encode() in p.read_bytes()
+    ]
+    assert leaks == []
+    printed = "\n".join(terminal)
+    assert [n for n in needles if n in printed] == []
+    # what is stored instead says where the key was
+    assert "http://***@127.0.0.1" in printed or any(
+        b"http://***@127.0.0.1" in p.read_bytes() for p in files if p.name == "config.yaml"
+    )
+
+
+def test_a_tracking_servers_password_goes_to_mlflows_variables_not_the_uri(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag_ablate.config.schema import TrackingConfig
+    from rag_ablate.tracking.store import resolve
+
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    uri, _ = resolve(TrackingConfig(uri="http://alice:KEY%2F1@127.0.0.1:5000"), tmp_path)
+    assert uri == "http://127.0.0.1:5000"  # what sweep.json, run.json and the terminal name
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "alice"
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "KEY/1"  # what MLflow sends as basic auth
+    db = "postgresql://u:pw@db/mlflow"  # a database URI needs its password: left as it is
+    assert resolve(TrackingConfig(uri=db), tmp_path)[0] == db
+
+
+@pytest.mark.slow
+def test_resume_asks_for_the_secrets_again_and_still_stores_none(tmp_path: Path) -> None:
+    """A run whose key was not stored: resume= names what to give again, then finishes the run with
+    it (the service gets it), and the key is still stored nowhere."""
+    from test_http_system import Plan, fault_server
+
+    data = write_dataset(tmp_path / "data")
+    service = Plan({"q2": "down"})  # one failed query: something for resume= to do
+    run = tmp_path / "run"
+    with fault_server(service) as url:
+        secrets = [
+            f"system.base_url={_with_key(url, SYS_URL_KEY)}",
+            f"+system.headers.X-Api-Token={HEADER_KEY}",
+        ]
+        common = ["system=http", "system.retries=0", "system.max_error_rate=1.0", f"dataset.path={data}"]
+        first = run_module(
+            "rag_ablate", [*common, *secrets, "progress=false", f"hydra.run.dir={run}"], tmp_path
+        )
+        assert first.returncode == 0, first.stderr[-2000:]
+        service.scenarios.clear()
+        refused = run_module("rag_ablate", [f"resume={run}"], tmp_path)
+        assert refused.returncode == 2
+        assert "+system.headers.X-Api-Token=*** was not stored" in refused.stderr
+        resumed = run_module("rag_ablate", [f"resume={run}", *secrets], tmp_path)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert service.count("/rag/eval", "q2") == 2  # asked again, with the key
+    assert {(h.get("Authorization"), h.get("X-Api-Token")) for h in service.headers} == {
+        (_basic(SYS_URL_KEY), HEADER_KEY)
+    }
+    records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    assert {r["status"] for r in records} == {"ok"}
+    needles = [SYS_URL_KEY, HEADER_KEY, _basic(SYS_URL_KEY).split()[1]]
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(data)]
+    assert [str(p) for p in files for n in needles if n.encode() in p.read_bytes()] == []
+    printed = first.stdout + first.stderr + refused.stderr + resumed.stdout + resumed.stderr
+    assert [n for n in needles if n in printed] == []
+
+
+@pytest.mark.parametrize(
+    ("override", "shown"),
+    [
+        (
+            "+system.headers.Authorization='Bearer sk-canary-syntax-1f2e'}",
+            "+system.headers.Authorization=***",
+        ),
+        ("+system.headers.X-Api-Token=[sk-canary-syntax-1f2e", "+system.headers.X-Api-Token=***"),
+        ("generator.base_url=http://u:sk-canary-syntax-1f2e@h/v1}", "generator.base_url=http://***@h/v1}"),
+    ],
+)
+def test_an_override_hydra_cannot_parse_is_named_without_its_key(
+    tmp_path: Path, override: str, shown: str
+) -> None:
+    out = run_module("rag_ablate", [override, "progress=false"], tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"rag_ablate: error: cannot parse the override '{shown}': ")
+    assert "sk-canary-syntax" not in out.stdout + out.stderr
+    assert not (tmp_path / "outputs").exists()  # refused before anything is made

@@ -85,6 +85,7 @@ class AblationSweeper(Sweeper):
     def _sweep(self, arguments: list[str]) -> Any:
         from rag_ablate.core.errors import EXIT_INVALID, RagAblateError
         from rag_ablate.core.profiling import sweep_profile
+        from rag_ablate.core.secrets import hidden_in_logs
         from rag_ablate.sweep.driver import finish_sweep, start_sweep
         from rag_ablate.sweep.plan import build_plan, check_plan, format_plan
 
@@ -121,7 +122,8 @@ class AblationSweeper(Sweeper):
             self._interrupted(plan)
         try:
             try:
-                with prof.stage("jobs"):
+                # the launcher logs each job's overrides: secrets are shown as plan.json stores them
+                with prof.stage("jobs"), hidden_in_logs(plan.secret_swaps()):
                     returns = self.launcher.launch([job.overrides for job in plan.jobs], initial_job_idx=0)
             except Exception as exc:  # a launcher's own failure: still finish what ran
                 launch_error = exc

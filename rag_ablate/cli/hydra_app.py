@@ -23,10 +23,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from rag_ablate.config.keys import env_interpolated, redact_hydra_output
 from rag_ablate.config.overrides import CONF_DIR, normalize_overrides, numeric_groups, register_resolvers
 from rag_ablate.config.schema import register_configs
 from rag_ablate.core.errors import RagAblateError, exit_code_of, one_line
 from rag_ablate.core.fmt import visible
+from rag_ablate.core.secrets import hide_credentials
 
 __all__ = ["CONF_DIR", "main", "normalize_overrides", "numeric_groups"]
 
@@ -54,6 +56,8 @@ def main(cfg: DictConfig) -> float | None:
     from rag_ablate.settings import to_settings
 
     hc = HydraConfig.get()
+    if hc.output_subdir is not None:  # Hydra wrote the job's .hydra/ files with secrets as given
+        redact_hydra_output(Path(hc.runtime.output_dir) / str(hc.output_subdir), env_interpolated(cfg))
     try:
         try:
             settings = to_settings(cfg)
@@ -74,9 +78,9 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(130)
     except Exception as exc:
         if hc.mode == RunMode.MULTIRUN:
-            print(f"rag_ablate: job #{hc.job.num} failed: {one_line(exc)}", file=sys.stderr)
+            print(f"rag_ablate: job #{hc.job.num} failed: {hide_credentials(one_line(exc))}", file=sys.stderr)
             raise  # recorded by Hydra as a failed job; the sweeper reports it
         if isinstance(exc, RagAblateError):
-            print(f"rag_ablate: error: {visible(str(exc))}", file=sys.stderr)
+            print(f"rag_ablate: error: {visible(hide_credentials(str(exc)))}", file=sys.stderr)
             sys.exit(exit_code_of(exc))
         raise

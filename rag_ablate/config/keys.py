@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from rag_ablate.config.overrides import override_key
+from rag_ablate.core.secrets import MASK, hide_credentials, is_secret_name
 
 # how system=http talks to the service (not what the service is): runtime settings
 HTTP_RUNTIME_KEYS = (
@@ -48,7 +50,7 @@ JUDGE_RUNTIME_KEYS = (
 # config keys whose values are secrets: never logged, stored or printed (see redact)
 SECRET_KEYS = ("system.headers",)
 
-REDACTED = "***"
+REDACTED = MASK
 
 # settings that say how to run, not what the system under test is: never a factor
 # of an ablation, left out of run names and of the confounding guard
@@ -89,8 +91,10 @@ def is_runtime_key(key: str) -> bool:
 
 
 def is_secret_key(key: str) -> bool:
-    """Whether ``key`` is one of :data:`SECRET_KEYS` (its whole value is secret) or below one."""
-    return is_under(key, SECRET_KEYS)
+    """Whether ``key``'s value is a secret: one of :data:`SECRET_KEYS` or below one (every header
+    value, whatever its name), or a key whose name says so (``system.body.api_key``, a misspelt
+    ``system.header.X-Token``: :func:`rag_ablate.core.secrets.is_secret_name`)."""
+    return is_under(key, SECRET_KEYS) or is_secret_name(key)
 
 
 @dataclass(frozen=True)
@@ -206,34 +210,42 @@ def env_interpolated(cfg: Any) -> dict[str, str]:
 
 
 def redact(values: Any, prefix: str = "", env: Mapping[str, str] | None = None) -> Any:
-    """``values`` (a config as plain containers, or flattened ``{dotted.key: value}``) with
-    every value under :data:`SECRET_KEYS` replaced by ``***`` (header names stay visible) and
-    every value read from an environment variable (``env``, from :func:`env_interpolated`)
-    replaced by its unresolved ``${oc.env:NAME}`` text."""
+    """``values`` (a config as plain containers, or flattened ``{dotted.key: value}``) as it may be
+    stored: every header value (:data:`SECRET_KEYS`; header names stay visible) replaced by ``***``;
+    every value read from an environment variable (``env``, from :func:`env_interpolated`) by its
+    unresolved ``${oc.env:NAME}`` text; every other value whose key names a secret
+    (:func:`is_secret_key`) by ``***``; in every other text, the user and password of a URL and the
+    token after ``Bearer`` by ``***`` (:func:`rag_ablate.core.secrets.hide_credentials`)."""
     env = env or {}
     if isinstance(values, dict):
         out: dict[Any, Any] = {}
         for k, v in values.items():
             key = f"{prefix}{k}"
-            # the mapping itself is walked, so header names stay visible
-            secret = key not in SECRET_KEYS and is_secret_key(key)
-            if secret and v is not None:
+            # the headers mapping itself is walked, so header names stay visible
+            header = key not in SECRET_KEYS and is_under(key, SECRET_KEYS)
+            if header and v is not None:
                 out[k] = REDACTED
             elif key in env:
                 out[k] = env[key]
+            elif key not in SECRET_KEYS and is_secret_name(key) and v is not None:
+                out[k] = REDACTED
             else:
                 out[k] = redact(v, key + ".", env)
         return out
     if isinstance(values, list):
         return [env.get(f"{prefix}{i}", redact(v, f"{prefix}{i}.", env)) for i, v in enumerate(values)]
+    if isinstance(values, str):
+        return hide_credentials(values)
     return values
 
 
 def redact_override(override: str, env: Mapping[str, str] | None = None) -> str:
-    """A command-line override with its value replaced by ``***`` when it sets a secret
-    (``+system.headers.Authorization=...``), or by its ``${oc.env:NAME}`` text when the config
-    reads it from the environment (``env``: :func:`env_interpolated`; Hydra hands a job its
-    overrides with ``${oc.env:...}`` resolved already)."""
+    """A command-line override as it may be stored or printed: its value replaced by ``***`` when
+    it sets a secret (``+system.headers.Authorization=...``, ``+system.body.api_key=...``), by its
+    ``${oc.env:NAME}`` text when the config reads it from the environment (``env``:
+    :func:`env_interpolated`; Hydra hands a job its overrides with ``${oc.env:...}`` resolved
+    already), else with the user and password of a URL (``http://u:KEY@host``) and a ``Bearer``
+    token replaced by ``***``."""
     key = override_key(override)
     if "=" not in override:
         return override
@@ -241,4 +253,55 @@ def redact_override(override: str, env: Mapping[str, str] | None = None) -> str:
         return f"{override.split('=', 1)[0]}={REDACTED}"
     if env and key in env:
         return f"{override.split('=', 1)[0]}={env[key]}"
-    return override
+    return hide_credentials(override)
+
+
+def redact_hydra(config: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A composed config with its ``hydra`` node (plain containers, unresolved) as it may be stored:
+    the settings as :func:`redact` stores them; in ``hydra``, every override (``overrides.task``,
+    ``overrides.hydra``) as :func:`redact_override` stores it, wherever it appears (``override_dirname``
+    is made of them), and no URL user and password or ``Bearer`` token in any text. What
+    ``multirun.yaml`` and Hydra's ``.hydra/`` files hold."""
+    out = redact({k: v for k, v in config.items() if k != "hydra"}, env=env)
+    if "hydra" not in config:
+        return cast(dict[str, Any], out)
+    given = config["hydra"].get("overrides") or {}
+    every = [str(o) for part in ("task", "hydra") for o in (given.get(part) or [])]
+    swaps = {o: r for o in every if (r := redact_override(o, env)) != o}
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if not isinstance(node, str):
+            return node
+        for original, redacted in sorted(swaps.items(), key=lambda kv: -len(kv[0])):
+            node = node.replace(original, redacted)  # an override, or override_dirname made of them
+        return hide_credentials(node)
+
+    out["hydra"] = walk(config["hydra"])
+    return cast(dict[str, Any], out)
+
+
+def redact_hydra_output(folder: Path, env: Mapping[str, str] | None = None) -> None:
+    """Rewrite the files Hydra wrote in a job's ``.hydra/`` folder (``config.yaml``, ``hydra.yaml``,
+    ``overrides.yaml``) as :func:`redact_hydra` stores them: Hydra writes them before the job starts,
+    with header values, keys under secret names and URL passwords as given. Each file is written
+    to a temporary name and renamed; a file that is absent is left absent."""
+    import yaml
+
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if isinstance(data, list):
+            data = [redact_override(str(o), env) for o in data]
+        elif isinstance(data, dict):
+            data = redact_hydra(data, env)
+        else:
+            continue
+        tmp = path.with_name(name + ".tmp")
+        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(data)), encoding="utf-8")
+        tmp.replace(path)

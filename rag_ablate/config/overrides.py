@@ -36,6 +36,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from rag_ablate.core.errors import ConfigError
+from rag_ablate.core.secrets import hide_credentials, is_secret_name, looks_like_key
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 UID_RESOLVER = "rag_ablate.uid"
@@ -189,7 +190,10 @@ def check_override_keys(args: list[str], conf_dir: Path = CONF_DIR) -> None:
                 hint = f"did you mean '{'.'.join([*parts[:depth], close[0]])}'? " if close else ""
                 scope = f"under '{where}'" if where else "at the top level"
                 names = ", ".join(valid)
-                raise ConfigError(f"unknown config key '{key}' in '{arg}': {hint}valid {scope}: {names}")
+                # the value is not echoed when it may be a key (a misspelt api_key, a key-like value)
+                secret = is_secret_name(key) or looks_like_key(arg.split("=", 1)[-1])
+                shown = f"{arg.split('=', 1)[0]}=***" if secret else hide_credentials(arg)
+                raise ConfigError(f"unknown config key '{key}' in '{shown}': {hint}valid {scope}: {names}")
             kind = fields.get(part)
             if kind is None or not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
                 break  # a value, a mapping or a conf/ group outside the schema: Hydra checks the rest

@@ -35,6 +35,7 @@ from rag_ablate.config.ranges import (
     check_ranges,
 )
 from rag_ablate.core.errors import ConfigError
+from rag_ablate.core.secrets import hide_userinfo
 
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")  # bm25s's scoring variants
 
@@ -412,7 +413,8 @@ def validate_system(s: SystemConfig) -> None:
             "e.g. system.base_url=http://127.0.0.1:8000"
         )
     if not s.base_url.startswith(("http://", "https://")):
-        raise ConfigError(f"system.base_url must start with http:// or https://, got '{s.base_url}'")
+        shown = hide_userinfo(s.base_url)
+        raise ConfigError(f"system.base_url must start with http:// or https://, got '{shown}'")
     for key, path in (("eval_path", s.eval_path), ("chat_path", s.chat_path)):
         if path is not None and not path.startswith("/"):
             raise ConfigError(f"system.{key} must start with '/', got '{path}'")

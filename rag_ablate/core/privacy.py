@@ -12,7 +12,9 @@ Two settings (``privacy`` in the config, docs/architecture.md "Confidential corp
   trace inputs and outputs, the passages of a trace, flips) goes through :func:`redact_text`
   first. It replaces e-mail addresses, phone numbers, Chinese national id numbers and bank card
   numbers by ``[EMAIL]``, ``[PHONE]``, ``[CN_ID]`` and ``[CARD]``; each record counts what was
-  replaced (``redacted``) and the run logs the sums as ``privacy/redacted_<kind>``.
+  replaced (``redacted``) and the run logs the sums as ``privacy/redacted_<kind>``. The detectors
+  read the text's normal form (:func:`normalise`: NFKC, dashes as ``-``), so full-width digits,
+  ``＠`` and no-break spaces hide nothing; the original characters are replaced.
 
 Worked examples (``redact_text`` returns the text and the counts)::
 
@@ -23,6 +25,9 @@ Worked examples (``redact_text`` returns the text and the counts)::
     "卡号 4111-1111-1111-1111，订单号 20240501123456，价格 ¥1299.00"
         -> "卡号 [CARD]，订单号 20240501123456，价格 ¥1299.00"  {"card": 1}
 
+    "手机１５９.１２３４.５６７８，邮箱 li＠例子.中国，卡号,4111\u00a01111\u00a01111\u00a01111"
+        -> "手机[PHONE]，邮箱 [EMAIL]，卡号,[CARD]"          {"phone": 1, "email": 1, "card": 1}
+
 The order number is not a card: 20240501123456 fails the Luhn check (its digit sum is 37).
 """
 
@@ -30,8 +35,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import re
 import threading
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -60,24 +67,29 @@ T = TypeVar("T", bound=JudgedAnswer)
 
 # ---------------------------------------------------------------------------- detectors
 
+# ASCII local part; domain labels in any script (例子.中国, münchen.de) or punycode (xn--...)
 _EMAIL = re.compile(
-    r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
-    r"(?![A-Za-z0-9-])"
+    r"(?<![A-Za-z0-9_%+-])(?<![A-Za-z0-9]\.)[A-Za-z0-9][A-Za-z0-9._%+-]*@(?:[^\W_][\w-]*\.)+"
+    r"(?:[A-Za-z]{2,}(?![A-Za-z0-9-])|xn--[A-Za-z0-9-]+|[^\W\d_A-Za-z]{2,})"
 )
 # 6-digit region, birth date YYYYMMDD (1800-2099), 3-digit sequence, check character
 _CN_ID = re.compile(
     r"(?<![0-9A-Za-z])[1-9]\d{5}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx]"
     r"(?![0-9A-Za-z])"
 )
-# a run of digits with single spaces or dashes between them (card candidates are cut from it)
-_DIGIT_RUN = re.compile(r"(?<![0-9A-Za-z+.,])\d+(?:[ -]\d+)*(?![0-9A-Za-z])")
+# a run of digits with single spaces or dashes between them (card and grouped id candidates are
+# cut from it; an id's last group may end in X); after a comma or a period only when no digit
+# precedes it (1,299.00 is no card, 卡号,4111... may be)
+_DIGIT_RUN = re.compile(r"(?<![0-9A-Za-z+])(?<!\d[.,])\d+(?:[ -]\d+)*[Xx]?(?![0-9A-Za-z])(?![.,]\d)")
 _PHONES = (
-    # Chinese mobile: 1[3-9]x xxxx xxxx, spaces or dashes between the groups, +86 / 0086 optional
-    re.compile(r"(?<![\d+])(?:(?:\+|00)86[ -]?)?1[3-9]\d(?:[ -]?\d{4}){2}(?!\d)"),
-    # international with a leading +: +1 415 555 0100, +44 20 7946 0958, +1 (415) 555-0100
-    re.compile(r"(?<![\w+])\+\d{1,3}(?:[ -]?(?:\(\d{1,4}\)|\d{1,4})){2,6}(?!\d)"),
+    # Chinese mobile: 1[3-9]x xxxx xxxx, one kind of space, dash or dot between groups, +86/0086 optional
+    re.compile(r"(?<![\d+])(?:(?:\+|00)86[ .-]?)?1[3-9]\d([ .-]?)\d{4}\1\d{4}(?!\.?\d)"),
+    # international with a leading +: +1 415 555 0100, +44 20 7946 0958, +1 (415) 555-0100, +44.20.7946.0958
+    re.compile(r"(?<![\w+])\+\d{1,3}(?:[ .-]?(?:\(\d{1,4}\)|\d{1,4})){2,6}(?!\.?\d)"),
     # North American: (415) 555-0100, (415)555-0100, 415-555-0100, 415.555.0100
-    re.compile(r"(?<![\w+.-])(?:\([2-9]\d{2}\) ?\d{3}[- ]\d{4}|[2-9]\d{2}([-.])\d{3}\1\d{4})(?![\w-])"),
+    re.compile(
+        r"(?<![\w+-])(?<!\d\.)(?:\([2-9]\d{2}\) ?\d{3}[- ]\d{4}|[2-9]\d{2}([-.])\d{3}\1\d{4})(?![\w-])"
+    ),
     # Chinese landline with its area code: 010-12345678, (021) 6123 4567, 0755-1234567
     re.compile(r"(?<![\w+-])(?:\(0\d{2,3}\) ?|0\d{2,3}-)\d{3,4} ?\d{4}(?!\d)"),
 )
@@ -130,29 +142,22 @@ class Found:
     end: int
 
 
-def _card_spans(text: str) -> Iterator[tuple[int, int]]:
-    """Bank card numbers: 13-19 digits, Luhn-valid, written whole or in groups of at least 3 digits
-    with one kind of separator (4111 1111 1111 1111, 6222-0213-8123-4567-890). In a longer run of
-    groups (a card and a year) the longest valid run of whole groups is taken."""
+def _grouped_spans(text: str, accept: Callable[[str], bool]) -> Iterator[tuple[int, int]]:
+    """Numbers written whole or in groups of at least 3 digits with one kind of separator
+    (4111 1111 1111 1111, 110105-19491231-002X) whose digits ``accept`` takes. In a longer run of
+    groups (a card and a year) the longest accepted run of whole groups is taken."""
     for m in _DIGIT_RUN.finditer(text):
-        groups = [(g.start() + m.start(), g.end() + m.start()) for g in re.finditer(r"\d+", m.group())]
-        seps = set(re.findall(r"[ -]", m.group()))
-        if len(groups) == 1:
-            digits = m.group()
-            if 13 <= len(digits) <= 19 and luhn_valid(digits):
-                yield m.start(), m.end()
-            continue
-        if len(seps) > 1:
+        groups = [(g.start() + m.start(), g.end() + m.start()) for g in re.finditer(r"\d+[Xx]?", m.group())]
+        if len(groups) > 1 and len(set(re.findall(r"[ -]", m.group()))) > 1:
             continue
         i = 0
         while i < len(groups):
             best = None
             for j in range(len(groups), i, -1):  # the longest run of whole groups first
                 part = groups[i:j]
-                if any(e - s < 3 for s, e in part):
+                if len(part) > 1 and any(e - s < 3 for s, e in part):
                     continue
-                digits = "".join(text[s:e] for s, e in part)
-                if 13 <= len(digits) <= 19 and luhn_valid(digits):
+                if accept("".join(text[s:e] for s, e in part)):
                     best = j
                     break
             if best is None:
@@ -162,36 +167,71 @@ def _card_spans(text: str) -> Iterator[tuple[int, int]]:
                 i = best
 
 
+def _is_card(digits: str) -> bool:
+    """Bank card numbers: 13-19 digits, Luhn-valid."""
+    return 13 <= len(digits) <= 19 and luhn_valid(digits)
+
+
 def _phone_ok(span: str) -> bool:
     n = sum(ch.isdigit() for ch in span)
     return 7 <= n <= 15
 
 
-def find_pii(text: str) -> list[Found]:
-    """Every piece of personal data in ``text``, in text order, without overlaps.
+# separators NFKC leaves alone that people write between groups of digits: dashes and minus signs
+_DASHES = dict.fromkeys(map(ord, "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u30fc"), "-")
 
-    Searched for in this order, each over what the earlier ones left: e-mail addresses, Chinese
-    national id numbers (:func:`is_cn_id`), bank card numbers (:func:`luhn_valid`), phone numbers
-    (Chinese mobiles with optional +86 and separators, + international numbers, North American
-    ``(415) 555-0100`` / ``415-555-0100``, Chinese landlines with an area code ``010-12345678``).
+
+def normalise(text: str) -> tuple[str, list[int]]:
+    """``text`` as the detectors read it, and where each of its characters came from.
+
+    Each character is put in NFKC form (full-width digits, letters, ``＠``, ``．``, ``（）`` and
+    ``，`` become ASCII; no-break, narrow and ideographic spaces become spaces) and dashes become
+    ``-``. ``origin[i]`` is the index in ``text`` of the character that gave character ``i``, and
+    ``origin[len]`` is ``len(text)``, so a span found in the normal form maps back to the original
+    characters."""
+    if text.isascii():
+        return text, list(range(len(text) + 1))
+    out = [_normal_char(ch) for ch in text]
+    if all(len(n) == 1 for n in out):  # the common case: one character for one
+        return "".join(out), list(range(len(text) + 1))
+    origin = [i for i, n in enumerate(out) for _ in n]
+    origin.append(len(text))
+    return "".join(out), origin
+
+
+@functools.lru_cache(maxsize=4096)
+def _normal_char(ch: str) -> str:
+    return unicodedata.normalize("NFKC", ch).translate(_DASHES)
+
+
+def find_pii(text: str) -> list[Found]:
+    """Every piece of personal data in ``text``, in text order, without overlaps; spans are of
+    ``text`` itself, though the search reads its normal form (:func:`normalise`), so ``１５９ １２３４
+    ５６７８`` and ``张三＠例子．中国`` are found.
+
+    Searched for in this order, each over what the earlier ones left: e-mail addresses (the domain
+    in any script), Chinese national id numbers whole or in groups (:func:`is_cn_id`), bank card
+    numbers (:func:`luhn_valid`), phone numbers (Chinese mobiles with optional +86 and spaces,
+    dashes or dots, + international numbers, North American ``(415) 555-0100`` / ``415-555-0100``
+    / ``415.555.0100``, Chinese landlines with an area code ``010-12345678``).
     """
-    taken = [False] * len(text)
+    norm, origin = normalise(text)
+    taken = [False] * len(norm)
     found: list[Found] = []
 
     def add(kind: str, start: int, end: int) -> None:
         if not any(taken[start:end]):
             taken[start:end] = [True] * (end - start)
-            found.append(Found(kind, start, end))
+            found.append(Found(kind, origin[start], origin[end - 1] + 1))
 
-    for m in _EMAIL.finditer(text):
+    for m in _EMAIL.finditer(norm):
         add("email", m.start(), m.end())
-    for m in _CN_ID.finditer(text):
-        if is_cn_id(m.group()):
-            add("cn_id", m.start(), m.end())
-    for start, end in _card_spans(text):
+    for start, end in _grouped_spans(norm, is_cn_id):
+        add("cn_id", start, end)
+    for start, end in _grouped_spans(norm, _is_card):
         add("card", start, end)
     for pattern in _PHONES:
-        for m in pattern.finditer(text):
+        for m in pattern.finditer(norm):
             if _phone_ok(m.group()):
                 add("phone", m.start(), m.end())
     return sorted(found, key=lambda f: f.start)
@@ -199,7 +239,8 @@ def find_pii(text: str) -> list[Found]:
 
 def redact_text(text: str) -> tuple[str, Counts]:
     """``text`` with every piece of personal data (:func:`find_pii`) replaced by its placeholder
-    (``[EMAIL]``, ``[PHONE]``, ``[CN_ID]``, ``[CARD]``), and how many of each kind were replaced."""
+    (``[EMAIL]``, ``[PHONE]``, ``[CN_ID]``, ``[CARD]``), and how many of each kind were replaced.
+    The original characters are replaced, whatever their width."""
     counts: Counts = {}
     out: list[str] = []
     pos = 0

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from rag_ablate.config.ranges import check_ranges
 from rag_ablate.core.errors import ConfigError
+from rag_ablate.core.secrets import hide_userinfo
 from rag_ablate.generators import GENERATORS
 from rag_ablate.generators.base import Context, Generation
 from rag_ablate.llm.client import CACHE_KIND, ChatClient
@@ -90,7 +91,7 @@ def validate_openai(cfg: GeneratorConfig) -> None:
     if not cfg.base_url or not cfg.base_url.startswith(("http://", "https://")):
         raise ConfigError(
             f"generator=openai needs generator.base_url starting with http:// or https://, got "
-            f"'{cfg.base_url}', e.g. generator.base_url=http://127.0.0.1:8080/v1"
+            f"'{hide_userinfo(cfg.base_url or '')}', e.g. generator.base_url=http://127.0.0.1:8080/v1"
         )
     if not cfg.model:
         raise ConfigError("generator=openai needs generator.model, the model name the endpoint serves")

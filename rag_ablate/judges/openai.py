@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from rag_ablate.config.ranges import check_ranges
 from rag_ablate.core.errors import ConfigError, GenerationError
+from rag_ablate.core.secrets import hide_userinfo
 from rag_ablate.generators.base import Context
 from rag_ablate.judges import JUDGE_METRICS, JUDGES, SUPPORT_KEY, JudgeInput, asked_metrics
 from rag_ablate.llm.client import ChatClient, ChatResult
@@ -99,7 +100,7 @@ def validate_judge(cfg: JudgeConfig) -> None:
     if not cfg.base_url or not cfg.base_url.startswith(("http://", "https://")):
         raise ConfigError(
             f"judge=openai needs judge.base_url starting with http:// or https://, got "
-            f"'{cfg.base_url}', e.g. judge.base_url=http://127.0.0.1:8080/v1"
+            f"'{hide_userinfo(cfg.base_url or '')}', e.g. judge.base_url=http://127.0.0.1:8080/v1"
         )
     if not cfg.model:
         raise ConfigError("judge=openai needs judge.model, the model name the endpoint serves")

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from rag_ablate.core.errors import ConfigError, EndpointDownError, GenerationError
 from rag_ablate.core.retry import Breaker, backoff_wait, excerpt, retry_after_seconds, status_meaning
+from rag_ablate.core.secrets import split_userinfo
 from rag_ablate.text.count import count_tokens
 
 if TYPE_CHECKING:  # httpx is imported when a call is made, not when a registry lists the generators
@@ -117,7 +118,9 @@ class ChatClient:
         seed: int = 0,
     ) -> None:
         self.owner = owner  # "generator" / "judge": the config group named in errors
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        # a user and password in the URL are sent as basic auth, never named with the URL (cache, errors)
+        url, self._userinfo = split_userinfo(base_url.rstrip("/"))
+        self.url = url + "/chat/completions"
         self.model = model
         self.api_key_env = api_key_env
         self.timeout_s = timeout_s
@@ -173,7 +176,7 @@ class ChatClient:
         with self._lock:
             if self._client is None:
                 t = self.timeout_s
-                self._client = httpx.Client(timeout=httpx.Timeout(t, connect=t))
+                self._client = httpx.Client(timeout=httpx.Timeout(t, connect=t), auth=self._userinfo)
             return self._client
 
     # ------------------------------------------------------------------ requests and keys

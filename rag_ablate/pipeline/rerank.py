@@ -37,6 +37,7 @@ import numpy as np
 
 from rag_ablate.core.errors import ConfigError, EndpointDownError, RagAblateError
 from rag_ablate.core.retry import Breaker, backoff_wait, excerpt, retry_after_seconds, status_meaning
+from rag_ablate.core.secrets import hide_userinfo, split_userinfo
 from rag_ablate.pipeline.encoders import resolve_encoder
 from rag_ablate.pipeline.stages import RERANKERS, Embedded, Hits, QueryState, Resources
 
@@ -128,14 +129,16 @@ class HttpReranker:
         client: httpx.Client | None = None,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ConfigError(f"rerank.url must be an http:// or https:// URL, got {url!r}")
+            shown = hide_userinfo(str(url))
+            raise ConfigError(f"rerank.url must be an http:// or https:// URL, got {shown!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise ConfigError(f"rerank.timeout must be a positive number of seconds, got {timeout!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ConfigError(f"rerank max_retries must be an integer >= 0, got {max_retries!r}")
         if model is not None and not isinstance(model, str):
             raise ConfigError(f"rerank.model must be a string, got {model!r}")
-        self.url = url
+        # a user and password in the URL are sent as basic auth, never named with the URL
+        self.url, self._userinfo = split_userinfo(url)
         self.model = model
         self.timeout = float(timeout)
         self.max_retries = max_retries
@@ -155,7 +158,7 @@ class HttpReranker:
         if client is None:
             import httpx
 
-            client = httpx.Client(timeout=self.timeout)
+            client = httpx.Client(timeout=self.timeout, auth=self._userinfo)
         self._client = client
 
     def __repr__(self) -> str:

@@ -30,13 +30,14 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from rag_ablate.config.keys import is_runtime_key
+from rag_ablate.config.keys import is_runtime_key, redact, redact_override
 from rag_ablate.config.overrides import override_key
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.core.layout import PLAN_FILE, RECORDS_FILE, RUN_FILE, SUMMARY_FILE, SWEEP_FILE
+from rag_ablate.core.secrets import MASK
 from rag_ablate.records.jsonl import final_records, read_records
 from rag_ablate.records.trace import Record
 
@@ -107,6 +108,8 @@ def rewrite_argv(args: list[str]) -> list[str]:
     folder = Path(value).expanduser().resolve()
     kind = folder_kind(folder)
     original = normalize_overrides(saved_overrides(folder))
+    # secrets were stored as *** (header values, keys under secret names, URL passwords): given again
+    withheld = {override_key(o): o for o in original if MASK in o.split("=", 1)[-1]}
     flags, extra = [], []
     for a in args:
         if a == given[0] or a in ("-m", "--multirun"):
@@ -117,6 +120,9 @@ def rewrite_argv(args: list[str]) -> list[str]:
         norm = normalize_overrides([a])[0]
         if override_key(norm) in ("hydra.run.dir", "hydra.sweep.dir"):
             raise ConfigError(f"resume={folder}: {a} would move the {kind}; it is resumed in its own folder")
+        if override_key(norm) in withheld and redact_override(norm) == withheld[override_key(norm)]:
+            original[original.index(withheld.pop(override_key(norm)))] = norm
+            continue
         if is_runtime_key(override_key(norm)) or norm in original:
             if norm not in original:
                 extra.append(norm)
@@ -127,6 +133,12 @@ def rewrite_argv(args: list[str]) -> list[str]:
             f"resume={folder}: {a} changes the config of the {kind} being resumed ({was}); "
             f"a resumed {kind} keeps its overrides ({' '.join(original) or 'none'}); "
             "only runtime settings (progress, tracking, paths, ...) may be added"
+        )
+    if withheld:
+        raise ConfigError(
+            f"resume={folder}: {' '.join(withheld.values())} was not stored (a secret); give "
+            f"{'it' if len(withheld) == 1 else 'them'} again on the command line, as first given "
+            "(or read secrets from the environment: ${oc.env:NAME})"
         )
     if kind == "sweep":
         head = ["-m", *original, f"hydra.sweep.dir={_quote(folder)}"]
@@ -139,21 +151,18 @@ def rewrite_argv(args: list[str]) -> list[str]:
 def factor_config(s: RunConfig, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The settings that define what a run measures (runtime settings left out), flattened; a value
     read from the environment (``env``: :func:`rag_ablate.config.keys.env_interpolated`) as its
-    ``${oc.env:NAME}`` text."""
+    ``${oc.env:NAME}`` text, secrets as :func:`rag_ablate.config.keys.redact` stores them."""
     out: dict[str, Any] = {}
-    env = env or {}
 
     def walk(node: Any, prefix: str) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
                 walk(v, f"{prefix}{k}.")
-        else:
-            key = prefix[:-1]
-            if not is_runtime_key(key):
-                out[key] = env.get(key, node)
+        elif not is_runtime_key(prefix[:-1]):
+            out[prefix[:-1]] = node
 
     walk(asdict(s), "")
-    return out
+    return cast(dict[str, Any], redact(out, env=env))  # no secrets: run.json is stored
 
 
 @dataclass
@@ -225,7 +234,7 @@ def reopen_sweep(sweep_dir: Path, plan: Any) -> dict[str, Any]:
     from rag_ablate.tracking import store as tracking
 
     saved = json.loads((sweep_dir / PLAN_FILE).read_text(encoding="utf-8"))
-    if _comparable(saved["jobs"]) != _comparable([asdict(j) for j in plan.jobs]):
+    if _comparable(saved["jobs"]) != _comparable(plan.to_dict()["jobs"]):
         raise ConfigError(f"resume={sweep_dir}: the plan differs from the sweep's {PLAN_FILE}")
     info_path = sweep_dir / SWEEP_FILE
     info: dict[str, Any] = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}

@@ -37,7 +37,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
@@ -45,11 +45,18 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rag_ablate.config.keys import unused_settings
+from rag_ablate.config.keys import (
+    env_interpolated,
+    is_secret_key,
+    redact_hydra,
+    redact_override,
+    unused_settings,
+)
 from rag_ablate.config.overrides import normalize_overrides
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError, RagAblateError
 from rag_ablate.core.layout import PLAN_FILE
+from rag_ablate.core.secrets import MASK, hide_credentials
 from rag_ablate.run.runner import flatten, job_entry
 from rag_ablate.settings import to_settings
 
@@ -100,7 +107,44 @@ class Plan:
     jobs: list[Job] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The plan as ``plan.json`` stores it (:meth:`stored`)."""
+        return asdict(self.stored())
+
+    def stored(self) -> Plan:
+        """The plan as it may be stored or printed: every override as
+        :func:`rag_ablate.config.keys.redact_override` stores it (header values, keys under secret
+        names, URL passwords as ``***``), labels and levels without URL passwords. The launcher
+        gets the real overrides."""
+        # the levels of a secret setting (+system.body.api_key=K1,K2) become ***1, ***2: labels stay distinct
+        masks = {
+            lv: f"{MASK}{i}" for f in self.factors if is_secret_key(f.key) for i, lv in enumerate(f.levels, 1)
+        }
+
+        def hide(text: str) -> str:
+            for secret, mask in sorted(masks.items(), key=lambda kv: -len(kv[0])):
+                text = text.replace(secret, mask)
+            return hide_credentials(text)
+
+        def factor(f: Factor) -> Factor:
+            levels = [hide(lv) for lv in f.levels]
+            level_overrides = [redact_override(o) for o in f.level_overrides]
+            default = MASK if is_secret_key(f.key) else hide(f.default)
+            return Factor(f.key, f.is_group, default, levels, level_overrides)
+
+        def job(j: Job) -> Job:
+            level = None if j.level is None else hide(j.level)
+            overrides = [redact_override(o) for o in j.overrides]
+            return Job(j.index, hide(j.label), j.role, j.factor, level, overrides)
+
+        common = [redact_override(o) for o in self.common]
+        factors = [factor(f) for f in self.factors]
+        return Plan(self.mode, self.dry_run, common, factors, [job(j) for j in self.jobs])
+
+    def secret_swaps(self) -> dict[str, str]:
+        """Each override of a job that is stored otherwise (:meth:`stored`), with its stored form:
+        what a log line naming a job's overrides must show instead."""
+        every = {o for j in self.jobs for o in j.overrides}
+        return {o: r for o in every if (r := redact_override(o)) != o}
 
 
 def _text(value: Any) -> str:
@@ -334,6 +378,7 @@ def refuse_repeats(plan: Plan, settings: list[RunConfig]) -> None:
 
 
 def format_plan(plan: Plan) -> str:
+    plan = plan.stored()
     kind = (
         "one factor at a time"
         if plan.mode == "ofat"
@@ -359,7 +404,10 @@ def format_plan(plan: Plan) -> str:
 
 def write_plan(plan: Plan, sweep_dir: Path, config: DictConfig) -> None:
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(config, sweep_dir / "multirun.yaml")  # as Hydra's own sweeper writes it
+    # as Hydra's own sweeper writes it, without secrets (header values, URL passwords, ...)
+    env = env_interpolated(OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"]))
+    stored = redact_hydra(cast(dict[str, Any], OmegaConf.to_container(config, resolve=False)), env)
+    OmegaConf.save(OmegaConf.create(stored), sweep_dir / "multirun.yaml")
     tmp = sweep_dir / (PLAN_FILE + ".tmp")
     tmp.write_text(json.dumps(plan.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
     tmp.replace(sweep_dir / PLAN_FILE)

@@ -65,6 +65,7 @@ from rag_ablate.config.schema import RunConfig, validate_system
 from rag_ablate.core.cache import Cache
 from rag_ablate.core.errors import EndpointDownError
 from rag_ablate.core.retry import Breaker, Status, backoff_wait, excerpt, retry_after_seconds, status_meaning
+from rag_ablate.core.secrets import split_userinfo
 from rag_ablate.dataset.model import Dataset, Document, Query
 from rag_ablate.records.trace import Citation, RetrievedChunk, TokenUsage, Trace
 from rag_ablate.systems import SYSTEMS
@@ -239,7 +240,8 @@ class HttpSystem:
         self.cfg = settings.system
         self.map = settings.system.response
         assert self.cfg.base_url is not None  # validate_system checked it
-        self.base_url = self.cfg.base_url.rstrip("/")
+        # a user and password in the URL are sent as basic auth, never named with the URL
+        self.base_url, self._userinfo = split_userinfo(self.cfg.base_url.rstrip("/"))
         rerank = settings.rerank
         self.top_k = rerank.top_k if rerank.method != "none" else settings.retrieval.top_k
         self.requests_sent = 0  # every HTTP request, retries included (the progress bar's req/s)
@@ -325,6 +327,7 @@ class HttpSystem:
         n = self.cfg.concurrency * (1 if self.cfg.chat_path is None else 2)
         return httpx.AsyncClient(
             base_url=self.base_url,
+            auth=self._userinfo,
             headers=dict(self.cfg.headers),
             timeout=httpx.Timeout(self.cfg.timeout_s, pool=None),
             limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),

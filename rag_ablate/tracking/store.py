@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from rag_ablate import __version__
 from rag_ablate.core.errors import RagAblateError, TrackingError
+from rag_ablate.core.secrets import split_userinfo
 from rag_ablate.tracking.tags import PARENT_TAG
 
 if TYPE_CHECKING:
@@ -122,10 +123,23 @@ def resolve(settings: TrackingConfig, output_root: Path) -> tuple[str, Path | No
     server's own artifact root (``--artifacts-destination``, uploaded through the server), so
     every machine of a cluster can read them; a folder of this machine would not be.
     """
-    uri = settings.uri or default_uri(output_root)
+    uri = _credentials_to_env(settings.uri) if settings.uri else default_uri(output_root)
     if settings.artifact_root:
         return uri, Path(settings.artifact_root)
     return uri, None if is_server(uri) else output_root / "mlartifacts"
+
+
+def _credentials_to_env(uri: str) -> str:
+    """A tracking server's URI without the user and password written in it
+    (``http://user:KEY@host:5000``): they go to ``MLFLOW_TRACKING_USERNAME`` and
+    ``MLFLOW_TRACKING_PASSWORD``, which MLflow sends as basic auth, so the URI stored in
+    ``sweep.json``, ``run.json`` and printed names no key. Other URIs are returned as they are."""
+    if not uri.startswith(("http://", "https://")):
+        return uri
+    bare, userinfo = split_userinfo(uri)
+    if userinfo is not None:
+        os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = userinfo
+    return bare
 
 
 def sqlite_path(uri: str) -> Path | None:
