@@ -369,6 +369,7 @@ def test_the_table_covers_every_setting_of_the_cached_stages() -> None:
     assert set(minilm_settings().libraries) == set(_MINILM_LIBRARIES)
 
 
+@pytest.mark.slow  # loads the real minilm model for its settings
 def test_entries_record_the_parts_of_their_stage_function(dataset: Dataset, tmp_path: Path) -> None:
     s = base_settings()
     system = LocalSystem(s, Cache(tmp_path))
