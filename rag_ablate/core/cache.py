@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from rag_ablate.core.errors import WriteError
+
 META_FILE = "meta.json"
 _TMP_PREFIX = ".tmp-"
 _STALE_TMP_SECONDS = 24 * 3600  # temporary folders older than this were left by a killed process
@@ -227,11 +229,16 @@ class Cache:
         seconds: float,
         write: Callable[[Path], None],
     ) -> None:
-        tmp = self._new_tmp(entry)
+        try:
+            tmp = self._new_tmp(entry)
+        except OSError as exc:  # a full disk, a read-only cache folder
+            raise WriteError(entry, exc) from exc
         try:
             write(tmp / data)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise WriteError(entry, exc) from exc
             raise
         self._publish(kind, entry, tmp, parts, data, seconds)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import cast
 
 from rag_ablate.core.errors import EXIT_INVALID, RagAblateError
+from rag_ablate.core.fsio import replacing
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
 from rag_ablate.records.trace import Record
 
@@ -20,13 +21,11 @@ FSYNC_SECONDS = 1.0  # RecordWriter: at most this long between fsyncs (each reco
 
 def write_records(path: Path, records: Iterable[Record]) -> None:
     """Write ``records`` as the whole of ``path``, atomically (a temporary file, fsync'd, renamed)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with replacing(path) as tmp, tmp.open("w", encoding="utf-8") as f:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    tmp.replace(path)
 
 
 class RecordsError(RagAblateError):
