@@ -186,9 +186,14 @@ class Cache:
         self._record(kind, True, 0.0, stored)
 
     def _new_tmp(self, entry: Path) -> Path:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_tmp(entry.parent)
-        return Path(tempfile.mkdtemp(dir=entry.parent, prefix=f"{_TMP_PREFIX}{entry.name}."))
+        """A new temporary folder beside ``entry``; WriteError when it cannot be made (a full disk, a
+        read-only cache folder)."""
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale_tmp(entry.parent)
+            return Path(tempfile.mkdtemp(dir=entry.parent, prefix=f"{_TMP_PREFIX}{entry.name}."))
+        except OSError as exc:
+            raise WriteError(entry, exc) from exc
 
     def _publish(
         self, kind: str, entry: Path, tmp: Path, parts: Mapping[str, Any], data: str, seconds: float
@@ -217,6 +222,8 @@ class Cache:
                     # a folder without meta was not written by this class (entries appear whole):
                     # a leftover of an older layout or of a manual edit, so replace it
                     shutil.rmtree(entry, ignore_errors=True)
+        except OSError as exc:  # a full disk, a read-only cache folder
+            raise WriteError(entry, exc) from exc
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # a no-op after a successful rename
 
@@ -229,10 +236,7 @@ class Cache:
         seconds: float,
         write: Callable[[Path], None],
     ) -> None:
-        try:
-            tmp = self._new_tmp(entry)
-        except OSError as exc:  # a full disk, a read-only cache folder
-            raise WriteError(entry, exc) from exc
+        tmp = self._new_tmp(entry)
         try:
             write(tmp / data)
         except BaseException as exc:

@@ -447,7 +447,8 @@ def interrupt_sweep(config: DictConfig, plan: Plan) -> str:
                 killed += 1
     if sweep_dir.is_dir():
         what = f"interrupted (Ctrl-C) after {finished} of {len(plan.jobs)} job(s) finished"
-        _write_failures(sweep_dir, [Failure("interrupted", "sweep", what)])
+        with contextlib.suppress(WriteError):  # a full disk: the line below still says how to resume
+            _write_failures(sweep_dir, [Failure("interrupted", "sweep", what)])
     runs = f"; {killed} MLflow run(s) marked KILLED" if killed else ""
     return (
         f"rag_ablate: interrupted: {finished} of {len(plan.jobs)} job(s) finished{runs}; "
