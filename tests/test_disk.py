@@ -4,7 +4,8 @@
   was and no temporary file, and raises WriteError naming the path and the error;
 * a real tmpfs (as root; skipped otherwise) filled when a sweep's comparison starts: one line, no
   traceback, ``failures.json`` complete or absent, ``comparison.md`` never cut, exit 1, the parent
-  run FAILED, and ``resume=`` finishes the sweep once there is room;
+  run FAILED, and ``resume=`` finishes the sweep once there is room; the same for a single run
+  whose disk fills after its queries ran (its MLflow run FAILED, then FINISHED by ``resume=``);
 * a read-only outputs folder (a tmpfs remounted read-only: root ignores permission bits) for a
   single run, a sweep, ``rag-ablate compare``, ``rag-ablate report`` and ``resume=``: one line
   naming the path, exit 1 (2 when nothing ran), no traceback, nothing created.
@@ -188,6 +189,42 @@ def test_a_disk_that_fills_at_the_end_of_a_sweep_stops_it_in_one_line_and_resume
     comparison = json.loads((sweep / COMPARISON_JSON).read_text(encoding="utf-8"))
     assert comparison["baseline"] and (sweep / COMPARISON_MD).read_text(encoding="utf-8").endswith("\n")
     assert _parent_status(sweep) == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_during_a_single_run_fails_it_in_one_line_and_resume_finishes_it(
+    tiny_dataset: Path, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = _mount_tmpfs(tmp_path / "disk", "8m", request)
+    db = tmp_path / "mlflow.db"
+    from rag_ablate.run import runner
+
+    real: Callable[..., Any] = runner._score_run
+    filled: list[Path] = []
+
+    def fill_then_score(*args: Any, **kwargs: Any) -> Any:  # every query ran: the disk fills now
+        filled.append(_fill(disk))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_score_run", fill_then_score)
+    args = [f"dataset.path={tiny_dataset}", f"paths.output_root={disk / 'outputs'}", "progress=false"]
+    args += [f"tracking.uri=sqlite:///{db}", f"cache.dir={tmp_path / 'cache'}"]
+    out = run_in_process(args, tmp_path)
+    assert filled and out.returncode == EXIT_FAILED, out.stderr
+    run_dir = next((disk / "outputs" / "runs").iterdir())
+    _one_error_line(out.stderr, f"cannot write {run_dir}", "No space left on device (ENOSPC)")
+    _no_temporary_files(disk)
+    from rag_ablate.tracking.store import run_status
+
+    run_info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    assert run_status(run_info["tracking_uri"], run_info["run_id"]) == "FAILED"
+
+    monkeypatch.setattr(runner, "_score_run", real)
+    filled[0].unlink()
+    again = run_in_process([f"resume={run_dir}"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert run_status(run_info["tracking_uri"], run_info["run_id"]) == "FINISHED"
+    assert json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
 
 
 @pytest.fixture
