@@ -4,10 +4,11 @@ A single run (``python -m rag_ablate ...``) that fails on an error rag_ablate ra
 prints one line and exits with the error's code (:func:`rag_ablate.core.errors.exit_code_of`:
 2 when nothing ran, a bad config or dataset or an unusable MLflow store; 1 when something failed,
 a stage over its error budget or an endpoint that is down); anything else exits 1 with Hydra's
-report. A refused config also removes the run folder Hydra made for it. Ctrl-C prints one line
-with the resume
-command and exits 130 (the run is marked KILLED). Inside a sweep the error is raised
-instead, so Hydra records the job as failed and the sweeper lists it at the end.
+report. A refused config also removes the run folder Hydra made for it; an outputs folder that
+cannot be written (read-only, full) is refused before Hydra writes into it (:class:`OutputsCheck`).
+Ctrl-C prints one line with the resume command and exits 130 (the run is marked KILLED). Inside a
+sweep the error is raised instead, so Hydra records the job as failed and the sweeper lists it at
+the end.
 """
 
 from __future__ import annotations

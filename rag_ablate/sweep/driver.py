@@ -11,7 +11,9 @@ the plan (:func:`rag_ablate.sweep.plan.check_plan`), then calls:
   reads what the jobs wrote to disk (they may have run in other processes or
   machines), prints the per-variant table, runs the comparison over the jobs
   that finished, logs to the parent run and ends it (``FAILED`` when anything
-  failed), writes ``failures.json`` and returns the sweep's exit code;
+  failed), writes ``failures.json`` and returns the sweep's exit code; a file it cannot
+  write (a full disk, a read-only folder) stops it with one line naming the path, the
+  parent run ``FAILED``, ``failures.json`` complete or absent (``resume=`` finishes it);
 * :func:`interrupt_sweep`, when Ctrl-C stops the sweep: ends its MLflow runs
   ``KILLED``, writes ``failures.json`` and says in one line how to resume.
 
