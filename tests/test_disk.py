@@ -66,6 +66,23 @@ def test_a_write_replaces_the_whole_file_and_a_folder_that_cannot_be_made_names_
     assert exit_code_of(caught.value) == EXIT_INVALID  # nothing ran
 
 
+def test_a_record_that_cannot_be_appended_is_a_write_error_and_the_file_is_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag_ablate.records import jsonl
+
+    path = tmp_path / "records.jsonl"
+    writer = jsonl.RecordWriter(path, fsync_every=0.0)
+    writer.write({"query_id": "q1", "status": "ok"})
+    monkeypatch.setattr(jsonl.os, "fsync", _no_space)
+    with pytest.raises(WriteError, match=r"records.jsonl: No space left on device \(ENOSPC\)"):
+        writer.write({"query_id": "q2", "status": "ok"})
+    with pytest.raises(WriteError):
+        writer.close()
+    assert writer._f.closed and writer.written == 1
+    assert next(r["query_id"] for r in jsonl.read_records(path)) == "q1"
+
+
 # --------------------------------------------------------------------------- real file systems
 
 
