@@ -170,6 +170,15 @@ class WriteError(RagAblateError):
         code = f" ({errno.errorcode.get(self.errno, self.errno)})" if self.errno is not None else ""
         super().__init__(f"cannot write {self.path}: {self.reason}{code}")
 
+    @property
+    def of_the_folder(self) -> bool:
+        """The disk or folder refuses every write (full, read-only, no permission), not only this
+        file's (a folder in its place): whatever is written next there fails the same way."""
+        return self.errno in _FOLDER_ERRNOS
+
+
+_FOLDER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
 
 def one_line(exc: BaseException) -> str:
     """An exception as one line: its type unless it is one of ours, and its first line, with control

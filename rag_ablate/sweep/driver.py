@@ -115,9 +115,9 @@ class Failure:
 
 
 def _failure(step: str, what: str, exc: BaseException, job: int | None = None) -> Failure:
-    """``exc`` as a step's failure; a failed write (a full disk, a read-only folder) is raised again
-    instead: it stops the sweep (:func:`finish_sweep`), the next step would fail the same way."""
-    if isinstance(exc, WriteError):
+    """``exc`` as a step's failure; a write the folder refuses (a full disk, a read-only folder) is
+    raised again instead: it stops the sweep (:func:`finish_sweep`), every next step would fail so."""
+    if isinstance(exc, WriteError) and exc.of_the_folder:
         raise exc
     detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return Failure(step, what, one_line(exc), job, detail)
