@@ -188,7 +188,7 @@ WRITERS = {
 WRITES_MLFLOW = {
     "rag_ablate.run.runner": {"_log_job", "_start_run", "_log_traces", "_log_to_mlflow"},
     "rag_ablate.run.resume": None,  # reopening and ending the runs of an interrupted sweep
-    "rag_ablate.sweep.driver": {"_start_sweep", "finish_sweep", "interrupt_sweep"},
+    "rag_ablate.sweep.driver": {"_start_sweep", "finish_sweep", "_finish_sweep", "interrupt_sweep"},
     "rag_ablate.sweep.publish": None,
 }
 

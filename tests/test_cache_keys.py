@@ -29,6 +29,7 @@ import rag_ablate
 import rag_ablate.core.cache as cache_mod
 from rag_ablate.config.schema import BM25Config, ChunkConfig, RunConfig
 from rag_ablate.core.cache import META_FILE, Cache, code_fingerprint, content_key, library_versions
+from rag_ablate.core.errors import WriteError
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Dataset
 from rag_ablate.pipeline import encoders
@@ -480,7 +481,7 @@ def test_a_publish_that_fails_leaves_no_entry(tmp_path: Path, monkeypatch: pytes
         raise PermissionError(13, "read-only cache", str(dst))
 
     monkeypatch.setattr(os, "rename", no_rename)
-    with pytest.raises(PermissionError):
+    with pytest.raises(WriteError, match=r"cannot write .*: read-only cache"):
         Cache(tmp_path).array("embeddings", {"a": 1}, lambda: np.ones(3))
     assert _all_files(tmp_path) == []
 

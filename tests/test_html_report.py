@@ -126,7 +126,7 @@ def test_a_failing_report_is_a_failed_step_that_loses_nothing(tmp_path: Path) ->
     args = ["-m", f"dataset.path={data}", "chunk=256,512", "progress=false", "compare.B=500"]
     proc = run_module("rag_ablate", [*args, "hydra.sweep.dir=sweep"], tmp_path)
     assert proc.returncode == 1
-    assert "HTML report: IsADirectoryError" in proc.stderr
+    assert "HTML report: cannot write sweep/report.html: Is a directory (EISDIR)" in proc.stderr
     failures = json.loads((tmp_path / "sweep" / FAILURES_FILE).read_text("utf-8"))["failures"]
     assert [f["step"] for f in failures] == ["report"]
     assert (tmp_path / "sweep" / COMPARISON_JSON).is_file()  # the comparison is kept

@@ -11,7 +11,8 @@ launcher will (a bad factor or level stops here with one line and exit 2, before
 any folder or MLflow run exists); print the plan; open the MLflow store, create
 the sweep folder and parent run (an unusable store stops here, exit 2); launch
 the jobs; check every job's outcome and finish (table, comparison, logging);
-exit 1 when a job or step failed, listing each failure on one line. Ctrl-C ends
+exit 1 when a job or step failed, listing each failure on one line, or when a file cannot be
+written (a full disk, a read-only folder: one line naming the path; exit 2 before anything ran). Ctrl-C ends
 the sweep's MLflow runs KILLED and prints one line with the resume command (exit 130).
 """
 

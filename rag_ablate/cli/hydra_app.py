@@ -4,10 +4,11 @@ A single run (``python -m rag_ablate ...``) that fails on an error rag_ablate ra
 prints one line and exits with the error's code (:func:`rag_ablate.core.errors.exit_code_of`:
 2 when nothing ran, a bad config or dataset or an unusable MLflow store; 1 when something failed,
 a stage over its error budget or an endpoint that is down); anything else exits 1 with Hydra's
-report. A refused config also removes the run folder Hydra made for it. Ctrl-C prints one line
-with the resume
-command and exits 130 (the run is marked KILLED). Inside a sweep the error is raised
-instead, so Hydra records the job as failed and the sweeper lists it at the end.
+report. A refused config also removes the run folder Hydra made for it; an outputs folder that
+cannot be written (read-only, full) is refused before Hydra writes into it (:class:`OutputsCheck`).
+Ctrl-C prints one line with the resume command and exits 130 (the run is marked KILLED). Inside a
+sweep the error is raised instead, so Hydra records the job as failed and the sweeper lists it at
+the end.
 """
 
 from __future__ import annotations
@@ -17,17 +18,20 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from rag_ablate.config.keys import env_interpolated, redact_hydra_output
 from rag_ablate.config.overrides import CONF_DIR, normalize_overrides, numeric_groups, register_resolvers
 from rag_ablate.config.schema import register_configs
-from rag_ablate.core.errors import RagAblateError, exit_code_of, one_line
+from rag_ablate.core.errors import RagAblateError, WriteError, exit_code_of, one_line
 from rag_ablate.core.fmt import visible
+from rag_ablate.core.fsio import check_writable
 from rag_ablate.core.secrets import hide_credentials
 
 __all__ = ["CONF_DIR", "main", "normalize_overrides", "numeric_groups"]
@@ -48,6 +52,19 @@ def _remove_refused_run(run_dir: Path, job_name: str) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
     with contextlib.suppress(OSError):
         run_dir.parent.rmdir()  # runs/, when this was its only folder
+
+
+class OutputsCheck(Callback):
+    """Hydra callback (``hydra.callbacks.outputs`` in conf/config.yaml): before Hydra creates a single
+    run's folder and writes its ``.hydra/`` files, the folder must be writable; a read-only or full
+    outputs folder stops the run with one line naming it, exit 2, instead of Hydra's traceback."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_writable(Path(str(config.hydra.run.dir)))
+        except WriteError as exc:
+            print(f"rag_ablate: error: {visible(str(exc))}", file=sys.stderr)
+            sys.exit(exit_code_of(exc))
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from rag_ablate.compare import tradeoff
 from rag_ablate.compare.gate import result_line
 from rag_ablate.compare.mix import mix_markdown, mix_terminal
 from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, Pair, Row, SliceRow
+from rag_ablate.core.fsio import write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import COMPARISON_JSON, COMPARISON_MD
 from rag_ablate.metrics.registry import display_name
 
@@ -471,10 +471,9 @@ def tradeoff_markdown_lines(c: Comparison) -> list[str]:
 def write_outputs(c: Comparison, out_dir: Path) -> list[Path]:
     """``comparison.json`` and ``comparison.md`` in ``out_dir``; ``tradeoff.json`` and ``tradeoff.md``
     too when the comparison has its trade-off."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     j, md = out_dir / COMPARISON_JSON, out_dir / COMPARISON_MD
-    j.write_text(json.dumps(c.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
-    md.write_text(format_markdown(c), encoding="utf-8")
+    write_json_atomic(j, c.to_dict())
+    write_text_atomic(md, format_markdown(c))
     paths = [j, md]
     if c.tradeoff is not None:
         paths += tradeoff.write(c.tradeoff, out_dir)

@@ -564,12 +564,11 @@ def format_markdown(t: Tradeoff) -> str:
 
 def write(t: Tradeoff, out_dir: Path) -> list[Path]:
     """Write ``tradeoff.json`` and ``tradeoff.md``."""
-    import json
+    from rag_ablate.core.fsio import write_json_atomic, write_text_atomic
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     j, m = out_dir / TRADEOFF_JSON, out_dir / TRADEOFF_MD
-    j.write_text(json.dumps(t.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
-    m.write_text(format_markdown(t), encoding="utf-8")
+    write_json_atomic(j, t.to_dict())
+    write_text_atomic(m, format_markdown(t))
     return [j, m]
 
 

@@ -11,6 +11,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from rag_ablate.config.overrides import override_key
+from rag_ablate.core.fsio import write_text_atomic
 from rag_ablate.core.secrets import MASK, hide_credentials, is_secret_name
 
 # how system=http talks to the service (not what the service is): runtime settings
@@ -302,6 +303,4 @@ def redact_hydra_output(folder: Path, env: Mapping[str, str] | None = None) -> N
             data = redact_hydra(data, env)
         else:
             continue
-        tmp = path.with_name(name + ".tmp")
-        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(data)), encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(path, OmegaConf.to_yaml(OmegaConf.create(data)))

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from rag_ablate.core.errors import WriteError
+
 META_FILE = "meta.json"
 _TMP_PREFIX = ".tmp-"
 _STALE_TMP_SECONDS = 24 * 3600  # temporary folders older than this were left by a killed process
@@ -184,9 +186,14 @@ class Cache:
         self._record(kind, True, 0.0, stored)
 
     def _new_tmp(self, entry: Path) -> Path:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_tmp(entry.parent)
-        return Path(tempfile.mkdtemp(dir=entry.parent, prefix=f"{_TMP_PREFIX}{entry.name}."))
+        """A new temporary folder beside ``entry``; WriteError when it cannot be made (a full disk, a
+        read-only cache folder)."""
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale_tmp(entry.parent)
+            return Path(tempfile.mkdtemp(dir=entry.parent, prefix=f"{_TMP_PREFIX}{entry.name}."))
+        except OSError as exc:
+            raise WriteError(entry, exc) from exc
 
     def _publish(
         self, kind: str, entry: Path, tmp: Path, parts: Mapping[str, Any], data: str, seconds: float
@@ -215,6 +222,8 @@ class Cache:
                     # a folder without meta was not written by this class (entries appear whole):
                     # a leftover of an older layout or of a manual edit, so replace it
                     shutil.rmtree(entry, ignore_errors=True)
+        except OSError as exc:  # a full disk, a read-only cache folder
+            raise WriteError(entry, exc) from exc
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # a no-op after a successful rename
 
@@ -230,8 +239,10 @@ class Cache:
         tmp = self._new_tmp(entry)
         try:
             write(tmp / data)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise WriteError(entry, exc) from exc
             raise
         self._publish(kind, entry, tmp, parts, data, seconds)
 

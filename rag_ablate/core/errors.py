@@ -21,6 +21,7 @@ against the code)::
     │   ├── JudgeCalibrationError       the judge calibration failed after the run was logged
     │   ├── GenerationError             a generator's model call failed after its retries (with a status)
     │   ├── RecordsError                records/jsonl.py: a records line that is not a record
+    │   ├── WriteError                  a file or folder could not be written (disk full, read-only)
     │   └── RerankError                 pipeline/rerank.py: a reranker failed at run time
     ├── _Retry                          llm/client.py: a GenerationError worth sending again
     ├── _Failure                        systems/http.py: a query's call ended with a failure status
@@ -43,6 +44,7 @@ Exit codes. Every command exits with one of four codes (README "Exit codes"): ``
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterable
 
 from rag_ablate.core.fmt import visible
@@ -151,6 +153,31 @@ class LocalModelError(RagAblateError):
 
 class JudgeCalibrationError(RagAblateError):
     """The judge calibration step (the dataset's human judgements) failed after the run was logged."""
+
+
+class WriteError(RagAblateError):
+    """A file or folder could not be written (a full disk, a read-only folder, no permission):
+    ``path`` and the OS error (``errno``), in one line. What was written before is left as it was
+    (:mod:`rag_ablate.core.fsio`). Exit 1, or 2 (``nothing_ran``) when it stops a command before
+    anything ran."""
+
+    def __init__(self, path: object, error: OSError, *, nothing_ran: bool = False) -> None:
+        self.path = str(path)
+        self.errno = error.errno
+        self.reason = error.strerror or type(error).__name__
+        if nothing_ran:
+            self.exit_code = EXIT_INVALID
+        code = f" ({errno.errorcode.get(self.errno, self.errno)})" if self.errno is not None else ""
+        super().__init__(f"cannot write {self.path}: {self.reason}{code}")
+
+    @property
+    def of_the_folder(self) -> bool:
+        """The disk or folder refuses every write (full, read-only, no permission), not only this
+        file's (a folder in its place): whatever is written next there fails the same way."""
+        return self.errno in _FOLDER_ERRNOS
+
+
+_FOLDER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def one_line(exc: BaseException) -> str:

@@ -260,10 +260,11 @@ class Profile:
 
     def write(self, folder: Path) -> Path:
         """Write ``profile.json`` into ``folder``; its path."""
+        from rag_ablate.core.fsio import write_json_atomic
         from rag_ablate.core.layout import PROFILE_FILE
 
         path = folder / PROFILE_FILE
-        path.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
+        write_json_atomic(path, self.to_dict())
         return path
 
     def line(self) -> str:

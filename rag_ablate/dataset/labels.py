@@ -25,12 +25,12 @@ the other documents that hold a stale quote, as a hint.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rag_ablate.core.fsio import write_text_atomic
 from rag_ablate.dataset.model import LabelCheck, LabelReport, LabelStatus
 
 if TYPE_CHECKING:
@@ -133,13 +133,7 @@ def fix_queries(source: Path, out: Path, relocated: Iterable[LabelCheck]) -> int
             entry["start"], entry["end"] = check.new_start, check.new_end
             changed += 1
         lines[lineno - 1] = json.dumps(obj, ensure_ascii=False) + ending
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8", newline="") as fh:
-        fh.writelines(lines)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(out)
+    write_text_atomic(out, "".join(lines))
     return changed
 
 

@@ -35,7 +35,6 @@ Outputs in the job folder: ``judge_calibration.json`` and ``judge_calibration.md
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from rag_ablate.core.fsio import write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import JUDGE_CALIBRATION_JSON, JUDGE_CALIBRATION_MD
 from rag_ablate.dataset.model import HUMAN_SCORE_MAX, Dataset, Document, HumanJudgement, Query
 from rag_ablate.generators.base import Context
@@ -359,10 +359,9 @@ def format_terminal(cal: Calibration) -> str:
 
 def write_calibration(cal: Calibration, job_dir: Path) -> list[Path]:
     """``judge_calibration.json`` and ``judge_calibration.md`` in ``job_dir``."""
-    job_dir.mkdir(parents=True, exist_ok=True)
     j, md = job_dir / JUDGE_CALIBRATION_JSON, job_dir / JUDGE_CALIBRATION_MD
-    j.write_text(json.dumps(cal.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
-    md.write_text(format_markdown(cal), encoding="utf-8")
+    write_json_atomic(j, cal.to_dict())
+    write_text_atomic(md, format_markdown(cal))
     return [j, md]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -11,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from rag_ablate.core.errors import EXIT_INVALID, RagAblateError
+from rag_ablate.core.errors import EXIT_INVALID, RagAblateError, WriteError
+from rag_ablate.core.fsio import replacing
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
 from rag_ablate.records.trace import Record
 
@@ -20,13 +22,11 @@ FSYNC_SECONDS = 1.0  # RecordWriter: at most this long between fsyncs (each reco
 
 def write_records(path: Path, records: Iterable[Record]) -> None:
     """Write ``records`` as the whole of ``path``, atomically (a temporary file, fsync'd, renamed)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with replacing(path) as tmp, tmp.open("w", encoding="utf-8") as f:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    tmp.replace(path)
 
 
 class RecordsError(RagAblateError):
@@ -127,29 +127,42 @@ class RecordWriter:
             elif size and not path.read_bytes().endswith(b"\n"):
                 with path.open("ab") as f:
                     f.write(b"\n")
-        self._f = path.open("a", encoding="utf-8")
+        try:
+            self._f = path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise WriteError(path, exc) from exc
         self._last_sync = time.monotonic()
 
     def write(self, rec: Record) -> None:
+        """Append ``rec``; WriteError (a full disk) leaves at most a half line, which reading and
+        :class:`RecordWriter` ignore (``resume=`` runs that query again)."""
         line = json.dumps(rec, ensure_ascii=False) + "\n"
         with self._lock:
-            self._f.write(line)
-            self._f.flush()
+            try:
+                self._f.write(line)
+                self._f.flush()
+                now = time.monotonic()
+                if now - self._last_sync >= self.fsync_every:
+                    os.fsync(self._f.fileno())
+                    self.fsyncs += 1
+                    self._last_sync = now
+            except OSError as exc:
+                raise WriteError(self.path, exc) from exc
             self.written += 1
-            now = time.monotonic()
-            if now - self._last_sync >= self.fsync_every:
-                os.fsync(self._f.fileno())
-                self.fsyncs += 1
-                self._last_sync = now
 
     def close(self) -> None:
         with self._lock:
             if self._f.closed:
                 return
-            self._f.flush()
-            os.fsync(self._f.fileno())
-            self.fsyncs += 1
-            self._f.close()
+            try:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+                self.fsyncs += 1
+            except OSError as exc:
+                raise WriteError(self.path, exc) from exc
+            finally:
+                with contextlib.suppress(OSError):  # what could not be flushed is lost, not kept
+                    self._f.close()
 
     def __enter__(self) -> RecordWriter:
         return self

@@ -40,6 +40,7 @@ from typing import Any
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.model import Comparison, Row, SliceRow, Tradeoff, VariantData
 from rag_ablate.compare.render import no_op_text, ok_only_line, ok_only_rows
+from rag_ablate.core.fsio import make_dirs, write_text_atomic
 from rag_ablate.core.layout import FAILURES_FILE, PLAN_FILE
 from rag_ablate.metrics.intent import intent_report
 from rag_ablate.metrics.registry import display_name
@@ -513,7 +514,7 @@ def plot_recall(
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("recall@k (mean per query)")
     axes[0][-1].legend(fontsize=8, loc="lower right")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     report_plots.save_figure(fig, path)
     return path
 
@@ -677,6 +678,6 @@ def write_report(
         failures=_failure_lines(out_dir) if failures is None else failures,
     )
     out = out_dir / REPORT_HTML
-    out.write_text(page, encoding="utf-8")
+    write_text_atomic(out, page)
     paths.append(out)
     return Report(out, paths)

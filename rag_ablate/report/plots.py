@@ -10,6 +10,7 @@ from typing import Any
 from rag_ablate.compare.model import Tradeoff
 from rag_ablate.compare.tradeoff import cost_display, fmt
 from rag_ablate.core.errors import ConfigError
+from rag_ablate.core.fsio import make_dirs, replacing
 from rag_ablate.metrics.registry import display_name
 
 #: fonts tried in order; the first installed CJK font lets Chinese labels render
@@ -54,7 +55,8 @@ def save_figure(fig: Any, path: Path) -> None:
     plt = pyplot()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Glyph .* missing from", category=UserWarning)
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        with replacing(path) as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight", format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
 
 
@@ -130,6 +132,6 @@ def plot(
     handles, _ = ax.get_legend_handles_labels()
     if handles:
         ax.legend(loc="best", fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     save_figure(fig, path)
     return path

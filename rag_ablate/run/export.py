@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from rag_ablate.core.fsio import write_text_atomic
 from rag_ablate.dataset.model import Dataset
 from rag_ablate.metrics.retrieval import unique_docs
 from rag_ablate.records.trace import Record
@@ -56,6 +57,6 @@ def trec_qrels_lines(dataset: Dataset, query_ids: Sequence[str] | None = None) -
 
 def write_trec(records: Sequence[Record], dataset: Dataset, folder: Path, run_name: str) -> list[Path]:
     run_path, qrels_path = folder / RUN_FILE, folder / QRELS_FILE
-    run_path.write_text("\n".join(trec_run_lines(records, run_name)) + "\n", encoding="utf-8")
-    qrels_path.write_text("\n".join(trec_qrels_lines(dataset)) + "\n", encoding="utf-8")
+    write_text_atomic(run_path, "\n".join(trec_run_lines(records, run_name)) + "\n")
+    write_text_atomic(qrels_path, "\n".join(trec_qrels_lines(dataset)) + "\n")
     return [run_path, qrels_path]

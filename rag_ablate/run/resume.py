@@ -36,6 +36,7 @@ from rag_ablate.config.keys import is_runtime_key, redact, redact_override
 from rag_ablate.config.overrides import override_key
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError
+from rag_ablate.core.fsio import write_json_atomic
 from rag_ablate.core.layout import PLAN_FILE, RECORDS_FILE, RUN_FILE, SUMMARY_FILE, SWEEP_FILE
 from rag_ablate.core.secrets import MASK
 from rag_ablate.records.jsonl import final_records, read_records
@@ -183,11 +184,8 @@ def write_run_file(
     env: Mapping[str, str] | None = None,
 ) -> None:
     """``run.json``: written when a job starts, read by ``resume=``."""
-    job_dir.mkdir(parents=True, exist_ok=True)
     data = {"run_id": run_id, "tracking_uri": tracking_uri, "config": factor_config(s, env)}
-    tmp = job_dir / (RUN_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=1, default=str), encoding="utf-8")
-    tmp.replace(job_dir / RUN_FILE)
+    write_json_atomic(job_dir / RUN_FILE, data, default=str)
 
 
 def load_job(job_dir: Path, s: RunConfig, env: Mapping[str, str] | None = None) -> JobState:

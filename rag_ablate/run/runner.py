@@ -34,6 +34,7 @@ from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import privacy, profiling
 from rag_ablate.core.cache import Cache
 from rag_ablate.core.errors import ConfigError, EndpointDownError, ErrorRateError, JudgeCalibrationError
+from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import (
     CONFIG_FILE,
     INTENTS_JSON,
@@ -362,9 +363,7 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
         "build": out.build_info,
         "job_dir": str(job.job_dir),
     }
-    (job.job_dir / SUMMARY_FILE).write_text(
-        json.dumps(summary, ensure_ascii=False, indent=1), encoding="utf-8"
-    )
+    write_json_atomic(job.job_dir / SUMMARY_FILE, summary)
 
     if not job.multirun:
         print_table([summary], s.metrics.summary)
@@ -552,7 +551,7 @@ def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profi
 
 def _write_records(job: _Job, dataset: Dataset, out: _Outcome) -> None:
     """records.jsonl rewritten with exactly one record per query, and the TREC run and qrels."""
-    job.job_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(job.job_dir)
     write_records(job.job_dir / RECORDS_FILE, out.stored)
     write_trec(out.stored, dataset, job.job_dir, job.label)
 
@@ -613,18 +612,16 @@ def _write_intents(job: _Job, dataset: Dataset, out: _Outcome) -> None:
     if not (out.routes_intents and cases):
         return
     report = intent_report(cases)
-    (job.job_dir / INTENTS_MD).write_text(report.to_markdown(), encoding="utf-8")
-    (job.job_dir / INTENTS_JSON).write_text(
-        json.dumps(report.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8"
-    )
+    write_text_atomic(job.job_dir / INTENTS_MD, report.to_markdown())
+    write_json_atomic(job.job_dir / INTENTS_JSON, report.to_dict())
 
 
 def _write_job_files(cfg: DictConfig, job: _Job, dataset: Dataset, metrics: Mapping[str, float]) -> None:
     """metrics.json, config.yaml (secrets redacted) and variant.json."""
-    (job.job_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=1, sort_keys=True), encoding="utf-8")
+    write_json_atomic(job.job_dir / METRICS_FILE, metrics, sort_keys=True)
     # header values never stored; values read from the environment stored as ${oc.env:NAME}
     resolved = redact(OmegaConf.to_container(cfg, resolve=True), env=job.env_values)
-    (job.job_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
+    write_text_atomic(job.job_dir / CONFIG_FILE, OmegaConf.to_yaml(resolved))
     variant = {
         "label": job.label,
         "overrides": job.overrides,
@@ -635,8 +632,7 @@ def _write_job_files(cfg: DictConfig, job: _Job, dataset: Dataset, metrics: Mapp
         "corpus_fingerprint": dataset.corpus_fingerprint,
         "queries_fingerprint": dataset.queries_fingerprint,
     }
-    text = json.dumps(variant, ensure_ascii=False, indent=1)
-    (job.job_dir / VARIANT_FILE).write_text(text, encoding="utf-8")
+    write_json_atomic(job.job_dir / VARIANT_FILE, variant)
 
 
 def _log_job(

@@ -20,7 +20,6 @@ the number of queries behind each mean (``n_values``). A job writes the table as
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag_ablate.core.fsio import write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import SLICES_JSON, SLICES_MD
 from rag_ablate.dataset.model import SPLITS
 from rag_ablate.metrics.registry import direction_of, display_name
@@ -257,6 +257,6 @@ def mlflow_slice_metrics(
 def write_slices(table: SliceTable, job_dir: Path, metrics: Sequence[str]) -> list[Path]:
     """``slices.json`` and ``slices.md`` (``metrics`` as the table's columns) in ``job_dir``."""
     j, md = job_dir / SLICES_JSON, job_dir / SLICES_MD
-    j.write_text(json.dumps(table.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
-    md.write_text(table.to_markdown(metrics), encoding="utf-8")
+    write_json_atomic(j, table.to_dict())
+    write_text_atomic(md, table.to_markdown(metrics))
     return [j, md]

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.cache import Cache
+from rag_ablate.core.fsio import write_text_atomic
 from rag_ablate.core.layout import TIMING_FILE
 from rag_ablate.dataset.model import Query
 from rag_ablate.records.jsonl import final_records, read_records
@@ -149,9 +150,7 @@ def timing_pass(
     finally:
         for system in systems.values():
             system.close()
-    with path.open("w", encoding="utf-8") as f:
-        for call in calls:
-            f.write(json.dumps(asdict(call), ensure_ascii=False) + "\n")
+    write_text_atomic(path, "".join(json.dumps(asdict(call), ensure_ascii=False) + "\n" for call in calls))
     return TimingPass(
         path,
         [job.label for job in jobs],

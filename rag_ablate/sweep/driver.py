@@ -11,7 +11,9 @@ the plan (:func:`rag_ablate.sweep.plan.check_plan`), then calls:
   reads what the jobs wrote to disk (they may have run in other processes or
   machines), prints the per-variant table, runs the comparison over the jobs
   that finished, logs to the parent run and ends it (``FAILED`` when anything
-  failed), writes ``failures.json`` and returns the sweep's exit code;
+  failed), writes ``failures.json`` and returns the sweep's exit code; a file it cannot
+  write (a full disk, a read-only folder) stops it with one line naming the path, the
+  parent run ``FAILED``, ``failures.json`` complete or absent (``resume=`` finishes it);
 * :func:`interrupt_sweep`, when Ctrl-C stops the sweep: ends its MLflow runs
   ``KILLED``, writes ``failures.json`` and says in one line how to resume.
 
@@ -37,7 +39,8 @@ from rag_ablate.compare.run import ComparisonRun, print_gate_outcome, run_compar
 from rag_ablate.config.keys import env_interpolated, redact_override
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import profiling
-from rag_ablate.core.errors import EXIT_BLOCKED, EXIT_FAILED, TrackingError, one_line
+from rag_ablate.core.errors import EXIT_BLOCKED, EXIT_FAILED, TrackingError, WriteError, one_line
+from rag_ablate.core.fsio import write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import (
     COMPARISON_MD,
     FAILURES_FILE,
@@ -100,7 +103,7 @@ def read_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
 class Failure:
     """One thing of a sweep that failed: a job, or a sweep-wide step."""
 
-    step: str  # job | launch | timing | comparison | report | tracking
+    step: str  # job | launch | timing | comparison | report | tracking | write
     what: str  # the job's label, or the step
     error: str  # one line: why
     job: int | None = None  # the job number, for a job
@@ -112,6 +115,10 @@ class Failure:
 
 
 def _failure(step: str, what: str, exc: BaseException, job: int | None = None) -> Failure:
+    """``exc`` as a step's failure; a write the folder refuses (a full disk, a read-only folder) is
+    raised again instead: it stops the sweep (:func:`finish_sweep`), every next step would fail so."""
+    if isinstance(exc, WriteError) and exc.of_the_folder:
+        raise exc
     detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return Failure(step, what, one_line(exc), job, detail)
 
@@ -178,14 +185,20 @@ def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
             why = one_line(exc)
             raise TrackingError(f"MLflow store {uri}: cannot create the sweep's run: {why}") from exc
         info.update(parent_run_id=parent, experiment_id=experiment_id, tracking_uri=uri)
-    (sweep_dir / SWEEP_FILE).write_text(json.dumps(info, indent=1), encoding="utf-8")
+    try:
+        write_json_atomic(sweep_dir / SWEEP_FILE, info)
+    except WriteError:
+        if "parent_run_id" in info:  # nothing ran: the parent run is not left RUNNING
+            with contextlib.suppress(Exception):
+                tracking.end_run(uri, info["parent_run_id"], "FAILED")
+        raise
     return info
 
 
 def _write_failures(sweep_dir: Path, failures: list[Failure]) -> Path:
     path = sweep_dir / FAILURES_FILE
     data = {"failed": bool(failures), "failures": [asdict(f) for f in failures]}
-    path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
+    write_json_atomic(path, data)
     return path
 
 
@@ -195,6 +208,47 @@ def finish_sweep(
     returns: Sequence[JobReturn],
     launch_error: BaseException | None = None,
     job_settings: Sequence[RunConfig] = (),
+) -> int:
+    """:func:`_finish_sweep`; a file it cannot write (a full disk, a read-only folder) stops the sweep
+    with one line naming the path and the error (:func:`_stop_on_write_error`), exit 1."""
+    try:
+        return _finish_sweep(config, plan, returns, launch_error, job_settings)
+    except WriteError as exc:
+        sweep_dir = _sweep_dir(config)
+        with contextlib.suppress(Exception):  # best effort: the store may be on the same disk
+            info = json.loads((sweep_dir / SWEEP_FILE).read_text(encoding="utf-8"))
+            if "parent_run_id" in info:  # FAILED, not left RUNNING: resume= finishes the sweep
+                tracking.end_run(info["tracking_uri"], info["parent_run_id"], "FAILED")
+        return _stop_on_write_error(sweep_dir, plan, exc)
+
+
+def _stop_on_write_error(sweep_dir: Path, plan: Plan, exc: WriteError) -> int:
+    """A write failed at the sweep's end: ``failures.json`` complete (it names the write) or absent,
+    never an earlier attempt's; one line on stderr. Returns EXIT_FAILED."""
+    failure = Failure("write", "sweep end", one_line(exc), detail=one_line(exc))
+    try:
+        _write_failures(sweep_dir, [failure])
+    except WriteError:
+        with contextlib.suppress(OSError):
+            (sweep_dir / FAILURES_FILE).unlink(missing_ok=True)
+    with contextlib.suppress(Exception):
+        profiling.end_sweep_profile()
+    finished = len(read_summaries(sweep_dir)) if sweep_dir.is_dir() else 0
+    print(
+        f"rag_ablate: error: {one_line(exc)}; the sweep stopped after {finished} of {len(plan.jobs)} "
+        f"job(s) finished; free space or make the folder writable, then finish it with: "
+        f"python -m rag_ablate resume={sweep_dir}",
+        file=sys.stderr,
+    )
+    return EXIT_FAILED
+
+
+def _finish_sweep(
+    config: DictConfig,
+    plan: Plan,
+    returns: Sequence[JobReturn],
+    launch_error: BaseException | None,
+    job_settings: Sequence[RunConfig],
 ) -> int:
     """Everything after the jobs; returns the sweep's exit code: 0, EXIT_FAILED, or EXIT_BLOCKED when
     nothing failed but the regression gate blocked.
@@ -218,7 +272,7 @@ def finish_sweep(
 
     summaries = read_summaries(sweep_dir)
     print_table(summaries, s.metrics.summary)
-    (sweep_dir / SWEEP_SUMMARY_MD).write_text(markdown_table(summaries, s.metrics.summary), encoding="utf-8")
+    write_text_atomic(sweep_dir / SWEEP_SUMMARY_MD, markdown_table(summaries, s.metrics.summary))
     print(f"\nsweep folder: {sweep_dir}")
     info_path = sweep_dir / SWEEP_FILE
     info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
@@ -368,7 +422,7 @@ def _write_profile(sweep_dir: Path, plan: Plan) -> Path:
     }
     data["peak_mb"] = max([float(data["peak_mb"]), *(float(j.get("peak_mb", 0.0)) for j in jobs.values())])
     path = sweep_dir / PROFILE_FILE
-    path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    write_json_atomic(path, data)
     return path
 
 
@@ -395,7 +449,8 @@ def interrupt_sweep(config: DictConfig, plan: Plan) -> str:
                 killed += 1
     if sweep_dir.is_dir():
         what = f"interrupted (Ctrl-C) after {finished} of {len(plan.jobs)} job(s) finished"
-        _write_failures(sweep_dir, [Failure("interrupted", "sweep", what)])
+        with contextlib.suppress(WriteError):  # a full disk: the line below still says how to resume
+            _write_failures(sweep_dir, [Failure("interrupted", "sweep", what)])
     runs = f"; {killed} MLflow run(s) marked KILLED" if killed else ""
     return (
         f"rag_ablate: interrupted: {finished} of {len(plan.jobs)} job(s) finished{runs}; "

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import difflib
 import itertools
-import json
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -55,6 +54,7 @@ from rag_ablate.config.keys import (
 from rag_ablate.config.overrides import normalize_overrides
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError, RagAblateError
+from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import PLAN_FILE
 from rag_ablate.core.secrets import MASK, hide_credentials
 from rag_ablate.run.runner import flatten, job_entry
@@ -403,11 +403,9 @@ def format_plan(plan: Plan) -> str:
 
 
 def write_plan(plan: Plan, sweep_dir: Path, config: DictConfig) -> None:
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(sweep_dir)
     # as Hydra's own sweeper writes it, without secrets (header values, URL passwords, ...)
     env = env_interpolated(OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"]))
     stored = redact_hydra(cast(dict[str, Any], OmegaConf.to_container(config, resolve=False)), env)
-    OmegaConf.save(OmegaConf.create(stored), sweep_dir / "multirun.yaml")
-    tmp = sweep_dir / (PLAN_FILE + ".tmp")
-    tmp.write_text(json.dumps(plan.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
-    tmp.replace(sweep_dir / PLAN_FILE)
+    write_text_atomic(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(OmegaConf.create(stored)))
+    write_json_atomic(sweep_dir / PLAN_FILE, plan.to_dict())
