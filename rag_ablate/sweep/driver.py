@@ -148,6 +148,7 @@ def start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
 def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
     s = _settings(config)
     sweep_dir = _sweep_dir(config)
+    tracking.set_budget(s.tracking.timeout_s)
     if s.resume:
         from rag_ablate.run.resume import reopen_sweep
 
