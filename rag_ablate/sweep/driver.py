@@ -388,9 +388,11 @@ def interrupt_sweep(config: DictConfig, plan: Plan) -> str:
         uri, parent = info["tracking_uri"], info["parent_run_id"]
         with contextlib.suppress(Exception):  # best effort: the store may be what hung
             for run_id, _ in tracking.child_runs(uri, parent):
-                if tracking.run_status(uri, run_id) == "RUNNING":
+                status = tracking.run_status(uri, run_id)
+                if status == "RUNNING":
                     tracking.end_run(uri, run_id, "KILLED")
-                    killed += 1
+                # the running job's own Ctrl-C handler has already ended its run KILLED: counted too
+                killed += status in ("RUNNING", "KILLED")
             if tracking.run_status(uri, parent) == "RUNNING":
                 tracking.end_run(uri, parent, "KILLED")
                 killed += 1
