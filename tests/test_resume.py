@@ -552,7 +552,8 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_killed_runs_then_resume_finishes_
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
     sweep = path.parent.parent
-    assert last.startswith("rag_ablate: interrupted: 1 of 2 job(s) finished")
+    # the parent and the running variant's run (ended by the job itself before the count): 2, not 1
+    assert last.startswith("rag_ablate: interrupted: 1 of 2 job(s) finished; 2 MLflow run(s) marked KILLED;")
     assert last.endswith(f"resume with: python -m rag_ablate resume={sweep.relative_to(work)}")
     info = json.loads((sweep / SWEEP_FILE).read_text(encoding="utf-8"))
     client = MlflowClient(tracking_uri=info["tracking_uri"])

@@ -236,6 +236,7 @@ class TrackingConfig:
     experiment: str = "rag_ablate"  # MLflow experiment name
     artifact_root: str | None = None  # null = <paths.output_root>/mlartifacts (a server: its own root)
     traces: str = "20"  # per-query MLflow traces: none | N (the first N queries of each split) | all
+    timeout_s: Positive = 60.0  # the longest one MLflow call may take, retries included, seconds
 
 
 @dataclass

@@ -14,6 +14,7 @@ against the code)::
     │   ├── ConfigError                 a config value or combination is invalid
     │   ├── UnknownNameError            also KeyError: a name not in a registry (lists the valid names)
     │   ├── TrackingError               MLflow store / run problems
+    │   │   └── TrackingDownError       the store stopped answering within tracking.timeout_s mid-run
     │   ├── ErrorRateError              a stage's share of failed calls/queries is above its error budget
     │   ├── EndpointDownError           an endpoint refused connections several times in a row: the run stops
     │   ├── ComparisonError             the comparison step cannot be computed
@@ -125,6 +126,14 @@ class TrackingError(RagAblateError):
     """MLflow could not be reached or used as configured."""
 
     exit_code = EXIT_INVALID
+
+
+class TrackingDownError(TrackingError):
+    """The tracking store stopped answering within ``tracking.timeout_s`` after the run or sweep
+    began: it stops with one line naming the store; what it wrote on disk is kept, and ``resume=``
+    finishes its runs once the store is back."""
+
+    exit_code = EXIT_FAILED
 
 
 class ErrorRateError(RagAblateError):

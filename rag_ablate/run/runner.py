@@ -720,6 +720,7 @@ def _open_store(s: RunConfig, output_root: Path, sweep_dir: Path | None) -> _Sto
     store opened here; None without tracking. Raises TrackingError for an unusable store."""
     if not s.tracking.enabled:
         return None
+    tracking.set_budget(s.tracking.timeout_s)
     if sweep_dir is not None and (sweep_dir / SWEEP_FILE).is_file():
         info = json.loads((sweep_dir / SWEEP_FILE).read_text(encoding="utf-8"))
         if info.get("parent_run_id"):

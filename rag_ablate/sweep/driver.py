@@ -155,6 +155,7 @@ def start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
 def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
     s = _settings(config)
     sweep_dir = _sweep_dir(config)
+    tracking.set_budget(s.tracking.timeout_s)
     if s.resume:
         from rag_ablate.run.resume import reopen_sweep
 
@@ -441,9 +442,11 @@ def interrupt_sweep(config: DictConfig, plan: Plan) -> str:
         uri, parent = info["tracking_uri"], info["parent_run_id"]
         with contextlib.suppress(Exception):  # best effort: the store may be what hung
             for run_id, _ in tracking.child_runs(uri, parent):
-                if tracking.run_status(uri, run_id) == "RUNNING":
+                status = tracking.run_status(uri, run_id)
+                if status == "RUNNING":
                     tracking.end_run(uri, run_id, "KILLED")
-                    killed += 1
+                # the running job's own Ctrl-C handler has already ended its run KILLED: counted too
+                killed += status in ("RUNNING", "KILLED")
             if tracking.run_status(uri, parent) == "RUNNING":
                 tracking.end_run(uri, parent, "KILLED")
                 killed += 1

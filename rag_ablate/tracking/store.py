@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_ablate import __version__
-from rag_ablate.core.errors import RagAblateError, TrackingError
+from rag_ablate.core.errors import RagAblateError, TrackingDownError, TrackingError
 from rag_ablate.core.secrets import split_userinfo
 from rag_ablate.tracking.tags import PARENT_TAG
 
@@ -33,6 +33,92 @@ if TYPE_CHECKING:
 # (MLFLOW_DISABLE_TELEMETRY=false). Set before MLflow is first imported: only this module and
 # mlflow_traces import it, inside functions, after this.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+DEFAULT_BUDGET_S = 60.0  # tracking.timeout_s's default
+
+
+def set_budget(seconds: float = DEFAULT_BUDGET_S) -> None:
+    """Bound every MLflow call to a tracking server to about ``seconds`` (``tracking.timeout_s``),
+    retries and waits between them included: MLflow's own default retries one call for minutes
+    (7 tries, backoff up to 120 s, 120 s each), so a server that dies or stops answering mid-sweep
+    hung it for 10 minutes or more. MLflow reads these variables at each call; they are set before
+    the first one (and again when a run's settings are known).
+
+    A budget of 8 s or more allows 3 tries (waits of 0 and 2 s between them), each of
+    ``(seconds - 2) / 3`` s; a smaller one a single try. A Retry-After header is not obeyed
+    (it could exceed the budget)."""
+    tries = 3 if seconds >= 8 else 1
+    wait = 2 if tries == 3 else 0
+    per_try = max(1, int((seconds - wait) / tries))
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(tries - 1)
+    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
+    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_JITTER"] = "0"
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(per_try)
+    os.environ["MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER"] = "false"
+    _budget[0] = seconds
+
+
+_budget = [DEFAULT_BUDGET_S]
+set_budget()
+
+# Tracking stores that stopped answering in this process: URI -> the line that says so. Every
+# later call to such a store fails at once with that line instead of costing another budget.
+_down: dict[str, str] = {}
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """True when ``exc`` (from an MLflow call) means the store did not answer: a connection that
+    failed, was refused, or timed out, after MLflow's retries."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        module = type(seen).__module__.split(".")[0]
+        if module in ("requests", "urllib3") or isinstance(seen, ConnectionError | TimeoutError):
+            return True
+        text = str(seen)
+        if text.startswith("API request to ") and " failed with " in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The first error of ``exc``'s chain (a refused connection, a read that timed out), on one line."""
+    while (below := exc.__cause__ or exc.__context__) is not None:
+        exc = below
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+class _Deadlined:
+    """An :class:`mlflow.tracking.MlflowClient` whose every call ends within the tracking budget
+    (:func:`set_budget`): a store that did not answer raises :class:`TrackingDownError` naming it,
+    and is remembered as down (:data:`_down`), so the rest of the job or sweep stops at once."""
+
+    def __init__(self, uri: str, client: Any) -> None:
+        self._uri, self._client = uri, client
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._uri in _down:
+                raise TrackingDownError(_down[self._uri])
+            try:
+                return attr(*args, **kwargs)
+            except Exception as exc:
+                if not _unreachable(exc):
+                    raise
+                _down[self._uri] = (
+                    f"MLflow tracking store {self._uri} did not answer within {_budget[0]:g} s "
+                    f"(tracking.timeout_s): {_root_cause(exc)}; the records on disk are kept; "
+                    "resume=<the run or sweep folder> finishes its runs once the store answers"
+                )
+                raise TrackingDownError(_down[self._uri]) from exc
+
+        return call
+
 
 _BATCH = 100  # MLflow accepts at most 100 params (and 100 tags) per log_batch
 
@@ -204,7 +290,10 @@ def open_store(uri: str, experiment: str, artifact_root: Path | None, *, create_
     else:
         if is_server(uri):
             _check_server(uri, experiment)
-        experiment_id = ensure_experiment(uri, experiment, artifact_root)
+        try:
+            experiment_id = ensure_experiment(uri, experiment, artifact_root)
+        except TrackingDownError as exc:  # before anything ran: a store error like the check's
+            raise TrackingError(str(exc)) from exc
     try:
         orphans = mark_orphans(uri, experiment_id)
     except Exception as exc:  # best effort: never stops a run
@@ -326,7 +415,7 @@ def _file_lock(path: Path) -> Iterator[None]:
 def _client(uri: str) -> Any:
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    return _Deadlined(uri, MlflowClient(tracking_uri=uri))
 
 
 def ensure_experiment(uri: str, name: str, artifact_root: Path | None) -> str:

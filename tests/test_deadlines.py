@@ -1,0 +1,207 @@
+"""Every outside dependency has a deadline (issue 23, finding 1 and 14).
+
+A tracking server that stops answering mid-sweep ends the sweep within ``tracking.timeout_s``
+(plus slack) with lines naming its URI, exit 1, the records on disk kept; every HTTP client of
+the package ends a call to a service that accepts connections and never answers within its
+timeout, and the run within a few of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import free_port, run_module, write_dataset
+
+from rag_ablate.core.errors import TrackingDownError
+from rag_ablate.core.layout import RECORDS_FILE, SWEEP_FILE
+from rag_ablate.tracking import store as tracking
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[str]:
+    """A TCP server on 127.0.0.1 that accepts every connection and never answers; its URL."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError, OSError):
+                held.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()
+
+
+@pytest.fixture
+def small_budget() -> Iterator[None]:
+    tracking.set_budget(2)
+    yield
+    tracking.set_budget()
+    tracking._down.clear()
+
+
+@pytest.mark.usefixtures("small_budget")
+def test_a_silent_tracking_server_fails_within_the_budget_then_at_once() -> None:
+    with silent_server() as url:
+        client = tracking._client(url)
+        t0 = time.monotonic()
+        with pytest.raises(TrackingDownError) as caught:
+            client.get_run("0" * 32)
+        first = time.monotonic() - t0
+        # MLflow's own default retried this call for minutes (7 tries of 120 s, backoff to 120 s)
+        assert first < 2 + 3, first
+        line = str(caught.value)
+        assert line.startswith(f"MLflow tracking store {url} did not answer within 2 s (tracking.timeout_s)")
+        assert "resume=" in line and "\n" not in line
+        # every later call to that store fails at once, with the same line
+        t0 = time.monotonic()
+        with pytest.raises(TrackingDownError, match="did not answer within 2 s"):
+            tracking.end_run(url, "0" * 32, "KILLED")
+        assert time.monotonic() - t0 < 0.5
+
+
+@pytest.mark.usefixtures("small_budget")
+def test_a_closed_port_fails_within_the_budget() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(TrackingDownError, match=f"MLflow tracking store {url} did not answer"):
+        tracking.run_status(url, "0" * 32)
+    assert time.monotonic() - t0 < 2 + 3
+
+
+def test_the_budget_bounds_mlflow_retries_and_timeouts() -> None:
+    """The variables MLflow reads at each call: tries x timeout + waits stay within the budget."""
+    import os
+
+    try:
+        for budget in (1, 5, 8, 30, 60, 600):
+            tracking.set_budget(budget)
+            tries = int(os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]) + 1
+            per_try = int(os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"])
+            waits = sum(2**i for i in range(1, tries - 1))  # urllib3: no wait before the 2nd try
+            assert tries * per_try + waits <= max(budget, 1), budget
+            assert os.environ["MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER"] == "false"
+    finally:
+        tracking.set_budget()
+
+
+class GoingSilentProxy:
+    """A TCP proxy on 127.0.0.1 to ``upstream`` that forwards until a request holds ``trigger``,
+    then reads every request and answers none: a tracking server that stops answering
+    mid-sweep, at a known point."""
+
+    def __init__(self, upstream: str, trigger: bytes) -> None:
+        host, port = upstream.rsplit("//", 1)[1].split(":")
+        self.upstream = (host, int(port))
+        self.trigger = trigger
+        self.silent = threading.Event()
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client = self.listener.accept()[0]
+                self.conns.append(client)
+                if self.silent.is_set():
+                    continue  # held open, never answered
+                server = socket.create_connection(self.upstream)
+                self.conns.append(server)
+                threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+                threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if requests and self.trigger in data:
+                    self.silent.set()
+                if requests and self.silent.is_set():
+                    continue  # read, never forwarded: the client waits for an answer
+                dst.sendall(data)
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+
+@pytest.mark.slow
+def test_a_tracking_server_that_stops_answering_mid_sweep_ends_it_within_the_budget(tmp_path: Path) -> None:
+    from test_tracking_server import mlflow_server
+
+    write_dataset(tmp_path / "tiny")
+    with mlflow_server(tmp_path / "server") as url:
+        # silent from the baseline's first logging at its end: its queries have run
+        proxy = GoingSilentProxy(url, b"/runs/log-batch")
+        try:
+            t0 = time.monotonic()
+            proc = run_module(
+                "rag_ablate",
+                [
+                    *["-m", "chunk=8,512", "tracking=server", f"tracking.uri={proxy.url}"],
+                    *["tracking.timeout_s=3", "dataset=custom", "dataset.path=tiny", "progress=false"],
+                    "compare.B=100",
+                ],
+                tmp_path,
+            )
+            seconds = time.monotonic() - t0
+        finally:
+            proxy.close()
+    assert proxy.silent.is_set(), proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    # MLflow's defaults hung here for 10 minutes or more; now: one budget, then every call fails at once
+    assert seconds < 3 + 30, seconds
+    down = f"MLflow tracking store {proxy.url} did not answer within 3 s (tracking.timeout_s)"
+    assert down in proc.stderr
+    assert "Traceback" not in proc.stderr and "Retrying" not in proc.stderr
+    (sweep,) = (tmp_path / "outputs" / "multirun").iterdir()
+    assert json.loads((sweep / SWEEP_FILE).read_text(encoding="utf-8"))["tracking_uri"] == proxy.url
+    assert (sweep / "0" / RECORDS_FILE).is_file()  # the baseline's queries ran and are kept
+    failures = json.loads((sweep / "failures.json").read_text(encoding="utf-8"))
+    assert failures["failed"] and all(down in f["error"] for f in failures["failures"] if f["step"] == "job")
+
+
+@pytest.mark.slow
+def test_a_plan_of_thousands_of_levels_is_checked_for_repeats_in_seconds() -> None:
+    """``refuse_repeats`` compared every pair of jobs (a dry run of 3,000 levels printed nothing
+    for 300 s); one look-up per job now, and a repeat is still found."""
+    from rag_ablate.config.schema import RunConfig
+    from rag_ablate.core.errors import ConfigError
+    from rag_ablate.sweep.plan import Job, Plan, refuse_repeats
+
+    n = 3000
+    jobs = [Job(i, f"seed={i}", "variant", "seed", str(i), [f"seed={i}"]) for i in range(n)]
+    plan = Plan(mode="ofat", dry_run=True, common=[], factors=[], jobs=jobs)
+    settings = [RunConfig(seed=i) for i in range(n)]
+    t0 = time.monotonic()
+    refuse_repeats(plan, settings)
+    assert time.monotonic() - t0 < 20
+    settings[-1] = RunConfig(seed=7)
+    with pytest.raises(
+        ConfigError, match=r"would run the same settings as level seed=7 of factor seed \(#7\)"
+    ):
+        refuse_repeats(plan, settings)
