@@ -298,7 +298,9 @@ def test_failed_job_fails_the_sweep_and_the_rest_is_kept(failing_sweep: dict[str
     i = lines.index(
         f"sweep FAILED: 1 problem(s); details in {sweep_dir.relative_to(failing_sweep['cwd'])}/failures.json"
     )
-    assert lines[i + 1].startswith(f"  job #3 {label}: NotADirectoryError: ")
+    # the job's one line names the path it could not write and the error (core/fsio.WriteError)
+    assert lines[i + 1].startswith(f"  job #3 {label}: cannot write {failing_sweep['bad']}/")
+    assert lines[i + 1].endswith(": Not a directory (ENOTDIR)")
     failures = json.loads((sweep_dir / "failures.json").read_text())
     assert failures["failed"] is True and len(failures["failures"]) == 1
     entry = failures["failures"][0]
