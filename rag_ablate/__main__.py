@@ -36,6 +36,9 @@ def check_override_syntax(args: list[str]) -> None:
             value = override.split("=", 1)[-1]
             if shown != override and any(part in reason for part in re.findall(r"[\w.~+/-]{4,}", value)):
                 reason = "not a valid override"  # the parser quotes part of a secret
+            if shown == override and not value.isascii() and not value.startswith(("'", '"')):
+                key = override.split("=", 1)[0]
+                reason += f"; quote a value with non-ASCII characters: {key}='{value}'"
             raise ConfigError(f"cannot parse the override '{shown}': {reason}") from None
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from rag_ablate.config.ranges import check_ranges
 from rag_ablate.config.schema import CompareConfig, RunConfig, parse_config, validate_system
-from rag_ablate.core.errors import ComparisonError, ConfigError
+from rag_ablate.core.errors import ComparisonError, ConfigError, UnknownNameError
 
 
 def check_names(s: RunConfig) -> None:
@@ -24,7 +25,7 @@ def check_names(s: RunConfig) -> None:
 
     SYSTEMS.check(s.system.name)
     RETRIEVERS.check(s.retrieval.method)
-    FUSIONS.check(s.retrieval.hybrid.fusion)
+    _named("retrieval.hybrid.fusion", FUSIONS.check, s.retrieval.hybrid.fusion)
     RERANKERS.check(s.rerank.method)
     ROUTERS.check(s.router.method)
     GENERATORS.check(s.generator.name)
@@ -32,8 +33,17 @@ def check_names(s: RunConfig) -> None:
     check_encoder("retrieval.dense.encoder", s.retrieval.dense.encoder)
     from rag_ablate.pipeline.dense import choose_index
 
-    choose_index(s.retrieval.dense.index, 0, 0)  # UnknownNameError lists auto | exact | usearch
+    _named("retrieval.dense.index", lambda index: choose_index(index, 0, 0), s.retrieval.dense.index)
     check_encoder("rerank.encoder", s.rerank.encoder)
+
+
+def _named(setting: str, check: Callable[[str], object], value: str) -> None:
+    """``check(value)``, whose unknown-name error then names the setting too (as the encoders'
+    do): these values are set by key (``retrieval.hybrid.fusion=...``), not by a config group."""
+    try:
+        check(value)
+    except UnknownNameError as exc:
+        raise UnknownNameError(f"{exc.kind} ({setting})", exc.name, exc.valid) from None
 
 
 def validate(s: RunConfig) -> None:

@@ -354,3 +354,17 @@ def test_a_pinned_baseline_folder_must_exist(tmp_path: Path) -> None:
     validate_compare(CompareConfig(baseline_run="0123456789abcdef0123456789abcdef"))  # an MLflow run id
     with pytest.raises(ConfigError, match="name two baselines"):
         validate_compare(CompareConfig(baseline="chunk=256", baseline_run=str(tmp_path)))
+
+
+def test_an_unquoted_non_ascii_value_is_refused_with_how_to_quote_it() -> None:
+    """Hydra's grammar takes no unquoted non-ASCII value; the line says how to write it (issue 23's
+    fault injection: ``dataset.name=客服数据`` said only "not a valid override")."""
+    from rag_ablate.__main__ import check_override_syntax
+
+    with pytest.raises(ConfigError) as refused:
+        check_override_syntax(["dataset.name=客服数据"])
+    assert str(refused.value) == (
+        "cannot parse the override 'dataset.name=客服数据': not a valid override; "
+        "quote a value with non-ASCII characters: dataset.name='客服数据'"
+    )
+    check_override_syntax(["dataset.name='客服数据'"])  # quoted, as the line says: parsed

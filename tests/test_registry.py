@@ -121,7 +121,8 @@ def test_every_metric_is_documented() -> None:
     [
         ("system.name=remote", "system", ["http", "local"]),
         ("retrieval.method=bm52", "retriever", ["bm25", "dense", "hybrid"]),
-        ("retrieval.hybrid.fusion=borda", "fusion", ["rrf", "weighted"]),
+        ("retrieval.hybrid.fusion=borda", "fusion (retrieval.hybrid.fusion)", ["rrf", "weighted"]),
+        ("retrieval.dense.index=faiss", "dense index (retrieval.dense.index)", ["auto", "exact", "usearch"]),
         ("rerank.method=colbert", "reranker", ["biencoder", "cross_encoder", "http", "none"]),
         ("router.method=knn", "router", ["centroid", "nearest", "none"]),
         ("generator.name=gpt", "generator", ["extractive", "none", "openai"]),

@@ -247,6 +247,33 @@ def test_resume_of_a_folder_that_is_no_run(tmp_path: Path) -> None:
         rewrite_argv([f"resume={tmp_path}"])
 
 
+def test_resume_of_a_damaged_folder_names_the_file_in_one_line(tmp_path: Path) -> None:
+    """A file of the folder cut short or edited (issue 23's fault injection: a traceback before)."""
+    from rag_ablate.config.schema import RunConfig
+    from rag_ablate.run.resume import load_job, reopen_sweep
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / PLAN_FILE).write_text('{"jobs": [{"label": "base', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"plan\.json cannot be read \(Unterminated string"):
+        reopen_sweep(sweep, None)
+    (sweep / SWEEP_FILE).write_text("[1, 2", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"sweep\.json cannot be read"):
+        rewrite_argv(["-m", f"resume={sweep}"])
+    (sweep / PLAN_FILE).write_text("[]", encoding="utf-8")
+    with pytest.raises(ConfigError, match="the plan differs"):
+        reopen_sweep(sweep, None)
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / RUN_FILE).write_text("{", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"run\.json cannot be read"):
+        load_job(job, RunConfig())
+    run = _fake_run(tmp_path / "run", ["chunk=256"])
+    (run / ".hydra" / "overrides.yaml").write_text("- [unclosed", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"overrides\.yaml cannot be read"):
+        rewrite_argv([f"resume={run}"])
+
+
 def test_no_resume_leaves_the_command_line_alone() -> None:
     assert rewrite_argv(["-m", "chunk=256,512"]) == ["-m", "chunk=256,512"]
     assert rewrite_argv(["resume=null", "chunk=256"]) == ["chunk=256"]

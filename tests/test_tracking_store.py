@@ -128,3 +128,30 @@ def test_without_a_writable_cache_folder_the_store_is_built_beside_itself(
     MlflowClient(tracking_uri=f"sqlite:///{theirs}").search_experiments()
     assert _schema(db)[:2] == _schema(theirs)[:2]
     assert MlflowClient(tracking_uri=uri).get_experiment(experiment_id).name == "rag_ablate"
+
+
+def test_mlflow_s_database_errors_are_logged_without_a_traceback(tmp_path: Path) -> None:
+    """A full disk under the sqlite store: MLflow logs the OperationalError with its traceback
+    before raising it (issue 23's fault injection found the traceback printed under the run's own
+    one-line error); after a store is opened the log keeps one line with the cause."""
+    import io
+    import logging
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.open_store(uri, "e", tmp_path / "artifacts")
+    logger = logging.getLogger("mlflow.store.db.utils")
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    logger.addHandler(handler)
+    try:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as exc:
+            logger.exception("SQLAlchemy database error. The following exception is caught.\n%s", exc)
+    finally:
+        logger.removeHandler(handler)
+    assert "Traceback" not in out.getvalue()
+    assert out.getvalue().strip() == (
+        "SQLAlchemy database error. The following exception is caught. "
+        "(OperationalError: database or disk is full)"
+    )

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -71,20 +71,40 @@ def folder_kind(folder: Path) -> str:
     )
 
 
+def _read_json(path: Path, parse: Callable[[str], Any] = json.loads) -> Any:
+    """A file ``resume=`` reads from the folder (JSON, or Hydra's YAML with ``parse=yaml.safe_load``);
+    ConfigError naming it when it is damaged (cut short, edited, unreadable), instead of a traceback."""
+    import yaml
+
+    try:
+        return parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        raise _damaged(path, f"cannot be read ({reason})") from None
+
+
+def _damaged(path: Path, why: str) -> ConfigError:
+    return ConfigError(f"resume: {path} {why}: the folder cannot be resumed as it is")
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml
+
+    return _read_json(path, yaml.safe_load)
+
+
 def saved_overrides(folder: Path) -> list[str]:
     """The command-line overrides a run or sweep folder was made with (``resume=`` left out)."""
     if folder_kind(folder) == "sweep":
         info_path = folder / SWEEP_FILE
         if info_path.is_file():
-            found = json.loads(info_path.read_text(encoding="utf-8")).get("overrides")
+            info = _read_json(info_path)
+            found = info.get("overrides") if isinstance(info, dict) else None
         else:
-            from omegaconf import OmegaConf
-
-            found = OmegaConf.to_container(OmegaConf.load(folder / "multirun.yaml").hydra.overrides.task)
+            saved = _read_yaml(folder / "multirun.yaml")
+            found = (((saved or {}).get("hydra") or {}).get("overrides") or {}).get("task")
     else:
-        import yaml
-
-        found = yaml.safe_load((folder / _HYDRA_OVERRIDES).read_text(encoding="utf-8"))
+        found = _read_yaml(folder / _HYDRA_OVERRIDES)
     if not isinstance(found, list):
         raise ConfigError(f"resume={folder}: its saved overrides are not a list")
     return [str(o) for o in found if override_key(str(o)) != RESUME_KEY]
@@ -193,7 +213,9 @@ def load_job(job_dir: Path, s: RunConfig, env: Mapping[str, str] | None = None) 
     path = job_dir / RUN_FILE
     if not path.is_file():  # killed before it started (a sweep's later jobs): a fresh job
         return JobState()
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = _read_json(path)
+    if not isinstance(data, dict):
+        raise _damaged(path, "is not a JSON object")
     saved = json.loads(json.dumps(data.get("config") or {}, default=str))
     now = json.loads(json.dumps(factor_config(s, env), default=str))
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
@@ -203,7 +225,8 @@ def load_job(job_dir: Path, s: RunConfig, env: Mapping[str, str] | None = None) 
     state = JobState(run_id=data.get("run_id"), tracking_uri=data.get("tracking_uri"))
     summary_path = job_dir / SUMMARY_FILE
     if summary_path.is_file():
-        state.summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        summary = _read_json(summary_path)
+        state.summary = summary if isinstance(summary, dict) else {}
         state.finished = int(state.summary.get("n_failed", 1)) == 0
     return state
 
@@ -231,11 +254,14 @@ def reopen_sweep(sweep_dir: Path, plan: Any) -> dict[str, Any]:
     """
     from rag_ablate.tracking import store as tracking
 
-    saved = json.loads((sweep_dir / PLAN_FILE).read_text(encoding="utf-8"))
-    if _comparable(saved["jobs"]) != _comparable(plan.to_dict()["jobs"]):
+    saved = _read_json(sweep_dir / PLAN_FILE)
+    jobs = saved.get("jobs") if isinstance(saved, dict) else None
+    if not isinstance(jobs, list) or _comparable(jobs) != _comparable(plan.to_dict()["jobs"]):
         raise ConfigError(f"resume={sweep_dir}: the plan differs from the sweep's {PLAN_FILE}")
     info_path = sweep_dir / SWEEP_FILE
-    info: dict[str, Any] = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+    info: dict[str, Any] = _read_json(info_path) if info_path.is_file() else {}
+    if not isinstance(info, dict):
+        raise _damaged(info_path, "is not a JSON object")
     if info.get("parent_run_id"):
         tracking.reopen_run(info["tracking_uri"], info["parent_run_id"])
     return info
@@ -247,8 +273,11 @@ def end_interrupted(job_dir: Path, status: str) -> None:
     path = job_dir / RUN_FILE
     if not path.is_file():
         return
-    data = json.loads(path.read_text(encoding="utf-8"))
-    uri, run_id = data.get("tracking_uri"), data.get("run_id")
+    try:
+        data = _read_json(path)
+    except ConfigError:  # best effort, in a job's error path: its own error is what the user sees
+        return
+    uri, run_id = (data.get("tracking_uri"), data.get("run_id")) if isinstance(data, dict) else (None, None)
     if not uri or not run_id:
         return
     from rag_ablate.tracking import store as tracking

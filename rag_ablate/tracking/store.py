@@ -9,6 +9,7 @@ the sweep driver.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import subprocess
@@ -412,9 +413,29 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
+class _NoTraceback(logging.Filter):
+    """MLflow logs a sqlite error (a full disk, a read-only or locked database) with its whole
+    traceback, then raises it as an MlflowException that rag_ablate reports in its own one line (a
+    job's or sweep's failure): the record keeps its first line and the error's root cause."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            first = (record.getMessage().splitlines() or [""])[0]
+            record.msg, record.args = f"{first} ({_root_cause(record.exc_info[1])})", None
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_tracebacks() -> None:
+    logger = logging.getLogger("mlflow.store.db.utils")
+    if not any(isinstance(f, _NoTraceback) for f in logger.filters):
+        logger.addFilter(_NoTraceback())
+
+
 def _client(uri: str) -> Any:
     from mlflow.tracking import MlflowClient
 
+    _quiet_tracebacks()
     return _Deadlined(uri, MlflowClient(tracking_uri=uri))
 
 
