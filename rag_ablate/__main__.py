@@ -8,12 +8,15 @@ becomes the folder's own command line (:mod:`rag_ablate.run.resume`).
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
+from typing import Any
 
 from rag_ablate.config.keys import redact_override
-from rag_ablate.config.overrides import check_override_keys, normalize_overrides
+from rag_ablate.config.overrides import check_override_keys, hydra_error_line, normalize_overrides
 from rag_ablate.core.errors import EXIT_INVALID, ConfigError
+from rag_ablate.core.secrets import MASK, looks_like_key
 from rag_ablate.run.resume import rewrite_argv
 
 
@@ -42,16 +45,53 @@ def check_override_syntax(args: list[str]) -> None:
             raise ConfigError(f"cannot parse the override '{shown}': {reason}") from None
 
 
+def _report_config_errors_in_one_line() -> None:
+    """Hydra reports a config it cannot compose (``retrieval=bm26``, ``retrieval.top_k=abc``) over
+    several lines of its own and exits 1; rag_ablate says it in its one line and exits 2 (nothing
+    ran), values that are secrets masked. Hydra reports every other error as before. (Hydra calls
+    ``run_and_report`` by its module's name, so the one wrapped here is the one it calls.)"""
+    import hydra._internal.utils as hydra_utils
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+
+    report = hydra_utils.run_and_report
+    if getattr(report, "rag_ablate", False):
+        return
+
+    def run_and_report(func: Any) -> Any:
+        try:
+            return func()
+        except (ConfigCompositionException, OverrideParseException) as exc:
+            line = hydra_error_line(exc)
+            for arg in sys.argv[1:]:
+                value = arg.split("=", 1)[-1]
+                if redact_override(arg) != arg or looks_like_key(value):  # a key given the wrong way
+                    line = line.replace(value, MASK)
+            print(f"rag_ablate: error: {line}", file=sys.stderr)
+            sys.exit(EXIT_INVALID)
+        except Exception as exc:  # reported by Hydra, as before
+            return report(functools.partial(_reraise, exc))
+
+    run_and_report.rag_ablate = True  # type: ignore[attr-defined]
+    hydra_utils.run_and_report = run_and_report
+
+
+def _reraise(exc: Exception) -> None:
+    raise exc
+
+
 def main(argv: list[str]) -> None:
     """Run (or sweep) with the command line ``argv``; exits as the command does (``sys.exit``)."""
     try:
-        args = normalize_overrides(rewrite_argv(argv))
+        # -m anywhere, as a user may type it after an override (Hydra's parser takes it first only)
+        flags = [a for a in argv if a in ("-m", "--multirun")]
+        args = normalize_overrides(rewrite_argv(flags + [a for a in argv if a not in flags]))
         check_override_syntax(args)
         check_override_keys(args)
     except ConfigError as exc:
         print(f"rag_ablate: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_INVALID)
     sys.argv[1:] = args  # Hydra reads its command line from sys.argv
+    _report_config_errors_in_one_line()
     try:
         from rag_ablate.cli.hydra_app import main as hydra_main
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import run_module
 from hydra import compose, initialize_config_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -368,3 +369,33 @@ def test_an_unquoted_non_ascii_value_is_refused_with_how_to_quote_it() -> None:
         "quote a value with non-ASCII characters: dataset.name='客服数据'"
     )
     check_override_syntax(["dataset.name='客服数据'"])  # quoted, as the line says: parsed
+
+
+CANNOT_CONVERT = "Value '{}' of type 'str' could not be converted to {}"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["retrieval=bm26"], "In 'config': Could not find 'retrieval/bm26'; valid: bm25, dense, hybrid"),
+        (
+            ["retrieval.top_k=abc"],
+            "Error merging override retrieval.top_k=abc: " + CANNOT_CONVERT.format("abc", "Integer"),
+        ),
+        (  # -m after an override, an empty list
+            ["progress=false", "-m", "chunk="],
+            "In 'config': Could not find 'chunk/'; valid: 1024, 128, 256, 512",
+        ),
+        (  # a key pasted into the wrong setting is not echoed
+            ["system.timeout_s=sk-canary-4f1c9e0b2d7a6c35"],
+            "Error merging override system.timeout_s=***: " + CANNOT_CONVERT.format("***", "Float"),
+        ),
+    ],
+)
+def test_a_config_hydra_cannot_compose_is_refused_in_one_line(
+    tmp_path: Path, args: list[str], line: str
+) -> None:
+    """Hydra's own report spans several lines (issue 23's fault injection); rag_ablate's is one, exit 2."""
+    out = run_module("rag_ablate", [*args, "progress=false"], tmp_path)
+    assert (out.returncode, out.stderr) == (2, f"rag_ablate: error: {line}\n")
+    assert "sk-canary" not in out.stdout

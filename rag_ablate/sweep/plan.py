@@ -52,7 +52,7 @@ from rag_ablate.config.keys import (
     redact_override,
     unused_settings,
 )
-from rag_ablate.config.overrides import normalize_overrides
+from rag_ablate.config.overrides import hydra_error_line, normalize_overrides
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError, RagAblateError
 from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
@@ -284,18 +284,6 @@ def build_plan(config: DictConfig, arguments: list[str], parser: OverridesParser
     return plan
 
 
-def _one_line(exc: BaseException) -> str:
-    """A composition error as one line (Hydra's and OmegaConf's messages span several)."""
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    first = lines[0] if lines else type(exc).__name__
-    cause = exc.__cause__
-    if cause is not None and first.startswith(("Error merging", "Could not override", "Error loading")):
-        cause_lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
-        if cause_lines:
-            first = f"{first}: {cause_lines[0]}"
-    return first
-
-
 def check_names(s: RunConfig) -> None:
     """What a job needs that composing its config cannot check: names a registry must
     know (the system under test) and the dataset folder."""
@@ -344,7 +332,7 @@ def check_plan(
         except RagAblateError as exc:
             raise ConfigError(f"invalid {what}: {exc}") from exc
         except (HydraException, OmegaConfBaseException, ValueError) as exc:
-            raise ConfigError(f"invalid {what}: {_one_line(exc)}") from exc
+            raise ConfigError(f"invalid {what}: {hydra_error_line(exc)}") from exc
         settings.append(s)
     refuse_repeats(plan, settings)
     return settings
