@@ -47,6 +47,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import unicodedata
@@ -230,7 +231,8 @@ def classify(case: Case, outcome: Outcome) -> Verdict:
         why.append("traceback: " + _last_line(terminal))
     if outcome.leaks:
         problems.append("leak")
-        why.append("leak: " + ", ".join(outcome.leaks[:4]))
+        places = [re.sub(r"[0-9a-f]{32}", "<run>", leak.split(": ")[0]) for leak in outcome.leaks]
+        why.append(f"found in {len(places)} place(s): {', '.join(sorted(set(places))[:4])}, ...")
     wrong = "exit 0, must fail" if outcome.code == 0 and 0 not in case.exit else outcome.wrong
     if outcome.code == 0 and wrong:
         problems.append("silent wrong")
@@ -409,14 +411,15 @@ def _hang_up(server: socket.socket) -> None:
 
 
 def _stop_group(proc: subprocess.Popen[Any]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    """SIGTERM to the process group (a run, a sweep and its workers, the server), SIGKILL after 10 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def http_request(base: str, method: str, path: str, body: bytes, *, chunked: bool = False) -> tuple[int, str]:
@@ -907,9 +910,7 @@ def _quote(arg: str) -> str:
 def markdown(verdicts: list[Verdict], seconds: float, command: str) -> str:
     found = counts(verdicts)
     kinds = list(dict.fromkeys(v.case.kind for v in verdicts))
-    lines = [
-        "## Fault injection (issue 23)",
-        "",
+    intro = (
         f"`{command}` ({datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {platform.system()} "
         f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; {seconds:.0f} s "
         "wall, shared with other processes): a fixed catalogue of careless and hostile attempts, each run "
@@ -917,7 +918,13 @@ def markdown(verdicts: list[Verdict], seconds: float, command: str) -> str:
         "`rag-ablate serve`), each with what correct means (exit code, what the terminal must say, planted "
         "keys and personal data that must be in no file under `outputs/`, `mlflow.db` included, nor the "
         "terminal). The classes and the classifier: `benchmarks/fault_injection.py`; a subset runs in "
-        "`tests/test_fault_injection.py`.",
+        "`tests/test_fault_injection.py`. Clean: a clear error (the expected exit code and the one-line "
+        "`rag_ablate: error: ...` naming the setting, file or path) or a correct success."
+    )
+    lines = [
+        "## Fault injection (issue 23)",
+        "",
+        textwrap.fill(intro, width=100, break_on_hyphens=False, break_long_words=False),
         "",
         "| attempts | clear errors | correct successes | tracebacks | silent wrong | leaks | hangs | unclear |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -937,7 +944,7 @@ def markdown(verdicts: list[Verdict], seconds: float, command: str) -> str:
         for v in not_clean:
             owner = f" (branch {v.case.owner})" if v.case.owner else ""
             why = v.why.replace("|", "/")[:300]
-            lines.append(f"* {v.case.name}{owner}: {', '.join(v.problems)}: {why}; `{command_of(v)}`")
+            lines.append(f"* {v.case.name}{owner}: {', '.join(v.problems)}, {why}: `{command_of(v)}`")
     skipped = [v for v in verdicts if v.status == "skipped"]
     if skipped:
         lines += ["", "Skipped: " + "; ".join(f"{v.case.name} ({v.why})" for v in skipped)]
