@@ -232,7 +232,7 @@ def classify(case: Case, outcome: Outcome) -> Verdict:
     if outcome.leaks:
         problems.append("leak")
         places = [re.sub(r"[0-9a-f]{32}", "<run>", leak.split(": ")[0]) for leak in outcome.leaks]
-        why.append(f"found in {len(places)} place(s): {', '.join(sorted(set(places))[:4])}, ...")
+        why.append(f"found in {len(places)} place(s): {', '.join(f'`{p}`' for p in sorted(set(places))[:4])}, ...")
     wrong = "exit 0, must fail" if outcome.code == 0 and 0 not in case.exit else outcome.wrong
     if outcome.code == 0 and wrong:
         problems.append("silent wrong")
