@@ -42,6 +42,7 @@ from rag_ablate.records.jsonl import RecordWriter, read_records, write_records
 from rag_ablate.records.scoring import make_record
 from rag_ablate.records.trace import (
     Citation,
+    ContextChunk,
     Record,
     RetrievedChunk,
     TokenUsage,
@@ -116,6 +117,8 @@ def check(value: Any, tp: Any, where: str, seen: dict[Any, set[str]]) -> None:
         assert value is None, f"{where}: {value!r} is not null"
     elif tp is float:  # JSON may write a whole float as an integer
         assert isinstance(value, int | float) and not isinstance(value, bool), f"{where}: {value!r}"
+    elif tp is Any:  # a free JSON value (a service's filters)
+        json.dumps(value)
     elif tp in (int, str, bool):
         assert isinstance(value, tp) and (tp is bool or not isinstance(value, bool)), f"{where}: {value!r}"
     else:
@@ -212,19 +215,35 @@ def _trace_with_every_field() -> Trace:
         ttft_ms=1.5,
         http_status=504,
         retries=2,
+        rewritten_query="refund window days",
+        filters={"product": "K_b", "year": [2024, 2025]},
+        candidates=[RetrievedChunk(1, "D#1", "D", 40, 80, 0.9), RetrievedChunk(2, "D#0", "D", 0, 40, 0.5)],
+        context=[ContextChunk(1, "D#0", "D", 0, 40, 3.5, text="Refunds within 30 days.")],
+        versions={"index": "ix-7", "corpus": "c-3", "prompt": "p-2", "model": "m-1"},
     )
+
+
+# the Trace fields a record carries only when the system reported them (absent: None, or no versions)
+STAGE_FIELDS = {"rewritten_query", "filters", "candidates", "context", "versions"}
 
 
 @pytest.mark.parametrize("trace", [Trace("q1"), _trace_with_every_field()], ids=["defaults", "every-field"])
 def test_make_record_carries_the_whole_trace(trace: Trace) -> None:
-    """Every Trace field but the query id is a record key, with the value Trace.to_dict gives it."""
+    """Every Trace field but the query id is a record key, with the value Trace.to_dict gives it; the
+    stage fields only when reported. Trace.from_dict reads the record back into the same trace."""
     q = load_dataset().queries[0]
     trace = dataclasses.replace(trace, query_id=q.query_id)
     rec: dict[str, Any] = dict(make_record(q, trace))
-    names = {f.name for f in dataclasses.fields(Trace)} - {"query_id"}
+    reported = {k for k, v in trace.to_dict().items() if k in STAGE_FIELDS and v not in (None, {})}
+    names = {f.name for f in dataclasses.fields(Trace)} - {"query_id"} - (STAGE_FIELDS - reported)
     assert names <= set(fields_of(Record)[0]) and names <= set(rec)
-    assert {k: rec[k] for k in names} == {k: v for k, v in trace.to_dict().items() if k != "query_id"}
+    assert not (STAGE_FIELDS - reported) & set(rec)
+    expected = {k: v for k, v in trace.to_dict().items() if k in names}
+    if "context" in expected:  # a context chunk's text is written only when known
+        expected["context"] = [{k: v for k, v in c.items() if v is not None} for c in expected["context"]]
+    assert {k: rec[k] for k in names} == expected
     check(json.loads(json.dumps(rec)), Record, "record", {})
+    assert Trace.from_dict(json.loads(json.dumps(rec))) == trace
 
 
 def _readme_fields() -> tuple[set[str], set[str]]:

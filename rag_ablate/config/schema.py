@@ -62,6 +62,12 @@ class HttpResponseConfig:
     done: str = "done"  # true on the end event
     citations: str | None = "citations"  # the end event's citations: ids or {doc_id, chunk_id, start, end}
     usage: str | None = "usage"  # the end event's token usage {prompt_tokens, completion_tokens, ...}
+    # the stages a service may report, in the eval JSON (docs/metrics.md "Stage diagnosis"); null = absent
+    rewritten_query: str | None = None  # the rewritten/expanded query the service searched with
+    filters: str | None = None  # the filters it applied (an object)
+    candidates: str | None = None  # the list before rerank; items mapped like `retrieved`'s
+    context: str | None = None  # the chunks given to the model; items mapped like `retrieved`'s (+ text)
+    versions: str | None = None  # version tags {index, corpus, prompt, model: strings}
 
 
 @dataclass

@@ -16,6 +16,7 @@ atomically with exactly one final record per query, in dataset order.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
 
@@ -25,7 +26,8 @@ from rag_ablate.core.errors import ConfigError
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
 from rag_ablate.dataset.model import SPLITS, Dataset, Document, Query
 from rag_ablate.dataset.weights import TagWeights, run_metrics
-from rag_ablate.metrics.acl import acl_metrics, has_restrictions
+from rag_ablate.metrics import stages
+from rag_ablate.metrics.acl import acl_metrics, has_restrictions, may_see
 from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
 from rag_ablate.metrics.intent import intent_top1
 from rag_ablate.metrics.registry import spec_of
@@ -42,7 +44,7 @@ def make_record(query: Query, trace: Trace) -> Record:
     ``tags`` key and stay readable (their tag slices leave them out). ``metrics`` is empty until
     :func:`scored` fills it.
     """
-    return {
+    rec: Record = {
         "query_id": query.query_id,
         "query": query.query,
         "split": query.split,
@@ -67,8 +69,21 @@ def make_record(query: Query, trace: Trace) -> Record:
         "ttft_ms": trace.ttft_ms,
         "http_status": trace.http_status,
         "retries": trace.retries,
+        "failure_stage": None,  # filled by scored()
         "metrics": {},  # filled by scored()
     }
+    # the stages the system reported, each key only when reported
+    if trace.rewritten_query is not None:
+        rec["rewritten_query"] = trace.rewritten_query
+    if trace.filters is not None:
+        rec["filters"] = dict(trace.filters)
+    if trace.candidates is not None:
+        rec["candidates"] = [c.to_entry() for c in trace.candidates]
+    if trace.context is not None:
+        rec["context"] = [c.to_context_entry() for c in trace.context]
+    if trace.versions:
+        rec["versions"] = dict(trace.versions)
+    return rec
 
 
 ChunkKey = tuple[str, int, int]  # (doc_id, start, end): a chunk's character range in its document
@@ -227,6 +242,34 @@ def applicable_misses(
     return {name: None for name in names if spec_of(name).miss is not None}
 
 
+def failure_stage(
+    rec: Record, query: Query, docs: Mapping[str, Document], values: Mapping[str, float | None]
+) -> str | None:
+    """The stage that lost the query (:mod:`rag_ablate.metrics.stages`), from its record, its labels
+    and its metric ``values`` (refusal, token_f1); None for a failed or a no_rag query."""
+    if rec["status"] != "ok" or query.kind == "no_rag":
+        return None
+    relevant = {d for d, grade in query.relevant.items() if grade > 0}
+    present = any(d in docs and may_see(docs[d].allowed_groups, query.user_groups) for d in relevant)
+    candidates, context = rec.get("candidates"), rec.get("context")
+    lists = [*(candidates or []), *rec["retrieved"], *(context or [])]
+    doc_of = {c["chunk_id"]: c["doc_id"] for c in lists}
+    cited = [d for c in rec["citations"] if (d := c["doc_id"] or doc_of.get(c["chunk_id"] or "")) is not None]
+    refused = values.get("refusal") == 1.0
+    answered = rec.get("answer") is not None
+    return stages.diagnose(
+        answerable=query.kind == "answerable",
+        relevant_present=present,
+        relevant=relevant,
+        candidates=None if candidates is None else [c["doc_id"] for c in candidates],
+        retrieved=[r["doc_id"] for r in rec["retrieved"]],
+        context=None if context is None else [c["doc_id"] for c in context],
+        answered=answered,
+        cited=cited,
+        wrong=stages.answer_wrong(dict(values)) if query.kind == "answerable" else not refused,
+    )
+
+
 def scored(
     rec: Record,
     query: Query,
@@ -238,9 +281,12 @@ def scored(
     tokens: TokenCounts | None = None,
     answered: bool = False,
 ) -> Record:
-    """``rec`` with its ``metrics``; a crash while scoring makes the query failed, not the run.
+    """``rec`` with its ``metrics`` and ``failure_stage``; a crash while scoring makes the query
+    failed, not the run.
 
-    The failed record keeps its trace and latency; ``error`` says ``scoring failed: ...``.
+    The stage (:func:`failure_stage`) adds its indicators to the metrics (``stage_<stage>``: 1 for
+    the query's stage, 0 for the others). The failed record keeps its trace and latency; ``error``
+    says ``scoring failed: ...``.
     ``tokens``: the run's chunk token counts (:class:`TokenCounts`), shared by every record;
     ``answered``: the system generates answers (a failed query then misses the answer metrics too).
     """
@@ -248,9 +294,17 @@ def scored(
         metrics = score_record(
             rec, query, docs, ks, routed=routed, answers=answers, tokens=tokens, answered=answered
         )
-        return {**rec, "metrics": metrics}
+        stage = failure_stage(rec, query, docs, metrics)
+        if stage is not None:
+            metrics.update(stages.indicators(stage))
+        return {**rec, "failure_stage": stage, "metrics": metrics}
     except Exception as exc:  # a bad trace (unknown doc id, broken offsets, ...) fails one query only
-        failed: Record = {**rec, "status": "failed", "error": f"scoring failed: {type(exc).__name__}: {exc}"}
+        failed: Record = {
+            **rec,
+            "status": "failed",
+            "error": f"scoring failed: {type(exc).__name__}: {exc}",
+            "failure_stage": None,
+        }
         total = (rec.get("timings_ms") or {}).get("total")
         failed["metrics"] = {} if total is None else {"latency_ms": float(total)}
         return failed
@@ -300,12 +354,17 @@ def aggregate(records: Sequence[Record], weights: TagWeights | None = None) -> d
     in every split; a streaming system's time to first token gets ``ttft_ms_p50``/``_p95``
     (over the queries that got a first token).
 
+    When some record was diagnosed (``failure_stage``, :mod:`rag_ablate.metrics.stages`), every
+    split gets ``n_stage_<stage>`` for every stage (the count) beside the share ``stage_<stage>``
+    (the metric's mean over the split's diagnosed queries).
+
     With ``weights`` (the production mix, :mod:`rag_ablate.dataset.weights`), each split also gets
     ``<split>/prod/<metric>`` (weighted means) and ``<split>/edge/<metric>`` (the edge cases'
     own means) from the records' ``tags`` (see :func:`rag_ablate.dataset.weights.run_metrics`).
     """
     out: dict[str, float] = {}
     failure_statuses = sorted({str(r["status"]) for r in records if r["status"] != "ok"})
+    diagnosed = any(r.get("failure_stage") is not None for r in records)
     for split in (*SPLITS, "all"):
         rows = [r for r in records if split == "all" or r["split"] == split]
         p = f"{split}/"
@@ -319,6 +378,9 @@ def aggregate(records: Sequence[Record], weights: TagWeights | None = None) -> d
             n_status = sum(1 for r in rows if r["status"] == status)
             out[p + f"n_status_{status}"] = float(n_status)
             out[p + f"error_rate_{status}"] = n_status / len(rows) if rows else 0.0
+        if diagnosed:
+            found = Counter(r.get("failure_stage") for r in rows)
+            out.update({p + "n_" + stages.stage_metric(st): float(found[st]) for st in stages.STAGES})
         ttft = [float(t) for r in rows if (t := r.get("ttft_ms")) is not None]
         if ttft:
             out[p + "ttft_ms_p50"] = _percentile(ttft, 50)

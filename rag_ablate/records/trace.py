@@ -44,6 +44,29 @@ class RetrievedChunk:
 
 
 @dataclass(frozen=True)
+class ContextChunk(RetrievedChunk):
+    """A chunk given to the generator: a :class:`RetrievedChunk` and, when known, its text."""
+
+    text: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ContextChunk:
+        text = d.get("text")
+        return cls(**asdict(RetrievedChunk.from_dict(d)), text=None if text is None else str(text))
+
+    @classmethod
+    def of(cls, chunk: RetrievedChunk, text: str | None) -> ContextChunk:
+        return cls(**asdict(chunk), text=text)
+
+    def to_context_entry(self) -> ContextEntry:
+        """The chunk as a record's ``context`` list stores it (``text`` only when known)."""
+        entry: ContextEntry = {**self.to_entry()}  # type: ignore[typeddict-item]
+        if self.text is not None:
+            entry["text"] = self.text
+        return entry
+
+
+@dataclass(frozen=True)
 class Citation:
     """What an answer cites: a chunk (passage) id or a document id, optionally a span.
 
@@ -124,6 +147,12 @@ class Trace:
     ``http_status`` is the HTTP status that decided a remote query (the failing one, else
     the evaluation call's; None for local systems and when no response came);
     ``retries`` counts the requests that were sent again.
+
+    The stages a system may report (None, or empty ``versions``: not reported; the record then
+    has no such key): ``rewritten_query`` (the text the retriever searched with), ``filters``
+    (the filters applied to the search, ``{}``: none), ``candidates`` (the list before rerank,
+    with the first stage's scores), ``context`` (the chunks given to the generator, after any
+    cut) and ``versions`` (``index``, ``corpus``, ``prompt``, ``model``: version tags).
     """
 
     query_id: str
@@ -142,6 +171,11 @@ class Trace:
     ttft_ms: float | None = None
     http_status: int | None = None
     retries: int = 0
+    rewritten_query: str | None = None
+    filters: dict[str, Any] | None = None
+    candidates: list[RetrievedChunk] | None = None
+    context: list[ContextChunk] | None = None
+    versions: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in get_args(Status):
@@ -163,6 +197,8 @@ class Trace:
         usage = d.get("usage")
         score = d.get("intent_score")
         ttft = d.get("ttft_ms")
+        candidates, context, filters = d.get("candidates"), d.get("context"), d.get("filters")
+        rewritten = d.get("rewritten_query")
         return cls(
             query_id=str(d["query_id"]),
             status=d.get("status", "ok"),
@@ -180,7 +216,13 @@ class Trace:
             ttft_ms=None if ttft is None else float(ttft),
             http_status=None if d.get("http_status") is None else int(d["http_status"]),
             retries=int(d.get("retries") or 0),
+            rewritten_query=None if rewritten is None else str(rewritten),
+            filters=None if filters is None else dict(filters),
+            candidates=None if candidates is None else [RetrievedChunk.from_dict(c) for c in candidates],
+            context=None if context is None else [ContextChunk.from_dict(c) for c in context],
+            versions={str(k): str(v) for k, v in (d.get("versions") or {}).items()},
         )
+
 
 
 # ------------------------------------------------------------------------------------- the record
@@ -195,6 +237,12 @@ class RetrievedEntry(TypedDict):
     start: int  # character offset [start, end) into the document's text
     end: int  # end of the chunk's range (exclusive)
     score: float  # the system's score of the chunk (higher ranks first)
+
+
+class ContextEntry(RetrievedEntry):
+    """One chunk given to the generator as a record stores it (:class:`ContextChunk`'s fields)."""
+
+    text: NotRequired[str]  # the chunk's text (absent: not known, or privacy.store_text=false)
 
 
 class CitationEntry(TypedDict):
@@ -282,6 +330,12 @@ class Record(TypedDict):
     ttft_ms: float | None  # time to the first answer token (streaming systems only)
     http_status: int | None  # the HTTP status that decided a remote query (None for local systems)
     retries: int  # requests sent again for this query
+    rewritten_query: NotRequired[str]  # the text the retriever searched with (absent: not reported)
+    filters: NotRequired[dict[str, Any]]  # the filters applied to the search, {} none (absent: not reported)
+    candidates: NotRequired[list[RetrievedEntry]]  # the list before rerank (absent: not reported)
+    context: NotRequired[list[ContextEntry]]  # the chunks given to the generator (absent: not reported)
+    versions: NotRequired[dict[str, str]]  # version tags: index, corpus, prompt, model (absent: none)
+    failure_stage: str | None  # where the query was lost (rag_ablate.metrics.stages); None: not diagnosed
     metrics: dict[str, float | None]  # per-query metric values by name (recall_at_5, latency_ms, ...)
     judge: NotRequired[Judgement]  # the LLM judge's verdicts (only when a judge judged the answer)
     redacted: NotRequired[dict[str, int]]  # privacy.redact=true: replacements per kind (email, ...)

@@ -67,7 +67,7 @@ from rag_ablate.core.errors import EndpointDownError
 from rag_ablate.core.retry import Breaker, Status, backoff_wait, excerpt, retry_after_seconds, status_meaning
 from rag_ablate.core.secrets import split_userinfo
 from rag_ablate.dataset.model import Dataset, Document, Query
-from rag_ablate.records.trace import Citation, RetrievedChunk, TokenUsage, Trace
+from rag_ablate.records.trace import Citation, ContextChunk, RetrievedChunk, TokenUsage, Trace
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.base import OnDone
 
@@ -128,6 +128,12 @@ def _render(node: Any, values: Mapping[str, Any]) -> Any:
 
         return _PLACEHOLDER.sub(text, node)
     return node
+
+
+def _text(item: Any, path: str | None) -> str | None:
+    """An item's text at ``path`` (None: no path, or not a string)."""
+    value = None if path is None else get_path(item, path)
+    return value if isinstance(value, str) else None
 
 
 def get_path(obj: Any, path: str) -> Any:
@@ -477,6 +483,38 @@ class HttpSystem:
                 for k, v in timings.items():
                     if isinstance(v, int | float) and not isinstance(v, bool):
                         trace.timings_ms[f"service.{k}"] = float(v)
+        self._map_stages(data, raw, trace)
+
+    def _map_stages(self, data: Any, raw: bytes, trace: Trace) -> None:
+        """The optional stage fields (system.response.rewritten_query .. versions): a null path or a
+        missing/null value leaves the field absent; a value of the wrong shape is a bad response."""
+        m = self.map
+        where = f"eval {self.cfg.eval_path}"
+
+        def found(key: str, path: str | None, kind: type | None = None) -> Any:
+            value = None if path is None else get_path(data, path)
+            if value is _MISSING or value is None:
+                return None
+            if kind is not None and not isinstance(value, kind):
+                raise _bad(where, f"'{path}' (system.response.{key}) is not a {kind.__name__}", raw)
+            return value
+
+        rewritten = found("rewritten_query", m.rewritten_query)
+        trace.rewritten_query = None if rewritten is None else str(rewritten)
+        filters = found("filters", m.filters, dict)
+        trace.filters = None if filters is None else dict(filters)
+        candidates = found("candidates", m.candidates, list)
+        if candidates is not None:
+            trace.candidates = [self._chunk(rank, item, raw) for rank, item in enumerate(candidates, start=1)]
+        context = found("context", m.context, list)
+        if context is not None:
+            trace.context = [
+                ContextChunk.of(self._chunk(rank, item, raw), _text(item, m.text))
+                for rank, item in enumerate(context, start=1)
+            ]
+        versions = found("versions", m.versions, dict)
+        if versions is not None:
+            trace.versions = {str(k): str(v) for k, v in versions.items() if v is not None}
 
     def _chunk(self, rank: int, item: Any, raw: bytes) -> RetrievedChunk:
         """One retrieved item as a chunk of a dataset document (see HttpResponseConfig for the rules)."""

@@ -21,6 +21,8 @@ the retrieved chunks, filling the trace's answer, citations and usage) and ``tot
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,7 +61,7 @@ from rag_ablate.pipeline.stages import (
     Router,
 )
 from rag_ablate.pipeline.tokens import TokenMatrix, tokens_key_parts
-from rag_ablate.records.trace import RetrievedChunk, TokenUsage, Trace
+from rag_ablate.records.trace import ContextChunk, RetrievedChunk, TokenUsage, Trace
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.text.analyzers import get_analyzer
 from rag_ablate.text.count import is_cjk_text
@@ -91,6 +93,7 @@ class LocalSystem:
         self.reranker: RerankStage | None = RERANKERS.get(settings.rerank.method)(settings)
         self.router: Router | None = None
         self.generator: Generator | None = GENERATORS.get(settings.generator.name)(settings, self.cache)
+        self.versions: dict[str, str] = {}  # every trace's version tags, set by prepare()
 
     @property
     def routes_intents(self) -> bool:
@@ -260,6 +263,7 @@ class LocalSystem:
             info.update(self.reranker.prepare(self))
         if dataset.intents:
             self.router = ROUTERS.get(self.s.router.method)(self.s, list(dataset.intents.values()))
+        self.versions = self._versions(dataset)
         info["index.build_seconds"] = round(time.perf_counter() - t0, 4)
         info["index.bytes"] = self.retriever.nbytes
         if dataset.queries:
@@ -267,6 +271,23 @@ class LocalSystem:
             self._warm(dataset.queries[0])
             info["index.warmup_seconds"] = round(time.perf_counter() - t_warm, 4)
         return info
+
+    def _versions(self, dataset: Dataset) -> dict[str, str]:
+        """The version tags every trace reports (see the module docstring)."""
+        index = {
+            "corpus": dataset.corpus_fingerprint,
+            "chunks": self._chunk_parts,
+            "retrieval": dataclasses.asdict(self.s.retrieval),
+            "rerank": dataclasses.asdict(self.s.rerank),
+        }
+        payload = json.dumps(index, sort_keys=True, default=str).encode("utf-8")
+        out = {"corpus": dataset.corpus_fingerprint[:16], "index": hashlib.sha256(payload).hexdigest()[:16]}
+        if self.generator is not None:
+            prompt = getattr(self.generator, "prompt_hash", None)
+            if isinstance(prompt, str):
+                out["prompt"] = prompt
+            out["model"] = self.s.generator.model or self.s.generator.name
+        return out
 
     def _warm(self, query: Query) -> None:
         """Run ``query`` through every retrieval stage once, untimed, and forget the result.
@@ -329,6 +350,14 @@ class LocalSystem:
         state.timed("acl_filter", t)
         return kept
 
+    def _chunks_of(self, hits: Hits) -> list[RetrievedChunk]:
+        """Ranked hits as the trace reports them."""
+        out = []
+        for rank, (i, score) in enumerate(hits, start=1):
+            c = self.chunks[i]
+            out.append(RetrievedChunk(rank, c.chunk_id, c.doc_id, c.start, c.end, float(score)))
+        return out
+
     def run(self, query: Query) -> Trace:
         trace = Trace(query.query_id)
         state = QueryState(query)
@@ -338,7 +367,11 @@ class LocalSystem:
             trace.intents = [intent] if intent is not None else []
             trace.intent_pred = intent
         state.timed("route", t_start)
+        trace.rewritten_query = query.query
+        trace.filters = {"user_groups": list(query.user_groups or ())} if self.s.retrieval.acl_filter else {}
+        trace.versions = dict(self.versions)
         hits = self._retrieve(state, self._depth())
+        candidates = trace.candidates = self._chunks_of(hits)
         if self.reranker is not None:
             t = time.perf_counter()
             hits = self.reranker.rerank(state, hits, self.s.rerank.top_k)
@@ -347,9 +380,7 @@ class LocalSystem:
         encode_ms = sum(state.encoded.values())
         if encode_ms:
             timings["encode"] = encode_ms
-        for rank, (i, score) in enumerate(hits, start=1):
-            c = self.chunks[i]
-            trace.retrieved.append(RetrievedChunk(rank, c.chunk_id, c.doc_id, c.start, c.end, float(score)))
+        trace.retrieved = self._chunks_of(hits) if self.reranker is not None else list(candidates)
         replayed_ms = 0.0  # a cached model call: its original time minus the replay's
         if self.generator is not None:
             t = time.perf_counter()
@@ -357,6 +388,8 @@ class LocalSystem:
                 Context(r.rank, r.chunk_id, r.doc_id, r.start, r.end, self.chunks[i].text)
                 for r, (i, _) in zip(trace.retrieved, hits, strict=True)
             ]
+            given = [ContextChunk.of(r, c.text) for r, c in zip(trace.retrieved, contexts, strict=True)]
+            trace.context = given
             try:
                 gen = self.generator.generate(query.query, contexts)
             except GenerationError as exc:  # the model endpoint failed: keep the retrieval, say what
@@ -366,6 +399,8 @@ class LocalSystem:
                 trace.timings_ms = timings
                 return trace
             timings["generate"] = (time.perf_counter() - t) * 1000
+            if gen.n_read is not None:  # the chunks the generator read: the context after its cut
+                trace.context = given[: gen.n_read]
             if gen.cached and gen.latency_ms is not None:  # a replayed model call reports the original time
                 replayed_ms = gen.latency_ms - timings["generate"]
                 timings["generate"] = gen.latency_ms
