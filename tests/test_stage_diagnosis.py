@@ -41,6 +41,7 @@ from rag_ablate.run.summary import stage_lines
 from rag_ablate.systems.http import HttpSystem
 from rag_ablate.systems.local import LocalSystem
 from rag_ablate.tracking.ui import mlflow_metrics
+from tests.conftest import run_module
 from tests.rerank_server import RerankServer
 
 KS = [1, 3, 5]
@@ -221,6 +222,18 @@ def test_the_local_pipeline_with_rerank_reports_every_stage(tiny_dataset: Path) 
     # without the text: the context keeps its ids, not its text; no rewritten query
     stored = Privacy(store_text=False).record(records[0])
     assert "rewritten_query" not in stored and all("text" not in c for c in stored.get("context") or [])
+    # redacted: personal data in the context's text and the rewritten query is replaced and counted
+    leaky = {
+        **records[0],
+        "rewritten_query": "mail a@b.com",
+        "context": [{**records[0]["context"][0], "text": "call +1 415 555 0100"}],
+    }
+    redacted = Privacy(redact=True).record(cast(Record, leaky))
+    assert (
+        redacted.get("rewritten_query") == "mail [EMAIL]"
+        and redacted["context"][0].get("text") == "call [PHONE]"
+    )
+    assert redacted.get("redacted", {}).get("email") == 1 and redacted.get("redacted", {}).get("phone") == 1
 
 
 class _StageService(BaseHTTPRequestHandler):
@@ -350,3 +363,50 @@ def test_the_comparison_shows_how_each_stage_share_moved(tmp_path: Path) -> None
     # records without a stage (written before stages were): no section
     old = [VariantData(v.label, [{**r, "failure_stage": None} for r in v.records]) for v in variants]
     assert stage_section(old, c) is None
+
+
+@pytest.mark.slow
+def test_a_sweep_reports_the_stages_in_mlflow_the_end_table_and_the_comparison(
+    tiny_dataset: Path, tmp_path: Path
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    with RerankServer() as server:
+        proc = run_module(
+            "rag_ablate",
+            [
+                "-m",
+                "rerank=none,http",
+                f"rerank.url={server.url}",
+                "rerank.top_k=2",
+                f"dataset.path={tiny_dataset}",
+                "chunk.size=12",
+                "chunk.overlap=2",
+                "generator=extractive",
+                "progress=false",
+                "compare.B=200",
+            ],
+            tmp_path,
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "failure stages, queries per stage (dev / holdout" in proc.stdout
+    assert "how each stage's share moved" in proc.stdout
+    sweep_dir = next((tmp_path / "outputs" / "multirun").iterdir())
+    data = json.loads((sweep_dir / "comparison.json").read_text())
+    sec = data["stages"]
+    assert {x["variant"] for x in sec["shares"]} == {data["baseline"], *data["variants"]}
+    assert sec["rows"] and {r["metric"] for r in sec["rows"]} <= {f"stage_{s}" for s in STAGES}
+    assert "## Failure stages" in (sweep_dir / "comparison.md").read_text()
+    assert "Failure stages" in (sweep_dir / "report.html").read_text()
+    # each job: the counts in metrics.json agree with its records; MLflow has the shares and counts
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    for variant in sweep_dir.glob("*/variant.json"):
+        job = variant.parent
+        records = [json.loads(line) for line in (job / "records.jsonl").read_text().splitlines()]
+        metrics = json.loads((job / "metrics.json").read_text())
+        counts = Counter(r["failure_stage"] for r in records if r["failure_stage"] is not None)
+        assert {s: int(metrics[f"all/n_stage_{s}"]) for s in STAGES} == {s: counts[s] for s in STAGES}
+        run_id = json.loads((job / "run.json").read_text())["run_id"]
+        logged = client.get_run(run_id).data.metrics
+        assert logged["dev/stage_ok"] == pytest.approx(metrics["dev/stage_ok"])
+        assert logged["dev/n_stage_ok"] == metrics["dev/n_stage_ok"]
