@@ -429,7 +429,12 @@ def test_metrics_through_the_reference_service_equal_the_local_system(
     served.prepare(ds)
     service = ReferenceService(served, ds, settings, "baseline")
     with uvicorn_app(create_app(service, piece_delay_s=0.0)) as url:
-        http_settings = replace(settings, system=replace(settings.system, name="http", base_url=url))
+        # the service reports its stages under their own names: mapped, so the diagnoses agree too
+        stages = {k: k for k in ("rewritten_query", "filters", "candidates", "context", "versions")}
+        response = replace(settings.system.response, **stages)
+        http_settings = replace(
+            settings, system=replace(settings.system, name="http", base_url=url, response=response)
+        )
         http_records, handed = _run(SYSTEMS.get("http")(http_settings, None), ds)
 
     assert [r["status"] for r in http_records] == ["ok"] * len(ds.queries)
@@ -443,6 +448,11 @@ def test_metrics_through_the_reference_service_equal_the_local_system(
             (r["doc_id"], r["chunk_id"], r["start"], r["end"]) for r in loc["retrieved"]
         ]
         assert rem["intent_pred"] == loc["intent_pred"]
+        assert rem["failure_stage"] == loc["failure_stage"]
+        for key in ("rewritten_query", "filters", "versions"):
+            assert rem.get(key) == loc.get(key), key
+        for key in ("candidates", "context"):  # the same chunks (no text: the ids locate them)
+            assert [c["chunk_id"] for c in rem.get(key) or []] == [c["chunk_id"] for c in loc.get(key) or []]
         # the streamed answer, its citations, usage and timings are kept per query
         assert isinstance(rem["answer"], str) and rem["answer"] == loc["answer"]
         assert (

@@ -160,7 +160,10 @@ def test_eval_returns_the_local_systems_chunks_offsets_and_scores(base: Service,
         r = post(base, "/rag/eval", {"query": text, "query_id": qid, "top_k": 10})
         assert r.status_code == 200, r.text
         body = r.json()
-        assert set(body) == {"intentLeafIds", "retrieved", "timings_ms"}
+        stages = {"rewritten_query", "filters", "candidates", "versions"}  # no generator: no context
+        assert set(body) == {"intentLeafIds", "retrieved", "timings_ms", *stages}
+        assert body["rewritten_query"] == text and body["filters"] == {}
+        assert [x["chunk_id"] for x in body["candidates"]] == [c.chunk_id for c in trace.candidates or []]
         got = [(x["doc_id"], x["chunk_id"], x["start"], x["end"], x["score"]) for x in body["retrieved"]]
         want = [(c.doc_id, c.chunk_id, c.start, c.end, c.score) for c in trace.retrieved]
         assert got == want, qid  # scores too: JSON floats round-trip exactly

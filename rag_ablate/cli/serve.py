@@ -9,7 +9,9 @@ reads by default (README "Evaluate your own RAG service over HTTP"):
 ``POST /rag/eval``
     body ``{"query": str, "query_id": str, "top_k": int, "user_groups": [str]?, "params": {}?}``;
     returns ``{"intentLeafIds": [str], "retrieved": [{"doc_id", "chunk_id", "start", "end",
-    "score", "text"}], "timings_ms": {stage: ms}}``. ``top_k`` cuts the list; the served
+    "score", "text"}], "timings_ms": {stage: ms}}`` and the pipeline's stages (docs/metrics.md "Stage
+    diagnosis": ``rewritten_query``, ``filters``, ``candidates``, ``context``, ``versions``; ``system=http``
+    reads them when ``system.response.<name>`` names them). ``top_k`` cuts the list; the served
     pipeline returns at most its own ``retrieval.top_k`` (``rerank.top_k`` with a reranker).
     ``user_groups`` are the asking user's groups (absent or null: an anonymous user): with
     ``retrieval.acl_filter=true`` the service returns only documents they may see (docs/metrics.md
@@ -386,6 +388,8 @@ class ReferenceService:
                 for r in trace.retrieved
             ],
             "timings_ms": {**trace.timings_ms, "service": service_ms},
+            # the stages the pipeline reports (without chunk texts: the ids locate them)
+            **{k: v for k, v in _stages(trace).items() if v is not None},
         }
 
     def answer(self, req: EvalRequest, trace: Trace) -> tuple[Generation, dict[str, Any]]:
@@ -411,6 +415,17 @@ class ReferenceService:
             "usage": usage,
         }
         return gen, done
+
+
+def _stages(trace: Trace) -> dict[str, Any]:
+    """A trace's stage fields as the eval response carries them (None: not reported)."""
+    return {
+        "rewritten_query": trace.rewritten_query,
+        "filters": trace.filters,
+        "candidates": None if trace.candidates is None else [c.to_entry() for c in trace.candidates],
+        "context": None if trace.context is None else [c.to_entry() for c in trace.context],
+        "versions": trace.versions or None,
+    }
 
 
 def answer_generator(settings: RunConfig) -> Generator:
