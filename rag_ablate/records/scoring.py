@@ -252,9 +252,10 @@ def failure_stage(
     relevant = {d for d, grade in query.relevant.items() if grade > 0}
     present = any(d in docs and may_see(docs[d].allowed_groups, query.user_groups) for d in relevant)
     candidates, context = rec.get("candidates"), rec.get("context")
-    lists = [*(candidates or []), *rec["retrieved"], *(context or [])]
-    doc_of = {c["chunk_id"]: c["doc_id"] for c in lists}
-    cited = [d for c in rec["citations"] if (d := c["doc_id"] or doc_of.get(c["chunk_id"] or "")) is not None]
+    retrieved = rec.get("retrieved") or []
+    doc_of = {c["chunk_id"]: c["doc_id"] for c in (*(candidates or []), *retrieved, *(context or []))}
+    citations = rec.get("citations") or []  # entries read with get: hand-written records may omit keys
+    cited = [d for c in citations if (d := c.get("doc_id") or doc_of.get(c.get("chunk_id") or ""))]
     refused = values.get("refusal") == 1.0
     answered = rec.get("answer") is not None
     return stages.diagnose(
@@ -262,7 +263,7 @@ def failure_stage(
         relevant_present=present,
         relevant=relevant,
         candidates=None if candidates is None else [c["doc_id"] for c in candidates],
-        retrieved=[r["doc_id"] for r in rec["retrieved"]],
+        retrieved=[r["doc_id"] for r in retrieved],
         context=None if context is None else [c["doc_id"] for c in context],
         answered=answered,
         cited=cited,
