@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -397,7 +398,10 @@ def test_a_sweep_reports_the_stages_in_mlflow_the_end_table_and_the_comparison(
     assert {x["variant"] for x in sec["shares"]} == {data["baseline"], *data["variants"]}
     assert sec["rows"] and {r["metric"] for r in sec["rows"]} <= {f"stage_{s}" for s in STAGES}
     assert "## Failure stages" in (sweep_dir / "comparison.md").read_text()
-    assert "Failure stages" in (sweep_dir / "report.html").read_text()
+    page = (sweep_dir / "report.html").read_text()
+    assert "Failure stages" in page and 'id="stages-dev"' in page
+    ids = re.findall(r'id="([^"]+)"', page)
+    assert len(ids) == len(set(ids))  # the stage rows' tables keep the page's ids unique
     # each job: the counts in metrics.json agree with its records; MLflow has the shares and counts
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     for variant in sweep_dir.glob("*/variant.json"):

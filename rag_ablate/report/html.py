@@ -275,7 +275,7 @@ def _stages_section(c: Comparison, titles: Mapping[str, str]) -> str:
     if sec.rows:
         shares = replace(c, rows=sec.rows, metrics=sec.metrics, notes=sec.notes, latency_method="")
         out += f'<p class="muted">How each stage\'s share moved: {_e(STAGES_HOW)}.</p>'
-        out += _comparison_section(shares, titles)
+        out += _comparison_section(shares, titles).replace('id="cmp-', 'id="stages-')  # ids stay unique
     return out
 
 
