@@ -16,11 +16,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import threading
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import AbstractContextManager
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,7 +40,7 @@ from rag_ablate.run.summary import stage_lines
 from rag_ablate.systems.http import HttpSystem
 from rag_ablate.systems.local import LocalSystem
 from rag_ablate.tracking.ui import mlflow_metrics
-from tests.conftest import run_module
+from tests.conftest import http_server, run_module
 from tests.rerank_server import RerankServer
 
 KS = [1, 3, 5]
@@ -70,6 +68,13 @@ def _scored(ds: Dataset, query: Query, trace: Trace, docs: Any = None) -> Record
     return scored(make_record(query, trace), query, ds.documents if docs is None else docs, KS, routed=False)
 
 
+def _answered(context: tuple[str, ...], answer: str, cited: Citation) -> Trace:
+    """RET and SHIP retrieved, ``context`` given to the generator, ``answer`` citing ``cited``."""
+    return Trace(
+        "", retrieved=_chunks("RET", "SHIP"), context=_context(*context), answer=answer, citations=[cited]
+    )
+
+
 def _per_stage(ds: Dataset) -> list[tuple[str | None, Record]]:
     """One record of q1 (relevant: RET; reference answer "30 days") per stage, and a failed one."""
     without_ret = {k: v for k, v in ds.documents.items() if k != "RET"}
@@ -91,39 +96,18 @@ def _per_stage(ds: Dataset) -> list[tuple[str | None, Record]]:
             ),
             None,
         ),
+        # the answers: the first cites a context chunk of SHIP; the others RET ("30 days" is right)
         (
             "not_used",
-            Trace(
-                "",
-                retrieved=_chunks("RET", "SHIP"),
-                context=_context("RET", "SHIP"),
-                answer="Shipping takes 3 days [2]",
-                citations=[Citation(chunk_id="SHIP#0")],  # a chunk of the context: document SHIP
-            ),
+            _answered(("RET", "SHIP"), "Shipping takes 3 days [2]", Citation(chunk_id="SHIP#0")),
             None,
         ),
         (
             "answer_wrong",
-            Trace(
-                "",
-                retrieved=_chunks("RET", "SHIP"),
-                context=_context("RET"),
-                answer="Refunds take 5 business days [1]",
-                citations=[Citation(doc_id="RET")],
-            ),
+            _answered(("RET",), "Refunds take 5 business days [1]", Citation(doc_id="RET")),
             None,
         ),
-        (
-            "ok",
-            Trace(
-                "",
-                retrieved=_chunks("RET", "SHIP"),
-                context=_context("RET"),
-                answer="30 days [1]",
-                citations=[Citation(doc_id="RET")],
-            ),
-            None,
-        ),
+        ("ok", _answered(("RET",), "30 days [1]", Citation(doc_id="RET")), None),
         (None, Trace("", status="timeout", error="ReadTimeout", retrieved=[]), None),
     ]
     return [
@@ -263,17 +247,8 @@ class _StageService(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
-@contextmanager
-def _service(bad: bool) -> Iterator[str]:
-    handler = type("Handler", (_StageService,), {"bad": bad})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+def _service(bad: bool) -> AbstractContextManager[str]:
+    return http_server(type("Handler", (_StageService,), {"bad": bad}))
 
 
 @pytest.mark.parametrize("bad", [False, True], ids=["mapped", "filters-not-an-object"])
