@@ -35,6 +35,7 @@ from rag_ablate.dataset.model import Dataset, Query
 from rag_ablate.metrics.stages import STAGES, indicators
 from rag_ablate.records.scoring import aggregate, make_record, rescore, scored
 from rag_ablate.records.trace import Citation, ContextChunk, Record, RetrievedChunk, Trace
+from rag_ablate.report.mlflow_ui import sweep_description
 from rag_ablate.run.runner import evaluate
 from rag_ablate.run.summary import stage_lines
 from rag_ablate.systems.http import HttpSystem
@@ -334,6 +335,11 @@ def test_the_comparison_shows_how_each_stage_share_moved(tmp_path: Path) -> None
     assert "how each stage's share moved" in terminal and "stage_dropped_by_rerank" in terminal
     md = format_markdown(c)
     assert "## Failure stages" in md and "| rerank=x | stage_ok | 1.000 -> 0.263 |" in md
+    summaries = [{"label": v.label, "metrics": {}} for v in variants]
+    described = sweep_description(c, summaries, "error_rate", "baseline")
+    assert "Failure stages whose share moved" in described
+    assert "rerank=x dev stage_dropped_by_rerank +0.632 worse*" in described
+    assert "cut_from_context" not in described.rpartition("Failure stages")[2]  # not significant
     again = Comparison.from_dict(json.loads(json.dumps(c.to_dict())))
     assert again.stages == sec
     # records without a stage (written before stages were): no section
