@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from rag_ablate import __version__
 from rag_ablate.core.errors import RagAblateError, exit_code_of
-from rag_ablate.core.fmt import visible
+from rag_ablate.core.fmt import display_width, pad, visible
 
 if TYPE_CHECKING:
     from rag_ablate.config.schema import CompareConfig
@@ -76,9 +76,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
                 "(judge calibration with judge=openai)",
             )
         )
-    width = max(len(k) for k, _ in rows)
+    width = max(display_width(k) for k, _ in rows)
     for k, v in rows:
-        _say(f"{k.ljust(width)}  {v}")
+        _say(f"{pad(k, width)}  {v}")
     _say("largest groups:")
     for g, n in summary["largest_groups"]:
         _say(f"  {n:>3}  {g}")
