@@ -5,6 +5,9 @@ and only the first k *unique* documents count. ``R`` is the set of documents wit
 grade >= 1; grades <= 0 are judged non-relevant. An empty ``R`` is a caller error
 (unanswerable cases never enter these means) and raises ``ValueError``.
 
+Chunk level (:func:`chunk_metrics`): the same definitions over chunk ids, against a
+query's gold chunk ids (``relevant_chunks``).
+
 Evidence level: chunks are *not* de-duplicated (a chunk is a (doc_id, start,
 end) character range); a gold evidence span counts as covered when one of the
 first k chunks lies in the same document and overlaps it.
