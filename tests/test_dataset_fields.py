@@ -35,6 +35,7 @@ from rag_ablate.records.trace import RetrievedChunk, Trace
 from rag_ablate.run.slices import MAX_METADATA_VALUES, SliceKey, mlflow_key, slice_metrics
 from tests.conftest import QUERIES, write_dataset
 from tests.test_metrics_retrieval import RANX_WARNING, _pytrec_values, _ranx_values, _reference_run
+from tests.test_slices import _rec as slice_record
 
 KS = [1, 3, 5]
 
@@ -264,28 +265,16 @@ def test_records_keep_the_fields_and_round_trip(tmp_path: Path) -> None:
         _q("k2", expected_behavior="refuse", applicable_version="v2"),
     )
     by = {q.query_id: q for q in ds.queries}
+    retrieved = {"k1": [_chunk(1, "kb-9")], "k2": [], "q1": []}
     records = [
         scored(
-            make_record(by["k1"], Trace("k1", retrieved=[_chunk(1, "kb-9")], timings_ms={"total": 2.0})),
-            by["k1"],
+            make_record(by[q], Trace(q, retrieved=r, timings_ms={"total": 2.0})),
+            by[q],
             ds.documents,
             KS,
             routed=False,
-        ),
-        scored(
-            make_record(by["k2"], Trace("k2", timings_ms={"total": 3.0})),
-            by["k2"],
-            ds.documents,
-            KS,
-            routed=False,
-        ),
-        scored(
-            make_record(by["q1"], Trace("q1", timings_ms={"total": 4.0})),
-            by["q1"],
-            ds.documents,
-            KS,
-            routed=False,
-        ),
+        )
+        for q, r in retrieved.items()
     ]
     assert records[0]["metadata"] == {"product": "phone", "tags": ["a", "b"]}
     assert (records[1]["expected_behavior"], records[1]["applicable_version"]) == ("refuse", "v2")
@@ -300,19 +289,8 @@ def test_records_keep_the_fields_and_round_trip(tmp_path: Path) -> None:
 
 
 def _rec(qid: str, value: float, **fields: Any) -> dict[str, Any]:
-    return {
-        "query_id": qid,
-        "split": "dev",
-        "group": qid,
-        "kind": "answerable",
-        "tags": [],
-        "intent_gold": None,
-        "intent_gold_l1": None,
-        "status": "ok",
-        "timings_ms": {"total": 1.0},
-        "metrics": {"recall_at_5": value, "latency_ms": 1.0},
-        **fields,
-    }
+    """A dev record of an answerable query (tests/test_slices.py's) with ``fields`` added."""
+    return {**slice_record(qid, "dev", [], None, None, {"recall_at_5": value}, latency=1.0), **fields}
 
 
 def test_metadata_version_and_behaviour_are_slices_of_a_run() -> None:
