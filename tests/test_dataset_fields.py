@@ -25,6 +25,7 @@ from rag_ablate.compare.analysis import compare
 from rag_ablate.compare.model import VariantData
 from rag_ablate.compare.slices import compare_slices
 from rag_ablate.core.errors import DatasetError
+from rag_ablate.core.layout import SLICES_JSON
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Dataset, DatasetValidationError, Query
 from rag_ablate.metrics.answers import AnswerScoring
@@ -33,7 +34,7 @@ from rag_ablate.records.jsonl import read_records, write_records
 from rag_ablate.records.scoring import aggregate, make_record, rescore, scored
 from rag_ablate.records.trace import RetrievedChunk, Trace
 from rag_ablate.run.slices import MAX_METADATA_VALUES, SliceKey, mlflow_key, slice_metrics
-from tests.conftest import QUERIES, write_dataset
+from tests.conftest import QUERIES, run_in_process, write_dataset
 from tests.test_metrics_retrieval import RANX_WARNING, _pytrec_values, _ranx_values, _reference_run
 from tests.test_slices import _rec as slice_record
 
@@ -344,3 +345,40 @@ def test_a_metadata_slice_in_a_comparison() -> None:
     by = {r.name: r for r in sec.rows}
     assert by["metadata.product=tv"].verdict == "hurts" and by["metadata.product=tv"].effect == -1.0
     assert by["metadata.product=phone"].verdict == "helps"
+
+
+@pytest.mark.slow
+def test_a_run_keeps_the_fields_scores_local_chunk_ids_and_slices_by_metadata(tmp_path: Path) -> None:
+    """A whole job on the tiny dataset (system=local names its chunks <doc_id>#<n>)."""
+    queries = [dict(q) for q in QUERIES]
+    queries[0].update(relevant_chunks={"RET#0": 2}, metadata={"product": "returns"})
+    queries[1]["metadata"] = {"product": "shipping"}
+    queries.append(_q("c1", expected_behavior="clarify", metadata={"product": "returns"}))
+    ds = write_dataset(tmp_path / "ds", queries=queries)
+    args = [
+        f"dataset.path={ds}",
+        f"paths.output_root={tmp_path / 'out'}",
+        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"cache.dir={tmp_path / 'cache'}",
+        "progress=false",
+    ]
+    proc = run_in_process(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = next((tmp_path / "out" / "runs").iterdir())
+    records = {r["query_id"]: r for r in read_records(job / "records.jsonl")}
+    q1, c1 = records[queries[0]["query_id"]], records["c1"]
+    assert q1["metadata"] == {"product": "returns"} and "expected_behavior" not in q1
+    assert (c1["expected_behavior"], c1["kind"]) == ("clarify", "unanswerable")
+    ranked = [e["chunk_id"] for e in q1["retrieved"]]
+    expected = chunk_metrics(ranked, {"RET#0": 2}, [1, 3, 5, 10])
+    assert {k: v for k, v in q1["metrics"].items() if k.startswith("chunk_")} == expected
+    assert "RET#0" in ranked[:3] and expected["chunk_hit_at_3"] == 1.0
+    assert not any(k.startswith("chunk_") for r in records.values() if r is not q1 for k in r["metrics"])
+    metrics = json.loads((job / "metrics.json").read_text(encoding="utf-8"))
+    split = q1["split"]
+    assert metrics[f"{split}/chunk_recall_at_5"] == expected["chunk_recall_at_5"]
+    slices = json.loads((job / SLICES_JSON).read_text(encoding="utf-8"))
+    names = {s["name"]: s for s in slices["slices"]}
+    wanted = {"metadata.product=returns", "metadata.product=shipping", "expected_behavior=clarify"}
+    assert wanted <= set(names)
+    assert names["metadata.product=returns"]["metrics"]["all/n_queries"] == 2.0

@@ -196,9 +196,10 @@ class SliceTable:
         out = [
             "# Slices",
             "",
-            "Every metric per tag and per gold intent (all of them: slices.json). A query is in the slice "
-            "of each of its tags and intents, so slices overlap. Means run over the queries with a value "
-            "(failed queries count in `failed` only); `(n)` is how many.",
+            "Every metric per tag, gold intent, expected behaviour, applicable version and metadata value "
+            "(all of them: slices.json). A query is in the slice of each of its tags and intents, so slices "
+            "overlap. Means run over the queries with a value (failed queries count in `failed` only); `(n)` "
+            "is how many.",
             "",
         ]
         if self.n_without_tags:
