@@ -68,6 +68,15 @@ def _print_summary(summary: dict[str, Any]) -> None:
             + ")",
         ),
     ]
+    behaviors = summary["expected_behavior"]
+    rows.append(
+        (
+            "query fields",
+            f"relevant_chunks {summary['with_relevant_chunks']}, metadata {summary['with_metadata']}, "
+            f"applicable_version {summary['with_applicable_version']}, expected_behavior "
+            + " / ".join(f"{b} {n}" for b, n in behaviors.items()),
+        )
+    )
     if summary.get("human_judgements"):
         rows.append(
             (

@@ -29,7 +29,7 @@ from rag_ablate.metrics.acl import acl_metrics, has_restrictions
 from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
 from rag_ablate.metrics.intent import intent_top1
 from rag_ablate.metrics.registry import spec_of
-from rag_ablate.metrics.retrieval import evidence_recall_at, retrieval_metrics, set_metrics
+from rag_ablate.metrics.retrieval import chunk_metrics, evidence_recall_at, retrieval_metrics, set_metrics
 from rag_ablate.records.trace import Record, RetrievedEntry, Trace
 from rag_ablate.text.count import count_tokens
 
@@ -40,9 +40,10 @@ def make_record(query: Query, trace: Trace) -> Record:
     ``tags`` (the query's tags) and the gold intents make the record enough to recompute its
     slices (:mod:`rag_ablate.run.slices`); records written before tags were recorded have no
     ``tags`` key and stay readable (their tag slices leave them out). ``metrics`` is empty until
-    :func:`scored` fills it.
+    :func:`scored` fills it. The query's ``metadata``, ``applicable_version`` and
+    ``expected_behavior`` are kept when the dataset gives them (slices read them too).
     """
-    return {
+    rec: Record = {
         "query_id": query.query_id,
         "query": query.query,
         "split": query.split,
@@ -69,6 +70,13 @@ def make_record(query: Query, trace: Trace) -> Record:
         "retries": trace.retries,
         "metrics": {},  # filled by scored()
     }
+    if query.metadata:
+        rec["metadata"] = dict(query.metadata)
+    if query.applicable_version is not None:
+        rec["applicable_version"] = query.applicable_version
+    if query.expected_behavior is not None:
+        rec["expected_behavior"] = query.expected_behavior
+    return rec
 
 
 ChunkKey = tuple[str, int, int]  # (doc_id, start, end): a chunk's character range in its document
@@ -191,9 +199,13 @@ def score_record(
         out.update(acl_metrics([r["doc_id"] for r in retrieved], docs, query.user_groups, ks))
     if query.kind == "answerable":
         ranked = [r["doc_id"] for r in retrieved]
-        out.update(retrieval_metrics(ranked, query.relevant, ks))
+        if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
+            out.update(retrieval_metrics(ranked, query.relevant, ks))
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
             out.update(set_metrics(ranked, query.relevant_sets, ks))
+        # gold chunk ids: scored when every retrieved item carries a chunk id (no items: a miss)
+        if query.relevant_chunks and all(r.get("chunk_id") for r in retrieved):
+            out.update(chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, ks))
         if query.evidence:
             chunks = [(r["doc_id"], r["start"], r["end"]) for r in retrieved]
             spans = [(e.doc_id, e.start, e.end) for e in query.evidence]

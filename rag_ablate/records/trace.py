@@ -8,7 +8,7 @@ from typing import Any, NotRequired, TypedDict, get_args
 
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
 from rag_ablate.core.retry import Status
-from rag_ablate.dataset.model import QueryKind
+from rag_ablate.dataset.model import ExpectedBehavior, QueryKind
 
 
 @dataclass(frozen=True)
@@ -267,6 +267,9 @@ class Record(TypedDict):
     tags: NotRequired[list[str]]  # the query's tags (absent in records written before tags were)
     intent_gold: str | None  # the gold level-2 intent (None: not labelled)
     intent_gold_l1: str | None  # the gold level-1 intent (None: not labelled)
+    metadata: NotRequired[dict[str, Any]]  # the query's metadata (only when the dataset gives it)
+    applicable_version: NotRequired[str]  # the query's applicable_version (only when given)
+    expected_behavior: NotRequired[ExpectedBehavior]  # answer / refuse / clarify (only when given)
     status: Status  # "ok" or how the query failed ("failed", "timeout", "http_error", ...)
     error: str | None  # why it failed (None when ok)
     retrieved: list[RetrievedEntry]  # the final retrieved chunks in rank order
