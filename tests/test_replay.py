@@ -112,8 +112,10 @@ def test_replaying_a_runs_records_reproduces_every_metric_exactly(
 def _settings(tmp_path: Path, *overrides: str) -> RunConfig:
     from hydra import compose, initialize_config_dir
 
+    from rag_ablate.config.schema import register_configs
     from rag_ablate.settings import to_settings
 
+    register_configs()  # the schema the defaults list starts with
     conf = Path(__file__).resolve().parent.parent / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base=None):
         cfg = compose("config", overrides=["system=replay", f"system.path={tmp_path}", *overrides])
@@ -183,7 +185,7 @@ def test_logged_responses_join_by_id_and_report_what_matched_nothing(
     unmatched = [json.loads(x) for x in (tmp_path / "replay_unmatched.jsonl").read_text().splitlines()]
     assert [(u["line"], u["key"]) for u in unmatched] == [(3, "nope")]
     err = capsys.readouterr().err
-    assert "4 of 5 lines" in err and "(lines 3;" in err and "4 queries of dataset" in err
+    assert "4 of 5 lines" in err and "(line 3;" in err and "4 queries of dataset" in err
     assert system.generates_answers and system.routes_intents
 
 

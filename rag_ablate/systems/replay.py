@@ -169,7 +169,8 @@ class ReplaySystem:
             rows = [{"line": u.line, "key": u.key, "reason": u.reason} for u in self.unmatched]
             write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
             shown = ", ".join(str(u.line) for u in self.unmatched[:10]) + (", ..." if len(rows) > 10 else "")
-            parts.append(f"{len(rows)} did not (lines {shown}; each with why in {path})")
+            which = f"line{'s' if len(rows) > 1 else ''} {shown}"
+            parts.append(f"{len(rows)} did not ({which}; listed with why in {path})")
         if self.not_logged:
             parts.append(
                 f"{self.not_logged} queries of dataset '{self._dataset_name}' have no line "
@@ -181,7 +182,7 @@ class ReplaySystem:
         """The logged trace of ``query`` (a copy), or a ``not_logged`` failure without times."""
         trace = self.traces.get(query.query_id)
         if trace is None:
-            field = "query id" if self.cfg.join == "query_id" else "query text"
+            field = "id" if self.cfg.join == "query_id" else "text"
             return Trace(
                 query.query_id,
                 status="not_logged",
