@@ -197,11 +197,18 @@ def test_logged_responses_join_by_query_text_with_whitespace_normalised(
         {"query": "  " + q3.upper(), "eval": _eval_body("SHIP")},  # line 1: the case differs: no match
         {"query": q3.replace(" ", "  \t") + "\n", "eval": _eval_body("SHIP")},
         {"query": "how many days do I have to return an item", "eval": _eval_body("RET")},
+        {
+            "query": "how many days do I have to return an item",
+            "eval": _eval_body("FEES"),
+        },  # the later counts
     ]
     system, recs = _replay(tmp_path, tiny_dataset, lines, "system.join=query")
     assert recs["q3"]["status"] == "ok" and recs["q3"]["metrics"]["recall_at_1"] == 1.0
-    assert recs["q1"]["status"] == "ok" and recs["q2"]["status"] == "not_logged"
-    assert [u.line for u in system.unmatched] == [1]
+    assert recs["q1"]["retrieved"][0]["doc_id"] == "FEES" and recs["q2"]["status"] == "not_logged"
+    assert [(u.line, u.reason) for u in system.unmatched] == [
+        (1, "no query of dataset 'tiny' has this query text"),
+        (3, "superseded by line 4 (same query)"),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -122,6 +122,7 @@ class ReplaySystem:
             by_key.setdefault(key, []).append(q)
         readers = {"records": self._records, "responses": self._responses, "mlflow": self._mlflow}
         chosen: dict[str, Logged] = {}  # query id -> the line that answers it (the last one)
+        superseded: set[int] = set()  # lines a later line for the same query replaced
         self.unmatched, self.n_lines = [], 0
         for item in readers[self.cfg.format](dataset):
             self.n_lines += 1
@@ -134,7 +135,8 @@ class ReplaySystem:
                 continue
             for q in queries:
                 earlier = chosen.get(q.query_id)
-                if earlier is not None:
+                if earlier is not None and earlier.line not in superseded:  # once per line
+                    superseded.add(earlier.line)
                     self.unmatched.append(
                         Unmatched(earlier.line, earlier.key, f"superseded by line {item.line} (same query)")
                     )
