@@ -105,6 +105,14 @@ def test_replaying_a_runs_records_reproduces_every_metric_exactly(
     same += ["all/latency_ms", "all/n_status_http_error", "holdout/latency_ms_p95"]
     assert {k: from_traces[k] for k in same} == {k: before[k] for k in same}
 
+    # every trace of the experiment: the original's, then each replay's; the latest line per query counts
+    args = [*args, "system.experiment=rag_ablate", "tracking=none", f"hydra.run.dir={out / 'experiment'}"]
+    proc = run_in_process(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"replay: {len(QUERIES)} of {3 * len(QUERIES)} lines of MLflow" in proc.stderr
+    superseded = (out / "experiment" / "replay_unmatched.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(superseded) == 2 * len(QUERIES) and all("superseded by line" in x for x in superseded)
+
 
 # ---------------------------------------------------------------------- logged responses, by hand
 
