@@ -323,3 +323,4 @@ def test_two_logs_compare_like_two_variants(tmp_path: Path, tiny_dataset: Path) 
         if r["variant"] == "system.path=after.jsonl" and r["metric"] == "recall_at_5"
     ]
     assert rows and any(r["effect"] < 0 for r in rows)
+    assert "system=replay variants, whose times are their logs'" in comparison["latency_method"]
