@@ -661,7 +661,7 @@ def map_logged(
     would have had (``bad_response``, ``stream_cut``; its ``status`` attribute). Times are not
     set: a log carries its own, or none.
     """
-    mapper = HttpSystem(settings)
+    mapper = _mapper(settings)
     mapper._docs = docs or {}
     trace = Trace(query.query_id)
     raw = json.dumps(eval_data, ensure_ascii=False).encode("utf-8")
@@ -687,6 +687,17 @@ def map_logged(
         elif delta not in (_MISSING, None):
             raise _bad(where, f"'{mapper.map.delta}' (system.response.delta) is not a string", text)
     raise _Failure("stream_cut", f"{where}: the logged stream has no end event ('{mapper.map.done}': true)")
+
+
+_MAPPER: list[tuple[RunConfig, HttpSystem]] = []  # map_logged's last mapper and its settings
+
+
+def _mapper(settings: RunConfig) -> HttpSystem:
+    """An HttpSystem for ``settings``' mappings, built once per settings object (building one checks
+    every setting's range: milliseconds, which a log of many lines would pay per line)."""
+    if not _MAPPER or _MAPPER[0][0] is not settings:
+        _MAPPER[:] = [(settings, HttpSystem(settings))]
+    return _MAPPER[0][1]
 
 
 def _sse_data(text: str) -> list[str]:
