@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 from hydra.core.config_store import ConfigStore
@@ -38,6 +39,7 @@ from rag_ablate.core.errors import ConfigError
 from rag_ablate.core.secrets import hide_userinfo
 
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")  # bm25s's scoring variants
+REPLAY_FORMATS = ("records", "responses", "mlflow")  # what system=replay reads (system.format)
 
 
 @dataclass
@@ -66,7 +68,7 @@ class HttpResponseConfig:
 
 @dataclass
 class SystemConfig:
-    name: str = "local"  # the system under test: local (rag_ablate's own pipeline) | http; rag_ablate.systems
+    name: str = "local"  # the system under test: local (rag_ablate's own pipeline) | http | replay
     base_url: str | None = None  # http: the service's root URL, e.g. http://127.0.0.1:8000 (required)
     eval_path: str = "/rag/eval"  # http: the JSON endpoint (retrieved evidence and intents)
     chat_path: str | None = "/rag/chat"  # http: the server-sent-events answer endpoint; null = no answers
@@ -80,6 +82,14 @@ class SystemConfig:
     backoff_max_s: NonNeg = 30.0  # http: the longest wait between two tries, Retry-After included
     max_error_rate: Share = 0.05  # the error budget: a run whose share of failed queries is above it
     # fails (exit 1), local and http alike; queries failed by the generator or reranker count here
+    # replay: score recorded traffic without calling anything (rag_ablate/systems/replay.py)
+    path: str | None = None  # replay: the log: a run folder or its records.jsonl, a JSONL of logged
+    # responses, or (format=mlflow) a tracking URI such as sqlite:///outputs/mlflow.db (required)
+    format: Annotated[str, OneOf(*REPLAY_FORMATS)] = "records"  # replay: records | responses | mlflow
+    join: Annotated[str, OneOf("query_id", "query")] = "query_id"  # replay: match lines to queries by
+    # id, or by query text (whitespace normalised)
+    run_id: str | None = None  # replay, format=mlflow: the MLflow run whose traces are replayed
+    experiment: str | None = None  # replay, format=mlflow: or every trace of this experiment (by name)
 
 
 @dataclass
@@ -406,6 +416,8 @@ def _unresolved(exc: OmegaConfBaseException) -> str:
 def validate_system(s: SystemConfig) -> None:
     """Ranges of the system settings (the bounds on its fields); system=http needs its base_url."""
     check_ranges(s, "system")
+    if s.name == "replay":
+        validate_replay(s)
     if s.name != "http":
         return
     if not s.base_url:
@@ -419,3 +431,20 @@ def validate_system(s: SystemConfig) -> None:
     for key, path in (("eval_path", s.eval_path), ("chat_path", s.chat_path)):
         if path is not None and not path.startswith("/"):
             raise ConfigError(f"system.{key} must start with '/', got '{path}'")
+
+
+def validate_replay(s: SystemConfig) -> None:
+    """system=replay needs the log: ``system.path`` (an existing file or folder, unless it is an MLflow
+    tracking URI) and, for format=mlflow, a run id or an experiment name."""
+    if not s.path:
+        raise ConfigError(
+            "system=replay needs system.path, the log to score: a run folder or its records.jsonl "
+            "(system.format=records), a JSONL of logged responses (system.format=responses), or an "
+            "MLflow tracking URI (system.format=mlflow)"
+        )
+    if s.format == "mlflow":
+        if not (s.run_id or s.experiment):
+            raise ConfigError("system.format=mlflow needs system.run_id or system.experiment (a name)")
+        return
+    if not Path(s.path).exists():
+        raise ConfigError(f"system.path: no such file or folder: {s.path} (system=replay)")

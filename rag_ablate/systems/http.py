@@ -239,9 +239,9 @@ class HttpSystem:
         self.s = settings
         self.cfg = settings.system
         self.map = settings.system.response
-        assert self.cfg.base_url is not None  # validate_system checked it
-        # a user and password in the URL are sent as basic auth, never named with the URL
-        self.base_url, self._userinfo = split_userinfo(self.cfg.base_url.rstrip("/"))
+        # a user and password in the URL are sent as basic auth, never named with the URL (no URL:
+        # the mappings only, map_logged; validate_system requires one for system=http)
+        self.base_url, self._userinfo = split_userinfo((self.cfg.base_url or "").rstrip("/"))
         rerank = settings.rerank
         self.top_k = rerank.top_k if rerank.method != "none" else settings.retrieval.top_k
         self.requests_sent = 0  # every HTTP request, retries included (the progress bar's req/s)
@@ -639,3 +639,78 @@ class HttpSystem:
             except (TypeError, ValueError) as exc:
                 raise _bad(where, f"a citation is not usable ({exc})", raw) from exc
         raise _bad(where, f"a citation is neither an id nor a mapping: {item!r}", raw)
+
+
+# ---------------------------------------------------------------------- logged exchanges (system=replay)
+
+
+def map_logged(
+    settings: RunConfig,
+    query: Query,
+    eval_data: Any,
+    chat: str | Any | None,
+    *,
+    docs: Mapping[str, Document] | None = None,
+) -> Trace:
+    """One logged exchange mapped as a live call's responses would be (``system.response.*``).
+
+    ``eval_data`` is the eval endpoint's JSON body; ``chat`` the chat endpoint's event stream as
+    SSE text (``data: {...}`` lines), or its events' data as a list (or one object), or None (no
+    answer logged). ``docs``: the dataset's documents, to check doc ids and place chunks (None: no
+    document is known, so every retrieved item fails as unknown). Raises the failure a live call
+    would have had (``bad_response``, ``stream_cut``; its ``status`` attribute). Times are not
+    set: a log carries its own, or none.
+    """
+    mapper = _mapper(settings)
+    mapper._docs = docs or {}
+    trace = Trace(query.query_id)
+    raw = json.dumps(eval_data, ensure_ascii=False).encode("utf-8")
+    mapper._map_eval(eval_data, raw, trace)
+    if chat is None:
+        return trace
+    where = f"chat {mapper.cfg.chat_path}"
+    events = chat if isinstance(chat, list) else [chat] if not isinstance(chat, str) else _sse_data(chat)
+    pieces: list[str] = []
+    for event in events:
+        text = event if isinstance(event, str) else json.dumps(event, ensure_ascii=False)
+        try:
+            data = json.loads(text) if isinstance(event, str) else event
+        except json.JSONDecodeError as exc:
+            raise _bad(where, f"an event's data is not JSON ({exc.msg})", text) from exc
+        if get_path(data, mapper.map.done) is True:
+            mapper._map_end(data, text, trace)
+            trace.answer = "".join(pieces)
+            return trace
+        delta = get_path(data, mapper.map.delta)
+        if isinstance(delta, str):
+            pieces.append(delta)
+        elif delta not in (_MISSING, None):
+            raise _bad(where, f"'{mapper.map.delta}' (system.response.delta) is not a string", text)
+    raise _Failure("stream_cut", f"{where}: the logged stream has no end event ('{mapper.map.done}': true)")
+
+
+_MAPPER: list[tuple[RunConfig, HttpSystem]] = []  # map_logged's last mapper and its settings
+
+
+def _mapper(settings: RunConfig) -> HttpSystem:
+    """An HttpSystem for ``settings``' mappings, built once per settings object (building one checks
+    every setting's range: milliseconds, which a log of many lines would pay per line)."""
+    if not _MAPPER or _MAPPER[0][0] is not settings:
+        _MAPPER[:] = [(settings, HttpSystem(settings))]
+    return _MAPPER[0][1]
+
+
+def _sse_data(text: str) -> list[str]:
+    """The data of each event of a server-sent-events text (``data:`` lines joined; blank lines end
+    an event; events without data are left out)."""
+    events: list[str] = []
+    lines: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        if not line.strip():
+            if lines:
+                events.append("\n".join(lines))
+            lines = []
+        elif line.startswith("data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(" ") else value)
+    return [e for e in events if e.strip()]
