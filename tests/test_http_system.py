@@ -29,6 +29,7 @@ import pytest
 
 from rag_ablate.config.keys import redact, redact_override
 from rag_ablate.config.schema import RunConfig
+from rag_ablate.config.shapes import resolve_shape
 from rag_ablate.core.errors import ConfigError, EndpointDownError
 from rag_ablate.core.retry import BREAKER_LIMIT, excerpt, retry_after_seconds
 from rag_ablate.dataset.load import load_dataset
@@ -145,7 +146,7 @@ def test_system_http_composes_from_conf_and_needs_its_base_url() -> None:
                 "+system.body.size='${chunk.size}'",
             ],
         )
-    s = to_settings(cfg).system
+    s = resolve_shape(to_settings(cfg).system)  # the reference shape's presets
     assert (s.eval_path, s.chat_path, s.concurrency, s.response.intents) == (
         "/rag/eval",
         "/rag/chat",

@@ -368,7 +368,7 @@ class ReferenceService:
         if touched:
             trace.timings_ms["encode_on_demand"] = encode_ms
         trace.query_id = req.query_id
-        trace.retrieved = trace.retrieved[: req.top_k]
+        trace.retrieved = (trace.retrieved or [])[: req.top_k]
         return trace
 
     def eval_response(self, trace: Trace, service_ms: float) -> dict[str, Any]:
@@ -383,7 +383,7 @@ class ReferenceService:
                     "score": r.score,
                     "text": self._by_chunk[r.chunk_id].text,
                 }
-                for r in trace.retrieved
+                for r in trace.retrieved or []
             ],
             "timings_ms": {**trace.timings_ms, "service": service_ms},
         }
@@ -394,7 +394,7 @@ class ReferenceService:
 
         contexts = [
             Context(n, r.chunk_id, r.doc_id, r.start, r.end, self._by_chunk[r.chunk_id].text)
-            for n, r in enumerate(trace.retrieved, start=1)
+            for n, r in enumerate(trace.retrieved or [], start=1)
         ]
         gen = self.generator.generate(req.query, contexts)
         usage: dict[str, Any] = (
@@ -486,7 +486,7 @@ def create_app(
             _, trace, ms = await traced(request)
         except (RequestError, ClientDisconnect) as exc:
             return refused(request, exc)
-        request.state.detail = f"retrieved={len(trace.retrieved)}"
+        request.state.detail = f"retrieved={len(trace.retrieved or [])}"
         return JSONResponse(service.eval_response(trace, ms))
 
     async def rag_chat(request: Request) -> Response:

@@ -54,7 +54,7 @@ def make_record(query: Query, trace: Trace) -> Record:
         # the trace's fields, in its order (Trace.to_dict without the query id)
         "status": trace.status,
         "error": trace.error,
-        "retrieved": [r.to_entry() for r in trace.retrieved],
+        "retrieved": None if trace.retrieved is None else [r.to_entry() for r in trace.retrieved],
         "intent_pred": trace.predicted_intent,
         "intent_score": trace.intent_score,
         "timings_ms": dict(trace.timings_ms),
@@ -180,9 +180,9 @@ def score_record(
         out["intent_top1"] = intent_top1(query.intent_l2, rec.get("intent_pred"))
     if rec.get("answer") is not None:
         out.update(answer_metrics(rec, query, docs, answers or AnswerScoring()))
-    if query.kind == "no_rag":
+    retrieved = rec.get("retrieved")
+    if query.kind == "no_rag" or retrieved is None:  # None: the system reports no evidence
         return out
-    retrieved = rec.get("retrieved") or []
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
@@ -218,7 +218,7 @@ def applicable_misses(
     blank: Record = {
         **rec,
         "status": "ok",
-        "retrieved": [],
+        "retrieved": None if rec.get("retrieved") is None else [],
         "citations": [],
         "answer": "" if answered else None,
     }

@@ -124,12 +124,14 @@ class Trace:
     ``http_status`` is the HTTP status that decided a remote query (the failing one, else
     the evaluation call's; None for local systems and when no response came);
     ``retries`` counts the requests that were sent again.
+    ``retrieved`` is None when the system reports no evidence at all (an answer-only service:
+    no retrieval metrics); an empty list is a retrieval that found nothing (a miss).
     """
 
     query_id: str
     status: Status = "ok"
     error: str | None = None
-    retrieved: list[RetrievedChunk] = field(default_factory=list)
+    retrieved: list[RetrievedChunk] | None = field(default_factory=list)
     intent_pred: str | None = None
     intent_score: float | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
@@ -163,11 +165,12 @@ class Trace:
         usage = d.get("usage")
         score = d.get("intent_score")
         ttft = d.get("ttft_ms")
+        retrieved = d.get("retrieved", [])
         return cls(
             query_id=str(d["query_id"]),
             status=d.get("status", "ok"),
             error=d.get("error"),
-            retrieved=[RetrievedChunk.from_dict(r) for r in d.get("retrieved") or []],
+            retrieved=None if retrieved is None else [RetrievedChunk.from_dict(r) for r in retrieved],
             intent_pred=d.get("intent_pred"),
             intent_score=None if score is None else float(score),
             timings_ms={str(k): float(v) for k, v in (d.get("timings_ms") or {}).items()},
@@ -269,7 +272,7 @@ class Record(TypedDict):
     intent_gold_l1: str | None  # the gold level-1 intent (None: not labelled)
     status: Status  # "ok" or how the query failed ("failed", "timeout", "http_error", ...)
     error: str | None  # why it failed (None when ok)
-    retrieved: list[RetrievedEntry]  # the final retrieved chunks in rank order
+    retrieved: list[RetrievedEntry] | None  # the final retrieved chunks in rank order (None: no evidence)
     intent_pred: str | None  # the predicted intent (the first non-empty code of ``intents``)
     intent_score: float | None  # the router's confidence in ``intent_pred``, when it gives one
     timings_ms: dict[str, float]  # per stage (route, retrieve, ...); "total" is the query's latency
