@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag_ablate.config.schema import AUTO, HttpResponseConfig, SystemConfig
+from rag_ablate.core.errors import ConfigError
 from rag_ablate.core.registry import Registry
 
 OPENAI_PATH = "/v1/chat/completions"
@@ -52,8 +53,12 @@ def _wire(s: SystemConfig) -> dict[str, Any]:
 
 def _openai(stream: bool) -> Callable[[SystemConfig], dict[str, Any]]:
     def body(s: SystemConfig) -> dict[str, Any]:
-        out: dict[str, Any] = {} if s.model is None else {"model": s.model}
-        out["messages"] = [{"role": "user", "content": "{query}"}]
+        if s.model is None:
+            raise ConfigError(
+                f"system.shape={s.shape} sends the model's name: set system.model, e.g. "
+                "system.model=gpt-4o-mini (or send a body of your own with system.body)"
+            )
+        out: dict[str, Any] = {"model": "{model}", "messages": [{"role": "user", "content": "{query}"}]}
         out["stream"] = stream
         if stream:  # ask for the usage chunk before [DONE] (servers that do not know it ignore it)
             out["stream_options"] = {"include_usage": True}

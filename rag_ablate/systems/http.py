@@ -483,6 +483,8 @@ def map_logged(
     rmap = ResponseMap(settings.system, documents)
     cfg = rmap.cfg
     trace = rmap.new_trace(query.query_id)
+    if cfg.chat_path is None and eval_data is None and not _is_stream(chat):
+        eval_data, chat = chat, None  # a shape's one JSON response, logged as the chat
     if cfg.eval_path is not None or eval_data is not None:
         where = f"eval {cfg.eval_path}"
         if eval_data is None:
@@ -493,7 +495,8 @@ def map_logged(
         where = f"chat {cfg.chat_path}"
         if chat is None:
             raise _bad(where, "no response was logged", "")
-        if isinstance(chat, str) and not _looks_json(chat):
+        if _is_stream(chat):
+            assert isinstance(chat, str)
             reader = rmap.stream(trace)
             for data in sse_data(chat):
                 if reader.feed(data):
@@ -507,8 +510,9 @@ def map_logged(
     return trace
 
 
-def _looks_json(text: str) -> bool:
-    return text.lstrip().startswith(("{", "["))
+def _is_stream(chat: Any) -> bool:
+    """A logged chat response that is event-stream text (not a JSON body, parsed or not)."""
+    return isinstance(chat, str) and not chat.lstrip().startswith(("{", "["))
 
 
 def _parsed(data: Any, where: str) -> Any:
