@@ -27,12 +27,11 @@ from typing import Any
 import pytest
 
 from rag_ablate.config.schema import HttpResponseConfig, RunConfig
-from rag_ablate.config.shapes import SHAPES, resolve_shape
+from rag_ablate.config.shapes import SHAPES, check_shape, resolve_shape
 from rag_ablate.core.errors import ConfigError, UnknownNameError
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Dataset
 from rag_ablate.records.scoring import aggregate
-from rag_ablate.settings import validate_system
 from rag_ablate.systems.http import CallFailure, HttpSystem, map_logged, sse_data
 from tests.conftest import DOCS, QUERIES, run_in_process
 from tests.test_http_system import _http_settings, _run
@@ -64,10 +63,11 @@ class ShapeServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
 
-    def __init__(self, faults: dict[str, str], intents: bool) -> None:
+    def __init__(self, faults: dict[str, str], intents: bool, chunk_ids_only: bool) -> None:
         super().__init__(("127.0.0.1", 0), ShapeHandler)
         self.faults = faults  # query id -> a way to break the response
         self.intents = intents  # the reference eval endpoint reports intents
+        self.chunk_ids_only = chunk_ids_only  # retrieved items carry a chunk id and a score only
         self.bodies: list[tuple[str, dict[str, Any]]] = []
         self.lock = threading.Lock()
 
@@ -129,8 +129,12 @@ class ShapeHandler(BaseHTTPRequestHandler):
         elif self.path == "/answer":
             self._send({"answer": answer} if fault != "no_answer" else {"text": answer})
         elif self.path == "/rag/query":
-            cites = [{"doc_id": e["doc_id"], "chunk_id": e["chunk_id"]} for e in evidence_of(qid)[:1]]
-            self._send({"answer": answer, "retrieved": evidence_of(qid), "citations": cites, "usage": USAGE})
+            evidence = evidence_of(qid)
+            cites = [{"doc_id": e["doc_id"], "chunk_id": e["chunk_id"]} for e in evidence[:1]]
+            if self.server.chunk_ids_only:
+                evidence = [{"chunk_id": e["chunk_id"], "score": e["score"]} for e in evidence]
+                cites = [{"chunk_id": c["chunk_id"]} for c in cites]
+            self._send({"answer": answer, "retrieved": evidence, "citations": cites, "usage": USAGE})
         else:
             self.send_error(404)
 
@@ -153,8 +157,10 @@ def _pieces(text: str) -> list[str]:
 
 
 @contextmanager
-def shape_server(faults: dict[str, str] | None = None, *, intents: bool = True) -> Iterator[ShapeServer]:
-    server = ShapeServer(faults or {}, intents)
+def shape_server(
+    faults: dict[str, str] | None = None, *, intents: bool = True, chunk_ids_only: bool = False
+) -> Iterator[ShapeServer]:
+    server = ShapeServer(faults or {}, intents, chunk_ids_only)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -186,11 +192,11 @@ def test_an_unknown_shape_lists_the_shapes_and_openai_shapes_need_a_model() -> N
     with pytest.raises(
         UnknownNameError, match=r"unknown system\.shape 'openai'; valid: json_answer, openai_chat,"
     ):
-        validate_system(replace(base, shape="openai"))
+        check_shape(replace(base, shape="openai"))
     with pytest.raises(ConfigError, match=r"system\.shape=openai_chat_stream sends the model's name"):
-        validate_system(replace(base, shape="openai_chat_stream"))
+        check_shape(replace(base, shape="openai_chat_stream"))
     # a body of one's own needs no model
-    validate_system(
+    check_shape(
         replace(base, shape="openai_chat", body={"messages": [{"role": "user", "content": "{query}"}]})
     )
     assert set(SHAPES.names()) == {"reference", "openai_chat_stream", "openai_chat", "json_answer", "single"}
@@ -270,6 +276,27 @@ def test_a_service_without_intents_is_ok_and_has_no_intent_metrics(dataset: Data
     assert not system.routes_intents
     assert all("intent_top1" not in r["metrics"] for r in records)
     assert "all/intent_top1" not in aggregate(records) and "all/recall_at_1" in aggregate(records)
+
+
+def test_evidence_named_by_chunk_ids_only_is_kept_without_document_metrics(dataset: Dataset) -> None:
+    """Finding 3 of issue 24: a service that returns only chunk ids failed every query."""
+    with shape_server(chunk_ids_only=True) as server:
+        records, _ = _run(HttpSystem(_settings(_url(server), "single")), dataset)
+    assert {r["status"] for r in records} == {"ok"}, [r["error"] for r in records]
+    q1 = next(r for r in records if r["query_id"] == "q1")
+    assert [(e["chunk_id"], e["doc_id"]) for e in q1["retrieved"][:2]] == [("RET#0", None), ("SHIP#0", None)]
+    assert q1["citations"][0]["chunk_id"] == "RET#0"
+    m = aggregate(records)
+    # document-level retrieval metrics are absent, not misses; the answer is scored as usual
+    assert not any("recall_at" in k or "context_tokens" in k for k in m)
+    assert m["all/error_rate"] == 0.0 and "all/refusal" in m
+    with pytest.raises(CallFailure, match=r"neither 'doc_id' \(system.response.doc_id\) nor 'chunk_id'"):
+        map_logged(
+            _settings("http://127.0.0.1:1", "single"),
+            _query(dataset),
+            {"answer": "", "retrieved": [{}]},
+            None,
+        )
 
 
 BROKEN = {"q1": "no_done", "q2": "bad_chunk", "q3": "malformed", "q4": "no_answer"}

@@ -393,10 +393,8 @@ class ReferenceService:
         """The configured generator's answer to a traced request, and its done event."""
         from rag_ablate.generators.base import Context
 
-        contexts = [
-            Context(n, r.chunk_id, r.doc_id, r.start, r.end, self._by_chunk[r.chunk_id].text)
-            for n, r in enumerate(trace.retrieved or [], start=1)
-        ]
+        chunks = [self._by_chunk[r.chunk_id] for r in trace.retrieved or []]
+        contexts = [Context(n, c.chunk_id, c.doc_id, c.start, c.end, c.text) for n, c in enumerate(chunks, 1)]
         gen = self.generator.generate(req.query, contexts)
         usage: dict[str, Any] = (
             {} if gen.usage is None else {k: v for k, v in asdict(gen.usage).items() if v is not None}

@@ -417,8 +417,8 @@ def _unresolved(exc: OmegaConfBaseException) -> str:
 
 
 def validate_system(s: SystemConfig) -> None:
-    """Ranges of the system settings (the bounds on its fields); system=http needs its base_url, a
-    known shape and, once the shape's presets are applied, at least one endpoint."""
+    """Ranges of the system settings (the bounds on its fields); system=http needs its base_url (its
+    shape, endpoints and paths: :func:`rag_ablate.config.shapes.check_shape`)."""
     check_ranges(s, "system")
     if s.name != "http":
         return
@@ -430,13 +430,3 @@ def validate_system(s: SystemConfig) -> None:
     if not s.base_url.startswith(("http://", "https://")):
         shown = hide_userinfo(s.base_url)
         raise ConfigError(f"system.base_url must start with http:// or https://, got '{shown}'")
-    from rag_ablate.config.shapes import resolve_shape
-
-    r = resolve_shape(s)
-    for key, path in (("eval_path", r.eval_path), ("chat_path", r.chat_path)):
-        if path is not None and not path.startswith("/"):
-            raise ConfigError(f"system.{key} must start with '/', got '{path}'")
-    if r.eval_path is None and r.chat_path is None:
-        raise ConfigError(f"system.shape={s.shape}: system.eval_path and system.chat_path are both null")
-    if r.eval_path is not None and r.response.retrieved is not None and r.response.doc_id is None:
-        raise ConfigError("system.response.doc_id is null: retrieved items need their document id")

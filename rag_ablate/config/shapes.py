@@ -126,6 +126,23 @@ SHAPES.add(
 )
 
 
+def check_shape(s: SystemConfig) -> SystemConfig:
+    """A system=http configuration with its shape resolved (:func:`resolve_shape`), checked: a known
+    shape, endpoint paths that start with '/', at least one endpoint, a way to name retrieved items."""
+    r = resolve_shape(s)
+    for key, path in (("eval_path", r.eval_path), ("chat_path", r.chat_path)):
+        if path is not None and not path.startswith("/"):
+            raise ConfigError(f"system.{key} must start with '/', got '{path}'")
+    if r.eval_path is None and r.chat_path is None:
+        raise ConfigError(f"system.shape={s.shape}: system.eval_path and system.chat_path are both null")
+    m = r.response
+    if r.eval_path is not None and m.retrieved is not None and m.doc_id is None and m.chunk_id is None:
+        raise ConfigError(
+            "system.response.doc_id and system.response.chunk_id are both null: retrieved items need one"
+        )
+    return r
+
+
 def resolve_shape(s: SystemConfig) -> SystemConfig:
     """``s`` with every ``auto`` endpoint and response path, and an empty body, taken from its
     shape (UnknownNameError lists the shapes for an unknown ``system.shape``). Idempotent."""

@@ -130,7 +130,7 @@ class TokenCounts:
         counts: list[int] = []
         memo = self._memo
         for r in retrieved[:limit]:
-            key = (r["doc_id"], r["start"], r["end"])
+            key = (r["doc_id"] or "", r["start"], r["end"])  # no document: KeyError below
             n = memo.get(key)
             counts.append(self._first(key, docs) if n is None else n)
         for r in retrieved[limit:]:
@@ -183,19 +183,21 @@ def score_record(
     retrieved = rec.get("retrieved")
     if query.kind == "no_rag" or retrieved is None:  # None: the system reports no evidence
         return out
+    if any(r["doc_id"] is None for r in retrieved):  # chunks named by id only: no document-level metrics
+        return out
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
     out.update((TokenCounts() if tokens is None else tokens).context_tokens_at(retrieved, docs, ks))
     if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
-        out.update(acl_metrics([r["doc_id"] for r in retrieved], docs, query.user_groups, ks))
+        out.update(acl_metrics([r["doc_id"] or "" for r in retrieved], docs, query.user_groups, ks))
     if query.kind == "answerable":
-        ranked = [r["doc_id"] for r in retrieved]
+        ranked = [r["doc_id"] or "" for r in retrieved]
         out.update(retrieval_metrics(ranked, query.relevant, ks))
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
             out.update(set_metrics(ranked, query.relevant_sets, ks))
         if query.evidence:
-            chunks = [(r["doc_id"], r["start"], r["end"]) for r in retrieved]
+            chunks = [(r["doc_id"] or "", r["start"], r["end"]) for r in retrieved]
             spans = [(e.doc_id, e.start, e.end) for e in query.evidence]
             for k, value in zip(ks, evidence_recall_at(chunks, spans, ks), strict=True):
                 out[f"evidence_recall_at_{k}"] = value

@@ -15,8 +15,8 @@ from rag_ablate.dataset.model import QueryKind
 class RetrievedChunk:
     rank: int  # 1-based
     chunk_id: str
-    doc_id: str
-    start: int  # [start, end) in the document text
+    doc_id: str | None  # None: the system named the chunk only (no document-level metrics then)
+    start: int  # [start, end) in the document text (0, 0 without a document)
     end: int
     score: float
 
@@ -25,7 +25,7 @@ class RetrievedChunk:
         return cls(
             int(d["rank"]),
             str(d["chunk_id"]),
-            str(d["doc_id"]),
+            None if d.get("doc_id") is None else str(d["doc_id"]),
             int(d["start"]),
             int(d["end"]),
             float(d["score"]),
@@ -194,7 +194,7 @@ class RetrievedEntry(TypedDict):
 
     rank: int  # 1-based position in the final list
     chunk_id: str  # the system's id of the chunk
-    doc_id: str  # the document it was cut from
+    doc_id: str | None  # the document it was cut from (None: the system named the chunk only)
     start: int  # character offset [start, end) into the document's text
     end: int  # end of the chunk's range (exclusive)
     score: float  # the system's score of the chunk (higher ranks first)

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rag_ablate.config.schema import HttpResponseConfig, RunConfig, SystemConfig, validate_system
-from rag_ablate.config.shapes import resolve_shape
+from rag_ablate.config.shapes import check_shape
 from rag_ablate.core.cache import Cache
 from rag_ablate.core.errors import EndpointDownError
 from rag_ablate.core.retry import Breaker, Status, backoff_wait, excerpt, retry_after_seconds, status_meaning
@@ -231,7 +231,7 @@ class ResponseMap:
     def __init__(
         self, system: SystemConfig, documents: Mapping[str, Document] | None = None, dataset: str = ""
     ) -> None:
-        self.cfg = resolve_shape(system)
+        self.cfg = check_shape(system)
         self.m: HttpResponseConfig = self.cfg.response
         self.documents = documents
         self.dataset = dataset
@@ -326,15 +326,22 @@ class ResponseMap:
         def field(path: str | None) -> Any:
             return _MISSING if path is None else get_path(item, path)
 
-        doc = field(m.doc_id)
-        if doc is _MISSING or doc is None:
-            raise _bad(where, f"no '{m.doc_id}' (system.response.doc_id)", raw)
+        value = field(m.score)
+        try:
+            score = 0.0 if value in (_MISSING, None) else float(value)
+        except (TypeError, ValueError) as exc:
+            raise _bad(where, f"the score is not a number ({exc})", raw) from exc
+        doc, chunk = field(m.doc_id), field(m.chunk_id)
+        if doc in (_MISSING, None):
+            if chunk in (_MISSING, None):
+                paths = f"'{m.doc_id}' (system.response.doc_id) nor '{m.chunk_id}' (system.response.chunk_id)"
+                raise _bad(where, f"neither {paths}", raw)
+            return RetrievedChunk(rank, str(chunk), None, 0, 0, score)  # a chunk named by its id only
         doc_id = str(doc)
         document = None if self.documents is None else self.documents.get(doc_id)
         if self.documents is not None and document is None:
             raise _bad(where, f"doc_id '{doc_id}' is not a document of dataset '{self.dataset}'", raw)
         size = 0 if document is None else len(document.text)
-        chunk = field(m.chunk_id)
         chunk_id = f"{doc_id}#{rank - 1}" if chunk is _MISSING or chunk is None else str(chunk)
         start, end, text = field(m.start), field(m.end), field(m.text)
         try:
@@ -356,8 +363,6 @@ class ResponseMap:
                 lo, hi = found, found + len(text)
             else:
                 lo, hi = 0, size
-            value = field(m.score)
-            score = 0.0 if value in (_MISSING, None) else float(value)
         except (TypeError, ValueError) as exc:
             raise _bad(where, f"a number was expected ({exc})", raw) from exc
         return RetrievedChunk(rank, chunk_id, doc_id, lo, hi, score)

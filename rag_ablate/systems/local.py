@@ -356,7 +356,7 @@ class LocalSystem:
         if self.generator is not None:
             t = time.perf_counter()
             contexts = [
-                Context(r.rank, r.chunk_id, r.doc_id, r.start, r.end, self.chunks[i].text)
+                Context(r.rank, r.chunk_id, self.chunks[i].doc_id, r.start, r.end, self.chunks[i].text)
                 for r, (i, _) in zip(retrieved, hits, strict=True)
             ]
             try:
