@@ -257,8 +257,12 @@ def test_well_formed_traffic_of_every_shape_is_ok(shape: str, dataset: Dataset) 
         assert 0 < by["q1"]["ttft_ms"] <= by["q1"]["timings_ms"]["total"]
     # usage is read from the final chunk (OpenAI) or the end event or the JSON body; json_answer has none
     assert by["q1"]["usage"] == (None if shape == "json_answer" else {**USAGE, "embedding_tokens": None})
-    # intents only where the service sends them
+    # intents and citations only where the service sends them (the stub's answers carry no [n] marker:
+    # a service that reports citations has a coverage of 0, one that does not has no coverage at all)
     assert ("all/intent_top1" in m) is (shape == "reference")
+    cites = shape in ("reference", "single")
+    assert (by["q1"]["citations"] is None) is not cites
+    assert ("all/citation_coverage" in m) is cites
     # the request the OpenAI shapes send: messages, the model, stream as the shape says
     if shape.startswith("openai"):
         path, body = next(b for b in server.bodies if b[1]["messages"][0]["content"] == QUERIES[0]["query"])

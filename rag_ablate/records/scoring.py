@@ -60,7 +60,7 @@ def make_record(query: Query, trace: Trace) -> Record:
         "timings_ms": dict(trace.timings_ms),
         "intents": list(trace.intents),
         "answer": trace.answer,
-        "citations": [c.to_entry() for c in trace.citations],
+        "citations": None if trace.citations is None else [c.to_entry() for c in trace.citations],
         "usage": None if trace.usage is None else trace.usage.to_entry(),
         "usage_count": trace.usage_count,
         "cached": trace.cached,
@@ -221,7 +221,7 @@ def applicable_misses(
         **rec,
         "status": "ok",
         "retrieved": None if rec.get("retrieved") is None else [],
-        "citations": [],
+        "citations": None if rec.get("citations") is None else [],
         "answer": "" if answered else None,
     }
     blank.pop("judge", None)

@@ -125,7 +125,8 @@ class Trace:
     the evaluation call's; None for local systems and when no response came);
     ``retries`` counts the requests that were sent again.
     ``retrieved`` is None when the system reports no evidence at all (an answer-only service:
-    no retrieval metrics); an empty list is a retrieval that found nothing (a miss).
+    no retrieval metrics); an empty list is a retrieval that found nothing (a miss). Likewise
+    ``citations`` is None when the system does not report citations (no citation metrics).
     """
 
     query_id: str
@@ -137,7 +138,7 @@ class Trace:
     timings_ms: dict[str, float] = field(default_factory=dict)
     intents: list[str] = field(default_factory=list)
     answer: str | None = None
-    citations: list[Citation] = field(default_factory=list)
+    citations: list[Citation] | None = field(default_factory=list)  # None: the system does not say
     usage: TokenUsage | None = None
     usage_count: str | None = None  # "local": ``usage`` is rag_ablate's own token count, not the model's
     cached: bool = False  # the answer was replayed from the model-call cache (time and tokens: the original)
@@ -166,6 +167,7 @@ class Trace:
         score = d.get("intent_score")
         ttft = d.get("ttft_ms")
         retrieved = d.get("retrieved", [])
+        cites = d.get("citations", [])
         return cls(
             query_id=str(d["query_id"]),
             status=d.get("status", "ok"),
@@ -176,7 +178,7 @@ class Trace:
             timings_ms={str(k): float(v) for k, v in (d.get("timings_ms") or {}).items()},
             intents=[str(i) for i in d.get("intents") or []],
             answer=d.get("answer"),
-            citations=[Citation.from_dict(c) for c in d.get("citations") or []],
+            citations=None if cites is None else [Citation.from_dict(c) for c in cites],
             usage=None if usage is None else TokenUsage.from_dict(usage),
             usage_count=d.get("usage_count"),
             cached=bool(d.get("cached") or False),
@@ -278,7 +280,7 @@ class Record(TypedDict):
     timings_ms: dict[str, float]  # per stage (route, retrieve, ...); "total" is the query's latency
     intents: list[str]  # the raw intent codes the system returned
     answer: NotRequired[str | None]  # the generated answer (None: none; absent: store_text=false)
-    citations: list[CitationEntry]  # what the answer cites
+    citations: list[CitationEntry] | None  # what the answer cites (None: the system reports none)
     usage: UsageEntry | None  # tokens the system spent (None: it does not say)
     usage_count: str | None  # "local": ``usage`` is rag_ablate's own count, not the model's
     cached: bool  # the answer was replayed from the model-call cache

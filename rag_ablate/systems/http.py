@@ -252,7 +252,8 @@ class ResponseMap:
         return self.cfg.chat_path is not None or self.answers_in_json
 
     def new_trace(self, query_id: str) -> Trace:
-        return Trace(query_id, retrieved=[] if self.has_evidence else None)
+        """A trace whose evidence and citations are absent until a response reports them."""
+        return Trace(query_id, retrieved=[] if self.has_evidence else None, citations=None)
 
     # ------------------------------------------------------------------ the JSON response
 
