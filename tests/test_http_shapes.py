@@ -34,6 +34,7 @@ from rag_ablate.dataset.model import Dataset
 from rag_ablate.records.scoring import aggregate
 from rag_ablate.systems.http import CallFailure, HttpSystem, map_logged, sse_data
 from tests.conftest import DOCS, QUERIES, run_in_process
+from tests.stub_rag_service import in_thread
 from tests.test_http_system import _http_settings, _run
 
 TEXT = {d["doc_id"]: d["text"] for d in DOCS}
@@ -160,15 +161,8 @@ def _pieces(text: str) -> list[str]:
 def shape_server(
     faults: dict[str, str] | None = None, *, intents: bool = True, chunk_ids_only: bool = False
 ) -> Iterator[ShapeServer]:
-    server = ShapeServer(faults or {}, intents, chunk_ids_only)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with in_thread(ShapeServer(faults or {}, intents, chunk_ids_only)) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 def _url(server: ShapeServer) -> str:
