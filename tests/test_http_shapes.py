@@ -32,6 +32,7 @@ from rag_ablate.core.errors import ConfigError, UnknownNameError
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Dataset
 from rag_ablate.records.scoring import aggregate
+from rag_ablate.settings import validate
 from rag_ablate.systems.http import CallFailure, HttpSystem, map_logged, sse_data
 from tests.conftest import DOCS, QUERIES, run_in_process
 from tests.stub_rag_service import in_thread
@@ -187,6 +188,10 @@ def test_an_unknown_shape_lists_the_shapes_and_openai_shapes_need_a_model() -> N
         UnknownNameError, match=r"unknown system\.shape 'openai'; valid: json_answer, openai_chat,"
     ):
         check_shape(replace(base, shape="openai"))
+    with pytest.raises(
+        UnknownNameError, match=r"unknown system\.shape 'openai'"
+    ):  # when the config is composed
+        validate(RunConfig(system=replace(base, shape="openai")))
     with pytest.raises(ConfigError, match=r"system\.shape=openai_chat_stream sends the model's name"):
         check_shape(replace(base, shape="openai_chat_stream"))
     # a body of one's own needs no model
