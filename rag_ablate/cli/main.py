@@ -346,7 +346,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.max_body_bytes < 1:
         raise ConfigError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
-    return serve(list(args.overrides), host=args.host, port=args.port, max_body_bytes=args.max_body_bytes)
+    if not args.chars_per_s >= 0 or args.chars_per_s == float("inf"):
+        raise ConfigError(f"--chars-per-s must be a finite number >= 0, got {args.chars_per_s}")
+    return serve(
+        list(args.overrides),
+        host=args.host,
+        port=args.port,
+        max_body_bytes=args.max_body_bytes,
+        chars_per_s=args.chars_per_s,
+    )
 
 
 def cmd_local_llm(args: argparse.Namespace) -> int:
@@ -525,6 +533,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=MAX_BODY_BYTES,
         help="larger request bodies get 413 without being read (default %(default)s)",
+    )
+    sv.add_argument(
+        "--chars-per-s",
+        type=float,
+        default=0.0,
+        help="stream answers at this many characters a second, e.g. 200 (about 50 tokens/s); "
+        "default 0: as fast as they are written",
     )
     sv.set_defaults(func=cmd_serve)
 

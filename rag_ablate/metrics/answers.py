@@ -330,7 +330,8 @@ def answer_metrics(
     else ``refuse`` when unanswerable and ``answer`` when answerable; a ``clarify`` query and a
     no_rag one without ``expected_behavior`` get neither); ``exact_match`` and ``token_f1`` on
     answerable queries with reference answers; ``citation_precision`` (when the answer cites) and
-    ``citation_coverage`` on answers that do not refuse.
+    ``citation_coverage`` on answers that do not refuse, unless the system does not report citations
+    (``citations`` None).
 
     With a judge's verdicts in ``rec["judge"]``: the judged metrics (:func:`judge_metrics`); an answer
     refuses when it holds a refusal phrase OR the judge's majority says it refuses; citation support
@@ -348,7 +349,7 @@ def answer_metrics(
     if query.kind == "answerable" and query.reference_answers:
         out["exact_match"] = exact_match(answer, query.reference_answers)
         out["token_f1"] = token_f1(answer, query.reference_answers)
-    if not refused:
+    if not refused and rec.get("citations") is not None:
         texts = cited_texts(rec.get("citations") or [], rec.get("retrieved") or [], docs)
         n_pairs = sum(len(sent.markers) for sent in answer_sentences(answer))
         judged = judge_support(judge, n_pairs)

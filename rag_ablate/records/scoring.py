@@ -55,13 +55,13 @@ def make_record(query: Query, trace: Trace) -> Record:
         # the trace's fields, in its order (Trace.to_dict without the query id)
         "status": trace.status,
         "error": trace.error,
-        "retrieved": [r.to_entry() for r in trace.retrieved],
+        "retrieved": None if trace.retrieved is None else [r.to_entry() for r in trace.retrieved],
         "intent_pred": trace.predicted_intent,
         "intent_score": trace.intent_score,
         "timings_ms": dict(trace.timings_ms),
         "intents": list(trace.intents),
         "answer": trace.answer,
-        "citations": [c.to_entry() for c in trace.citations],
+        "citations": None if trace.citations is None else [c.to_entry() for c in trace.citations],
         "usage": None if trace.usage is None else trace.usage.to_entry(),
         "usage_count": trace.usage_count,
         "cached": trace.cached,
@@ -138,7 +138,7 @@ class TokenCounts:
         counts: list[int] = []
         memo = self._memo
         for r in retrieved[:limit]:
-            key = (r["doc_id"], r["start"], r["end"])
+            key = (r["doc_id"] or "", r["start"], r["end"])  # no document: KeyError below
             n = memo.get(key)
             counts.append(self._first(key, docs) if n is None else n)
         for r in retrieved[limit:]:
@@ -188,17 +188,19 @@ def score_record(
         out["intent_top1"] = intent_top1(query.intent_l2, rec.get("intent_pred"))
     if rec.get("answer") is not None:
         out.update(answer_metrics(rec, query, docs, answers or AnswerScoring()))
-    if query.kind == "no_rag":
+    retrieved = rec.get("retrieved")
+    if query.kind == "no_rag" or retrieved is None:  # None: the system reports no evidence
         return out
-    retrieved = rec.get("retrieved") or []
+    if any(r["doc_id"] is None for r in retrieved):  # chunks named by id only: no document-level metrics
+        return out
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
     out.update((TokenCounts() if tokens is None else tokens).context_tokens_at(retrieved, docs, ks))
     if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
-        out.update(acl_metrics([r["doc_id"] for r in retrieved], docs, query.user_groups, ks))
+        out.update(acl_metrics([r["doc_id"] or "" for r in retrieved], docs, query.user_groups, ks))
     if query.kind == "answerable":
-        ranked = [r["doc_id"] for r in retrieved]
+        ranked = [r["doc_id"] or "" for r in retrieved]
         if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
             out.update(retrieval_metrics(ranked, query.relevant, ks))
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
@@ -207,7 +209,7 @@ def score_record(
         if query.relevant_chunks and all(r.get("chunk_id") for r in retrieved):
             out.update(chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, ks))
         if query.evidence:
-            chunks = [(r["doc_id"], r["start"], r["end"]) for r in retrieved]
+            chunks = [(r["doc_id"] or "", r["start"], r["end"]) for r in retrieved]
             spans = [(e.doc_id, e.start, e.end) for e in query.evidence]
             for k, value in zip(ks, evidence_recall_at(chunks, spans, ks), strict=True):
                 out[f"evidence_recall_at_{k}"] = value
@@ -230,8 +232,8 @@ def applicable_misses(
     blank: Record = {
         **rec,
         "status": "ok",
-        "retrieved": [],
-        "citations": [],
+        "retrieved": None if rec.get("retrieved") is None else [],
+        "citations": None if rec.get("citations") is None else [],
         "answer": "" if answered else None,
     }
     blank.pop("judge", None)

@@ -347,15 +347,17 @@ class LocalSystem:
         encode_ms = sum(state.encoded.values())
         if encode_ms:
             timings["encode"] = encode_ms
+        retrieved: list[RetrievedChunk] = []
+        trace.retrieved = retrieved
         for rank, (i, score) in enumerate(hits, start=1):
             c = self.chunks[i]
-            trace.retrieved.append(RetrievedChunk(rank, c.chunk_id, c.doc_id, c.start, c.end, float(score)))
+            retrieved.append(RetrievedChunk(rank, c.chunk_id, c.doc_id, c.start, c.end, float(score)))
         replayed_ms = 0.0  # a cached model call: its original time minus the replay's
         if self.generator is not None:
             t = time.perf_counter()
             contexts = [
-                Context(r.rank, r.chunk_id, r.doc_id, r.start, r.end, self.chunks[i].text)
-                for r, (i, _) in zip(trace.retrieved, hits, strict=True)
+                Context(r.rank, r.chunk_id, self.chunks[i].doc_id, r.start, r.end, self.chunks[i].text)
+                for r, (i, _) in zip(retrieved, hits, strict=True)
             ]
             try:
                 gen = self.generator.generate(query.query, contexts)

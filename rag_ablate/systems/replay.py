@@ -41,19 +41,19 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from rag_ablate.config.schema import RunConfig, validate_system
 from rag_ablate.core.cache import Cache
 from rag_ablate.core.errors import DatasetError
 from rag_ablate.core.fsio import write_text_atomic
 from rag_ablate.core.layout import RECORDS_FILE, REPLAY_UNMATCHED_FILE
-from rag_ablate.core.retry import STATUSES, Status, status_meaning
+from rag_ablate.core.retry import status_meaning
 from rag_ablate.dataset.model import Dataset, Query
 from rag_ablate.records.trace import Trace
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.base import OnDone
-from rag_ablate.systems.http import map_logged
+from rag_ablate.systems.http import CallFailure, map_logged
 
 
 class ReplayError(DatasetError):
@@ -293,13 +293,12 @@ class ReplaySystem:
             )
         else:
             try:
-                trace = map_logged(self.s, query, obj["eval"], obj.get("chat"), docs=dataset.documents)
+                trace = map_logged(self.s, query, obj["eval"], obj.get("chat"), documents=dataset.documents)
                 trace.http_status = code
-            except Exception as exc:  # the failure a live call would have had: its status, where it is
-                status = getattr(exc, "status", "failed")
+            except CallFailure as exc:  # the failure a live call would have had: its status, where it is
                 trace = Trace(
                     query.query_id,
-                    status=cast(Status, status if status in STATUSES else "failed"),
+                    status=exc.status,
                     error=f"{self.source}:{line}: {exc}",
                     http_status=code,
                 )

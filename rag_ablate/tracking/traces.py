@@ -179,7 +179,7 @@ def documents(rec: Record, dataset: Dataset, privacy: Privacy | None = None) -> 
     without ``store_text``, redacted with ``redact``."""
     out = []
     for r in rec.get("retrieved") or []:
-        doc = dataset.documents.get(r["doc_id"])
+        doc = None if r["doc_id"] is None else dataset.documents.get(r["doc_id"])
         text = doc.text[r["start"] : r["end"]] if doc is not None else ""
         if privacy is not None:
             text = privacy.text(text) or ""
