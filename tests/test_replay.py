@@ -266,17 +266,17 @@ def test_map_logged_maps_an_exchange_as_a_live_response_and_fails_as_one(
     s = _settings(tmp_path)
     ds = _dataset(tiny_dataset)
     q1 = ds.queries[0]
-    trace = map_logged(s, q1, _eval_body("RET", "30 days"), CHAT, docs=ds.documents)
+    trace = map_logged(s, q1, _eval_body("RET", "30 days"), CHAT, documents=ds.documents)
     assert trace.answer == "30 days" and [c.chunk_id for c in trace.citations] == ["RET#0"]
     assert trace.retrieved[0].doc_id == "RET" and trace.intents == ["K_returns"]
     events = [{"delta": "30 days"}, {"done": True}]  # the events' data as a list
-    assert map_logged(s, q1, _eval_body("RET"), events, docs=ds.documents).answer == "30 days"
-    assert map_logged(s, q1, _eval_body("RET"), None, docs=ds.documents).answer is None
-    with pytest.raises(Exception, match="no end event") as cut:
-        map_logged(s, q1, _eval_body("RET"), 'data: {"delta": "30"}\n\n', docs=ds.documents)
+    assert map_logged(s, q1, _eval_body("RET"), events, documents=ds.documents).answer == "30 days"
+    assert map_logged(s, q1, _eval_body("RET"), None, documents=ds.documents).answer is None
+    with pytest.raises(Exception, match="without its end event") as cut:
+        map_logged(s, q1, _eval_body("RET"), 'data: {"delta": "30"}\n\n', documents=ds.documents)
     assert getattr(cut.value, "status", None) == "stream_cut"
     with pytest.raises(Exception, match="not a document") as bad:
-        map_logged(s, q1, _eval_body("NOPE"), None, docs=ds.documents)
+        map_logged(s, q1, _eval_body("NOPE"), None, documents=ds.documents)
     assert getattr(bad.value, "status", None) == "bad_response"
 
 

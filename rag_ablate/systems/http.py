@@ -482,10 +482,11 @@ def map_logged(
 
     ``eval_data``: the JSON endpoint's response (parsed, or its text); ``chat``: the stream as
     server-sent-events text (or its events' data as a list), or a JSON body carrying the answer
-    (mapped with ``answer``, ``citations``, ``usage``), or None. A response the shape needs that
-    is missing, or one that does not match, raises :class:`CallFailure` (``bad_response``;
-    ``stream_cut`` for a stream without its end event), as the live call would record. ``documents`` as in
-    :class:`ResponseMap`. No timings: a logged exchange has none."""
+    (mapped with ``answer``, ``citations``, ``usage``), or None (no answer logged: the trace has
+    none). An eval response the shape needs that is missing, or one that does not match, raises
+    :class:`CallFailure` (``bad_response``; ``stream_cut`` for a stream without its end event), as
+    the live call would record. ``documents`` as in :class:`ResponseMap`. No timings: a logged
+    exchange has none."""
     rmap = ResponseMap(settings.system, documents)
     cfg = rmap.cfg
     trace = rmap.new_trace(query.query_id)
@@ -497,10 +498,8 @@ def map_logged(
             raise _bad(where, "no response was logged", "")
         raw = eval_data if isinstance(eval_data, str | bytes) else json.dumps(eval_data, ensure_ascii=False)
         rmap.map_json(_parsed(eval_data, where), raw, trace)
-    if cfg.chat_path is not None or chat is not None:
+    if chat is not None:  # None: no answer was logged (retrieval only), as with chat_path null live
         where = f"chat {cfg.chat_path}"
-        if chat is None:
-            raise _bad(where, "no response was logged", "")
         if _is_stream(chat):
             reader = rmap.stream(trace)
             events = sse_data(chat) if isinstance(chat, str) else [_event_text(e) for e in chat]
