@@ -25,6 +25,7 @@ NEEDS_VALUE = {
     ("dataset", "custom"): ["dataset.path=/tmp/x"],
     ("tracking", "server"): ["tracking.uri=http://127.0.0.1:1"],
     ("system", "http"): ["system.base_url=http://127.0.0.1:1"],
+    ("system", "replay"): ["system.path=/tmp"],  # an existing folder
 }
 
 

@@ -29,6 +29,7 @@ import pytest
 
 from rag_ablate.config.keys import redact, redact_override
 from rag_ablate.config.schema import RunConfig
+from rag_ablate.config.shapes import check_shape, resolve_shape
 from rag_ablate.core.errors import ConfigError, EndpointDownError
 from rag_ablate.core.retry import BREAKER_LIMIT, excerpt, retry_after_seconds
 from rag_ablate.dataset.load import load_dataset
@@ -120,7 +121,7 @@ def test_http_settings_are_checked_with_clear_messages() -> None:
     with pytest.raises(ConfigError, match=r"system.concurrency must be >= 1"):
         validate_system(replace(RunConfig().system, name="http", base_url="http://x", concurrency=0))
     with pytest.raises(ConfigError, match=r"system.eval_path must start with '/'"):
-        validate_system(replace(RunConfig().system, name="http", base_url="http://x", eval_path="rag"))
+        check_shape(replace(RunConfig().system, name="http", base_url="http://x", eval_path="rag"))
     with pytest.raises(ConfigError, match=r"max_error_rate must be in \[0, 1\]"):
         validate_system(replace(RunConfig().system, max_error_rate=1.5))
     assert "http" in SYSTEMS.names()
@@ -145,7 +146,7 @@ def test_system_http_composes_from_conf_and_needs_its_base_url() -> None:
                 "+system.body.size='${chunk.size}'",
             ],
         )
-    s = to_settings(cfg).system
+    s = resolve_shape(to_settings(cfg).system)  # the reference shape's presets
     assert (s.eval_path, s.chat_path, s.concurrency, s.response.intents) == (
         "/rag/eval",
         "/rag/chat",

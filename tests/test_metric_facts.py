@@ -146,6 +146,7 @@ def test_the_derived_lists_are_the_ones_the_modules_used_to_keep() -> None:
         "acl_leak_at_10", "acl_leak_rate_at_10", "token_f1", "exact_match", "correct_refusal",
         "over_refusal", "citation_precision", "citation_coverage", "faithfulness", "relevance",
         "completeness",
+        "chunk_recall_at_5", "chunk_mrr_at_10",  # added with relevant_chunks (gold chunk ids)
     }  # fmt: skip
     assert len(default_compare_metrics()) == len(set(default_compare_metrics()))
     assert default_summary_metrics() == ["recall_at_5", "ndcg_at_10", "evidence_recall_at_5", "intent_top1"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import types
 from pathlib import Path
 from typing import (
@@ -35,6 +36,7 @@ from omegaconf import OmegaConf
 from rag_ablate.config.schema import PrivacyConfig, RunConfig
 from rag_ablate.core.privacy import Privacy
 from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import sample_dataset_path
 from rag_ablate.judges import JUDGES
 from rag_ablate.metrics.answers import AnswerScoring
 from rag_ablate.records import trace as trace_module
@@ -117,7 +119,7 @@ def check(value: Any, tp: Any, where: str, seen: dict[Any, set[str]]) -> None:
         assert value is None, f"{where}: {value!r} is not null"
     elif tp is float:  # JSON may write a whole float as an integer
         assert isinstance(value, int | float) and not isinstance(value, bool), f"{where}: {value!r}"
-    elif tp is Any:  # a free JSON value (a service's filters)
+    elif tp is Any:  # free JSON (a query's metadata)
         json.dumps(value)
     elif tp in (int, str, bool):
         assert isinstance(value, tp) and (tp is bool or not isinstance(value, bool)), f"{where}: {value!r}"
@@ -137,6 +139,19 @@ def _judge_reply(body: dict[str, Any], call: int) -> str:
     return json.dumps(reply)
 
 
+def _sample_with_query_fields(tmp_path: Path) -> Path:
+    """A copy of the embedded sample whose first queries carry the optional query fields the records
+    keep (metadata, applicable_version, expected_behavior)."""
+    folder = tmp_path / "sample"
+    shutil.copytree(sample_dataset_path(), folder)
+    lines = (folder / "queries.jsonl").read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[0])
+    first.update(metadata={"product": "phone"}, applicable_version="2026-10", expected_behavior="answer")
+    lines[0] = json.dumps(first, ensure_ascii=False)
+    (folder / "queries.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
 def _sample_records(fake_llm: FakeLLM, tmp_path: Path) -> list[Record]:
     """The embedded sample run as a job runs it, with a few answers judged; read back from disk."""
     s = RunConfig()
@@ -146,7 +161,7 @@ def _sample_records(fake_llm: FakeLLM, tmp_path: Path) -> list[Record]:
         setattr(s.judge, str(key), value)
     s.judge.base_url, s.judge.model, s.judge.repeats = fake_llm.url, "judge-model", 2
     fake_llm.respond = _judge_reply
-    ds = load_dataset()
+    ds = load_dataset(_sample_with_query_fields(tmp_path))
     target = LocalSystem(s)
     guard = Privacy.from_config(PrivacyConfig(redact=True))
     path = tmp_path / "records.jsonl"

@@ -163,10 +163,14 @@ USED_ONLY_WHEN: tuple[UsedOnlyWhen, ...] = (
     ),
     UsedOnlyWhen(("judge",), "judge.name", unless=("none",)),
     UsedOnlyWhen(
-        _keys("system", f"base_url eval_path chat_path headers body response concurrency {_CLIENT}"),
+        _keys(
+            "system", f"base_url shape model eval_path chat_path headers body response concurrency {_CLIENT}"
+        ),
         "system.name",
         values=("http",),
     ),
+    UsedOnlyWhen(("system.response",), "system.name", values=("http", "replay")),
+    UsedOnlyWhen(_keys("system", "path format join run_id experiment"), "system.name", values=("replay",)),
 )
 
 

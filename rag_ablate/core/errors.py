@@ -10,7 +10,8 @@ against the code)::
     Exception
     ├── RagAblateError                  base of every error raised on purpose
     │   ├── DatasetError                a dataset folder breaks the contract (file, line, field)
-    │   │   └── DatasetValidationError  dataset/model.py: every violation found, in file order
+    │   │   ├── DatasetValidationError  dataset/model.py: every violation found, in file order
+    │   │   └── ReplayError             systems/replay.py: a line of a replayed log (file, line, field)
     │   ├── ConfigError                 a config value or combination is invalid
     │   ├── UnknownNameError            also KeyError: a name not in a registry (lists the valid names)
     │   ├── TrackingError               MLflow store / run problems

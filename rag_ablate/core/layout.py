@@ -22,6 +22,7 @@ PROFILE_FILE = "profile.json"  # seconds and peak MB per stage (core.profiling);
 RUN_FILE = "run.json"  # written when the job starts: its MLflow run id and config, for resume=
 JUDGE_CALIBRATION_JSON = "judge_calibration.json"  # the judge's agreement with human judgements
 JUDGE_CALIBRATION_MD = "judge_calibration.md"
+REPLAY_UNMATCHED_FILE = "replay_unmatched.jsonl"  # system=replay: log lines that matched no query, and why
 
 # a sweep folder
 PLAN_FILE = "plan.json"  # the ablation plan: every job, what it changes

@@ -77,7 +77,10 @@ def status_meaning(code: int) -> tuple[Status, bool] | None:
 #   bad_response   the response did not match a configured mapping (``error`` names the path, with an excerpt)
 #   access_denied  401 or 403
 #   stream_cut     the answer stream ended without its end event (the partial answer is kept, not scored)
-Status = Literal["ok", "failed", "timeout", "http_error", "bad_response", "access_denied", "stream_cut"]
+#   not_logged     system=replay: the replayed log has no line for the query
+Status = Literal[
+    "ok", "failed", "timeout", "http_error", "bad_response", "access_denied", "stream_cut", "not_logged"
+]
 
 STATUSES: tuple[str, ...] = get_args(Status)
 

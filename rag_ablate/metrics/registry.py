@@ -462,6 +462,21 @@ def _register_builtins() -> None:
             "set_hit", "higher", True, True, "1 if some relevant set lies wholly in the top k", miss=0.0
         )
     )
+    # gold chunk ids (docs/metrics.md "Chunk-level retrieval"): computed when a query has relevant_chunks
+    # and every retrieved item carries a chunk id
+    chunk_level = {
+        "chunk_hit": (True, None, "1 if any relevant_chunks id is among the top k chunks"),
+        "chunk_recall": (False, 5, "relevant_chunks ids among the top k chunks / all relevant_chunks ids"),
+        "chunk_mrr": (False, 10, "1 / rank of the first relevant_chunks id within the top k chunks, else 0"),
+        "chunk_ndcg": (False, None, "nDCG at k over chunk ids, graded by relevant_chunks"),
+    }
+    for base, (binary, k, description) in chunk_level.items():
+        listed = k is not None
+        register(
+            MetricSpec(
+                base, "higher", binary, True, description, default_k=k, default_compare=listed, miss=0.0
+            )
+        )
     register(
         MetricSpec(
             "evidence_recall",

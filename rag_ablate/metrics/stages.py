@@ -1,7 +1,8 @@
 """Stage diagnosis: which stage of the pipeline lost a query (docs/metrics.md "Stage diagnosis").
 
 A query's ``failure_stage`` is the first stage, along the pipeline, whose output no longer holds
-a relevant document; relevance is the dataset's document-level labels (``relevant``, grade > 0).
+a relevant document; relevance is the dataset's labels: a chunk is relevant when its document is
+(``relevant``, grade > 0) or the labels name it (``relevant_chunks``, grade > 0).
 The lists a system reports are read in pipeline order, and a list it does not report is skipped:
 
 1. ``no_relevant_in_corpus``: an answerable query none of whose relevant documents is in the
@@ -26,7 +27,7 @@ a failure is the system's, reported by ``error_rate``.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 STAGES = (
     "no_relevant_in_corpus",
@@ -65,19 +66,20 @@ def diagnose(
     *,
     answerable: bool,
     relevant_present: bool,
-    relevant: Collection[str],
-    candidates: Sequence[str] | None,
-    retrieved: Sequence[str],
-    context: Sequence[str] | None,
+    candidates: Sequence[bool] | None,
+    retrieved: Sequence[bool] | None,
+    context: Sequence[bool] | None,
     answered: bool,
-    cited: Sequence[str],
+    cited: Sequence[bool],
     wrong: bool,
 ) -> str:
     """The failure stage of one query that did not fail (see the module docstring).
 
-    The lists are document ids in their order; ``relevant_present``: some relevant document is in
-    the corpus (and visible to the user); ``cited``: the documents the answer cites; ``wrong``: the
-    answer is wrong (:func:`answer_wrong`); for an unanswerable query, that it does not refuse.
+    Each list says, entry by entry in its order, whether the entry is relevant (None: the system
+    does not report that list); ``relevant_present``: some relevant document is in the corpus (and
+    visible to the user), or the labels name gold chunks; ``cited``: per citation of the answer,
+    whether it names a relevant document or chunk; ``wrong``: the answer is wrong
+    (:func:`answer_wrong`); for an unanswerable query, that it does not refuse.
     """
     if not answerable:
         return "answer_wrong" if answered and wrong else "no_relevant_in_corpus"
@@ -88,12 +90,11 @@ def diagnose(
         ("dropped_by_rerank" if candidates is not None else "not_retrieved", retrieved),
         ("cut_from_context", context),
     ]
-    for stage, docs in lists:
-        if docs is not None and not any(d in relevant for d in docs):
+    for stage, hits in lists:
+        if hits is not None and not any(hits):
             return stage
     if not answered:
         return OK
-    cites_relevant = any(d in relevant for d in cited)
-    if (cited and not cites_relevant) or (not cited and wrong):
+    if (cited and not any(cited)) or (not cited and wrong):
         return "not_used"
     return "answer_wrong" if wrong else OK

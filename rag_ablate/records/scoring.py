@@ -31,7 +31,7 @@ from rag_ablate.metrics.acl import acl_metrics, has_restrictions, may_see
 from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
 from rag_ablate.metrics.intent import intent_top1
 from rag_ablate.metrics.registry import spec_of
-from rag_ablate.metrics.retrieval import evidence_recall_at, retrieval_metrics, set_metrics
+from rag_ablate.metrics.retrieval import chunk_metrics, evidence_recall_at, retrieval_metrics, set_metrics
 from rag_ablate.records.trace import Record, RetrievedEntry, Trace
 from rag_ablate.text.count import count_tokens
 
@@ -42,7 +42,8 @@ def make_record(query: Query, trace: Trace) -> Record:
     ``tags`` (the query's tags) and the gold intents make the record enough to recompute its
     slices (:mod:`rag_ablate.run.slices`); records written before tags were recorded have no
     ``tags`` key and stay readable (their tag slices leave them out). ``metrics`` is empty until
-    :func:`scored` fills it.
+    :func:`scored` fills it. The query's ``metadata``, ``applicable_version`` and
+    ``expected_behavior`` are kept when the dataset gives them (slices read them too).
     """
     rec: Record = {
         "query_id": query.query_id,
@@ -56,13 +57,13 @@ def make_record(query: Query, trace: Trace) -> Record:
         # the trace's fields, in its order (Trace.to_dict without the query id)
         "status": trace.status,
         "error": trace.error,
-        "retrieved": [r.to_entry() for r in trace.retrieved],
+        "retrieved": None if trace.retrieved is None else [r.to_entry() for r in trace.retrieved],
         "intent_pred": trace.predicted_intent,
         "intent_score": trace.intent_score,
         "timings_ms": dict(trace.timings_ms),
         "intents": list(trace.intents),
         "answer": trace.answer,
-        "citations": [c.to_entry() for c in trace.citations],
+        "citations": None if trace.citations is None else [c.to_entry() for c in trace.citations],
         "usage": None if trace.usage is None else trace.usage.to_entry(),
         "usage_count": trace.usage_count,
         "cached": trace.cached,
@@ -83,6 +84,12 @@ def make_record(query: Query, trace: Trace) -> Record:
         rec["context"] = [c.to_context_entry() for c in trace.context]
     if trace.versions:
         rec["versions"] = dict(trace.versions)
+    if query.metadata:
+        rec["metadata"] = dict(query.metadata)
+    if query.applicable_version is not None:
+        rec["applicable_version"] = query.applicable_version
+    if query.expected_behavior is not None:
+        rec["expected_behavior"] = query.expected_behavior
     return rec
 
 
@@ -145,7 +152,7 @@ class TokenCounts:
         counts: list[int] = []
         memo = self._memo
         for r in retrieved[:limit]:
-            key = (r["doc_id"], r["start"], r["end"])
+            key = (r["doc_id"] or "", r["start"], r["end"])  # no document: KeyError below
             n = memo.get(key)
             counts.append(self._first(key, docs) if n is None else n)
         for r in retrieved[limit:]:
@@ -195,22 +202,28 @@ def score_record(
         out["intent_top1"] = intent_top1(query.intent_l2, rec.get("intent_pred"))
     if rec.get("answer") is not None:
         out.update(answer_metrics(rec, query, docs, answers or AnswerScoring()))
-    if query.kind == "no_rag":
+    retrieved = rec.get("retrieved")
+    if query.kind == "no_rag" or retrieved is None:  # None: the system reports no evidence
         return out
-    retrieved = rec.get("retrieved") or []
+    if any(r["doc_id"] is None for r in retrieved):  # chunks named by id only: no document-level metrics
+        return out
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
     out.update((TokenCounts() if tokens is None else tokens).context_tokens_at(retrieved, docs, ks))
     if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
-        out.update(acl_metrics([r["doc_id"] for r in retrieved], docs, query.user_groups, ks))
+        out.update(acl_metrics([r["doc_id"] or "" for r in retrieved], docs, query.user_groups, ks))
     if query.kind == "answerable":
-        ranked = [r["doc_id"] for r in retrieved]
-        out.update(retrieval_metrics(ranked, query.relevant, ks))
+        ranked = [r["doc_id"] or "" for r in retrieved]
+        if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
+            out.update(retrieval_metrics(ranked, query.relevant, ks))
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
             out.update(set_metrics(ranked, query.relevant_sets, ks))
+        # gold chunk ids: scored when every retrieved item carries a chunk id (no items: a miss)
+        if query.relevant_chunks and all(r.get("chunk_id") for r in retrieved):
+            out.update(chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, ks))
         if query.evidence:
-            chunks = [(r["doc_id"], r["start"], r["end"]) for r in retrieved]
+            chunks = [(r["doc_id"] or "", r["start"], r["end"]) for r in retrieved]
             spans = [(e.doc_id, e.start, e.end) for e in query.evidence]
             for k, value in zip(ks, evidence_recall_at(chunks, spans, ks), strict=True):
                 out[f"evidence_recall_at_{k}"] = value
@@ -233,8 +246,8 @@ def applicable_misses(
     blank: Record = {
         **rec,
         "status": "ok",
-        "retrieved": [],
-        "citations": [],
+        "retrieved": None if rec.get("retrieved") is None else [],
+        "citations": None if rec.get("citations") is None else [],
         "answer": "" if answered else None,
     }
     blank.pop("judge", None)
@@ -249,23 +262,33 @@ def failure_stage(
     and its metric ``values`` (refusal, token_f1); None for a failed or a no_rag query."""
     if rec["status"] != "ok" or query.kind == "no_rag":
         return None
-    relevant = {d for d, grade in query.relevant.items() if grade > 0}
-    present = any(d in docs and may_see(docs[d].allowed_groups, query.user_groups) for d in relevant)
-    candidates, context = rec.get("candidates"), rec.get("context")
-    retrieved = rec.get("retrieved") or []
-    doc_of = {c["chunk_id"]: c["doc_id"] for c in (*(candidates or []), *retrieved, *(context or []))}
-    citations = rec.get("citations") or []  # entries read with get: hand-written records may omit keys
-    cited = [d for c in citations if (d := c.get("doc_id") or doc_of.get(c.get("chunk_id") or ""))]
+    rel_docs = {d for d, grade in query.relevant.items() if grade > 0}
+    rel_chunks = {c for c, grade in query.relevant_chunks.items() if grade > 0}
+    visible = any(d in docs and may_see(docs[d].allowed_groups, query.user_groups) for d in rel_docs)
+    candidates, retrieved, context = rec.get("candidates"), rec.get("retrieved"), rec.get("context")
+    entries = [*(candidates or []), *(retrieved or []), *(context or [])]
+    doc_of = {e["chunk_id"]: e["doc_id"] for e in entries}
+
+    def relevant(doc_id: str | None, chunk_id: str | None) -> bool:
+        in_docs = doc_id is not None and doc_id in rel_docs
+        return in_docs or (chunk_id is not None and chunk_id in rel_chunks)
+
+    def hits(listed: Sequence[RetrievedEntry] | None) -> list[bool] | None:
+        return None if listed is None else [relevant(e["doc_id"], e["chunk_id"]) for e in listed]
+
+    # citation entries are read with get: a hand-written record's citation may name only a chunk
+    citations = rec.get("citations") or []
+    cited = [
+        relevant(c.get("doc_id") or doc_of.get(c.get("chunk_id") or ""), c.get("chunk_id")) for c in citations
+    ]
     refused = values.get("refusal") == 1.0
-    answered = rec.get("answer") is not None
     return stages.diagnose(
         answerable=query.kind == "answerable",
-        relevant_present=present,
-        relevant=relevant,
-        candidates=None if candidates is None else [c["doc_id"] for c in candidates],
-        retrieved=[r["doc_id"] for r in retrieved],
-        context=None if context is None else [c["doc_id"] for c in context],
-        answered=answered,
+        relevant_present=visible or bool(rel_chunks),
+        candidates=hits(candidates),
+        retrieved=hits(retrieved),
+        context=hits(context),
+        answered=rec.get("answer") is not None,
         cited=cited,
         wrong=stages.answer_wrong(dict(values)) if query.kind == "answerable" else not refused,
     )

@@ -503,6 +503,10 @@ def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profi
         try:
             with prof.stage("index"):
                 build_info = target.prepare(dataset)
+            write_files = getattr(target, "write_files", None)  # a system's own files (system=replay)
+            if write_files is not None:
+                make_dirs(job.job_dir)
+                write_files(job.job_dir)
             with prof.stage("query"), RecordWriter(job.job_dir / RECORDS_FILE) as writer:
                 todo = [q for q in dataset.queries if q.query_id not in inputs.kept]
                 new = evaluate(

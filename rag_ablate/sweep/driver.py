@@ -393,6 +393,10 @@ def _timing_pass(config: DictConfig, plan: Plan, job_settings: Sequence[RunConfi
     done = timing_pass(
         sweep_dir, jobs, (_cwd(config) / s.paths.output_root).resolve(), repeats=s.timing.repeats, seed=s.seed
     )
+    if done.untimed:
+        replays = ", ".join(done.untimed)
+        print(f"timing pass: skipped: {replays} replay a log (no latency of their own to time)")
+        return
     if not done.written:
         print("timing pass: no query was ok in every variant's job; nothing to time")
         return

@@ -55,6 +55,7 @@ from rag_ablate.config.keys import (
 from rag_ablate.config.overrides import normalize_overrides
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError, RagAblateError
+from rag_ablate.core.fmt import display_width, pad
 from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import PLAN_FILE
 from rag_ablate.core.secrets import MASK, hide_credentials
@@ -406,10 +407,10 @@ def format_plan(plan: Plan) -> str:
         kept = [lv for lv in f.levels if not _same(lv, f.default)]
         same = " (one level equals the baseline)" if len(kept) < len(f.levels) else ""
         lines.append(f"  factor {f.key}: baseline {f.default}; levels {', '.join(f.levels)}{same}")
-    width = max(len(j.label) for j in plan.jobs)
+    width = max(display_width(j.label) for j in plan.jobs)
     for j in plan.jobs:
         change = "-" if j.factor is None else f"{j.factor} -> {j.level}"
-        lines.append(f"  #{j.index:<3} {j.label.ljust(width)}  {j.role:<8}  {change}")
+        lines.append(f"  #{j.index:<3} {pad(j.label, width)}  {j.role:<8}  {change}")
     if plan.common:
         lines.append(f"  every job also gets: {' '.join(plan.common)}")
     if plan.dry_run:

@@ -380,15 +380,16 @@ class LocalSystem:
         encode_ms = sum(state.encoded.values())
         if encode_ms:
             timings["encode"] = encode_ms
-        trace.retrieved = self._chunks_of(hits) if self.reranker is not None else list(candidates)
+        retrieved = self._chunks_of(hits) if self.reranker is not None else list(candidates)
+        trace.retrieved = retrieved
         replayed_ms = 0.0  # a cached model call: its original time minus the replay's
         if self.generator is not None:
             t = time.perf_counter()
             contexts = [
-                Context(r.rank, r.chunk_id, r.doc_id, r.start, r.end, self.chunks[i].text)
-                for r, (i, _) in zip(trace.retrieved, hits, strict=True)
+                Context(r.rank, r.chunk_id, self.chunks[i].doc_id, r.start, r.end, self.chunks[i].text)
+                for r, (i, _) in zip(retrieved, hits, strict=True)
             ]
-            given = [ContextChunk.of(r, c.text) for r, c in zip(trace.retrieved, contexts, strict=True)]
+            given = [ContextChunk.of(r, c.text) for r, c in zip(retrieved, contexts, strict=True)]
             trace.context = given
             try:
                 gen = self.generator.generate(query.query, contexts)
