@@ -164,6 +164,24 @@ def test_unanswerable_no_rag_and_a_refusal_in_context(tiny_dataset: Path) -> Non
     assert _scored(ds, q1, Trace("", retrieved=_chunks("SHIP", "RET")))["failure_stage"] == "ok"
 
 
+def test_gold_chunk_ids_and_a_service_without_evidence(tiny_dataset: Path) -> None:
+    """Gold named by chunk ids (relevant_chunks) matches items named by chunk id only; a service that
+    reports no evidence (retrieved None) is diagnosed by its answer."""
+    ds = load_dataset(tiny_dataset)
+    q = dataclasses.replace(_query(ds, "q1", "k1"), relevant={}, relevant_chunks={"RET#2": 1})
+
+    def named(*chunks: str) -> list[RetrievedChunk]:
+        return [RetrievedChunk(i, c, None, 0, 0, 1.0) for i, c in enumerate(chunks, start=1)]
+
+    assert _scored(ds, q, Trace("", retrieved=named("RET#0", "SHIP#1")))["failure_stage"] == "not_retrieved"
+    assert _scored(ds, q, Trace("", retrieved=named("SHIP#1", "RET#2")))["failure_stage"] == "ok"
+    q1 = _query(ds, "q1", "k2")
+    cited = Trace("", retrieved=None, answer="30 days [1]", citations=[Citation(doc_id="RET")])
+    assert _scored(ds, q1, cited)["failure_stage"] == "ok"
+    wrong = Trace("", retrieved=None, answer="Two weeks [1]", citations=[Citation(doc_id="RET")])
+    assert _scored(ds, q1, wrong)["failure_stage"] == "answer_wrong"
+
+
 def test_the_local_pipeline_with_rerank_reports_every_stage(tiny_dataset: Path) -> None:
     ds = load_dataset(tiny_dataset)
     s = RunConfig()
