@@ -9,10 +9,8 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -302,20 +300,6 @@ def rag_ablate_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[st
 # --------------------------------------------------------------------------- servers and a browser
 
 CHROMIUM = Path("/usr/bin/chromium")
-
-
-@contextlib.contextmanager
-def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    """A stdlib HTTP server on a free port of 127.0.0.1 serving ``handler`` in a thread; its root URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 def free_port() -> int:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from rag_ablate.core.privacy import (
     withhold_quotes,
 )
 from rag_ablate.core.retry import excerpt
-from tests.conftest import http_server, run_module, write_dataset
+from tests.conftest import run_module, write_dataset
 
 # --------------------------------------------------------------------------- detectors
 
@@ -610,8 +611,14 @@ class _Service(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[str]:
-    with http_server(_Service) as url:
-        yield url
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Service)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _http_run(cwd: Path, dataset: Path, base_url: str, *privacy: str) -> Path:

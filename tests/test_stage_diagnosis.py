@@ -17,8 +17,9 @@ import dataclasses
 import json
 import re
 from collections import Counter
-from contextlib import AbstractContextManager
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,8 +42,9 @@ from rag_ablate.run.summary import stage_lines
 from rag_ablate.systems.http import HttpSystem
 from rag_ablate.systems.local import LocalSystem
 from rag_ablate.tracking.ui import mlflow_metrics
-from tests.conftest import http_server, run_module
+from tests.conftest import run_module
 from tests.rerank_server import RerankServer
+from tests.stub_rag_service import in_thread
 
 KS = [1, 3, 5]
 
@@ -266,8 +268,11 @@ class _StageService(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
-def _service(bad: bool) -> AbstractContextManager[str]:
-    return http_server(type("Handler", (_StageService,), {"bad": bad}))
+@contextmanager
+def _service(bad: bool) -> Iterator[str]:
+    handler = type("Handler", (_StageService,), {"bad": bad})
+    with in_thread(ThreadingHTTPServer(("127.0.0.1", 0), handler)) as server:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
 
 
 @pytest.mark.parametrize("bad", [False, True], ids=["mapped", "filters-not-an-object"])
