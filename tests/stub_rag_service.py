@@ -107,7 +107,13 @@ def stub_service(
     dataset: Dataset, *, rank_noise: float = 0.0, first_delay_s: float = 0.0, seed: int = 0
 ) -> Iterator[StubServer]:
     """The service, listening on 127.0.0.1 (``server.url``) until the block ends."""
-    server = StubServer(dataset, rank_noise, first_delay_s, seed)
+    with running(StubServer(dataset, rank_noise, first_delay_s, seed)) as server:
+        yield server
+
+
+@contextmanager
+def running(server: StubServer) -> Iterator[StubServer]:
+    """``server`` (a StubServer, or a test's subclass of it) serving until the block ends."""
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:

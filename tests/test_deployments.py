@@ -41,7 +41,7 @@ from rag_ablate.records.trace import Trace
 from rag_ablate.run.resume import rewrite_argv, save_config_dir
 from tests.conftest import REPO, free_port, run_in_process, write_dataset
 from tests.fake_llm import FakeLLM, serve
-from tests.stub_rag_service import StubServer
+from tests.stub_rag_service import StubServer, running
 from tests.test_resume import _kill_when, _only, _start
 
 README = REPO / "README.md"
@@ -89,6 +89,16 @@ def test_named_deployments_the_first_listed_is_the_baseline(tmp_path: Path) -> N
     assert re.search(r"#1 +system/deployment=after +variant", plan)
 
 
+def test_a_deployment_file_without_its_package_line_is_refused_saying_so(tmp_path: Path) -> None:
+    conf = _deployments(tmp_path / "my_conf", {"before": URL_A})
+    (conf / "system/deployment/after.yaml").write_text(f"base_url: {URL_B}\n", encoding="utf-8")
+    args = ["--config-dir", "my_conf", "-m", "system=http", "system/deployment=before,after"]
+    out = run_in_process([*args, "ablation.dry_run=true"], tmp_path)
+    assert out.returncode == 2
+    assert "invalid level system/deployment=after" in out.stderr
+    assert "starts with the line '# @package system'" in out.stderr
+
+
 def test_a_deployment_changes_one_factor_for_the_confounding_guard() -> None:
     # before: system/deployment=after was CONFOUNDED by the system.* values its file sets
     base = {"system": {"name": "http", "base_url": URL_A, "eval_path": "/rag/eval"}}
@@ -122,40 +132,30 @@ def _sources(folder: Path) -> list[Any]:
     ]
 
 
-def _sweep_folder(tmp_path: Path) -> Path:
+def _copied(tmp_path: Path, headers: str) -> tuple[Path, Path, str]:
+    """A deployment file with ``headers``, copied by a sweep started with ``--config-dir`` of its
+    folder: the folder, the sweep folder and the copy's text."""
+    conf = _deployments(tmp_path / "my_conf", {"before": URL_A}, f"headers: {headers}\n")
     sweep = tmp_path / "outputs" / "multirun" / "s"
     sweep.mkdir(parents=True)
     (sweep / "plan.json").write_text("{}", encoding="utf-8")
     (sweep / SWEEP_FILE).write_text(json.dumps({"overrides": ["system=http"]}), encoding="utf-8")
-    return sweep
+    save_config_dir(_sources(conf), sweep)
+    return conf, sweep, (sweep / "config/system/deployment/before.yaml").read_text(encoding="utf-8")
 
 
 def test_the_copy_keeps_environment_values_and_resume_uses_it(tmp_path: Path) -> None:
-    conf = _deployments(
-        tmp_path / "my_conf", {"before": URL_A}, "headers: {Authorization: 'Bearer ${oc.env:TOKEN}'}\n"
-    )
-    sweep = _sweep_folder(tmp_path)
-    save_config_dir(_sources(conf), sweep)
-    copied = sweep / "config" / "system" / "deployment" / "before.yaml"
-    assert copied.read_text(encoding="utf-8") == (conf / "system/deployment/before.yaml").read_text(
-        encoding="utf-8"
-    )
+    conf, sweep, text = _copied(tmp_path, "{Authorization: 'Bearer ${oc.env:TOKEN}'}")
+    assert text == (conf / "system/deployment/before.yaml").read_text(encoding="utf-8")
     argv = rewrite_argv([f"resume={sweep}"])
     assert argv[0] == f"--config-dir={sweep / 'config'}"
     # a --config-dir given again wins over the copy
-    assert f"--config-dir={sweep / 'config'}" not in rewrite_argv(
-        ["--config-dir", str(conf), f"resume={sweep}"]
-    )
+    again = rewrite_argv(["--config-dir", str(conf), f"resume={sweep}"])
+    assert f"--config-dir={sweep / 'config'}" not in again
 
 
 def test_a_literal_header_value_is_not_copied_and_resume_asks_for_the_folder(tmp_path: Path) -> None:
-    conf = _deployments(
-        tmp_path / "my_conf", {"before": URL_A}, "headers: {Authorization: Bearer sk-canary-123}\n"
-    )
-    sweep = _sweep_folder(tmp_path)
-    save_config_dir(_sources(conf), sweep)
-    copied = sweep / "config" / "system" / "deployment" / "before.yaml"
-    text = copied.read_text(encoding="utf-8")
+    conf, sweep, text = _copied(tmp_path, "{Authorization: Bearer sk-canary-123}")
     assert text.startswith("# @package system\n") and "sk-canary" not in text and "***" in text
     with pytest.raises(ConfigError, match=r"system/deployment/before.yaml .* give --config-dir again"):
         rewrite_argv([f"resume={sweep}"])
@@ -183,24 +183,12 @@ class _Deployment(StubServer):
         return found
 
 
-@contextlib.contextmanager
-def _serving(server: StubServer) -> Iterator[StubServer]:
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
-
-
 @pytest.fixture
 def two_deployments(tmp_path: Path) -> Iterator[tuple[Path, _Deployment, _Deployment]]:
     write_dataset(tmp_path / "tiny")
     ds = load_dataset(str(tmp_path / "tiny"))
     good, bad = _Deployment(ds), _Deployment(ds, worse=True)
-    with _serving(good), _serving(bad):
+    with running(good), running(bad):
         yield tmp_path, good, bad
 
 

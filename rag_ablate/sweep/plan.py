@@ -46,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rag_ablate.config.keys import (
+    GROUP_PACKAGES,
     env_interpolated,
     is_secret_key,
     redact_hydra,
@@ -302,6 +303,11 @@ def _one_line(exc: BaseException) -> str:
         cause_lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
         if cause_lines:
             first = f"{first}: {cause_lines[0]}"
+    elif first.endswith("raised while composing config:") and len(lines) > 1:
+        first = f"{first} {lines[1]}"  # In 'group/option': ...: Key 'x' not in 'SystemConfig'
+    for group, package in GROUP_PACKAGES.items():  # an option written without its package line
+        if f"In '{group}/" in first and f"Key '{group.rsplit('/', 1)[-1]}' not in" in first:
+            first += f" (a file of {group} starts with the line '# @package {package}')"
     return first
 
 
