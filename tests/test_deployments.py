@@ -244,6 +244,24 @@ def test_kill_a_two_deployment_sweep_then_resume_without_the_config_dir(
     assert "CONFOUNDED" not in out.stdout
 
 
+@pytest.mark.slow
+def test_a_single_run_keeps_its_config_folder_for_resume(
+    two_deployments: tuple[Path, _Deployment, _Deployment],
+) -> None:
+    work, good, _ = two_deployments
+    _deployments(work / "my_conf", {"before": good.url})
+    args = ["--config-dir", "my_conf", "system=http", "system/deployment=before", *SWEEP_ARGS[:3]]
+    out = run_in_process([*args, "tracking=none"], work)
+    assert out.returncode == 0, out.stderr
+    run = _only(work / "outputs" / "runs")
+    assert run is not None and (run / "config/system/deployment/before.yaml").is_file()
+    (run / "summary.json").unlink()  # as if killed before the end
+    shutil.rmtree(work / "my_conf")
+    again = run_in_process([f"resume={run}"], work)
+    assert again.returncode == 0, again.stderr
+    assert len(read_records(run / RECORDS_FILE)) == 8
+
+
 def _deltas(comparison: dict[str, Any]) -> dict[tuple[str, str, str], float]:
     """Each (variant, split, quality metric)'s difference from the baseline, as comparison.json
     stores it (latencies differ from one run to the next, interrupted or not)."""
