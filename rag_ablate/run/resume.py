@@ -16,6 +16,9 @@ midway leaves everything needed to finish it:
   and the same MLflow run is reopened and finished. At the end the job rewrites
   ``records.jsonl`` with exactly one record per query, so the final metrics are
   those of an uninterrupted run.
+* a run or sweep made with ``--config-dir DIR`` (named deployments, your own options) keeps a
+  copy of DIR's YAML files in its folder (:func:`save_config_dir`, secrets withheld);
+  :func:`rewrite_argv` composes from that copy, so DIR is not needed again;
 * for a sweep, :func:`reopen_sweep` (called by the sweeper instead of creating a
   new sweep) checks the plan is the one in ``plan.json`` and reopens the parent
   run; jobs that finished with every query ok are skipped, the others resume, and
@@ -37,7 +40,7 @@ from rag_ablate.config.keys import is_runtime_key, redact, redact_override
 from rag_ablate.config.overrides import override_key
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError
-from rag_ablate.core.fsio import write_json_atomic
+from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import (
     CONFIG_COPY_DIR,
     PLAN_FILE,
@@ -217,9 +220,8 @@ def save_config_dir(config_sources: Any, folder: Path) -> None:
                 header = f"# @package {found.group(1)}\n" if found else ""
                 text = header + OmegaConf.to_yaml(OmegaConf.create(stored))
                 withheld.append(str(rel))
-        target = copy / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+        make_dirs((copy / rel).parent)
+        write_text_atomic(copy / rel, text)
     if withheld:
         write_json_atomic(copy / _WITHHELD, {"source": str(source), "files": withheld})
 
