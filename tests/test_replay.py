@@ -307,8 +307,7 @@ def test_two_logs_compare_like_two_variants(tmp_path: Path, tiny_dataset: Path) 
         f"dataset.path={tiny_dataset}",
         "system=replay",
         "system.format=responses",
-        "system.path=before.jsonl",  # the baseline's log; the sweep's level adds the other
-        "system.path=before.jsonl,after.jsonl",
+        "system.path=before.jsonl,after.jsonl",  # README's form: the first log is the baseline
         "tracking=none",
         *FAST,
     ]

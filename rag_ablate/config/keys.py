@@ -33,6 +33,7 @@ GENERATOR_RUNTIME_KEYS = (
     "generator.retries",
     "generator.backoff_s",
     "generator.backoff_max_s",
+    "generator.concurrency",
 )
 
 
@@ -46,6 +47,11 @@ JUDGE_RUNTIME_KEYS = (
     "judge.concurrency",
     "judge.max_error_rate",
 )
+
+
+# config groups whose options set another package than the group's path: a named deployment
+# (system/deployment/<name>.yaml, `# @package system`) sets the system's own settings
+GROUP_PACKAGES = {"system/deployment": "system"}
 
 
 # config keys whose values are secrets: never logged, stored or printed (see redact)
@@ -157,7 +163,7 @@ USED_ONLY_WHEN: tuple[UsedOnlyWhen, ...] = (
         values=("extractive",),
     ),
     UsedOnlyWhen(
-        _keys("generator", _PROMPTED),
+        _keys("generator", f"{_PROMPTED} concurrency"),
         "generator.name",
         values=("openai",),
     ),

@@ -203,6 +203,7 @@ class GeneratorConfig:
     retries: Count0 = 3  # openai: tries after the first on 429, 5xx and connect errors
     backoff_s: NonNeg = 1.0  # openai: first retry delay, doubling per retry (Retry-After wins)
     backoff_max_s: NonNeg = 30.0  # openai: the longest wait between two tries, Retry-After included
+    concurrency: Count = 1  # openai: answers generated at once (queries are retrieved one at a time)
     prompt_en: str = ""  # openai: prompt for English queries; {question} and {contexts} are filled in
     prompt_zh: str = ""  # openai: prompt for Chinese queries (the same placeholders)
 

@@ -33,3 +33,4 @@ COMPARISON_MD = "comparison.md"
 FAILURES_FILE = "failures.json"  # jobs and steps of the sweep that failed, with why
 PINNED_DIR = "pinned"  # rag-ablate compare SWEEP --baseline-run RUN: that comparison's files and report
 TIMING_FILE = "timing.jsonl"  # the interleaved timing pass: one line per query, variant and repeat
+CONFIG_COPY_DIR = "config"  # a run's or sweep's copy of the --config-dir folder, for resume= (run.resume)

@@ -329,6 +329,8 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
             earlier = prior.summary.get("metrics", {}).get("holdout/recall_at_5")
             return None if earlier is None else float(earlier)
         run_id = _start_run(store, s, job.job_dir, job.label, prior, job.env_values)
+        if not job.multirun and not s.resume:  # a sweep keeps one copy, in its own folder
+            resume.save_config_dir(HydraConfig.get().runtime.config_sources, job.job_dir)
 
     t_start = time.perf_counter()
     started_ns = time.time_ns()  # wall clock: the per-query traces replay their timings from here

@@ -46,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rag_ablate.config.keys import (
+    GROUP_PACKAGES,
     env_interpolated,
     is_secret_key,
     redact_hydra,
@@ -88,6 +89,7 @@ class Factor:
     default: str  # the baseline's value (a group's choice, or a value as text)
     levels: list[str]  # as typed, quotes removed
     level_overrides: list[str]  # the override each level becomes, e.g. chunk='256'
+    first_is_baseline: bool = False  # the baseline config leaves it unset: its first level is the baseline's
 
 
 @dataclass
@@ -131,7 +133,7 @@ class Plan:
             levels = [hide(lv) for lv in f.levels]
             level_overrides = [redact_override(o) for o in f.level_overrides]
             default = MASK if is_secret_key(f.key) else hide(f.default)
-            return Factor(f.key, f.is_group, default, levels, level_overrides)
+            return Factor(f.key, f.is_group, default, levels, level_overrides, f.first_is_baseline)
 
         def job(j: Job) -> Job:
             level = None if j.level is None else hide(j.level)
@@ -255,15 +257,23 @@ def build_plan(config: DictConfig, arguments: list[str], parser: OverridesParser
             by_key[ov.get_key_element()] = ov
     factors = [_factor(ov, config) for ov in by_key.values()]
     plan = Plan(mode=mode, dry_run=bool(ab.get("dry_run", False)), common=common, factors=factors)
+    # a factor the baseline leaves unset (system.base_url, a group chosen as null): its first level
+    # is the baseline's, so every job that does not vary it gets that level
+    pinned: dict[str, str] = {}
+    for f in factors:
+        if f.default == "null" and f.levels and f.levels[0] != "null":
+            f.default, f.first_is_baseline = f.levels[0], True
+            pinned[f.key] = f.level_overrides[0]
 
-    baseline = Job(0, "baseline", "baseline", None, None, list(common))
+    baseline = Job(0, "baseline", "baseline", None, None, [*common, *pinned.values()])
     jobs = [baseline]
     if mode == "ofat":
         for f in factors:
+            others = [o for k, o in pinned.items() if k != f.key]
             for lv, lo in zip(f.levels, f.level_overrides, strict=True):
                 if _same(lv, f.default):
                     continue
-                jobs.append(Job(len(jobs), f"{f.key}={lv}", "variant", f.key, lv, [*common, lo]))
+                jobs.append(Job(len(jobs), f"{f.key}={lv}", "variant", f.key, lv, [*common, *others, lo]))
     else:
         axes = [list(zip(f.levels, f.level_overrides, strict=True)) for f in factors]
         for combo in itertools.product(*axes):
@@ -294,6 +304,11 @@ def _one_line(exc: BaseException) -> str:
         cause_lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
         if cause_lines:
             first = f"{first}: {cause_lines[0]}"
+    elif first.endswith("raised while composing config:") and len(lines) > 1:
+        first = f"{first} {lines[1]}"  # In 'group/option': ...: Key 'x' not in 'SystemConfig'
+    for group, package in GROUP_PACKAGES.items():  # an option written without its package line
+        if f"In '{group}/" in first and f"Key '{group.rsplit('/', 1)[-1]}' not in" in first:
+            first += f" (a file of {group} starts with the line '# @package {package}')"
     return first
 
 
@@ -406,7 +421,8 @@ def format_plan(plan: Plan) -> str:
     for f in plan.factors:
         kept = [lv for lv in f.levels if not _same(lv, f.default)]
         same = " (one level equals the baseline)" if len(kept) < len(f.levels) else ""
-        lines.append(f"  factor {f.key}: baseline {f.default}; levels {', '.join(f.levels)}{same}")
+        first = " (the first level: the config sets none)" if f.first_is_baseline else ""
+        lines.append(f"  factor {f.key}: baseline {f.default}{first}; levels {', '.join(f.levels)}{same}")
     width = max(display_width(j.label) for j in plan.jobs)
     for j in plan.jobs:
         change = "-" if j.factor is None else f"{j.factor} -> {j.level}"
