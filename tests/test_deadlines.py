@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import free_port, run_in_process, run_module, write_dataset
@@ -306,3 +307,84 @@ def test_a_plan_of_thousands_of_levels_is_checked_for_repeats_in_seconds() -> No
         ConfigError, match=r"would run the same settings as level seed=7 of factor seed \(#7\)"
     ):
         refuse_repeats(plan, settings)
+
+
+def _composer() -> Iterator[Any]:
+    from hydra import compose, initialize_config_dir
+
+    from rag_ablate.cli.hydra_app import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        yield lambda overrides: compose("config", overrides=overrides)
+
+
+@pytest.fixture
+def composer() -> Iterator[Any]:
+    yield from _composer()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["seed=7"],
+        ["retrieval.hybrid.rrf_k=30", "retrieval.top_k=20"],
+        ["+system.body.k=v", "generator.max_sentences=2"],
+        ["++retrieval.top_k=5", "seed=${retrieval.top_k}"],  # an interpolation of an override
+    ],
+)
+def test_a_plain_level_is_its_common_config_with_the_values_applied_as_hydra_would(
+    composer: Any, extra: list[str]
+) -> None:
+    from omegaconf import OmegaConf
+
+    from rag_ablate.settings import to_settings
+    from rag_ablate.sweep.plan import with_values
+
+    common = ["retrieval=hybrid", "generator=extractive"]
+    fast, composed = with_values(composer(common), extra), composer([*common, *extra])
+    keys = [str(k) for k in composed if k != "hydra"]
+    assert OmegaConf.to_container(OmegaConf.masked_copy(fast, keys)) == OmegaConf.to_container(
+        OmegaConf.masked_copy(composed, keys)
+    )
+    assert to_settings(fast) == to_settings(composed)
+
+
+def test_a_bad_plain_level_fails_as_composing_it_would(composer: Any) -> None:
+    from hydra.errors import HydraException
+
+    from rag_ablate.sweep.plan import _one_line, with_values
+
+    with pytest.raises(HydraException) as fast:
+        with_values(composer([]), ["retrieval.top_k=abc"])
+    with pytest.raises(HydraException) as composed:
+        composer(["retrieval.top_k=abc"])
+    assert _one_line(fast.value) == _one_line(composed.value)
+    assert "Value 'abc' of type 'str' could not be converted to Integer" in _one_line(fast.value)
+
+
+@pytest.mark.slow
+def test_a_plan_of_plain_levels_composes_the_common_config_once(composer: Any) -> None:
+    """A dry run of thousands of levels composed every job with Hydra (~0.2-0.3 s each); plain
+    values are now applied to the common config, composed once; a group's level is composed."""
+    from rag_ablate.sweep.plan import Factor, Job, Plan, check_plan
+
+    calls: list[list[str]] = []
+
+    def counted(overrides: list[str]) -> Any:
+        calls.append(overrides)
+        return composer(overrides)
+
+    seeds = [str(i) for i in range(1, 31)]
+    jobs = [Job(0, "baseline", "baseline", None, None, [])]
+    jobs += [Job(i, f"seed={s}", "variant", "seed", s, [f"seed={s}"]) for i, s in enumerate(seeds, 1)]
+    jobs.append(Job(31, "retrieval=dense", "variant", "retrieval", "dense", ["retrieval=dense"]))
+    factors = [
+        Factor("seed", False, "0", seeds, [f"seed={s}" for s in seeds]),
+        Factor("retrieval", True, "bm25", ["dense"], ["retrieval=dense"]),
+    ]
+    plan = Plan(mode="ofat", dry_run=True, common=[], factors=factors, jobs=jobs)
+    settings = check_plan(plan, counted, lambda group: ["bm25", "dense", "hybrid"])
+    assert calls == [[], ["retrieval=dense"]]
+    assert [s.seed for s in settings[1:31]] == list(range(1, 31))
+    assert settings[31].retrieval.method == "dense" and settings[0].retrieval.method == "bm25"
