@@ -258,6 +258,7 @@ class Plan:
         self.scenarios = scenarios
         self.seen: dict[tuple[str, str], list[float]] = defaultdict(list)  # (path, query id) -> times
         self.headers: list[dict[str, str]] = []
+        self.bodies: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.in_flight = 0
         self.max_in_flight = 0
@@ -303,6 +304,7 @@ class FaultHandler(BaseHTTPRequestHandler):
         qid = body["query_id"]
         plan = self.server.plan
         attempt = plan.hit(self.path, qid, dict(self.headers))
+        plan.bodies.append(body)
         scenario = plan.scenarios.get(qid, "ok")
         if scenario == "forbidden":
             self._json(403, {"error": "forbidden"})

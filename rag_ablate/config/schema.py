@@ -12,6 +12,7 @@ field carries one comment saying what it means.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -398,6 +399,14 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="rag_ablate_schema", node=RunConfig)
 
 
+@functools.cache
+def _schema() -> DictConfig:
+    """The schema as a config, built once (0.1 s or more: a sweep's plan check parses every job)."""
+    schema = OmegaConf.structured(RunConfig)
+    assert isinstance(schema, DictConfig)
+    return schema
+
+
 def parse_config(cfg: DictConfig) -> RunConfig:
     """A composed config as a :class:`RunConfig`: the schema only (``settings.to_settings`` validates too)."""
     keys = [str(k) for k in cfg if k != "hydra"]
@@ -407,9 +416,8 @@ def parse_config(cfg: DictConfig) -> RunConfig:
         raise ConfigError(_unresolved(exc)) from None
     if not isinstance(plain, dict):
         raise ConfigError("the composed config is not a mapping")
-    schema = OmegaConf.structured(RunConfig)
     try:
-        merged = OmegaConf.merge(schema, plain)
+        merged = OmegaConf.merge(_schema(), plain)  # merge copies the schema: it stays as built
     except OmegaConfBaseException as exc:
         raise ConfigError(f"config does not match the schema: {exc}") from exc
     settings = OmegaConf.to_object(merged)

@@ -53,7 +53,7 @@ from rag_ablate.config.keys import (
     redact_override,
     unused_settings,
 )
-from rag_ablate.config.overrides import normalize_overrides
+from rag_ablate.config.overrides import normalize_overrides, override_key
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError, RagAblateError
 from rag_ablate.core.fmt import display_width, pad
@@ -325,6 +325,20 @@ def check_names(s: RunConfig) -> None:
     check_folder(s.dataset)  # dataset.slice_weights names tags the queries have
 
 
+def with_values(base: DictConfig, overrides: list[str]) -> DictConfig:
+    """A copy of the composed config ``base`` with plain-value ``overrides`` (no config group)
+    applied as Hydra applies them after composing the defaults (its own
+    ``_apply_overrides_to_config``, the same errors): what composing ``base``'s overrides plus
+    these gives, in a few milliseconds instead of a whole composition (~0.2-0.3 s)."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    cfg = copy.deepcopy(base)
+    ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(overrides), cfg)
+    return cfg
+
+
 def check_plan(
     plan: Plan,
     compose: Callable[[list[str]], DictConfig],
@@ -334,7 +348,10 @@ def check_plan(
 
     ``compose`` builds a job's config from its overrides as the launcher will
     (Hydra's ``config_loader.load_sweep_config``); ``group_options`` lists a config
-    group's options. Returns the jobs' settings in job order.
+    group's options. A job whose overrides are the common ones plus plain values (no config
+    group) is the common ones' config with those values applied (:func:`with_values`): the
+    common config is composed once, so a plan of thousands of plain levels is checked in
+    seconds. Returns the jobs' settings in job order.
     """
     for f in plan.factors:
         if not f.is_group:
@@ -344,9 +361,14 @@ def check_plan(
             if lv not in valid:
                 shown = ", ".join(valid)
                 raise ConfigError(f"unknown level '{lv}' of factor {f.key} ({f.key}={lv}); valid: {shown}")
+    groups = {f.key for f in plan.factors if f.is_group}
+    common: list[DictConfig] = []  # the common overrides' config, composed at the first plain job
     settings = []
     for job in plan.jobs:
-        if len(plan.jobs) > 100 and job.index % 100 == 0:  # composing a job takes ~0.2 s: say so
+        n = len(plan.common)
+        extra = job.overrides[n:] if job.overrides[:n] == plan.common else None
+        plain = extra is not None and not any(override_key(o).replace("/", ".") in groups for o in extra)
+        if len(plan.jobs) > 100 and job.index % 100 == 0:  # 0.1-0.3 s a job: say how far
             print(f"checking the plan: job {job.index} of {len(plan.jobs)}", file=sys.stderr, flush=True)
         if job.role == "baseline":
             what = "the baseline (the config every job starts from)"
@@ -355,7 +377,12 @@ def check_plan(
         else:
             what = f"grid job {job.label}"
         try:
-            s = to_settings(compose(list(job.overrides)))
+            if plain and extra is not None:
+                if not common:
+                    common.append(compose(list(plan.common)))
+                s = to_settings(with_values(common[0], extra))
+            else:
+                s = to_settings(compose(list(job.overrides)))
             check_names(s)
         except RagAblateError as exc:
             raise ConfigError(f"invalid {what}: {exc}") from exc

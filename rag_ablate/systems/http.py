@@ -168,11 +168,14 @@ def get_path(obj: Any, path: str) -> Any:
 class _Failure(Exception):
     """A query's call ended with a failure status (not an exception the runner sees)."""
 
-    def __init__(self, status: Status, error: str, http_status: int | None = None) -> None:
+    def __init__(
+        self, status: Status, error: str, http_status: int | None = None, *, silent: bool = False
+    ) -> None:
         super().__init__(error)
         self.status: Status = status
         self.error = error
         self.http_status = http_status
+        self.silent = silent  # connected, then no response within the timeout (the breaker counts it)
 
 
 class _Retry(Exception):
@@ -202,7 +205,7 @@ def _transport_failure(what: str, exc: httpx.TransportError) -> _Failure | _Retr
     if isinstance(exc, httpx.ConnectTimeout):
         return _Retry(_Failure("timeout", detail), unreachable=True)
     if isinstance(exc, httpx.TimeoutException):
-        return _Failure("timeout", detail)
+        return _Failure("timeout", detail, silent=isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout))
     if isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
         return _Retry(_Failure("http_error", detail), unreachable=isinstance(exc, httpx.ConnectError))
     return _Failure("http_error", detail)
@@ -621,7 +624,8 @@ class HttpSystem:
         self.top_k = rerank.top_k if rerank.method != "none" else settings.retrieval.top_k
         self.requests_sent = 0  # every HTTP request, retries included (the progress bar's req/s)
         self._rng = random.Random(settings.seed)  # backoff jitter only
-        self.breaker = Breaker("system", self.base_url)  # a service that is down stops the run
+        # a service that is down or hung stops the run
+        self.breaker = Breaker("system", self.base_url, ("system.timeout_s", self.cfg.timeout_s))
         self._kept: tuple[Any, ...] | None = None  # run()'s shared client, by its key (_RUN_CLIENTS)
         # httpx logs every request at INFO, which Hydra's log setup shows: one line per request would
         # bury the run's output (each query's outcome is in its record instead)
@@ -774,14 +778,18 @@ class HttpSystem:
 
     async def _retrying(self, call: _Call, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt()`` until it returns, or raises _Failure, or retries run out; EndpointDownError
-        once the service could not be connected to ``BREAKER_LIMIT`` tries in a row (any queries')."""
+        once ``BREAKER_LIMIT`` tries in a row (any queries') got no response: could not connect, or
+        connected and got nothing within ``timeout_s``."""
         while True:
             if self.breaker.open:
                 raise EndpointDownError(self.breaker.message())
             try:
                 result = await attempt()
-            except _Failure:
-                self.breaker.succeeded()  # it answered, if not well
+            except _Failure as f:
+                if not f.silent:
+                    self.breaker.succeeded()  # it answered, if not well
+                elif self.breaker.failed(f.error, silent=True):
+                    raise EndpointDownError(self.breaker.message()) from None
                 raise
             except _Retry as r:
                 if not r.unreachable:
