@@ -79,12 +79,20 @@ def _reraise(exc: Exception) -> None:
     raise exc
 
 
+def _multirun_first(argv: list[str]) -> list[str]:
+    """``-m`` typed after an override (``progress=false -m chunk=256,512``) moved before the first
+    override: Hydra's parser takes no option after them (it said "unrecognized arguments")."""
+    first = next((i for i, a in enumerate(argv) if "=" in a and not a.startswith("-")), len(argv))
+    late = [a for a in argv[first:] if a in ("-m", "--multirun")]
+    if not late:
+        return argv
+    return argv[:first] + late + [a for a in argv[first:] if a not in late]
+
+
 def main(argv: list[str]) -> None:
     """Run (or sweep) with the command line ``argv``; exits as the command does (``sys.exit``)."""
     try:
-        # -m anywhere, as a user may type it after an override (Hydra's parser takes it first only)
-        flags = [a for a in argv if a in ("-m", "--multirun")]
-        args = normalize_overrides(rewrite_argv(flags + [a for a in argv if a not in flags]))
+        args = normalize_overrides(rewrite_argv(_multirun_first(argv)))
         check_override_syntax(args)
         check_override_keys(args)
     except ConfigError as exc:

@@ -55,6 +55,10 @@ def validate(s: RunConfig) -> None:
 
     parse_setting(s.tracking.traces)  # none | a number of queries per split | all
     validate_system(s.system)
+    if s.system.name == "http":  # its shape, endpoints and response paths
+        from rag_ablate.config.shapes import check_shape
+
+        check_shape(s.system)
     if s.generator.name == "openai":  # base_url, model and both prompts, before any job starts
         from rag_ablate.generators.openai import validate_openai
 

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 from rag_ablate.dataset.model import Dataset
 
@@ -102,12 +102,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(raw)
 
 
+S = TypeVar("S", bound=ThreadingHTTPServer)
+
+
 @contextmanager
-def stub_service(
-    dataset: Dataset, *, rank_noise: float = 0.0, first_delay_s: float = 0.0, seed: int = 0
-) -> Iterator[StubServer]:
-    """The service, listening on 127.0.0.1 (``server.url``) until the block ends."""
-    server = StubServer(dataset, rank_noise, first_delay_s, seed)
+def in_thread(server: S) -> Iterator[S]:
+    """``server`` serving from a thread of its own until the block ends, then closed."""
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -116,6 +116,15 @@ def stub_service(
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+@contextmanager
+def stub_service(
+    dataset: Dataset, *, rank_noise: float = 0.0, first_delay_s: float = 0.0, seed: int = 0
+) -> Iterator[StubServer]:
+    """The service, listening on 127.0.0.1 (``server.url``) until the block ends."""
+    with in_thread(StubServer(dataset, rank_noise, first_delay_s, seed)) as server:
+        yield server
 
 
 def main() -> None:

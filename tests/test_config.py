@@ -26,6 +26,7 @@ NEEDS_VALUE = {
     ("dataset", "custom"): ["dataset.path=/tmp/x"],
     ("tracking", "server"): ["tracking.uri=http://127.0.0.1:1"],
     ("system", "http"): ["system.base_url=http://127.0.0.1:1"],
+    ("system", "replay"): ["system.path=/tmp"],  # an existing folder
 }
 
 
@@ -383,8 +384,8 @@ CANNOT_CONVERT = "Value '{}' of type 'str' could not be converted to {}"
             "Error merging override retrieval.top_k=abc: " + CANNOT_CONVERT.format("abc", "Integer"),
         ),
         (  # -m after an override, an empty list
-            ["progress=false", "-m", "chunk="],
-            "In 'config': Could not find 'chunk/'; valid: 1024, 128, 256, 512",
+            ["progress=false", "-m", "router="],
+            "In 'config': Could not find 'router/'; valid: centroid, nearest, none",
         ),
         (  # a key pasted into the wrong setting is not echoed
             ["system.timeout_s=sk-canary-4f1c9e0b2d7a6c35"],

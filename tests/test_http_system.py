@@ -29,6 +29,7 @@ import pytest
 
 from rag_ablate.config.keys import redact, redact_override
 from rag_ablate.config.schema import RunConfig
+from rag_ablate.config.shapes import check_shape, resolve_shape
 from rag_ablate.core.errors import ConfigError, EndpointDownError
 from rag_ablate.core.retry import BREAKER_LIMIT, excerpt, retry_after_seconds
 from rag_ablate.dataset.load import load_dataset
@@ -120,7 +121,7 @@ def test_http_settings_are_checked_with_clear_messages() -> None:
     with pytest.raises(ConfigError, match=r"system.concurrency must be >= 1"):
         validate_system(replace(RunConfig().system, name="http", base_url="http://x", concurrency=0))
     with pytest.raises(ConfigError, match=r"system.eval_path must start with '/'"):
-        validate_system(replace(RunConfig().system, name="http", base_url="http://x", eval_path="rag"))
+        check_shape(replace(RunConfig().system, name="http", base_url="http://x", eval_path="rag"))
     with pytest.raises(ConfigError, match=r"max_error_rate must be in \[0, 1\]"):
         validate_system(replace(RunConfig().system, max_error_rate=1.5))
     assert "http" in SYSTEMS.names()
@@ -145,7 +146,7 @@ def test_system_http_composes_from_conf_and_needs_its_base_url() -> None:
                 "+system.body.size='${chunk.size}'",
             ],
         )
-    s = to_settings(cfg).system
+    s = resolve_shape(to_settings(cfg).system)  # the reference shape's presets
     assert (s.eval_path, s.chat_path, s.concurrency, s.response.intents) == (
         "/rag/eval",
         "/rag/chat",
@@ -257,6 +258,7 @@ class Plan:
         self.scenarios = scenarios
         self.seen: dict[tuple[str, str], list[float]] = defaultdict(list)  # (path, query id) -> times
         self.headers: list[dict[str, str]] = []
+        self.bodies: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.in_flight = 0
         self.max_in_flight = 0
@@ -302,6 +304,7 @@ class FaultHandler(BaseHTTPRequestHandler):
         qid = body["query_id"]
         plan = self.server.plan
         attempt = plan.hit(self.path, qid, dict(self.headers))
+        plan.bodies.append(body)
         scenario = plan.scenarios.get(qid, "ok")
         if scenario == "forbidden":
             self._json(403, {"error": "forbidden"})
@@ -429,7 +432,12 @@ def test_metrics_through_the_reference_service_equal_the_local_system(
     served.prepare(ds)
     service = ReferenceService(served, ds, settings, "baseline")
     with uvicorn_app(create_app(service, piece_delay_s=0.0)) as url:
-        http_settings = replace(settings, system=replace(settings.system, name="http", base_url=url))
+        # the service reports its stages under their own names: mapped, so the diagnoses agree too
+        stages = {k: k for k in ("rewritten_query", "filters", "candidates", "context", "versions")}
+        response = replace(settings.system.response, **stages)
+        http_settings = replace(
+            settings, system=replace(settings.system, name="http", base_url=url, response=response)
+        )
         http_records, handed = _run(SYSTEMS.get("http")(http_settings, None), ds)
 
     assert [r["status"] for r in http_records] == ["ok"] * len(ds.queries)
@@ -443,6 +451,11 @@ def test_metrics_through_the_reference_service_equal_the_local_system(
             (r["doc_id"], r["chunk_id"], r["start"], r["end"]) for r in loc["retrieved"]
         ]
         assert rem["intent_pred"] == loc["intent_pred"]
+        assert rem["failure_stage"] == loc["failure_stage"]
+        for key in ("rewritten_query", "filters", "versions"):
+            assert rem.get(key) == loc.get(key), key
+        for key in ("candidates", "context"):  # the same chunks (no text: the ids locate them)
+            assert [c["chunk_id"] for c in rem.get(key) or []] == [c["chunk_id"] for c in loc.get(key) or []]
         # the streamed answer, its citations, usage and timings are kept per query
         assert isinstance(rem["answer"], str) and rem["answer"] == loc["answer"]
         assert (

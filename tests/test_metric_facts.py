@@ -146,6 +146,7 @@ def test_the_derived_lists_are_the_ones_the_modules_used_to_keep() -> None:
         "acl_leak_at_10", "acl_leak_rate_at_10", "token_f1", "exact_match", "correct_refusal",
         "over_refusal", "citation_precision", "citation_coverage", "faithfulness", "relevance",
         "completeness",
+        "chunk_recall_at_5", "chunk_mrr_at_10",  # added with relevant_chunks (gold chunk ids)
     }  # fmt: skip
     assert len(default_compare_metrics()) == len(set(default_compare_metrics()))
     assert default_summary_metrics() == ["recall_at_5", "ndcg_at_10", "evidence_recall_at_5", "intent_top1"]
@@ -160,6 +161,7 @@ def test_the_derived_lists_are_the_ones_the_modules_used_to_keep() -> None:
     assert no_miss == {
         "context_tokens", "latency_ms", "latency_p50_ms", "latency_p95_ms", "error_rate", "acl_leak",
         *(f"judge_error_{m}" for m in judged_metrics()),
+        *bases_where(family="diagnosis"),  # the failure stages: a failed query is not diagnosed
     }  # fmt: skip
     for spec in metrics_where():
         if spec.miss is not None:

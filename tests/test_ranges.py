@@ -205,16 +205,27 @@ def test_an_unset_environment_variable_names_the_variable_and_the_setting(
             ["-m", "router.ngram=1,3", "generator.base_url=${oc.env:RAG_ABLATE_NO_SUCH_KEY}"],
             "environment variable RAG_ABLATE_NO_SUCH_KEY",
         ),
+        (["retrieval.bm25.k1=-1"], "retrieval.bm25.k1 must be >= 0, got -1.0"),
+        (["-m", "retrieval.bm25.k1=-1,1"], "retrieval.bm25.k1 must be >= 0, got -1.0"),
+        (["system.name=nope"], "nope"),
+        (["dataset.path=no/such/folder"], "dataset folder not found"),
+        (["-m", "dataset.path=no/such/folder", "chunk=128,256"], "dataset folder not found"),
     ],
 )
 def test_a_refused_run_or_sweep_exits_2_with_one_line_and_creates_nothing(
     args: list[str], line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Not even the outputs folder (Hydra created it, and ``runs/``, for a single run's folder;
+    a missing dataset folder was found only after the run's folder and MLflow run were made)."""
     monkeypatch.delenv("RAG_ABLATE_NO_SUCH_KEY", raising=False)
-    out = tmp_path / "out"
-    proc = run_in_process([*args, "progress=false", f"paths.output_root={out}"], tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = run_in_process([*args, "progress=false"], work)  # outputs/ under the current folder
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and line in lines[0] and "Traceback" not in proc.stderr, proc.stderr
-    made = sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) if out.exists() else []
-    assert made == [], made  # no run folder, no sweep folder, no MLflow store
+    made = sorted(p.relative_to(work).as_posix() for p in work.rglob("*"))
+    assert made == [], made  # no outputs/, no run folder, no sweep folder, no MLflow store
+    out = tmp_path / "elsewhere" / "out"  # paths.output_root: none of its missing folders either
+    proc = run_in_process([*args, "progress=false", f"paths.output_root={out}"], work)
+    assert proc.returncode == 2 and not (tmp_path / "elsewhere").exists(), proc.stderr

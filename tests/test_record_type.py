@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import types
 from pathlib import Path
 from typing import (
@@ -35,6 +36,7 @@ from omegaconf import OmegaConf
 from rag_ablate.config.schema import PrivacyConfig, RunConfig
 from rag_ablate.core.privacy import Privacy
 from rag_ablate.dataset.load import load_dataset
+from rag_ablate.dataset.model import sample_dataset_path
 from rag_ablate.judges import JUDGES
 from rag_ablate.metrics.answers import AnswerScoring
 from rag_ablate.records import trace as trace_module
@@ -42,6 +44,7 @@ from rag_ablate.records.jsonl import RecordWriter, read_records, write_records
 from rag_ablate.records.scoring import make_record
 from rag_ablate.records.trace import (
     Citation,
+    ContextChunk,
     Record,
     RetrievedChunk,
     TokenUsage,
@@ -116,6 +119,8 @@ def check(value: Any, tp: Any, where: str, seen: dict[Any, set[str]]) -> None:
         assert value is None, f"{where}: {value!r} is not null"
     elif tp is float:  # JSON may write a whole float as an integer
         assert isinstance(value, int | float) and not isinstance(value, bool), f"{where}: {value!r}"
+    elif tp is Any:  # free JSON (a query's metadata)
+        json.dumps(value)
     elif tp in (int, str, bool):
         assert isinstance(value, tp) and (tp is bool or not isinstance(value, bool)), f"{where}: {value!r}"
     else:
@@ -134,6 +139,19 @@ def _judge_reply(body: dict[str, Any], call: int) -> str:
     return json.dumps(reply)
 
 
+def _sample_with_query_fields(tmp_path: Path) -> Path:
+    """A copy of the embedded sample whose first queries carry the optional query fields the records
+    keep (metadata, applicable_version, expected_behavior)."""
+    folder = tmp_path / "sample"
+    shutil.copytree(sample_dataset_path(), folder)
+    lines = (folder / "queries.jsonl").read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[0])
+    first.update(metadata={"product": "phone"}, applicable_version="2026-10", expected_behavior="answer")
+    lines[0] = json.dumps(first, ensure_ascii=False)
+    (folder / "queries.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
 def _sample_records(fake_llm: FakeLLM, tmp_path: Path) -> list[Record]:
     """The embedded sample run as a job runs it, with a few answers judged; read back from disk."""
     s = RunConfig()
@@ -143,7 +161,7 @@ def _sample_records(fake_llm: FakeLLM, tmp_path: Path) -> list[Record]:
         setattr(s.judge, str(key), value)
     s.judge.base_url, s.judge.model, s.judge.repeats = fake_llm.url, "judge-model", 2
     fake_llm.respond = _judge_reply
-    ds = load_dataset()
+    ds = load_dataset(_sample_with_query_fields(tmp_path))
     target = LocalSystem(s)
     guard = Privacy.from_config(PrivacyConfig(redact=True))
     path = tmp_path / "records.jsonl"
@@ -212,19 +230,35 @@ def _trace_with_every_field() -> Trace:
         ttft_ms=1.5,
         http_status=504,
         retries=2,
+        rewritten_query="refund window days",
+        filters={"product": "K_b", "year": [2024, 2025]},
+        candidates=[RetrievedChunk(1, "D#1", "D", 40, 80, 0.9), RetrievedChunk(2, "D#0", "D", 0, 40, 0.5)],
+        context=[ContextChunk(1, "D#0", "D", 0, 40, 3.5, text="Refunds within 30 days.")],
+        versions={"index": "ix-7", "corpus": "c-3", "prompt": "p-2", "model": "m-1"},
     )
+
+
+# the Trace fields a record carries only when the system reported them (absent: None, or no versions)
+STAGE_FIELDS = {"rewritten_query", "filters", "candidates", "context", "versions"}
 
 
 @pytest.mark.parametrize("trace", [Trace("q1"), _trace_with_every_field()], ids=["defaults", "every-field"])
 def test_make_record_carries_the_whole_trace(trace: Trace) -> None:
-    """Every Trace field but the query id is a record key, with the value Trace.to_dict gives it."""
+    """Every Trace field but the query id is a record key, with the value Trace.to_dict gives it; the
+    stage fields only when reported. Trace.from_dict reads the record back into the same trace."""
     q = load_dataset().queries[0]
     trace = dataclasses.replace(trace, query_id=q.query_id)
     rec: dict[str, Any] = dict(make_record(q, trace))
-    names = {f.name for f in dataclasses.fields(Trace)} - {"query_id"}
+    reported = {k for k, v in trace.to_dict().items() if k in STAGE_FIELDS and v not in (None, {})}
+    names = {f.name for f in dataclasses.fields(Trace)} - {"query_id"} - (STAGE_FIELDS - reported)
     assert names <= set(fields_of(Record)[0]) and names <= set(rec)
-    assert {k: rec[k] for k in names} == {k: v for k, v in trace.to_dict().items() if k != "query_id"}
+    assert not (STAGE_FIELDS - reported) & set(rec)
+    expected = {k: v for k, v in trace.to_dict().items() if k in names}
+    if "context" in expected:  # a context chunk's text is written only when known
+        expected["context"] = [{k: v for k, v in c.items() if v is not None} for c in expected["context"]]
+    assert {k: rec[k] for k in names} == expected
     check(json.loads(json.dumps(rec)), Record, "record", {})
+    assert Trace.from_dict(json.loads(json.dumps(rec))) == trace
 
 
 def _readme_fields() -> tuple[set[str], set[str]]:

@@ -140,6 +140,69 @@ def test_url_userinfo_is_taken_out_of_the_url_and_hidden_in_text() -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "stored"),
+    [
+        ("sk-proj-4fA1c9e7B2b0d3E5f6a8", "sk-***"),
+        ("sk-ant-api03-Zx8Qw2Er4Ty6Ui8Op0As", "sk-***"),
+        ("ghp_16C7e42F292c6912E7710c838347Ae178B4a", "ghp_***"),
+        ("github_pat_11ABCDEFG0123456789_abcdefghijklmnop", "github_pat_***"),
+        ("AKIAIOSFODNN7EXAMPLE", "AKIA***"),
+        ("xoxb-2048-4096-aBcDeFgHiJkL", "xoxb-***"),
+        ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQs", "***"),
+        ("q3Xv9LmT2pR8sW4nB6yK1dF7hJ0cZ5aG", "***"),  # a random token of 32, whatever its name
+        ("{'k': 'x', 'token': 'Zk4Qp9Lx2Wm7Rt5Yv8Ns3Bc6Hd1Jf0Ga'}", "{'k': 'x', 'token': '***'}"),
+    ],
+)
+def test_values_shaped_like_keys_are_hidden_whatever_their_name(value: str, stored: str) -> None:
+    from rag_ablate.config.keys import redact, redact_override
+
+    assert redact({"system": {"body": {"k": value}}}) == {"system": {"body": {"k": stored}}}
+    assert redact_override(f"+system.body.k={value}") == f"+system.body.k={stored}"
+
+
+def test_ids_hashes_and_names_the_tool_stores_are_not_taken_for_keys() -> None:
+    """What a run stores that is long and mixes characters: hashes (prompt_hash, config and cache
+    keys, git SHAs), MLflow run ids, folder names, model names, paths, document ids."""
+    import hashlib
+    import uuid
+
+    from rag_ablate.core.secrets import hide_credentials
+    from rag_ablate.llm.client import messages_sha256
+
+    values = [
+        messages_sha256([{"role": "user", "content": "q"}]),
+        *(hashlib.sha256(str(i).encode()).hexdigest() for i in range(200)),
+        *(hashlib.sha1(str(i).encode()).hexdigest() for i in range(200)),  # git SHAs
+        *(uuid.uuid4().hex for _ in range(200)),  # MLflow run ids
+        *(str(uuid.uuid4()) for _ in range(50)),
+        "2026-05-01_10-00-00_a1b2c3",
+        "outputs/multirun/2026-05-01_10-00-00_d4e5f6/0",
+        "sentence-transformers/paraphrase-multilingual-MiniLM-L12-v2",
+        "BAAI/bge-reranker-v2-m3",
+        "Qwen2.5-7B-Instruct-GGUF-Q4_K_M-00001-of-00002.gguf",
+        "/home/Alice/Projects/RagEval2024/DataSets/ZhongWenQA/corpus.jsonl",
+        "doc_000123456789_section_0042_chunk_0007",
+        "retrieval.bm25.k1=1.2,retrieval.top_k=10,chunk=256",
+        "task-2024-12-04T10:00:00Z",
+        "sk-learn",
+    ]
+    assert [v for v in values if hide_credentials(v) != v] == []
+
+
+@pytest.mark.slow
+def test_the_default_sweeps_params_and_tags_hide_nothing(default_sweep: dict[str, Any]) -> None:
+    """Nothing in README's default sweep reads as a key: no param or tag of its runs was masked."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{default_sweep['out'] / 'mlflow.db'}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert len(runs) >= 3  # the parent and its jobs
+    values = [v for r in runs for v in (*r.data.params.values(), *r.data.tags.values())]
+    assert len(values) > 100
+    assert [v for v in values if "***" in v] == []
+
+
+@pytest.mark.parametrize(
     ("key", "secret"),
     [
         ("system.body.api_key", True),
@@ -291,6 +354,9 @@ HEADER_KEY = "sk-canary-header-2e8c4a6b0d1f"  # +system.headers.X-Api-Token=KEY
 AUTH_KEY = "sk-canary-auth-8d2f6b0a4c9e"  # +system.headers.Authorization='Bearer KEY' (a sweep)
 BODY_KEY = "sk-canary-body-9f3b7c1e5a0d"  # +system.body.api_key=KEY (the body template)
 MISSPELT_KEY = "sk-canary-misspelt-4c0a8e2f6b1d"  # generator.api_kee=KEY, +system.header.Authorization
+VALUE_KEY = "sk-canary-value-6a0e2c8f4b1d"  # +system.body.k=KEY: an innocent name, a key's shape
+TYPO_KEY = "ghp_canaryTypo7Kq2Vx9Lm4Np8Rs3Tw6Yz"  # +system.body.api_kye=KEY: a misspelt secret name
+BEARER_KEY = "canary-bearer-1d7f3b9e5a2c"  # +system.body.h='Bearer KEY': any config string
 
 
 def _with_key(url: str, key: str) -> str:
@@ -335,6 +401,9 @@ def test_no_careless_way_of_passing_a_key_stores_or_prints_it(tmp_path: Path) ->
                 "+system.body.query='{query}'",
                 "+system.body.query_id='{query_id}'",
                 f"+system.body.api_key={BODY_KEY}",
+                f"+system.body.k={VALUE_KEY}",
+                f"+system.body.api_kye={TYPO_KEY}",
+                f"+system.body.h='Bearer {BEARER_KEY}'",
             ],
             "a sweep with a literal Authorization header": [
                 "-m",
@@ -360,8 +429,11 @@ def test_no_careless_way_of_passing_a_key_stores_or_prints_it(tmp_path: Path) ->
     assert gen_auth == {_basic(GEN_URL_KEY)} and judge_auth == {_basic(JUDGE_URL_KEY)}
     sent = {(h.get("Authorization"), h.get("X-Api-Token")) for h in service.headers}
     assert sent == {(_basic(SYS_URL_KEY), HEADER_KEY), (f"Bearer {AUTH_KEY}", None)}
+    in_body = {(b.get("api_key"), b.get("k"), b.get("api_kye"), b.get("h")) for b in service.bodies}
+    assert (BODY_KEY, VALUE_KEY, TYPO_KEY, f"Bearer {BEARER_KEY}") in in_body
 
     keys = [SYS_URL_KEY, GEN_URL_KEY, JUDGE_URL_KEY, HEADER_KEY, AUTH_KEY, BODY_KEY, MISSPELT_KEY]
+    keys += [VALUE_KEY, TYPO_KEY, BEARER_KEY]
     needles = [*keys, *(_basic(k).split()[1] for k in (SYS_URL_KEY, GEN_URL_KEY, JUDGE_URL_KEY))]
     files = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(data)]
     names = {p.name for p in files}

@@ -25,7 +25,7 @@ from httpx_sse import connect_sse
 
 from rag_ablate.cli.serve import (
     ANSWER_CHUNKS,
-    PIECE_DELAY_S,
+    PIECE_CHARS,
     RequestError,
     compose_settings,
     extractive_answer,
@@ -50,6 +50,7 @@ GUIDE = {
     ),
 }
 ARBITRARY = "refund to my original payment method"  # in no dataset
+PACE = 1500.0  # the base service's --chars-per-s: a piece of 6 characters every 4 ms
 
 
 # --------------------------------------------------------------------------- a service process
@@ -105,7 +106,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def base(workdir: Path) -> Iterator[Service]:
-    with service([f"dataset.path={workdir / 'data'}"], workdir, "base") as svc:
+    with service(["--chars-per-s", str(PACE), f"dataset.path={workdir / 'data'}"], workdir, "base") as svc:
         yield svc
 
 
@@ -160,7 +161,10 @@ def test_eval_returns_the_local_systems_chunks_offsets_and_scores(base: Service,
         r = post(base, "/rag/eval", {"query": text, "query_id": qid, "top_k": 10})
         assert r.status_code == 200, r.text
         body = r.json()
-        assert set(body) == {"intentLeafIds", "retrieved", "timings_ms"}
+        stages = {"rewritten_query", "filters", "candidates", "versions"}  # no generator: no context
+        assert set(body) == {"intentLeafIds", "retrieved", "timings_ms", *stages}
+        assert body["rewritten_query"] == text and body["filters"] == {}
+        assert [x["chunk_id"] for x in body["candidates"]] == [c.chunk_id for c in trace.candidates or []]
         got = [(x["doc_id"], x["chunk_id"], x["start"], x["end"], x["score"]) for x in body["retrieved"]]
         want = [(c.doc_id, c.chunk_id, c.start, c.end, c.score) for c in trace.retrieved]
         assert got == want, qid  # scores too: JSON floats round-trip exactly
@@ -251,11 +255,12 @@ def test_chat_streams_deltas_then_done_with_citations_and_usage(base: Service) -
     assert done["done"] is True
     assert len(deltas) >= 5 and all(set(e) == {"delta"} for _, e in deltas)
     answer = "".join(e["delta"] for _, e in deltas)
-    # the stream is paced (4 ms between pieces) and its first piece arrives well before its end,
-    # so time to first token is real (a quarter of the pacing: slack for a busy machine)
+    # the stream is paced (--chars-per-s: 4 ms between pieces) and its first piece arrives well
+    # before its end, so time to first token is real (a quarter of the pacing: slack for a busy machine)
     t_first = deltas[0][0]
-    assert t_done >= PIECE_DELAY_S * (len(deltas) - 1)
-    assert t_done - t_first >= 0.25 * PIECE_DELAY_S * (len(deltas) - 1)
+    delay = PIECE_CHARS / PACE
+    assert t_done >= delay * (len(deltas) - 1)
+    assert t_done - t_first >= 0.25 * delay * (len(deltas) - 1)
 
     # the answer quotes the RET sentence that holds the asked terms (return, item, day) first
     assert answer.startswith("You can return most items within 30 days of delivery. [1]")
@@ -551,3 +556,32 @@ def test_a_client_that_leaves_mid_body_costs_no_work_and_no_traceback(base: Serv
     assert base.log_lines("POST /rag/eval 499"), base.log.read_text()[-2000:]
     assert not base.log_lines("Traceback")
     assert httpx.get(f"{base.url}/health", timeout=5).status_code == 200
+
+
+def test_the_stream_is_unpaced_by_default_and_keeps_its_pace_when_set(tiny_dataset: Path) -> None:
+    """Issue 24: a stream paced at 6 characters per 4 ms made a 1,000-query run take 105 s; the
+    default is now as fast as the answer is written, and a set pace is kept (a schedule)."""
+    from rag_ablate.cli.serve import CHARS_PER_S, ReferenceService, create_app
+    from rag_ablate.config.schema import RunConfig
+    from rag_ablate.dataset.load import load_dataset
+    from rag_ablate.systems.local import LocalSystem
+    from tests.test_http_system import uvicorn_app
+
+    assert CHARS_PER_S == 0.0  # rag-ablate serve's default: unpaced
+    ds = load_dataset(tiny_dataset)
+    settings = RunConfig(progress=False)
+    system = LocalSystem(settings)
+    system.prepare(ds)
+    service = ReferenceService(system, ds, settings, "baseline")
+    body = {"query": QUERIES[0]["query"], "query_id": QUERIES[0]["query_id"], "top_k": 5}
+    took = {}
+    for delay in (0.0, 0.02):
+        with uvicorn_app(create_app(service, piece_delay_s=delay)) as url:
+            chat(Service(url, None, Path()), body)  # the connection and the first query warm up
+            events = chat(Service(url, None, Path()), body)
+        took[delay] = events[-1][0]
+    system.close()
+    n = len(events) - 1  # content pieces (the last event ends the stream)
+    assert n >= 5
+    assert took[0.02] >= 0.02 * (n - 1)
+    assert took[0.0] < 0.5 * 0.02 * (n - 1)

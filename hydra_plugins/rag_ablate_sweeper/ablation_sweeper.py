@@ -116,7 +116,7 @@ class AblationSweeper(Sweeper):
         returns: Sequence[JobReturn] = []
         launch_error: BaseException | None = None
         try:
-            start_sweep(config, plan)
+            start_sweep(config, plan, job_settings[0])
         except RagAblateError as exc:
             _stop(exc, EXIT_INVALID)
         except KeyboardInterrupt:

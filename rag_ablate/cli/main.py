@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from rag_ablate import __version__
 from rag_ablate.core.errors import RagAblateError, exit_code_of
-from rag_ablate.core.fmt import visible
+from rag_ablate.core.fmt import display_width, pad, visible
 
 if TYPE_CHECKING:
     from rag_ablate.config.schema import CompareConfig
@@ -68,6 +68,15 @@ def _print_summary(summary: dict[str, Any]) -> None:
             + ")",
         ),
     ]
+    behaviors = summary["expected_behavior"]
+    rows.append(
+        (
+            "query fields",
+            f"relevant_chunks {summary['with_relevant_chunks']}, metadata {summary['with_metadata']}, "
+            f"applicable_version {summary['with_applicable_version']}, expected_behavior "
+            + " / ".join(f"{b} {n}" for b, n in behaviors.items()),
+        )
+    )
     if summary.get("human_judgements"):
         rows.append(
             (
@@ -76,9 +85,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
                 "(judge calibration with judge=openai)",
             )
         )
-    width = max(len(k) for k, _ in rows)
+    width = max(display_width(k) for k, _ in rows)
     for k, v in rows:
-        _say(f"{k.ljust(width)}  {v}")
+        _say(f"{pad(k, width)}  {v}")
     _say("largest groups:")
     for g, n in summary["largest_groups"]:
         _say(f"  {n:>3}  {g}")
@@ -337,7 +346,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.max_body_bytes < 1:
         raise ConfigError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
-    return serve(list(args.overrides), host=args.host, port=args.port, max_body_bytes=args.max_body_bytes)
+    if not args.chars_per_s >= 0 or args.chars_per_s == float("inf"):
+        raise ConfigError(f"--chars-per-s must be a finite number >= 0, got {args.chars_per_s}")
+    return serve(
+        list(args.overrides),
+        host=args.host,
+        port=args.port,
+        max_body_bytes=args.max_body_bytes,
+        chars_per_s=args.chars_per_s,
+    )
 
 
 def cmd_local_llm(args: argparse.Namespace) -> int:
@@ -516,6 +533,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=MAX_BODY_BYTES,
         help="larger request bodies get 413 without being read (default %(default)s)",
+    )
+    sv.add_argument(
+        "--chars-per-s",
+        type=float,
+        default=0.0,
+        help="stream answers at this many characters a second, e.g. 200 (about 50 tokens/s); "
+        "default 0: as fast as they are written",
     )
     sv.set_defaults(func=cmd_serve)
 

@@ -9,7 +9,9 @@ reads by default (README "Evaluate your own RAG service over HTTP"):
 ``POST /rag/eval``
     body ``{"query": str, "query_id": str, "top_k": int, "user_groups": [str]?, "params": {}?}``;
     returns ``{"intentLeafIds": [str], "retrieved": [{"doc_id", "chunk_id", "start", "end",
-    "score", "text"}], "timings_ms": {stage: ms}}``. ``top_k`` cuts the list; the served
+    "score", "text"}], "timings_ms": {stage: ms}}`` and the pipeline's stages (docs/metrics.md "Stage
+    diagnosis": ``rewritten_query``, ``filters``, ``candidates``, ``context``, ``versions``; ``system=http``
+    reads them when ``system.response.<name>`` names them). ``top_k`` cuts the list; the served
     pipeline returns at most its own ``retrieval.top_k`` (``rerank.top_k`` with a reranker).
     ``user_groups`` are the asking user's groups (absent or null: an anonymous user): with
     ``retrieval.acl_filter=true`` the service returns only documents they may see (docs/metrics.md
@@ -20,8 +22,9 @@ reads by default (README "Evaluate your own RAG service over HTTP"):
     the same body; streams ``text/event-stream`` events ``data: {"delta": str}`` and then
     ``data: {"done": true, "citations": [...], "usage": {...}}``. The answer is the configured
     generator's (``generator=...``; with the default ``none``, the extractive answer of
-    :mod:`rag_ablate.generators.extractive`), streamed a few characters per event with a short pause
-    between events, so time to first token and total time are real measurements.
+    :mod:`rag_ablate.generators.extractive`), streamed a few characters per event: as fast as it is
+    written by default, or at a model's pace with ``--chars-per-s`` (``rag-ablate serve --chars-per-s
+    200``: about 50 tokens a second), so that time to first token and total time measure a stream.
 
 ``GET /health``
     ``{"status": "ok", ...}`` once the index is built (the service listens only then).
@@ -70,7 +73,7 @@ CHAT_PATH = "/rag/chat"
 HEALTH_PATH = "/health"
 
 PIECE_CHARS = 6  # characters per streamed delta event
-PIECE_DELAY_S = 0.004  # pause between two delta events
+CHARS_PER_S = 0.0  # the stream's pace (rag-ablate serve --chars-per-s); 0 = unpaced, as fast as written
 ANSWER_CHUNKS = 3  # generator=none: the extractive answer reads the sentences of this many top chunks
 USAGE_COUNT = "local"  # usage["count"]: token counts are rag_ablate's own count, not a model tokenizer's
 MAX_BODY_BYTES = 1_000_000  # a larger body gets 413 unread (rag-ablate serve --max-body-bytes)
@@ -368,7 +371,7 @@ class ReferenceService:
         if touched:
             trace.timings_ms["encode_on_demand"] = encode_ms
         trace.query_id = req.query_id
-        trace.retrieved = trace.retrieved[: req.top_k]
+        trace.retrieved = (trace.retrieved or [])[: req.top_k]
         return trace
 
     def eval_response(self, trace: Trace, service_ms: float) -> dict[str, Any]:
@@ -383,19 +386,19 @@ class ReferenceService:
                     "score": r.score,
                     "text": self._by_chunk[r.chunk_id].text,
                 }
-                for r in trace.retrieved
+                for r in trace.retrieved or []
             ],
             "timings_ms": {**trace.timings_ms, "service": service_ms},
+            # the stages the pipeline reports (without chunk texts: the ids locate them)
+            **{k: v for k, v in _stages(trace).items() if v is not None},
         }
 
     def answer(self, req: EvalRequest, trace: Trace) -> tuple[Generation, dict[str, Any]]:
         """The configured generator's answer to a traced request, and its done event."""
         from rag_ablate.generators.base import Context
 
-        contexts = [
-            Context(n, r.chunk_id, r.doc_id, r.start, r.end, self._by_chunk[r.chunk_id].text)
-            for n, r in enumerate(trace.retrieved, start=1)
-        ]
+        chunks = [self._by_chunk[r.chunk_id] for r in trace.retrieved or []]
+        contexts = [Context(n, c.chunk_id, c.doc_id, c.start, c.end, c.text) for n, c in enumerate(chunks, 1)]
         gen = self.generator.generate(req.query, contexts)
         usage: dict[str, Any] = (
             {} if gen.usage is None else {k: v for k, v in asdict(gen.usage).items() if v is not None}
@@ -411,6 +414,17 @@ class ReferenceService:
             "usage": usage,
         }
         return gen, done
+
+
+def _stages(trace: Trace) -> dict[str, Any]:
+    """A trace's stage fields as the eval response carries them (None: not reported)."""
+    return {
+        "rewritten_query": trace.rewritten_query,
+        "filters": trace.filters,
+        "candidates": None if trace.candidates is None else [c.to_entry() for c in trace.candidates],
+        "context": None if trace.context is None else [c.to_entry() for c in trace.context],
+        "versions": trace.versions or None,
+    }
 
 
 def answer_generator(settings: RunConfig) -> Generator:
@@ -430,10 +444,13 @@ def create_app(
     service: ReferenceService,
     *,
     piece_chars: int = PIECE_CHARS,
-    piece_delay_s: float = PIECE_DELAY_S,
+    piece_delay_s: float = 0.0,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> Starlette:
     """The Starlette application of ``service``: the two endpoints, /health and the request log.
+
+    The chat stream sends ``piece_chars`` characters per event, event ``i`` due ``i * piece_delay_s``
+    after the first (a schedule, so the sleeps' overshoot does not add up; 0: unpaced).
 
     A body over ``max_body_bytes`` gets 413: at once when its Content-Length says so, else as soon
     as that much has arrived (the rest is never read). A client that leaves while its body arrives or
@@ -486,7 +503,7 @@ def create_app(
             _, trace, ms = await traced(request)
         except (RequestError, ClientDisconnect) as exc:
             return refused(request, exc)
-        request.state.detail = f"retrieved={len(trace.retrieved)}"
+        request.state.detail = f"retrieved={len(trace.retrieved or [])}"
         return JSONResponse(service.eval_response(trace, ms))
 
     async def rag_chat(request: Request) -> Response:
@@ -498,9 +515,11 @@ def create_app(
         request.state.detail = f"answer_chars={len(ans.answer)} citations={len(ans.citations)}"
 
         async def events() -> AsyncIterator[bytes]:
+            start = time.perf_counter()
             for i, piece in enumerate(pieces(ans.answer, piece_chars)):
-                if i:
-                    await asyncio.sleep(piece_delay_s)
+                due = start + i * piece_delay_s - time.perf_counter()
+                if due > 0:
+                    await asyncio.sleep(due)
                 yield sse_event({"delta": piece})
             yield sse_event(done)
 
@@ -571,9 +590,14 @@ def create_app(
 
 
 def serve(
-    overrides: list[str], host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = MAX_BODY_BYTES
+    overrides: list[str],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    chars_per_s: float = CHARS_PER_S,
 ) -> int:
-    """Build the index for ``overrides``, then serve it until interrupted (Ctrl-C, SIGTERM)."""
+    """Build the index for ``overrides``, then serve it until interrupted (Ctrl-C, SIGTERM); the chat
+    stream goes at ``chars_per_s`` characters a second (0: unpaced)."""
     import uvicorn
 
     handler = logging.StreamHandler(sys.stderr)
@@ -593,7 +617,11 @@ def serve(
         flush=True,
     )
     config = uvicorn.Config(
-        create_app(service, max_body_bytes=max_body_bytes),
+        create_app(
+            service,
+            piece_delay_s=PIECE_CHARS / chars_per_s if chars_per_s > 0 else 0.0,
+            max_body_bytes=max_body_bytes,
+        ),
         host=host,
         port=port,
         log_level="warning",

@@ -6,7 +6,8 @@ config against the baseline's, ignoring settings that say how to run rather than
 what is run (output paths, progress bars, tracking, the comparison's own
 settings, Hydra internals), and names the changed factors:
 
-* a config group whose choice changed counts once (``retrieval``);
+* a config group whose choice changed counts once (``retrieval``), with the values of its
+  package (``system/deployment=after`` sets ``system.*``: :data:`rag_ablate.config.keys.GROUP_PACKAGES`);
 * a key set explicitly inside a changed group counts on its own
   (``retrieval=hybrid`` with ``retrieval.top_k=20`` is two factors: the group
   and ``retrieval.top_k``), since the group's own values cannot explain it;
@@ -30,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rag_ablate.config.keys import RUNTIME_KEYS, is_under
+from rag_ablate.config.keys import GROUP_PACKAGES, RUNTIME_KEYS, is_under
 from rag_ablate.config.overrides import override_key
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def changed_factors(
     keys = sorted(k for k in set(a) | set(b) if not is_under(k, skip) and a.get(k) != b.get(k))
     all_groups = sorted(set(bc) | set(vc))
     changed_groups = [g for g in all_groups if not is_under(g, skip) and bc.get(g) != vc.get(g)]
-    packages = [g.replace("/", ".") for g in changed_groups]
+    packages = [GROUP_PACKAGES.get(g, g.replace("/", ".")) for g in changed_groups]
     explicit = _override_keys([*base_overrides, *overrides], all_groups)
     factors = set(changed_groups)
     for k in keys:

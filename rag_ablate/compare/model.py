@@ -266,6 +266,43 @@ class SliceSection:
 
 
 @dataclass
+class StageShare:
+    """One variant's failure stages in one split (docs/metrics.md "Stage diagnosis"): the queries per
+    stage; ``n_diagnosed`` is their sum, ``n_failed`` the failed queries (not diagnosed)."""
+
+    variant: str
+    split: str
+    n_diagnosed: int
+    n_failed: int
+    counts: dict[str, int] = field(default_factory=dict)  # stage -> queries, every stage
+
+
+@dataclass
+class StageSection:
+    """Which stage lost the queries, per variant, and how each stage's share moved against the
+    baseline: ``rows`` are the comparison's rows of the ``stage_<stage>`` metrics (the same paired
+    group test over the queries diagnosed on both sides; p adjusted among these rows only)."""
+
+    stages: list[str]
+    metrics: list[str]  # stage_<stage> of the stages with rows, in pipeline order
+    shares: list[StageShare] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def share(self, variant: str, split: str) -> StageShare | None:
+        return next((x for x in self.shares if (x.variant, x.split) == (variant, split)), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stages": self.stages,
+            "metrics": self.metrics,
+            "shares": [asdict(x) for x in self.shares],
+            "rows": [_finite(asdict(r)) for r in self.rows],
+            "notes": self.notes,
+        }
+
+
+@dataclass
 class Comparison:
     baseline: str
     variants: list[str]
@@ -288,6 +325,7 @@ class Comparison:
     tradeoff: Tradeoff | None = None  # quality against cost (rag_ablate.compare.tradeoff); None: not computed
     gate: list[GateResult] = field(default_factory=list)  # the regression gate's verdicts (compare.gate)
     latency_method: str = ""  # how the latency rows' times were measured (rag_ablate.compare.timing)
+    stages: StageSection | None = None  # failure stages (rag_ablate.compare.stages); None: none diagnosed
 
     def row(self, split: str, variant: str, metric: str) -> Row | None:
         for r in self.rows:
@@ -336,6 +374,7 @@ class Comparison:
             "tradeoff": None if self.tradeoff is None else self.tradeoff.to_dict(),
             "gate": [{**_finite(asdict(g)), "verdict": g.verdict} for g in self.gate],
             "latency_method": self.latency_method,
+            "stages": None if self.stages is None else self.stages.to_dict(),
         }
 
     @classmethod

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.gate import result_line
 from rag_ablate.compare.mix import mix_markdown, mix_terminal
-from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, Pair, Row, SliceRow
+from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, Pair, Row, SliceRow, StageShare
 from rag_ablate.core.fsio import write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import COMPARISON_JSON, COMPARISON_MD
 from rag_ablate.metrics.registry import display_name
@@ -212,6 +213,7 @@ def format_terminal(c: Comparison) -> str:
                     f"per-query flips of {v} on {display_name(first)}: {'; '.join(parts)} (comparison.md)"
                 )
     lines += slice_terminal_lines(c)
+    lines += stage_terminal_lines(c)
     lines += tradeoff_terminal_lines(c)
     if c.pairwise is not None:
         from rag_ablate.compare.pairwise import format_terminal as pairwise_terminal
@@ -365,6 +367,67 @@ def slice_markdown_lines(c: Comparison) -> list[str]:
     return out
 
 
+STAGES_HOW = (
+    "a stage's share is the mean of a per-query 0/1 indicator over the queries diagnosed (failed queries are "
+    "not); effect = variant share - baseline share over the queries diagnosed on both sides, with the same "
+    "paired group test; p_adj among the stage rows only; lower is better for every stage but ok"
+)
+
+
+def share_text(x: StageShare) -> str:
+    """``ok 5, not_retrieved 2 of 7 diagnosed; 1 failed`` (the stages with any query)."""
+    parts = [f"{stage} {n}" for stage, n in x.counts.items() if n]
+    return f"{', '.join(parts) or 'none'} of {x.n_diagnosed} diagnosed; {x.n_failed} failed"
+
+
+def stage_table(c: Comparison, groups: bool) -> tuple[list[str], list[list[str]]]:
+    """The stage rows as :func:`table_rows` lays out the main ones (empty without a stage section)."""
+    if c.stages is None or not c.stages.rows:
+        return [], []
+    return table_rows(replace(c, rows=c.stages.rows, metrics=c.stages.metrics), groups)
+
+
+def stage_terminal_lines(c: Comparison) -> list[str]:
+    """The failure stages: queries per stage of every variant and split, then the shares' rows."""
+    if c.stages is None:
+        return []
+    from rag_ablate.core.fmt import format_table
+
+    out = ["failure stages, queries per stage (docs/metrics.md \"Stage diagnosis\"):"]
+    out += [f"  {x.split}, {x.variant}: {share_text(x)}" for x in c.stages.shares]
+    headers, rows = stage_table(c, groups=False)
+    if rows:
+        out += [f"how each stage's share moved ({STAGES_HOW}):", format_table(headers, rows)]
+    out += [f"note: {n}" for n in c.stages.notes]
+    return out
+
+
+def stage_markdown_lines(c: Comparison) -> list[str]:
+    """``comparison.md``'s section on the failure stages."""
+    if c.stages is None:
+        return []
+    out = [
+        "## Failure stages",
+        "",
+        "Which stage lost each query (docs/metrics.md, \"Stage diagnosis\"), per split and variant:",
+        "",
+        *(f"- {x.split}, {_md_cell(x.variant)}: {share_text(x)}" for x in c.stages.shares),
+        "",
+    ]
+    headers, rows = stage_table(c, groups=True)
+    if rows:
+        out += [
+            f"How each stage's share moved: {STAGES_HOW}.",
+            "",
+            "| " + " | ".join(headers) + " |",
+            "|" + "---|" * len(headers),
+            *("| " + " | ".join(_md_cell(x) for x in r) + " |" for r in rows),
+            "",
+        ]
+    out += [*(f"- {n}" for n in c.stages.notes), *([""] if c.stages.notes else [])]
+    return out
+
+
 def format_markdown(c: Comparison, max_flips: int = 10) -> str:
     headers, rows = table_rows(c)
     out = [
@@ -422,6 +485,7 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
     if c.latency_note:
         out += ["## How latency was measured", "", c.latency_note, ""]
     out += slice_markdown_lines(c)
+    out += stage_markdown_lines(c)
     out += ["## Per-query flips", ""]
     for v, by_metric in c.flips.items():
         for m, by_split in by_metric.items():

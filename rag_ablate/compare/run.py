@@ -1,6 +1,6 @@
 """The comparison step as one sequence, shared by the sweep's end and ``rag-ablate compare``.
 
-load the variants -> compare -> per-slice effects -> pairwise judge (judge.mode=pairwise) ->
+load the variants -> compare -> per-slice effects -> failure stages -> pairwise judge (judge.mode=pairwise) ->
 confounding guard -> quality against cost -> write comparison.json/.md (and tradeoff.json/.md) ->
 regression gate -> print the table.
 
@@ -32,6 +32,7 @@ from rag_ablate.compare.model import Comparison, VariantData
 from rag_ablate.compare.pairwise import pairwise_section
 from rag_ablate.compare.render import format_terminal, write_outputs
 from rag_ablate.compare.slices import compare_slices, resolve_metrics
+from rag_ablate.compare.stages import stage_section
 from rag_ablate.compare.timing import apply_timing
 from rag_ablate.config.schema import CompareConfig
 from rag_ablate.core.errors import EXIT_BLOCKED, ComparisonError
@@ -177,6 +178,8 @@ def run_comparison(
         metrics=resolve_metrics(src.variants, settings),
         min_groups=settings.min_slice_groups,
     )
+    # which stage lost the queries, and how each stage's share moved (the same paired group test)
+    c.stages = stage_section(src.variants, c)
     # judge.mode=pairwise (in the baseline's config): the judge compares each variant's answers with
     # the baseline's, both orders; a pairwise step that cannot run leaves a note, not a failed comparison
     c.pairwise = pairwise_section(src.variants, c)

@@ -56,7 +56,7 @@ from rag_ablate.config.schema import CompareConfig
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.registry import auto_quality, direction_of, metric_name, parse_metric_name
 from rag_ablate.records.trace import Record
-from rag_ablate.run.slices import SliceKey, record_tags, slice_keys
+from rag_ablate.run.slices import SliceKey, record_tags, slice_keys, sliced
 
 AUTO = "auto"
 
@@ -207,7 +207,7 @@ def _members(base_by_id: Mapping[str, Record], var_by_id: Mapping[str, Record]) 
         rec = base_by_id.get(q) or var_by_id[q]
         for key in slice_keys(rec):
             out.setdefault(key, []).append(q)
-    return {k: out[k] for k in sorted(out, key=SliceKey.sort_key)}
+    return sliced(out)
 
 
 @dataclass

@@ -31,7 +31,10 @@ def apply_timing(variants: Sequence[VariantData], calls: Sequence[TimedCall]) ->
     NaN (left out) when the query failed in the pass or in its job. Returns how latency was
     measured; the records are left as they are when the pass did not time every variant."""
     if not calls:
-        return f"{JOBS_METHOD} (timing.interleave=false, or runs not compared at their sweep's end)."
+        return (
+            f"{JOBS_METHOD} (timing.interleave=false, system=replay variants, whose times are their "
+            "logs', or runs not compared at their sweep's end)."
+        )
     by: dict[str, dict[str, list[TimedCall]]] = {}
     for c in calls:
         by.setdefault(c.variant, {}).setdefault(c.query_id, []).append(c)

@@ -33,6 +33,7 @@ GENERATOR_RUNTIME_KEYS = (
     "generator.retries",
     "generator.backoff_s",
     "generator.backoff_max_s",
+    "generator.concurrency",
 )
 
 
@@ -46,6 +47,11 @@ JUDGE_RUNTIME_KEYS = (
     "judge.concurrency",
     "judge.max_error_rate",
 )
+
+
+# config groups whose options set another package than the group's path: a named deployment
+# (system/deployment/<name>.yaml, `# @package system`) sets the system's own settings
+GROUP_PACKAGES = {"system/deployment": "system"}
 
 
 # config keys whose values are secrets: never logged, stored or printed (see redact)
@@ -157,16 +163,20 @@ USED_ONLY_WHEN: tuple[UsedOnlyWhen, ...] = (
         values=("extractive",),
     ),
     UsedOnlyWhen(
-        _keys("generator", _PROMPTED),
+        _keys("generator", f"{_PROMPTED} concurrency"),
         "generator.name",
         values=("openai",),
     ),
     UsedOnlyWhen(("judge",), "judge.name", unless=("none",)),
     UsedOnlyWhen(
-        _keys("system", f"base_url eval_path chat_path headers body response concurrency {_CLIENT}"),
+        _keys(
+            "system", f"base_url shape model eval_path chat_path headers body response concurrency {_CLIENT}"
+        ),
         "system.name",
         values=("http",),
     ),
+    UsedOnlyWhen(("system.response",), "system.name", values=("http", "replay")),
+    UsedOnlyWhen(_keys("system", "path format join run_id experiment"), "system.name", values=("replay",)),
 )
 
 

@@ -12,8 +12,10 @@ field carries one comment saying what it means.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 from hydra.core.config_store import ConfigStore
@@ -38,40 +40,60 @@ from rag_ablate.core.errors import ConfigError
 from rag_ablate.core.secrets import hide_userinfo
 
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")  # bm25s's scoring variants
+REPLAY_FORMATS = ("records", "responses", "mlflow")  # what system=replay reads (system.format)
+
+
+AUTO = "auto"  # a system=http endpoint or mapping path left to system.shape (rag_ablate.config.shapes)
 
 
 @dataclass
 class HttpResponseConfig:
-    """Where system=http finds each field in a response: dotted paths (``data.hits``, ``items.0.id``).
+    """Where system=http finds each field in a response: dotted paths (``data.hits``, ``choices.0.id``).
 
+    ``auto`` (every field's default) takes the path of ``system.shape``'s preset
+    (:mod:`rag_ablate.config.shapes`); a null path means the service does not report it.
     ``retrieved``, ``intents`` and ``timings`` are read from the JSON of ``system.eval_path``;
-    ``doc_id`` .. ``text`` inside each retrieved item; ``delta`` .. ``usage`` from the JSON data
-    of each event of ``system.chat_path``. A null path means the service does not report it.
+    ``doc_id`` .. ``text`` inside each retrieved item; ``delta`` .. ``done_data`` from each event
+    of ``system.chat_path``; ``answer``, ``citations`` and ``usage`` from the response that carries
+    the answer (the stream's events, else the JSON response).
     """
 
-    retrieved: str = "retrieved"  # the list of retrieved items (an empty list is a miss, not an error)
-    doc_id: str = "doc_id"  # an item's document id (required)
-    chunk_id: str | None = "chunk_id"  # an item's chunk id; missing = <doc_id>#<rank-1>
-    start: str | None = "start"  # an item's [start, end) character offsets in the document
-    end: str | None = "end"  # missing offsets: located from `text` in the document, else the whole document
-    score: str | None = "score"  # an item's score; missing = 0
-    text: str | None = "text"  # an item's text
-    intents: str | None = "intentLeafIds"  # intent codes; the first non-empty one is the prediction
-    timings: str | None = "timings_ms"  # the service's own stage timings, kept as service.<stage>
-    delta: str = "delta"  # a content event's piece of answer text
-    done: str = "done"  # true on the end event
-    citations: str | None = "citations"  # the end event's citations: ids or {doc_id, chunk_id, start, end}
-    usage: str | None = "usage"  # the end event's token usage {prompt_tokens, completion_tokens, ...}
+    retrieved: str | None = AUTO  # the list of retrieved items (empty: a miss); null: no evidence reported
+    doc_id: str | None = AUTO  # an item's document id
+    chunk_id: str | None = AUTO  # an item's chunk id; missing = <doc_id>#<rank-1>
+    start: str | None = AUTO  # an item's [start, end) character offsets in the document
+    end: str | None = AUTO  # missing offsets: located from `text` in the document, else the whole document
+    score: str | None = AUTO  # an item's score; missing = 0
+    text: str | None = AUTO  # an item's text
+    intents: str | None = AUTO  # intent codes (the first non-empty one is the prediction); may be absent
+    timings: str | None = AUTO  # the service's own stage timings, kept as service.<stage>
+    answer: str | None = AUTO  # the answer text in a JSON response (shapes without a stream)
+    delta: str | None = AUTO  # a stream event's piece of answer text
+    done: str | None = AUTO  # a stream's end event: this path is true ({"done": true})
+    done_data: str | None = AUTO  # a stream's end event: its data is exactly this text ([DONE])
+    citations: str | None = AUTO  # ids or {doc_id, chunk_id, start, end}; may be absent
+    usage: str | None = AUTO  # token usage {prompt_tokens, completion_tokens, ...}; may be absent
+    # the stages a service may report, in the eval JSON (docs/metrics.md "Stage diagnosis"); null = absent
+    rewritten_query: str | None = None  # the rewritten/expanded query the service searched with
+    filters: str | None = None  # the filters it applied (an object)
+    candidates: str | None = None  # the list before rerank; items mapped like `retrieved`'s
+    context: str | None = None  # the chunks given to the model; items mapped like `retrieved`'s (+ text)
+    versions: str | None = None  # version tags {index, corpus, prompt, model: strings}
 
 
 @dataclass
 class SystemConfig:
-    name: str = "local"  # the system under test: local (rag_ablate's own pipeline) | http; rag_ablate.systems
+    name: str = "local"  # the system under test: local (rag_ablate's own pipeline) | http | replay
     base_url: str | None = None  # http: the service's root URL, e.g. http://127.0.0.1:8000 (required)
-    eval_path: str = "/rag/eval"  # http: the JSON endpoint (retrieved evidence and intents)
-    chat_path: str | None = "/rag/chat"  # http: the server-sent-events answer endpoint; null = no answers
+    # http: the shapes the service speaks, a preset of endpoints, body and response paths (README
+    # "Evaluate your own RAG service over HTTP"): reference | openai_chat_stream | openai_chat |
+    # json_answer | single; rag_ablate.config.shapes
+    shape: str = "reference"
+    model: str | None = None  # http, openai shapes: the model name their request body sends
+    eval_path: str | None = AUTO  # http: the JSON endpoint (evidence, intents; an answer); null = none
+    chat_path: str | None = AUTO  # http: the server-sent-events answer endpoint; null = no stream
     headers: dict[str, str] = field(default_factory=dict)  # http: request headers; values never logged
-    body: dict[str, Any] = field(default_factory=dict)  # http: request body template; {} = the wire format
+    body: dict[str, Any] = field(default_factory=dict)  # http: request body template; {} = the shape's
     response: HttpResponseConfig = field(default_factory=HttpResponseConfig)  # http: response mappings
     concurrency: Count = 8  # http: queries in flight at once (each sends its eval and chat requests together)
     timeout_s: Positive = 30.0  # http: connect and read timeout of each request, seconds
@@ -80,6 +102,14 @@ class SystemConfig:
     backoff_max_s: NonNeg = 30.0  # http: the longest wait between two tries, Retry-After included
     max_error_rate: Share = 0.05  # the error budget: a run whose share of failed queries is above it
     # fails (exit 1), local and http alike; queries failed by the generator or reranker count here
+    # replay: score recorded traffic without calling anything (rag_ablate/systems/replay.py)
+    path: str | None = None  # replay: the log: a run folder or its records.jsonl, a JSONL of logged
+    # responses, or (format=mlflow) a tracking URI such as sqlite:///outputs/mlflow.db (required)
+    format: Annotated[str, OneOf(*REPLAY_FORMATS)] = "records"  # replay: records | responses | mlflow
+    join: Annotated[str, OneOf("query_id", "query")] = "query_id"  # replay: match lines to queries by
+    # id, or by query text (whitespace normalised)
+    run_id: str | None = None  # replay, format=mlflow: the MLflow run whose traces are replayed
+    experiment: str | None = None  # replay, format=mlflow: or every trace of this experiment (by name)
 
 
 @dataclass
@@ -174,6 +204,7 @@ class GeneratorConfig:
     retries: Count0 = 3  # openai: tries after the first on 429, 5xx and connect errors
     backoff_s: NonNeg = 1.0  # openai: first retry delay, doubling per retry (Retry-After wins)
     backoff_max_s: NonNeg = 30.0  # openai: the longest wait between two tries, Retry-After included
+    concurrency: Count = 1  # openai: answers generated at once (queries are retrieved one at a time)
     prompt_en: str = ""  # openai: prompt for English queries; {question} and {contexts} are filled in
     prompt_zh: str = ""  # openai: prompt for Chinese queries (the same placeholders)
 
@@ -368,6 +399,14 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="rag_ablate_schema", node=RunConfig)
 
 
+@functools.cache
+def _schema() -> DictConfig:
+    """The schema as a config, built once (0.1 s or more: a sweep's plan check parses every job)."""
+    schema = OmegaConf.structured(RunConfig)
+    assert isinstance(schema, DictConfig)
+    return schema
+
+
 def parse_config(cfg: DictConfig) -> RunConfig:
     """A composed config as a :class:`RunConfig`: the schema only (``settings.to_settings`` validates too)."""
     keys = [str(k) for k in cfg if k != "hydra"]
@@ -377,9 +416,8 @@ def parse_config(cfg: DictConfig) -> RunConfig:
         raise ConfigError(_unresolved(exc)) from None
     if not isinstance(plain, dict):
         raise ConfigError("the composed config is not a mapping")
-    schema = OmegaConf.structured(RunConfig)
     try:
-        merged = OmegaConf.merge(schema, plain)
+        merged = OmegaConf.merge(_schema(), plain)  # merge copies the schema: it stays as built
     except OmegaConfBaseException as exc:
         raise ConfigError(f"config does not match the schema: {exc}") from exc
     settings = OmegaConf.to_object(merged)
@@ -404,8 +442,11 @@ def _unresolved(exc: OmegaConfBaseException) -> str:
 
 
 def validate_system(s: SystemConfig) -> None:
-    """Ranges of the system settings (the bounds on its fields); system=http needs its base_url."""
+    """Ranges of the system settings (the bounds on its fields); system=http needs its base_url (its
+    shape, endpoints and paths: :func:`rag_ablate.config.shapes.check_shape`)."""
     check_ranges(s, "system")
+    if s.name == "replay":
+        validate_replay(s)
     if s.name != "http":
         return
     if not s.base_url:
@@ -416,6 +457,20 @@ def validate_system(s: SystemConfig) -> None:
     if not s.base_url.startswith(("http://", "https://")):
         shown = hide_userinfo(s.base_url)
         raise ConfigError(f"system.base_url must start with http:// or https://, got '{shown}'")
-    for key, path in (("eval_path", s.eval_path), ("chat_path", s.chat_path)):
-        if path is not None and not path.startswith("/"):
-            raise ConfigError(f"system.{key} must start with '/', got '{path}'")
+
+
+def validate_replay(s: SystemConfig) -> None:
+    """system=replay needs the log: ``system.path`` (an existing file or folder, unless it is an MLflow
+    tracking URI) and, for format=mlflow, a run id or an experiment name."""
+    if not s.path:
+        raise ConfigError(
+            "system=replay needs system.path, the log to score: a run folder or its records.jsonl "
+            "(system.format=records), a JSONL of logged responses (system.format=responses), or an "
+            "MLflow tracking URI (system.format=mlflow)"
+        )
+    if s.format == "mlflow":
+        if not (s.run_id or s.experiment):
+            raise ConfigError("system.format=mlflow needs system.run_id or system.experiment (a name)")
+        return
+    if not Path(s.path).exists():
+        raise ConfigError(f"system.path: no such file or folder: {s.path} (system=replay)")

@@ -10,17 +10,19 @@ against the code)::
     Exception
     ├── RagAblateError                  base of every error raised on purpose
     │   ├── DatasetError                a dataset folder breaks the contract (file, line, field)
-    │   │   └── DatasetValidationError  dataset/model.py: every violation found, in file order
+    │   │   ├── DatasetValidationError  dataset/model.py: every violation found, in file order
+    │   │   └── ReplayError             systems/replay.py: a line of a replayed log (file, line, field)
     │   ├── ConfigError                 a config value or combination is invalid
     │   ├── UnknownNameError            also KeyError: a name not in a registry (lists the valid names)
     │   ├── TrackingError               MLflow store / run problems
     │   │   └── TrackingDownError       the store stopped answering within tracking.timeout_s mid-run
     │   ├── ErrorRateError              a stage's share of failed calls/queries is above its error budget
-    │   ├── EndpointDownError           an endpoint refused connections several times in a row: the run stops
+    │   ├── EndpointDownError           an endpoint refused or never answered several tries in a row: stop
     │   ├── ComparisonError             the comparison step cannot be computed
     │   ├── LocalModelError             the offline model (extra [local-llm]) missing, corrupt, not started
     │   ├── JudgeCalibrationError       the judge calibration failed after the run was logged
     │   ├── GenerationError             a generator's model call failed after its retries (with a status)
+    │   │   └── _NoAnswer               llm/client.py: a timeout with no response (the breaker counts it)
     │   ├── RecordsError                records/jsonl.py: a records line that is not a record
     │   ├── WriteError                  a file or folder could not be written (disk full, read-only)
     │   └── RerankError                 pipeline/rerank.py: a reranker failed at run time
@@ -142,9 +144,10 @@ class ErrorRateError(RagAblateError):
 
 
 class EndpointDownError(RagAblateError):
-    """An endpoint (``system=http``, ``generator=openai``, ``judge=openai``, ``rerank=http``) failed to
-    connect several times in a row (:class:`rag_ablate.core.retry.Breaker`): the run stops at once
-    instead of trying every query. The message names the URL."""
+    """An endpoint (``system=http``, ``generator=openai``, ``judge=openai``, ``rerank=http``) could
+    not be connected to, or took the connection and sent no response within its timeout, several
+    tries in a row (:class:`rag_ablate.core.retry.Breaker`): the run stops at once instead of
+    trying every query. The message names the URL and what the tries met."""
 
 
 class ComparisonError(RagAblateError):

@@ -22,6 +22,7 @@ PROFILE_FILE = "profile.json"  # seconds and peak MB per stage (core.profiling);
 RUN_FILE = "run.json"  # written when the job starts: its MLflow run id and config, for resume=
 JUDGE_CALIBRATION_JSON = "judge_calibration.json"  # the judge's agreement with human judgements
 JUDGE_CALIBRATION_MD = "judge_calibration.md"
+REPLAY_UNMATCHED_FILE = "replay_unmatched.jsonl"  # system=replay: log lines that matched no query, and why
 
 # a sweep folder
 PLAN_FILE = "plan.json"  # the ablation plan: every job, what it changes
@@ -32,3 +33,4 @@ COMPARISON_MD = "comparison.md"
 FAILURES_FILE = "failures.json"  # jobs and steps of the sweep that failed, with why
 PINNED_DIR = "pinned"  # rag-ablate compare SWEEP --baseline-run RUN: that comparison's files and report
 TIMING_FILE = "timing.jsonl"  # the interleaved timing pass: one line per query, variant and repeat
+CONFIG_COPY_DIR = "config"  # a run's or sweep's copy of the --config-dir folder, for resume= (run.resume)

@@ -348,17 +348,18 @@ class Privacy:
     def record(self, rec: R) -> R:
         """The stored form of a record (a new dict of the same type; ``rec`` is left as it is).
 
-        ``store_text=false``: no ``query`` and ``answer`` keys, error messages without quoted
-        text. ``redact=true``: query, answer, error messages (the record's and the judge's)
-        redacted, and ``redacted`` holds the counts of what was replaced, added to the counts the
-        record had (a record redacted before keeps its counts: resume= reads it back).
+        ``store_text=false``: no ``query``, ``answer`` and ``rewritten_query`` keys, no ``text`` in
+        the ``context`` entries, error messages without quoted text. ``redact=true``: those texts
+        and error messages (the record's and the judge's) redacted, and ``redacted`` holds the
+        counts of what was replaced, added to the counts the record had (a record redacted before
+        keeps its counts: resume= reads it back).
         """
         if not self.active:
             return cast(R, dict(rec))
         out: dict[str, Any] = dict(rec)
         counts: Counts = dict(rec.get("redacted") or {})
         known = (rec.get("query"), rec.get("answer"))
-        for key in ("query", "answer"):
+        for key in ("query", "answer", "rewritten_query"):
             if key not in out:
                 continue
             if not self.store_text:
@@ -366,6 +367,9 @@ class Privacy:
             elif self.redact and isinstance(out[key], str):
                 out[key], found = redact_text(out[key])
                 counts = add_counts(counts, found)
+        if isinstance(out.get("context"), list):
+            out["context"], found = self._context(out["context"])
+            counts = add_counts(counts, found)
         if isinstance(out.get("error"), str):
             out["error"], found = self.message(out["error"], known)
             counts = add_counts(counts, found)
@@ -374,7 +378,21 @@ class Privacy:
             counts = add_counts(counts, found)
         if self.redact:
             out["redacted"] = {kind: counts.get(kind, 0) for kind in KINDS}
-        return cast(R, out)  # the same keys but query/answer (optional ones) and redacted
+        return cast(R, out)  # the same keys but query/answer/rewritten_query (optional ones) and redacted
+
+    def _context(self, entries: list[Any]) -> tuple[list[Any], Counts]:
+        """A record's ``context`` entries as stored: without ``text`` unless text is stored, redacted."""
+        out: list[Any] = []
+        counts: Counts = {}
+        for entry in entries:
+            entry = dict(entry)
+            if not self.store_text:
+                entry.pop("text", None)
+            elif self.redact and isinstance(entry.get("text"), str):
+                entry["text"], found = redact_text(entry["text"])
+                counts = add_counts(counts, found)
+            out.append(entry)
+        return out, counts
 
     def judged_answer(self, item: T) -> T:
         """A judged answer that is not a record (a dataclass with ``answer`` and ``errors``, such as

@@ -77,29 +77,39 @@ def status_meaning(code: int) -> tuple[Status, bool] | None:
 #   bad_response   the response did not match a configured mapping (``error`` names the path, with an excerpt)
 #   access_denied  401 or 403
 #   stream_cut     the answer stream ended without its end event (the partial answer is kept, not scored)
-Status = Literal["ok", "failed", "timeout", "http_error", "bad_response", "access_denied", "stream_cut"]
+#   not_logged     system=replay: the replayed log has no line for the query
+Status = Literal[
+    "ok", "failed", "timeout", "http_error", "bad_response", "access_denied", "stream_cut", "not_logged"
+]
 
 STATUSES: tuple[str, ...] = get_args(Status)
 
 
-BREAKER_LIMIT = 3  # tries in a row that could not connect before an endpoint counts as down
+BREAKER_LIMIT = 3  # tries in a row that got no response before an endpoint counts as down
 
 
 class Breaker:
-    """A circuit breaker: the tries in a row that could not connect to one endpoint.
+    """A circuit breaker: the tries in a row that got no response from one endpoint.
 
     Every HTTP client of the package keeps one per endpoint for the whole run (shared by its
     threads or tasks). It calls :meth:`failed` after a try that could not connect (refused,
-    unreachable, connect timeout) and :meth:`succeeded` after any response. After ``limit`` such
-    tries in a row the breaker is :attr:`open`: the client raises
-    :class:`~rag_ablate.core.errors.EndpointDownError` with :meth:`message` instead of retrying, and
-    every later call fails at once, so a service that is down stops the run within seconds instead
-    of costing a round of retries per query.
+    unreachable, connect timeout) or, with ``silent=True``, after one that connected and got no
+    response within its timeout (a service that accepts connections and never answers), and
+    :meth:`succeeded` after any response. After ``limit`` such tries in a row the breaker is
+    :attr:`open`: the client raises :class:`~rag_ablate.core.errors.EndpointDownError` with
+    :meth:`message` instead of retrying, and every later call fails at once, so a service that is
+    down or hung stops the run within a few timeouts instead of costing one (or a round of
+    retries) per query. ``timeout`` names the client's timeout setting and its value, for the
+    message.
     """
 
-    def __init__(self, owner: str, url: str, limit: int = BREAKER_LIMIT) -> None:
+    def __init__(
+        self, owner: str, url: str, timeout: tuple[str, float] = ("", 0.0), limit: int = BREAKER_LIMIT
+    ) -> None:
         self.owner, self.url, self.limit = owner, url, limit
+        self.timeout_setting, self.timeout_s = timeout
         self.in_a_row = 0
+        self.silent = 0  # of those, tries that connected and got no response
         self.last_error = ""
         self._lock = threading.Lock()
 
@@ -107,21 +117,30 @@ class Breaker:
     def open(self) -> bool:
         return self.in_a_row >= self.limit
 
-    def failed(self, error: str) -> bool:
-        """One more try that could not connect; True when the breaker is now open."""
+    def failed(self, error: str, *, silent: bool = False) -> bool:
+        """One more try that got no response (``silent``: connected, then nothing within the
+        timeout; else could not connect); True when the breaker is now open."""
         with self._lock:
             self.in_a_row += 1
+            self.silent += silent
             self.last_error = error
             return self.in_a_row >= self.limit
 
     def succeeded(self) -> None:
         """The endpoint answered (whatever its status): the count starts again."""
         with self._lock:
-            self.in_a_row = 0
+            self.in_a_row = self.silent = 0
 
     def message(self) -> str:
-        """The one line that stops the run: the owner, the URL and the last connection error."""
+        """The one line that stops the run: the owner, the URL and what the last tries met."""
+        if not self.silent:
+            return (
+                f"{self.owner} endpoint {self.url} is unreachable: {self.in_a_row} connection attempts in a "
+                f"row failed ({self.last_error}); the run stops. Is the service running at that address?"
+            )
+        within = f" within {self.timeout_s:g} s ({self.timeout_setting})" if self.timeout_setting else ""
         return (
-            f"{self.owner} endpoint {self.url} is unreachable: {self.in_a_row} connection attempts in a "
-            f"row failed ({self.last_error}); the run stops. Is the service running at that address?"
+            f"{self.owner} endpoint {self.url} does not answer: {self.in_a_row} requests in a row got no "
+            f"response{within} ({self.last_error}); the run stops. Is the service hung or overloaded? "
+            f"(If it is only slow, raise {self.timeout_setting or 'its timeout'}.)"
         )

@@ -12,13 +12,19 @@ Three ways a key reaches a run besides an environment variable:
 * **under a name that says it is one**: ``+system.body.api_key=KEY``, ``+system.header.X-Token=KEY``
   (a misspelt ``headers``): :func:`is_secret_name` (a part of the key is ``key``, ``token``,
   ``secret``, ``password``, ``auth`` ...; ``api_key_env``, the name of a variable, is not);
-* **as a credential**: ``'Bearer KEY'`` in any value (:func:`hide_credentials`).
+* **as a credential**: ``'Bearer KEY'`` in any value, or a value shaped like a key whatever its
+  name (``+system.body.k=sk-...``, a misspelt ``+system.body.api_kye=...``): the well-known shapes
+  (``sk-...``, ``ghp_``/``github_pat_``, ``AKIA...``, ``xox?-...``, a JWT) keep their prefix and
+  lose the rest, and a long token that mixes upper case, lower case and digits at random is
+  replaced whole (:func:`hide_credentials`, :func:`hide_key_shapes`). Hex hashes, ids and words do
+  not read as keys: a config hash, a git SHA, a run id or a document id is never hidden.
 
 ``rag_ablate.config.keys.redact`` applies all three to a config before it is written or logged.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections.abc import Iterator, Mapping
@@ -57,9 +63,48 @@ def hide_userinfo(text: str) -> str:
 
 
 def hide_credentials(text: str) -> str:
-    """``text`` with URL userinfo hidden (:func:`hide_userinfo`) and the token after ``Bearer``
-    (8 characters or more) replaced by ``***``."""
-    return _CREDENTIAL.sub(rf"\g<1>\g<2>{MASK}", hide_userinfo(text))
+    """``text`` with URL userinfo hidden (:func:`hide_userinfo`), the token after ``Bearer``
+    (8 characters or more) replaced by ``***`` and every value shaped like a key hidden
+    (:func:`hide_key_shapes`)."""
+    return hide_key_shapes(_CREDENTIAL.sub(rf"\g<1>\g<2>{MASK}", hide_userinfo(text)))
+
+
+# well-known key shapes, each kept up to its prefix: OpenAI/Anthropic-style sk-..., GitHub tokens,
+# AWS access key ids, Slack tokens; a JWT (three base64url parts, the first two JSON objects) whole
+_KEY_SHAPES = re.compile(
+    r"(?<![A-Za-z0-9_-])(?:"
+    r"(sk-)(?=[A-Za-z0-9_-]*\d)[A-Za-z0-9_-]{12,}"
+    r"|(gh[pousr]_)[A-Za-z0-9]{20,}"
+    r"|(github_pat_)[A-Za-z0-9_]{20,}"
+    r"|((?:AKIA|ASIA)(?=[A-Z0-9]{16}(?![A-Za-z0-9])))[A-Z0-9]{16}"
+    r"|(xox[abposr]-)[A-Za-z0-9-]{10,}"
+    r"|()eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"
+    r")"
+)
+# a candidate for a random token: 32 or more letters, digits, - _ + (no / or .: paths, hosts), and
+# base64's closing = signs
+_LONG_TOKEN = re.compile(r"(?<![A-Za-z0-9_+-])[A-Za-z0-9_+-]{32,}={0,2}(?![A-Za-z0-9_+=-])")
+
+
+def _random_looking(token: str) -> bool:
+    """Whether a long token mixes upper case, lower case and digits as random text does: all three
+    present and the kind of character changing at a third of its positions or more (a model name
+    such as ``paraphrase-multilingual-MiniLM-L12-v2`` changes at a fifth; hex hashes have no upper
+    case)."""
+    kinds = ["u" if c.isupper() else "l" if c.islower() else "d" if c.isdigit() else "" for c in token]
+    kinds = [k for k in kinds if k]
+    if not {"u", "l", "d"} <= set(kinds):
+        return False
+    changes = sum(a != b for a, b in itertools.pairwise(kinds))
+    return changes >= len(kinds) / 3
+
+
+def hide_key_shapes(text: str) -> str:
+    """``text`` with every value shaped like an API key replaced: ``sk-proj-4f1c...`` -> ``sk-***``,
+    ``ghp_...`` -> ``ghp_***``, ``AKIA...`` -> ``AKIA***``, ``xoxb-...`` -> ``xoxb-***``, a JWT and
+    any long random-looking token (:func:`_random_looking`) -> ``***``."""
+    text = _KEY_SHAPES.sub(lambda m: "".join(g for g in m.groups() if g) + MASK, text)
+    return _LONG_TOKEN.sub(lambda m: MASK if _random_looking(m.group()) else m.group(), text)
 
 
 _KEY_LIKE = re.compile(r"(?=[^\s]*\d)(?=[^\s]*[A-Za-z])[A-Za-z0-9._~+/=-]{20,}")

@@ -29,6 +29,7 @@ from rag_ablate.core.fmt import invisible, visible
 from rag_ablate.dataset.labels import locate_quote
 from rag_ablate.dataset.model import (
     CORPUS_FILE,
+    EXPECTED_BEHAVIORS,
     HUMAN_SCORE_MAX,
     INTENTS_FILE,
     QUERIES_FILE,
@@ -36,6 +37,7 @@ from rag_ablate.dataset.model import (
     Dataset,
     DatasetValidationError,
     Document,
+    ExpectedBehavior,
     HumanJudgement,
     Intent,
     LabelCheck,
@@ -63,6 +65,10 @@ _QUERY_FIELDS = {
     "user_groups",
     "human_judgements",
     "relevant_sets",
+    "relevant_chunks",
+    "metadata",
+    "applicable_version",
+    "expected_behavior",
 }
 _EVIDENCE_FIELDS = {"doc_id", "start", "end", "quote"}
 _INTENT_FIELDS = {"intent_l2", "intent_l1", "description", "examples", "requires_rag"}
@@ -260,6 +266,10 @@ class _RawQuery:
     user_groups: tuple[str, ...] | None
     judgements: tuple[HumanJudgement, ...]
     relevant_sets: tuple[tuple[str, ...], ...] = ()
+    relevant_chunks: dict[str, int] | None = None
+    metadata: dict[str, Any] | None = None
+    applicable_version: str | None = None
+    expected_behavior: ExpectedBehavior | None = None
     quotes: int = 0  # evidence entries with a quote
     label_checks: tuple[LabelCheck, ...] = ()  # quotes that did not match at their offsets
 
@@ -454,6 +464,58 @@ def _relevant_sets(
     return tuple(out) if ok else ()
 
 
+def _relevant_chunks(chk: _Checker, line: int, value: object) -> dict[str, int]:
+    """The optional ``relevant_chunks``: gold chunk ids (the system's own ids) with their grades.
+
+    Chunk ids are not checked against the corpus: chunks are cut by the system under test."""
+    out: dict[str, int] = {}
+    if value is None:
+        return out
+    if not isinstance(value, dict):
+        chk.err(line, "relevant_chunks", f"must be an object {{chunk_id: grade}}, got {type(value).__name__}")
+        return out
+    for chunk_id, grade in value.items():
+        if not chunk_id.strip():
+            chk.err(line, "relevant_chunks", "a chunk id must be a non-empty string")
+        elif not _is_int(grade) or grade < 1:
+            chk.err(line, "relevant_chunks", f"grade of '{chunk_id}' must be an integer >= 1, got {grade!r}")
+        else:
+            out[chunk_id] = grade
+    return out
+
+
+def _expected_behavior(chk: _Checker, line: int, value: object) -> ExpectedBehavior | None:
+    """The optional ``expected_behavior``: ``answer``, ``refuse`` or ``clarify``."""
+    if value is None:
+        return None
+    for behavior in EXPECTED_BEHAVIORS:
+        if value == behavior:
+            return behavior
+    chk.err(line, "expected_behavior", f"must be one of {', '.join(EXPECTED_BEHAVIORS)}, got {value!r}")
+    return None
+
+
+def _behavior_agrees(
+    chk: _Checker, line: int, behavior: ExpectedBehavior | None, answerable: bool, requires_rag: bool
+) -> None:
+    """``expected_behavior`` must agree with the gold: ``refuse`` has none, ``answer`` (on a query
+    that needs retrieval) has some; ``clarify`` goes with either."""
+    if behavior == "refuse" and answerable:
+        chk.err(
+            line,
+            "expected_behavior",
+            "'refuse' on an answerable query: a query the system must refuse has no gold "
+            "('relevant', 'relevant_chunks', 'evidence'); drop them or say 'answer' or 'clarify'",
+        )
+    elif behavior == "answer" and requires_rag and not answerable:
+        chk.err(
+            line,
+            "expected_behavior",
+            "'answer' on an unanswerable query: give its gold ('relevant' or 'relevant_chunks'), "
+            "or say 'refuse' or 'clarify'",
+        )
+
+
 def _load_queries(
     path: Path,
     docs: Mapping[str, Document],
@@ -493,6 +555,8 @@ def _load_queries(
                     else:
                         relevant[doc_id] = grade
 
+        relevant_chunks = _relevant_chunks(chk, line, obj.get("relevant_chunks"))
+        gold = bool(rel) or bool(obj.get("relevant_chunks"))
         spans, quotes, checks = _evidence(chk, line, qid, obj.get("evidence"), docs)
         relevant_sets = _relevant_sets(chk, line, obj.get("relevant_sets"), docs, relevant, bool(rel))
 
@@ -510,17 +574,29 @@ def _load_queries(
 
         answerable = chk.boolean(line, obj, "answerable")
         if answerable is None:
-            answerable = bool(rel)
-        elif answerable and not rel:
-            chk.err(line, "answerable", "answerable is true but 'relevant' is empty")
+            answerable = gold
+        elif answerable and not gold:
+            chk.err(
+                line, "answerable", "answerable is true but 'relevant' is empty (and so is 'relevant_chunks')"
+            )
         elif not answerable and rel:
             chk.err(line, "answerable", "answerable is false but 'relevant' is not empty")
+        elif not answerable and gold:
+            chk.err(line, "answerable", "answerable is false but 'relevant_chunks' is not empty")
         if (spans or checks) and not answerable:
             chk.err(line, "evidence", "an unanswerable query cannot have evidence")
 
         requires_rag = chk.boolean(line, obj, "requires_rag")
         if requires_rag is None:
             requires_rag = intents[l2].requires_rag if intents and l2 is not None and l2 in intents else True
+        behavior = _expected_behavior(chk, line, obj.get("expected_behavior"))
+        _behavior_agrees(chk, line, behavior, answerable, requires_rag)
+        metadata = obj.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            chk.err(line, "metadata", f"must be a JSON object {{key: value}}, got {type(metadata).__name__}")
+        version = chk.string(line, obj, "applicable_version", required=False)
+        if version is not None and not version.strip():
+            chk.err(line, "applicable_version", "must be a non-empty string")
 
         ref = obj.get("reference_answer")
         refs: tuple[str, ...] = ()
@@ -559,6 +635,10 @@ def _load_queries(
                 user_groups,
                 judgements,
                 relevant_sets=relevant_sets,
+                relevant_chunks=relevant_chunks,
+                metadata=metadata,
+                applicable_version=version,
+                expected_behavior=behavior,
                 quotes=quotes,
                 label_checks=checks,
             )
@@ -662,6 +742,10 @@ def load_dataset(
             line=q.line,
             human_judgements=q.judgements,
             relevant_sets=q.relevant_sets,
+            relevant_chunks=q.relevant_chunks or {},
+            metadata=q.metadata or {},
+            applicable_version=q.applicable_version,
+            expected_behavior=q.expected_behavior,
         )
         for q, g, s in zip(raw, groups, splits, strict=True)
     )

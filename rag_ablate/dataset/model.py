@@ -23,6 +23,10 @@ SPLITS = ("dev", "holdout")
 
 QueryKind = Literal["answerable", "unanswerable", "no_rag"]
 
+ExpectedBehavior = Literal["answer", "refuse", "clarify"]
+#: what a query's ``expected_behavior`` may say the system should do (docs/dataset-format.md)
+EXPECTED_BEHAVIORS: tuple[ExpectedBehavior, ...] = ("answer", "refuse", "clarify")
+
 CORPUS_FILE = "corpus.jsonl"
 
 QUERIES_FILE = "queries.jsonl"
@@ -179,6 +183,21 @@ class Query:
     line: int = 0
     human_judgements: tuple[HumanJudgement, ...] = ()
     relevant_sets: tuple[tuple[str, ...], ...] = ()  # alternative sets of doc ids, each sufficient
+    relevant_chunks: Mapping[str, int] = field(default_factory=dict)  # chunk id -> grade (gold chunk ids)
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # free JSON object, kept in records
+    applicable_version: str | None = None  # the version (of product, policy, corpus) the query is about
+    expected_behavior: ExpectedBehavior | None = None  # what the system should do; None: from the gold
+
+    @property
+    def behavior(self) -> ExpectedBehavior | None:
+        """What the system should do: ``expected_behavior`` when given, else ``answer`` for an
+        answerable query and ``refuse`` for an unanswerable one (None for ``no_rag``)."""
+        if self.expected_behavior is not None:
+            return self.expected_behavior
+        kind = self.kind
+        if kind == "no_rag":
+            return None
+        return "answer" if kind == "answerable" else "refuse"
 
     @property
     def kind(self) -> QueryKind:
@@ -226,6 +245,12 @@ class Dataset:
             "multi_doc": multi,
             "with_evidence": sum(1 for q in self.queries if q.evidence),
             "with_relevant_sets": sum(1 for q in self.queries if q.relevant_sets),
+            "with_relevant_chunks": sum(1 for q in self.queries if q.relevant_chunks),
+            "with_metadata": sum(1 for q in self.queries if q.metadata),
+            "with_applicable_version": sum(1 for q in self.queries if q.applicable_version is not None),
+            "expected_behavior": {
+                b: sum(1 for q in self.queries if q.expected_behavior == b) for b in EXPECTED_BEHAVIORS
+            },
             "human_judgements": sum(len(q.human_judgements) for q in self.queries),
             "human_judged_queries": sum(1 for q in self.queries if q.human_judgements),
             "labels_checked": self.labels.checked,

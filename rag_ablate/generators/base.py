@@ -53,6 +53,7 @@ class Generation:
     cached: bool = False
     usage_count: str | None = None  # "local": usage is rag_ablate's own count (metrics/text.py)
     latency_ms: float | None = None  # the model call's own time; a cached call reports the original's
+    n_read: int | None = None  # the generator read only the first n contexts (None: all of them)
 
 
 class Generator(Protocol):

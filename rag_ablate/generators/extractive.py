@@ -80,6 +80,7 @@ class ExtractiveGenerator:
             citations=[c.citation() for c in cited],
             usage=TokenUsage(prompt, completion, prompt + completion),
             usage_count=USAGE_COUNT,
+            n_read=len(read),
         )
 
 

@@ -26,10 +26,11 @@ never stored, logged or part of a cache key. ``None`` sends no key.
 Retries. 429, 5xx and connect errors are sent again (``retries`` times), after the
 response's ``Retry-After`` or an exponential backoff with jitter
 (:func:`rag_ablate.core.retry.backoff_wait`, shared with ``system=http``). Read timeouts,
-4xx and broken bodies are not retried. An endpoint that cannot be connected to
-``BREAKER_LIMIT`` tries in a row (refused, unreachable; :class:`rag_ablate.core.retry.Breaker`)
-raises :class:`~rag_ablate.core.errors.EndpointDownError` at once, and so does every later
-call: the run stops instead of retrying every query. A streamed call is only retried before any content
+4xx and broken bodies are not retried. An endpoint that cannot be connected to, or that takes
+the connection and sends no response within ``timeout_s``, ``BREAKER_LIMIT`` tries in a row
+(refused, unreachable, silent; :class:`rag_ablate.core.retry.Breaker`) raises
+:class:`~rag_ablate.core.errors.EndpointDownError` at once, and so does every later call: the run
+stops instead of retrying every query. A streamed call is only retried before any content
 arrived. Every failure raises :class:`~rag_ablate.core.errors.GenerationError` whose
 message names the owner ("generator" or "judge") and the endpoint.
 
@@ -84,6 +85,11 @@ class ChatResult:
     retries: int  # tries after the first one (a cached call reports the original's)
 
 
+class _NoAnswer(GenerationError):
+    """A ``timeout``: the endpoint took the connection and sent no response within ``timeout_s``
+    (the breaker counts it with the tries that could not connect)."""
+
+
 class _Retry(Exception):
     def __init__(
         self, error: GenerationError, retry_after: float | None = None, *, unreachable: bool = False
@@ -129,7 +135,8 @@ class ChatClient:
         self.backoff_max_s = backoff_max_s
         self.cache = cache
         self.calls = 0  # requests sent to the endpoint, retries included
-        self.breaker = Breaker(owner, self.url)  # an endpoint that is down stops the run
+        # an endpoint that is down or hung stops the run
+        self.breaker = Breaker(owner, self.url, (f"{owner}.timeout_s", timeout_s))
         self._lock = threading.Lock()
         self._rng = random.Random(seed)  # backoff jitter only
         self._client: httpx.Client | None = None
@@ -294,6 +301,10 @@ class ChatClient:
                 value = self._stream(body, t0) if body["stream"] else self._once(body)
                 self.breaker.succeeded()
                 break
+            except _NoAnswer as e:
+                if self.breaker.failed(str(e), silent=True):
+                    raise EndpointDownError(self.breaker.message()) from None
+                raise
             except GenerationError:
                 self.breaker.succeeded()  # it answered, if not well
                 raise
@@ -328,12 +339,17 @@ class ChatClient:
     def _where(self) -> str:
         return f"{self.owner} endpoint {self.url}"
 
-    def _transport_error(self, exc: httpx.TransportError, started: bool) -> GenerationError | _Retry:
+    def _transport_error(
+        self, exc: httpx.TransportError, started: bool, answered: bool = False
+    ) -> GenerationError | _Retry:
+        """What a failed try means; ``started``: content had arrived, ``answered``: a response had."""
         import httpx
 
         detail = f"{self._where()}: {type(exc).__name__}: {exc}".rstrip(": ")
         if isinstance(exc, httpx.ConnectTimeout):
             return _Retry(GenerationError("timeout", detail), unreachable=True)
+        if not answered and isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
+            return _NoAnswer("timeout", detail)
         if isinstance(exc, httpx.TimeoutException):
             return GenerationError("timeout", detail)
         if not started and isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
@@ -389,6 +405,7 @@ class ChatClient:
         usage: dict[str, Any] | None = None
         done = False
         where = self._where()
+        response: httpx.Response | None = None
         try:
             headers = self._headers(True)
             with connect_sse(self._http(), "POST", self.url, json=body, headers=headers) as source:
@@ -413,7 +430,7 @@ class ChatClient:
         except SSEError as exc:
             raise GenerationError("bad_response", f"{where}: not an event stream: {exc}") from None
         except httpx.TransportError as exc:
-            raise self._transport_error(exc, bool(pieces)) from None
+            raise self._transport_error(exc, bool(pieces), response is not None) from None
         if not done:
             raise GenerationError("stream_cut", f"{where}: the stream ended without data: [DONE]")
         if not pieces:  # an empty answer is no answer (llama_cpp.server ends a cancelled request so)

@@ -325,10 +325,13 @@ def answer_metrics(
 ) -> dict[str, float | None]:
     """The answer metrics of one record with an ``answer`` (docs/metrics.md "Answers").
 
-    ``refusal`` on every query; ``correct_refusal`` on unanswerable queries, ``over_refusal`` on
-    answerable ones (a no_rag query gets neither); ``exact_match`` and ``token_f1`` on answerable
-    queries with reference answers; ``citation_precision`` (when the answer cites) and
-    ``citation_coverage`` on answers that do not refuse.
+    ``refusal`` on every query; ``correct_refusal`` on the queries the system should refuse,
+    ``over_refusal`` on those it should answer (``Query.behavior``: the query's ``expected_behavior``,
+    else ``refuse`` when unanswerable and ``answer`` when answerable; a ``clarify`` query and a
+    no_rag one without ``expected_behavior`` get neither); ``exact_match`` and ``token_f1`` on
+    answerable queries with reference answers; ``citation_precision`` (when the answer cites) and
+    ``citation_coverage`` on answers that do not refuse, unless the system does not report citations
+    (``citations`` None).
 
     With a judge's verdicts in ``rec["judge"]``: the judged metrics (:func:`judge_metrics`); an answer
     refuses when it holds a refusal phrase OR the judge's majority says it refuses; citation support
@@ -338,14 +341,15 @@ def answer_metrics(
     judge = rec.get("judge")
     refused = is_refusal(answer, scoring.phrases()) or judge_refusal(judge) is True
     out: dict[str, float | None] = {"refusal": float(refused)}
-    if query.kind == "unanswerable":
+    behavior = query.behavior
+    if behavior == "refuse":
         out["correct_refusal"] = float(refused)
-    elif query.kind == "answerable":
+    elif behavior == "answer":
         out["over_refusal"] = float(refused)
-        if query.reference_answers:
-            out["exact_match"] = exact_match(answer, query.reference_answers)
-            out["token_f1"] = token_f1(answer, query.reference_answers)
-    if not refused:
+    if query.kind == "answerable" and query.reference_answers:
+        out["exact_match"] = exact_match(answer, query.reference_answers)
+        out["token_f1"] = token_f1(answer, query.reference_answers)
+    if not refused and rec.get("citations") is not None:
         texts = cited_texts(rec.get("citations") or [], rec.get("retrieved") or [], docs)
         n_pairs = sum(len(sent.markers) for sent in answer_sentences(answer))
         judged = judge_support(judge, n_pairs)

@@ -41,6 +41,7 @@ from typing import Literal
 
 from rag_ablate.core.errors import ConfigError, UnknownNameError
 from rag_ablate.core.registry import Registry
+from rag_ablate.metrics.stages import OK, STAGES, stage_metric
 
 __all__ = [
     "FAMILIES",
@@ -61,12 +62,13 @@ __all__ = [
     "register",
     "spec_of",
     "split_prefix",
+    "stage_metrics",
     "valid_metric_names",
 ]
 
 Direction = Literal["higher", "lower"]
-Family = Literal["quality", "security", "reliability", "cost", "timing", "judge"]
-FAMILIES: tuple[Family, ...] = ("quality", "security", "reliability", "cost", "timing", "judge")
+Family = Literal["quality", "security", "reliability", "cost", "timing", "judge", "diagnosis"]
+FAMILIES: tuple[Family, ...] = ("quality", "security", "reliability", "cost", "timing", "judge", "diagnosis")
 
 _BASE_RE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
 _AT_K_RE = re.compile(r"(?P<base>.+?)(?:_at_|@)(?P<k>[0-9]+)")
@@ -95,8 +97,9 @@ class MetricSpec:
         ``quality`` (retrieval, intent, answers, judged scores), ``security`` (access-control
         leaks, never folded into quality), ``reliability`` (failed queries), ``cost`` (tokens),
         ``timing`` (read off the clock: adjusted for multiple comparisons in a family of its own,
-        so its run-to-run noise never moves another row's adjusted p) or ``judge`` (the LLM
-        judge's own failures).
+        so its run-to-run noise never moves another row's adjusted p), ``judge`` (the LLM
+        judge's own failures) or ``diagnosis`` (the stage that lost a query,
+        :mod:`rag_ablate.metrics.stages`: compared in the comparison's stage section).
     ``uses_failed``
         compared over failed queries too (``error_rate`` is the failure itself); every other
         metric over the queries ``ok`` on both sides (latency included: a failure's time is
@@ -459,6 +462,21 @@ def _register_builtins() -> None:
             "set_hit", "higher", True, True, "1 if some relevant set lies wholly in the top k", miss=0.0
         )
     )
+    # gold chunk ids (docs/metrics.md "Chunk-level retrieval"): computed when a query has relevant_chunks
+    # and every retrieved item carries a chunk id
+    chunk_level = {
+        "chunk_hit": (True, None, "1 if any relevant_chunks id is among the top k chunks"),
+        "chunk_recall": (False, 5, "relevant_chunks ids among the top k chunks / all relevant_chunks ids"),
+        "chunk_mrr": (False, 10, "1 / rank of the first relevant_chunks id within the top k chunks, else 0"),
+        "chunk_ndcg": (False, None, "nDCG at k over chunk ids, graded by relevant_chunks"),
+    }
+    for base, (binary, k, description) in chunk_level.items():
+        listed = k is not None
+        register(
+            MetricSpec(
+                base, "higher", binary, True, description, default_k=k, default_compare=listed, miss=0.0
+            )
+        )
     register(
         MetricSpec(
             "evidence_recall",
@@ -661,6 +679,25 @@ def _register_builtins() -> None:
                 family="judge",
             )
         )
+
+    # stage diagnosis (docs/metrics.md "Stage diagnosis"): per query 1 for its failure stage, 0 for
+    # the others; their means are the stages' shares of the queries diagnosed (failed ones are not)
+    for stage in STAGES:
+        register(
+            MetricSpec(
+                stage_metric(stage),
+                "higher" if stage == OK else "lower",
+                True,
+                False,
+                f"1 if the query's failure stage is {stage} (over queries that did not fail; not no_rag)",
+                family="diagnosis",
+            )
+        )
+
+
+def stage_metrics() -> list[str]:
+    """The stage-share metrics, in pipeline order (``stage_no_relevant_in_corpus`` .. ``stage_ok``)."""
+    return list(bases_where(family="diagnosis"))
 
 
 _register_builtins()

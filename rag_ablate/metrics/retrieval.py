@@ -5,6 +5,9 @@ and only the first k *unique* documents count. ``R`` is the set of documents wit
 grade >= 1; grades <= 0 are judged non-relevant. An empty ``R`` is a caller error
 (unanswerable cases never enter these means) and raises ``ValueError``.
 
+Chunk level (:func:`chunk_metrics`): the same definitions over chunk ids, against a
+query's gold chunk ids (``relevant_chunks``).
+
 Evidence level: chunks are *not* de-duplicated (a chunk is a (doc_id, start,
 end) character range); a gold evidence span counts as covered when one of the
 first k chunks lies in the same document and overlaps it.
@@ -27,8 +30,10 @@ from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.registry import metric_name
 
 __all__ = [
+    "CHUNK_BASES",
     "RETRIEVAL_BASES",
     "SET_BASES",
+    "chunk_metrics",
     "evidence_recall",
     "evidence_recall_at",
     "retrieval_metrics",
@@ -41,6 +46,12 @@ RETRIEVAL_BASES: tuple[str, ...] = ("hit", "recall", "precision", "mrr", "ndcg",
 
 SET_BASES: tuple[str, ...] = ("set_recall", "set_hit")
 """The metric bases ``set_metrics`` returns for every k, in this order."""
+
+CHUNK_BASES: tuple[str, ...] = ("chunk_hit", "chunk_recall", "chunk_mrr", "chunk_ndcg")
+"""The metric bases ``chunk_metrics`` returns for every k, in this order: the document-level
+``hit``, ``recall``, ``mrr`` and ``ndcg`` computed over chunk ids."""
+
+_CHUNK_OF = {base.removeprefix("chunk_"): base for base in CHUNK_BASES}
 
 
 def unique_docs(doc_ids: Iterable[str]) -> list[str]:
@@ -258,6 +269,26 @@ def set_metrics(
             best = max(best, sum(1 for d in s if rank_of.get(d, k + 1) <= k) / len(s))
         out[f"set_recall_at_{k}"] = best
         out[f"set_hit_at_{k}"] = 1.0 if best == 1.0 else 0.0
+    return out
+
+
+def chunk_metrics(
+    ranked_chunk_ids: Sequence[str],
+    relevant_chunks: Mapping[str, int],
+    ks: Sequence[int],
+) -> dict[str, float]:
+    """chunk_hit, chunk_recall, chunk_mrr and chunk_ndcg at every k in ``ks``: gold chunk ids
+    (a query's ``relevant_chunks``, chunk id -> grade) against the chunk ids of the ranking.
+
+    The same definitions as :func:`retrieval_metrics` with chunk ids in place of document ids (a
+    chunk id listed twice counts once, at its first rank); keys grouped by k in the order of ``ks``.
+    Raises ``ValueError`` when no chunk has grade >= 1, ``ConfigError`` for a bad k.
+    """
+    values = retrieval_metrics(ranked_chunk_ids, relevant_chunks, ks)
+    out: dict[str, float] = {}
+    for k in ks:
+        for base, chunk_base in _CHUNK_OF.items():
+            out[f"{chunk_base}_at_{k}"] = values[f"{base}_at_{k}"]
     return out
 
 

@@ -110,7 +110,8 @@ class HttpReranker:
     (:func:`rag_ablate.core.retry.backoff_wait`); any other non-2xx answer fails
     at once. A ``client`` passed in is used as is and not closed by
     :meth:`close`; ``timeout`` applies to every request either way. A service that cannot be
-    connected to several tries in a row (:class:`rag_ablate.core.retry.Breaker`) raises
+    connected to, or that takes the connection and sends no response within ``timeout``, several
+    tries in a row (:class:`rag_ablate.core.retry.Breaker`) raises
     :class:`~rag_ablate.core.errors.EndpointDownError`, which stops the run.
     """
 
@@ -143,7 +144,7 @@ class HttpReranker:
         self.timeout = float(timeout)
         self.max_retries = max_retries
         self._rng = random.Random(seed)  # backoff jitter only
-        self.breaker = Breaker("rerank", url)
+        self.breaker = Breaker("rerank", self.url, ("rerank.timeout", self.timeout))
         self._headers = {"Accept": "application/json"}
         if api_key_env:
             key = os.environ.get(api_key_env)
@@ -218,7 +219,9 @@ class HttpReranker:
                 )
             except transient as exc:
                 unreachable = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-                if unreachable and self.breaker.failed(f"{type(exc).__name__}: {exc}"):
+                silent = isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout)  # connected, no response
+                error = f"{type(exc).__name__}: {exc}"
+                if (unreachable or silent) and self.breaker.failed(error, silent=silent):
                     raise EndpointDownError(self.breaker.message()) from exc
                 if last:
                     raise RerankError(

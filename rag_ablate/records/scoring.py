@@ -16,6 +16,7 @@ atomically with exactly one final record per query, in dataset order.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
 
@@ -25,11 +26,12 @@ from rag_ablate.core.errors import ConfigError
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
 from rag_ablate.dataset.model import SPLITS, Dataset, Document, Query
 from rag_ablate.dataset.weights import TagWeights, run_metrics
-from rag_ablate.metrics.acl import acl_metrics, has_restrictions
+from rag_ablate.metrics import stages
+from rag_ablate.metrics.acl import acl_metrics, has_restrictions, may_see
 from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
 from rag_ablate.metrics.intent import intent_top1
 from rag_ablate.metrics.registry import spec_of
-from rag_ablate.metrics.retrieval import evidence_recall_at, retrieval_metrics, set_metrics
+from rag_ablate.metrics.retrieval import chunk_metrics, evidence_recall_at, retrieval_metrics, set_metrics
 from rag_ablate.records.trace import Record, RetrievedEntry, Trace
 from rag_ablate.text.count import count_tokens
 
@@ -40,9 +42,10 @@ def make_record(query: Query, trace: Trace) -> Record:
     ``tags`` (the query's tags) and the gold intents make the record enough to recompute its
     slices (:mod:`rag_ablate.run.slices`); records written before tags were recorded have no
     ``tags`` key and stay readable (their tag slices leave them out). ``metrics`` is empty until
-    :func:`scored` fills it.
+    :func:`scored` fills it. The query's ``metadata``, ``applicable_version`` and
+    ``expected_behavior`` are kept when the dataset gives them (slices read them too).
     """
-    return {
+    rec: Record = {
         "query_id": query.query_id,
         "query": query.query,
         "split": query.split,
@@ -54,21 +57,40 @@ def make_record(query: Query, trace: Trace) -> Record:
         # the trace's fields, in its order (Trace.to_dict without the query id)
         "status": trace.status,
         "error": trace.error,
-        "retrieved": [r.to_entry() for r in trace.retrieved],
+        "retrieved": None if trace.retrieved is None else [r.to_entry() for r in trace.retrieved],
         "intent_pred": trace.predicted_intent,
         "intent_score": trace.intent_score,
         "timings_ms": dict(trace.timings_ms),
         "intents": list(trace.intents),
         "answer": trace.answer,
-        "citations": [c.to_entry() for c in trace.citations],
+        "citations": None if trace.citations is None else [c.to_entry() for c in trace.citations],
         "usage": None if trace.usage is None else trace.usage.to_entry(),
         "usage_count": trace.usage_count,
         "cached": trace.cached,
         "ttft_ms": trace.ttft_ms,
         "http_status": trace.http_status,
         "retries": trace.retries,
+        "failure_stage": None,  # filled by scored()
         "metrics": {},  # filled by scored()
     }
+    # the stages the system reported, each key only when reported
+    if trace.rewritten_query is not None:
+        rec["rewritten_query"] = trace.rewritten_query
+    if trace.filters is not None:
+        rec["filters"] = dict(trace.filters)
+    if trace.candidates is not None:
+        rec["candidates"] = [c.to_entry() for c in trace.candidates]
+    if trace.context is not None:
+        rec["context"] = [c.to_context_entry() for c in trace.context]
+    if trace.versions:
+        rec["versions"] = dict(trace.versions)
+    if query.metadata:
+        rec["metadata"] = dict(query.metadata)
+    if query.applicable_version is not None:
+        rec["applicable_version"] = query.applicable_version
+    if query.expected_behavior is not None:
+        rec["expected_behavior"] = query.expected_behavior
+    return rec
 
 
 ChunkKey = tuple[str, int, int]  # (doc_id, start, end): a chunk's character range in its document
@@ -130,7 +152,7 @@ class TokenCounts:
         counts: list[int] = []
         memo = self._memo
         for r in retrieved[:limit]:
-            key = (r["doc_id"], r["start"], r["end"])
+            key = (r["doc_id"] or "", r["start"], r["end"])  # no document: KeyError below
             n = memo.get(key)
             counts.append(self._first(key, docs) if n is None else n)
         for r in retrieved[limit:]:
@@ -180,22 +202,28 @@ def score_record(
         out["intent_top1"] = intent_top1(query.intent_l2, rec.get("intent_pred"))
     if rec.get("answer") is not None:
         out.update(answer_metrics(rec, query, docs, answers or AnswerScoring()))
-    if query.kind == "no_rag":
+    retrieved = rec.get("retrieved")
+    if query.kind == "no_rag" or retrieved is None:  # None: the system reports no evidence
         return out
-    retrieved = rec.get("retrieved") or []
+    if any(r["doc_id"] is None for r in retrieved):  # chunks named by id only: no document-level metrics
+        return out
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
     out.update((TokenCounts() if tokens is None else tokens).context_tokens_at(retrieved, docs, ks))
     if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
-        out.update(acl_metrics([r["doc_id"] for r in retrieved], docs, query.user_groups, ks))
+        out.update(acl_metrics([r["doc_id"] or "" for r in retrieved], docs, query.user_groups, ks))
     if query.kind == "answerable":
-        ranked = [r["doc_id"] for r in retrieved]
-        out.update(retrieval_metrics(ranked, query.relevant, ks))
+        ranked = [r["doc_id"] or "" for r in retrieved]
+        if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
+            out.update(retrieval_metrics(ranked, query.relevant, ks))
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
             out.update(set_metrics(ranked, query.relevant_sets, ks))
+        # gold chunk ids: scored when every retrieved item carries a chunk id (no items: a miss)
+        if query.relevant_chunks and all(r.get("chunk_id") for r in retrieved):
+            out.update(chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, ks))
         if query.evidence:
-            chunks = [(r["doc_id"], r["start"], r["end"]) for r in retrieved]
+            chunks = [(r["doc_id"] or "", r["start"], r["end"]) for r in retrieved]
             spans = [(e.doc_id, e.start, e.end) for e in query.evidence]
             for k, value in zip(ks, evidence_recall_at(chunks, spans, ks), strict=True):
                 out[f"evidence_recall_at_{k}"] = value
@@ -218,13 +246,52 @@ def applicable_misses(
     blank: Record = {
         **rec,
         "status": "ok",
-        "retrieved": [],
-        "citations": [],
+        "retrieved": None if rec.get("retrieved") is None else [],
+        "citations": None if rec.get("citations") is None else [],
         "answer": "" if answered else None,
     }
     blank.pop("judge", None)
     names = score_record(blank, query, docs, ks, routed=routed, tokens=TokenCounts())
     return {name: None for name in names if spec_of(name).miss is not None}
+
+
+def failure_stage(
+    rec: Record, query: Query, docs: Mapping[str, Document], values: Mapping[str, float | None]
+) -> str | None:
+    """The stage that lost the query (:mod:`rag_ablate.metrics.stages`), from its record, its labels
+    and its metric ``values`` (refusal, token_f1); None for a failed or a no_rag query."""
+    if rec["status"] != "ok" or query.kind == "no_rag":
+        return None
+    rel_docs = {d for d, grade in query.relevant.items() if grade > 0}
+    rel_chunks = {c for c, grade in query.relevant_chunks.items() if grade > 0}
+    visible = any(d in docs and may_see(docs[d].allowed_groups, query.user_groups) for d in rel_docs)
+    candidates, retrieved, context = rec.get("candidates"), rec.get("retrieved"), rec.get("context")
+    entries = [*(candidates or []), *(retrieved or []), *(context or [])]
+    doc_of = {e["chunk_id"]: e["doc_id"] for e in entries}
+
+    def relevant(doc_id: str | None, chunk_id: str | None) -> bool:
+        in_docs = doc_id is not None and doc_id in rel_docs
+        return in_docs or (chunk_id is not None and chunk_id in rel_chunks)
+
+    def hits(listed: Sequence[RetrievedEntry] | None) -> list[bool] | None:
+        return None if listed is None else [relevant(e["doc_id"], e["chunk_id"]) for e in listed]
+
+    # citation entries are read with get: a hand-written record's citation may name only a chunk
+    citations = rec.get("citations") or []
+    cited = [
+        relevant(c.get("doc_id") or doc_of.get(c.get("chunk_id") or ""), c.get("chunk_id")) for c in citations
+    ]
+    refused = values.get("refusal") == 1.0
+    return stages.diagnose(
+        answerable=query.kind == "answerable",
+        relevant_present=visible or bool(rel_chunks),
+        candidates=hits(candidates),
+        retrieved=hits(retrieved),
+        context=hits(context),
+        answered=rec.get("answer") is not None,
+        cited=cited,
+        wrong=stages.answer_wrong(dict(values)) if query.kind == "answerable" else not refused,
+    )
 
 
 def scored(
@@ -238,9 +305,12 @@ def scored(
     tokens: TokenCounts | None = None,
     answered: bool = False,
 ) -> Record:
-    """``rec`` with its ``metrics``; a crash while scoring makes the query failed, not the run.
+    """``rec`` with its ``metrics`` and ``failure_stage``; a crash while scoring makes the query
+    failed, not the run.
 
-    The failed record keeps its trace and latency; ``error`` says ``scoring failed: ...``.
+    The stage (:func:`failure_stage`) adds its indicators to the metrics (``stage_<stage>``: 1 for
+    the query's stage, 0 for the others). The failed record keeps its trace and latency; ``error``
+    says ``scoring failed: ...``.
     ``tokens``: the run's chunk token counts (:class:`TokenCounts`), shared by every record;
     ``answered``: the system generates answers (a failed query then misses the answer metrics too).
     """
@@ -248,9 +318,17 @@ def scored(
         metrics = score_record(
             rec, query, docs, ks, routed=routed, answers=answers, tokens=tokens, answered=answered
         )
-        return {**rec, "metrics": metrics}
+        stage = failure_stage(rec, query, docs, metrics)
+        if stage is not None:
+            metrics.update(stages.indicators(stage))
+        return {**rec, "failure_stage": stage, "metrics": metrics}
     except Exception as exc:  # a bad trace (unknown doc id, broken offsets, ...) fails one query only
-        failed: Record = {**rec, "status": "failed", "error": f"scoring failed: {type(exc).__name__}: {exc}"}
+        failed: Record = {
+            **rec,
+            "status": "failed",
+            "error": f"scoring failed: {type(exc).__name__}: {exc}",
+            "failure_stage": None,
+        }
         total = (rec.get("timings_ms") or {}).get("total")
         failed["metrics"] = {} if total is None else {"latency_ms": float(total)}
         return failed
@@ -300,12 +378,17 @@ def aggregate(records: Sequence[Record], weights: TagWeights | None = None) -> d
     in every split; a streaming system's time to first token gets ``ttft_ms_p50``/``_p95``
     (over the queries that got a first token).
 
+    When some record was diagnosed (``failure_stage``, :mod:`rag_ablate.metrics.stages`), every
+    split gets ``n_stage_<stage>`` for every stage (the count) beside the share ``stage_<stage>``
+    (the metric's mean over the split's diagnosed queries).
+
     With ``weights`` (the production mix, :mod:`rag_ablate.dataset.weights`), each split also gets
     ``<split>/prod/<metric>`` (weighted means) and ``<split>/edge/<metric>`` (the edge cases'
     own means) from the records' ``tags`` (see :func:`rag_ablate.dataset.weights.run_metrics`).
     """
     out: dict[str, float] = {}
     failure_statuses = sorted({str(r["status"]) for r in records if r["status"] != "ok"})
+    diagnosed = any(r.get("failure_stage") is not None for r in records)
     for split in (*SPLITS, "all"):
         rows = [r for r in records if split == "all" or r["split"] == split]
         p = f"{split}/"
@@ -319,6 +402,9 @@ def aggregate(records: Sequence[Record], weights: TagWeights | None = None) -> d
             n_status = sum(1 for r in rows if r["status"] == status)
             out[p + f"n_status_{status}"] = float(n_status)
             out[p + f"error_rate_{status}"] = n_status / len(rows) if rows else 0.0
+        if diagnosed:
+            found = Counter(r.get("failure_stage") for r in rows)
+            out.update({p + "n_" + stages.stage_metric(st): float(found[st]) for st in stages.STAGES})
         ttft = [float(t) for r in rows if (t := r.get("ttft_ms")) is not None]
         if ttft:
             out[p + "ttft_ms_p50"] = _percentile(ttft, 50)

@@ -8,15 +8,15 @@ from typing import Any, NotRequired, TypedDict, get_args
 
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
 from rag_ablate.core.retry import Status
-from rag_ablate.dataset.model import QueryKind
+from rag_ablate.dataset.model import ExpectedBehavior, QueryKind
 
 
 @dataclass(frozen=True)
 class RetrievedChunk:
     rank: int  # 1-based
     chunk_id: str
-    doc_id: str
-    start: int  # [start, end) in the document text
+    doc_id: str | None  # None: the system named the chunk only (no document-level metrics then)
+    start: int  # [start, end) in the document text (0, 0 without a document)
     end: int
     score: float
 
@@ -25,7 +25,7 @@ class RetrievedChunk:
         return cls(
             int(d["rank"]),
             str(d["chunk_id"]),
-            str(d["doc_id"]),
+            None if d.get("doc_id") is None else str(d["doc_id"]),
             int(d["start"]),
             int(d["end"]),
             float(d["score"]),
@@ -41,6 +41,29 @@ class RetrievedChunk:
             "end": self.end,
             "score": self.score,
         }
+
+
+@dataclass(frozen=True)
+class ContextChunk(RetrievedChunk):
+    """A chunk given to the generator: a :class:`RetrievedChunk` and, when known, its text."""
+
+    text: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ContextChunk:
+        text = d.get("text")
+        return cls(**asdict(RetrievedChunk.from_dict(d)), text=None if text is None else str(text))
+
+    @classmethod
+    def of(cls, chunk: RetrievedChunk, text: str | None) -> ContextChunk:
+        return cls(**asdict(chunk), text=text)
+
+    def to_context_entry(self) -> ContextEntry:
+        """The chunk as a record's ``context`` list stores it (``text`` only when known)."""
+        entry: ContextEntry = {**self.to_entry()}  # type: ignore[typeddict-item]
+        if self.text is not None:
+            entry["text"] = self.text
+        return entry
 
 
 @dataclass(frozen=True)
@@ -124,24 +147,38 @@ class Trace:
     ``http_status`` is the HTTP status that decided a remote query (the failing one, else
     the evaluation call's; None for local systems and when no response came);
     ``retries`` counts the requests that were sent again.
+    ``retrieved`` is None when the system reports no evidence at all (an answer-only service:
+    no retrieval metrics); an empty list is a retrieval that found nothing (a miss). Likewise
+    ``citations`` is None when the system does not report citations (no citation metrics).
+
+    The stages a system may report (None, or empty ``versions``: not reported; the record then
+    has no such key): ``rewritten_query`` (the text the retriever searched with), ``filters``
+    (the filters applied to the search, ``{}``: none), ``candidates`` (the list before rerank,
+    with the first stage's scores), ``context`` (the chunks given to the generator, after any
+    cut) and ``versions`` (``index``, ``corpus``, ``prompt``, ``model``: version tags).
     """
 
     query_id: str
     status: Status = "ok"
     error: str | None = None
-    retrieved: list[RetrievedChunk] = field(default_factory=list)
+    retrieved: list[RetrievedChunk] | None = field(default_factory=list)
     intent_pred: str | None = None
     intent_score: float | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     intents: list[str] = field(default_factory=list)
     answer: str | None = None
-    citations: list[Citation] = field(default_factory=list)
+    citations: list[Citation] | None = field(default_factory=list)  # None: the system does not say
     usage: TokenUsage | None = None
     usage_count: str | None = None  # "local": ``usage`` is rag_ablate's own token count, not the model's
     cached: bool = False  # the answer was replayed from the model-call cache (time and tokens: the original)
     ttft_ms: float | None = None
     http_status: int | None = None
     retries: int = 0
+    rewritten_query: str | None = None
+    filters: dict[str, Any] | None = None
+    candidates: list[RetrievedChunk] | None = None
+    context: list[ContextChunk] | None = None
+    versions: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in get_args(Status):
@@ -163,23 +200,32 @@ class Trace:
         usage = d.get("usage")
         score = d.get("intent_score")
         ttft = d.get("ttft_ms")
+        candidates, context, filters = d.get("candidates"), d.get("context"), d.get("filters")
+        rewritten = d.get("rewritten_query")
+        retrieved = d.get("retrieved", [])
+        cites = d.get("citations", [])
         return cls(
             query_id=str(d["query_id"]),
             status=d.get("status", "ok"),
             error=d.get("error"),
-            retrieved=[RetrievedChunk.from_dict(r) for r in d.get("retrieved") or []],
+            retrieved=None if retrieved is None else [RetrievedChunk.from_dict(r) for r in retrieved],
             intent_pred=d.get("intent_pred"),
             intent_score=None if score is None else float(score),
             timings_ms={str(k): float(v) for k, v in (d.get("timings_ms") or {}).items()},
             intents=[str(i) for i in d.get("intents") or []],
             answer=d.get("answer"),
-            citations=[Citation.from_dict(c) for c in d.get("citations") or []],
+            citations=None if cites is None else [Citation.from_dict(c) for c in cites],
             usage=None if usage is None else TokenUsage.from_dict(usage),
             usage_count=d.get("usage_count"),
             cached=bool(d.get("cached") or False),
             ttft_ms=None if ttft is None else float(ttft),
             http_status=None if d.get("http_status") is None else int(d["http_status"]),
             retries=int(d.get("retries") or 0),
+            rewritten_query=None if rewritten is None else str(rewritten),
+            filters=None if filters is None else dict(filters),
+            candidates=None if candidates is None else [RetrievedChunk.from_dict(c) for c in candidates],
+            context=None if context is None else [ContextChunk.from_dict(c) for c in context],
+            versions={str(k): str(v) for k, v in (d.get("versions") or {}).items()},
         )
 
 
@@ -191,10 +237,16 @@ class RetrievedEntry(TypedDict):
 
     rank: int  # 1-based position in the final list
     chunk_id: str  # the system's id of the chunk
-    doc_id: str  # the document it was cut from
+    doc_id: str | None  # the document it was cut from (None: the system named the chunk only)
     start: int  # character offset [start, end) into the document's text
     end: int  # end of the chunk's range (exclusive)
     score: float  # the system's score of the chunk (higher ranks first)
+
+
+class ContextEntry(RetrievedEntry):
+    """One chunk given to the generator as a record stores it (:class:`ContextChunk`'s fields)."""
+
+    text: NotRequired[str]  # the chunk's text (absent: not known, or privacy.store_text=false)
 
 
 class CitationEntry(TypedDict):
@@ -267,21 +319,30 @@ class Record(TypedDict):
     tags: NotRequired[list[str]]  # the query's tags (absent in records written before tags were)
     intent_gold: str | None  # the gold level-2 intent (None: not labelled)
     intent_gold_l1: str | None  # the gold level-1 intent (None: not labelled)
+    metadata: NotRequired[dict[str, Any]]  # the query's metadata (only when the dataset gives it)
+    applicable_version: NotRequired[str]  # the query's applicable_version (only when given)
+    expected_behavior: NotRequired[ExpectedBehavior]  # answer / refuse / clarify (only when given)
     status: Status  # "ok" or how the query failed ("failed", "timeout", "http_error", ...)
     error: str | None  # why it failed (None when ok)
-    retrieved: list[RetrievedEntry]  # the final retrieved chunks in rank order
+    retrieved: list[RetrievedEntry] | None  # the final retrieved chunks in rank order (None: no evidence)
     intent_pred: str | None  # the predicted intent (the first non-empty code of ``intents``)
     intent_score: float | None  # the router's confidence in ``intent_pred``, when it gives one
     timings_ms: dict[str, float]  # per stage (route, retrieve, ...); "total" is the query's latency
     intents: list[str]  # the raw intent codes the system returned
     answer: NotRequired[str | None]  # the generated answer (None: none; absent: store_text=false)
-    citations: list[CitationEntry]  # what the answer cites
+    citations: list[CitationEntry] | None  # what the answer cites (None: the system reports none)
     usage: UsageEntry | None  # tokens the system spent (None: it does not say)
     usage_count: str | None  # "local": ``usage`` is rag_ablate's own count, not the model's
     cached: bool  # the answer was replayed from the model-call cache
     ttft_ms: float | None  # time to the first answer token (streaming systems only)
     http_status: int | None  # the HTTP status that decided a remote query (None for local systems)
     retries: int  # requests sent again for this query
+    rewritten_query: NotRequired[str]  # the text the retriever searched with (absent: not reported)
+    filters: NotRequired[dict[str, Any]]  # the filters applied to the search, {} none (absent: not reported)
+    candidates: NotRequired[list[RetrievedEntry]]  # the list before rerank (absent: not reported)
+    context: NotRequired[list[ContextEntry]]  # the chunks given to the generator (absent: not reported)
+    versions: NotRequired[dict[str, str]]  # version tags: index, corpus, prompt, model (absent: none)
+    failure_stage: str | None  # where the query was lost (rag_ablate.metrics.stages); None: not diagnosed
     metrics: dict[str, float | None]  # per-query metric values by name (recall_at_5, latency_ms, ...)
     judge: NotRequired[Judgement]  # the LLM judge's verdicts (only when a judge judged the answer)
     redacted: NotRequired[dict[str, int]]  # privacy.redact=true: replacements per kind (email, ...)

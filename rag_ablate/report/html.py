@@ -33,13 +33,13 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.model import Comparison, Row, SliceRow, Tradeoff, VariantData
-from rag_ablate.compare.render import no_op_text, ok_only_line, ok_only_rows
+from rag_ablate.compare.render import STAGES_HOW, no_op_text, ok_only_line, ok_only_rows, share_text
 from rag_ablate.core.fsio import make_dirs, write_text_atomic
 from rag_ablate.core.layout import FAILURES_FILE, PLAN_FILE
 from rag_ablate.metrics.intent import intent_report
@@ -259,6 +259,24 @@ def _comparison_section(c: Comparison, titles: Mapping[str, str]) -> str:
     if c.latency_note:
         out.append(f"<h3>How latency was measured</h3><p>{_e(c.latency_note)}</p>")
     return "".join(out)
+
+
+def _stages_section(c: Comparison, titles: Mapping[str, str]) -> str:
+    """Which stage lost the queries per variant and split, then the stage shares' rows, laid out as
+    the comparison's own rows."""
+    if c.stages is None:
+        return '<p class="muted">No failure stages: no record was diagnosed.</p>'
+    sec = c.stages
+    items = "".join(
+        f"<li>{_e(x.split)}, {_e(titles.get(x.variant, x.variant))}: {_e(share_text(x))}</li>"
+        for x in sec.shares
+    )
+    out = f'<p class="muted">docs/metrics.md, "Stage diagnosis".</p><ul>{items}</ul>'
+    if sec.rows:
+        shares = replace(c, rows=sec.rows, metrics=sec.metrics, notes=sec.notes, latency_method="")
+        out += f'<p class="muted">How each stage\'s share moved: {_e(STAGES_HOW)}.</p>'
+        out += _comparison_section(shares, titles).replace('id="cmp-', 'id="stages-')  # ids stay unique
+    return out
 
 
 def _gate_section(c: Comparison) -> str:
@@ -592,6 +610,7 @@ def render(
         ("comparison", "Comparison with the baseline", _guard_section(c) + _comparison_section(c, titles)),
         *([("gate", "Regression gate", _gate_section(c))] if c.gate else []),
         ("hurts", "Where it hurts", _slices_section(c, titles)),
+        ("stages", "Failure stages", _stages_section(c, titles)),
         ("intents", "Per-intent accuracy", _intent_section(variants, titles)),
         (
             "recall",

@@ -143,6 +143,16 @@ def sweep_description(
         lines.append(
             f"Slices where a variant hurts ({SLICES_NOTE}): " + ("; ".join(named) if named else "none")
         )
+    if c is not None and c.stages is not None:
+        moved = [
+            f"{md(r.variant)} {r.split} {md(r.metric)} {_signed(r.effect)} {r.verdict}*"
+            for r in c.stages.rows
+            if r.significant
+        ]
+        lines.append(
+            "Failure stages whose share moved (significant after adjustment among the stage rows; "
+            f"comparison.md, Failure stages): {'; '.join(moved) if moved else 'none'}"
+        )
     if c is not None and c.gate:
         blocked = [g for g in c.gate if not g.passed]
         verdicts = "; ".join(f"{g.verdict} {md(g.variant)} {code(g.rule)} ({md(g.reason)})" for g in c.gate)

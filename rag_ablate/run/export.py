@@ -37,7 +37,7 @@ def trec_run_lines(records: Iterable[Record], run_name: str) -> list[str]:
     for r in records:
         if r["status"] != "ok" or r["kind"] != "answerable":
             continue
-        docs = unique_docs(x["doc_id"] for x in r.get("retrieved") or [])
+        docs = unique_docs(x["doc_id"] for x in r.get("retrieved") or [] if x["doc_id"] is not None)
         n = len(docs)
         for rank, doc in enumerate(docs, start=1):
             lines.append(f"{_safe(r['query_id'])} Q0 {_safe(doc)} {rank} {n - rank + 1} {name}")

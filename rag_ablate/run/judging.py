@@ -69,10 +69,11 @@ def judge_input(
     answer = str(rec["answer"])
     retrieved = list(rec.get("retrieved") or [])
     contexts = []
-    for n, r in enumerate(retrieved[: max(0, max_contexts)], start=1):
-        start, end = int(r["start"]), int(r["end"])
-        text = docs[r["doc_id"]].text[start:end]
-        contexts.append(Context(n, str(r["chunk_id"]), str(r["doc_id"]), start, end, text))
+    placed = [r for r in retrieved if r["doc_id"] is not None]  # a chunk named by id only has no text
+    for n, r in enumerate(placed[: max(0, max_contexts)], start=1):
+        start, end, doc_id = int(r["start"]), int(r["end"]), str(r["doc_id"])
+        text = docs[doc_id].text[start:end]
+        contexts.append(Context(n, str(r["chunk_id"]), doc_id, start, end, text))
     texts = cited_texts(rec.get("citations") or [], retrieved, docs)
     pairs: list[tuple[int, str]] = []
     for i, sent in enumerate(answer_sentences(answer)):

@@ -16,6 +16,9 @@ midway leaves everything needed to finish it:
   and the same MLflow run is reopened and finished. At the end the job rewrites
   ``records.jsonl`` with exactly one record per query, so the final metrics are
   those of an uninterrupted run.
+* a run or sweep made with ``--config-dir DIR`` (named deployments, your own options) keeps a
+  copy of DIR's YAML files in its folder (:func:`save_config_dir`, secrets withheld);
+  :func:`rewrite_argv` composes from that copy, so DIR is not needed again;
 * for a sweep, :func:`reopen_sweep` (called by the sweeper instead of creating a
   new sweep) checks the plan is the one in ``plan.json`` and reopens the parent
   run; jobs that finished with every query ok are skipped, the others resume, and
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -36,14 +40,23 @@ from rag_ablate.config.keys import is_runtime_key, redact, redact_override
 from rag_ablate.config.overrides import override_key
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError
-from rag_ablate.core.fsio import write_json_atomic
-from rag_ablate.core.layout import PLAN_FILE, RECORDS_FILE, RUN_FILE, SUMMARY_FILE, SWEEP_FILE
+from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
+from rag_ablate.core.layout import (
+    CONFIG_COPY_DIR,
+    PLAN_FILE,
+    RECORDS_FILE,
+    RUN_FILE,
+    SUMMARY_FILE,
+    SWEEP_FILE,
+)
 from rag_ablate.core.secrets import MASK
 from rag_ablate.records.jsonl import final_records, read_records
 from rag_ablate.records.trace import Record
 
 RESUME_KEY = "resume"
 _HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
+_WITHHELD = "withheld.json"  # in the copy of --config-dir: its files whose secrets were not copied
+_PACKAGE = re.compile(r"^#\s*@package\s+(\S+)", re.M)
 
 
 def _quote(path: Path) -> str:
@@ -161,12 +174,88 @@ def rewrite_argv(args: list[str]) -> list[str]:
             f"{'it' if len(withheld) == 1 else 'them'} again on the command line, as first given "
             "(or read secrets from the environment: ${oc.env:NAME})"
         )
+    flags = _config_dir_flags(folder, flags)
     if kind == "sweep":
         head = ["-m", *original, f"hydra.sweep.dir={_quote(folder)}"]
     else:
         head = [*original, f"hydra.run.dir={_quote(folder)}"]
     print(f"rag_ablate: resuming {kind} {folder}", file=sys.stderr)
     return [*flags, *head, f"{RESUME_KEY}={_quote(folder)}", *extra]
+
+
+def _config_dir_flags(folder: Path, flags: list[str]) -> list[str]:
+    """``flags`` plus ``--config-dir`` of the folder's own copy of the config folder it was made
+    with (:func:`save_config_dir`), unless the command line names one; ConfigError when the copy
+    lacks secrets (literal header values) that only the original folder has."""
+    copy = folder / CONFIG_COPY_DIR
+    if not copy.is_dir() or any(f.startswith(("--config-dir", "-cd")) for f in flags):
+        return flags
+    listed = copy / _WITHHELD
+    withheld = _read_json(listed) if listed.is_file() else {}
+    if isinstance(withheld, dict) and withheld.get("files"):
+        raise ConfigError(
+            f"resume={folder}: {', '.join(withheld['files'])} of --config-dir {withheld['source']} set "
+            "secrets (header values), which were not stored; give --config-dir again, or read them from "
+            "the environment in the file: ${oc.env:NAME}"
+        )
+    return [f"--config-dir={copy}", *flags]
+
+
+def user_config_dir(config_sources: Any) -> Path | None:
+    """The folder given with ``--config-dir``: of Hydra's config sources (``hydra.runtime.config_sources``),
+    the command line's, if any."""
+    for source in config_sources:
+        if source.provider == "command-line" and source.schema == "file":
+            return Path(str(source.path))
+    return None
+
+
+def save_config_dir(config_sources: Any, folder: Path) -> None:
+    """Copy the YAML files of ``--config-dir`` (named deployments, your own system or dataset
+    options) into ``folder/config``, so ``resume=folder`` composes the same config without it.
+    Secrets are not copied: a literal header value (or a key under a secret name) becomes ``***``
+    and the file is listed in ``withheld.json`` (resume= then asks for ``--config-dir`` again);
+    ``${oc.env:NAME}`` values are copied as written."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    source = user_config_dir(config_sources)
+    if source is None or not source.is_dir():
+        return
+    copy = folder / CONFIG_COPY_DIR
+    withheld: list[str] = []
+    for path in sorted(source.rglob("*.yaml")):
+        rel = path.relative_to(source)
+        text = path.read_text(encoding="utf-8")
+        try:
+            values = yaml.safe_load(text)
+        except yaml.YAMLError:
+            values = None
+        if isinstance(values, dict):
+            found = _PACKAGE.search(text)
+            package = found.group(1) if found else ".".join(rel.parent.parts)
+            prefix = "" if package in ("_global_", "") else package + "."
+            stored = _stored(values, prefix)
+            if stored != values:
+                header = f"# @package {found.group(1)}\n" if found else ""
+                text = header + OmegaConf.to_yaml(OmegaConf.create(stored))
+                withheld.append(str(rel))
+        make_dirs((copy / rel).parent)
+        write_text_atomic(copy / rel, text)
+    if withheld:
+        write_json_atomic(copy / _WITHHELD, {"source": str(source), "files": withheld})
+
+
+def _stored(values: dict[Any, Any], prefix: str) -> dict[Any, Any]:
+    """A config file's values as its copy may hold them: secrets as ``***`` (:func:`redact`),
+    interpolations (``${oc.env:NAME}``) as written."""
+    out: dict[Any, Any] = {}
+    for k, v in values.items():
+        if isinstance(v, dict):
+            out[k] = _stored(v, f"{prefix}{k}.")
+        else:
+            out[k] = v if isinstance(v, str) and "${" in v else redact({k: v}, prefix)[k]
+    return out
 
 
 def factor_config(s: RunConfig, env: Mapping[str, str] | None = None) -> dict[str, Any]:

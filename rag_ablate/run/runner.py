@@ -329,6 +329,8 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
             earlier = prior.summary.get("metrics", {}).get("holdout/recall_at_5")
             return None if earlier is None else float(earlier)
         run_id = _start_run(store, s, job.job_dir, job.label, prior, job.env_values)
+        if not job.multirun and not s.resume:  # a sweep keeps one copy, in its own folder
+            resume.save_config_dir(HydraConfig.get().runtime.config_sources, job.job_dir)
 
     t_start = time.perf_counter()
     started_ns = time.time_ns()  # wall clock: the per-query traces replay their timings from here
@@ -503,6 +505,10 @@ def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profi
         try:
             with prof.stage("index"):
                 build_info = target.prepare(dataset)
+            write_files = getattr(target, "write_files", None)  # a system's own files (system=replay)
+            if write_files is not None:
+                make_dirs(job.job_dir)
+                write_files(job.job_dir)
             with prof.stage("query"), RecordWriter(job.job_dir / RECORDS_FILE) as writer:
                 todo = [q for q in dataset.queries if q.query_id not in inputs.kept]
                 new = evaluate(

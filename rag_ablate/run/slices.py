@@ -1,10 +1,16 @@
 """Slices of one run: every metric per tag and per intent.
 
 A *slice* is the set of queries that share one tag (``tag=multi_doc``), one parent
-intent (``intent_l1=KNOWLEDGE``) or one leaf intent (``intent_l2=K_product``). A query
+intent (``intent_l1=KNOWLEDGE``), one leaf intent (``intent_l2=K_product``), one
+``expected_behavior`` (``expected_behavior=clarify``), one ``applicable_version``
+(``applicable_version=v2``) or one value of a metadata key (``metadata.product=phone``:
+a top-level key whose value is a string, an integer, a boolean or a list of them; each
+list item is a slice, like tags; a key with more than :data:`MAX_METADATA_VALUES` values
+among the records, such as a per-query id, is not sliced). A query
 is in the slice of each of its tags and of its two gold intents, so tag slices overlap
 and do not add up to the whole. Records carry everything a slice needs (``tags``,
-``intent_gold_l1``, ``intent_gold``; see :func:`rag_ablate.records.scoring.make_record`), so
+``intent_gold_l1``, ``intent_gold``, ``expected_behavior``, ``applicable_version``,
+``metadata``; see :func:`rag_ablate.records.scoring.make_record`), so
 :func:`slice_metrics` works from ``records.jsonl`` alone. A record written before tags
 were recorded has no ``tags`` key: it is in its intent slices only, and the table
 counts such records (``n_without_tags``).
@@ -34,8 +40,11 @@ from rag_ablate.metrics.registry import direction_of, display_name
 from rag_ablate.records.scoring import aggregate
 from rag_ablate.records.trace import Record
 
-#: the kinds of slice, in the order tables list them
-KINDS = ("tag", "intent_l1", "intent_l2")
+#: the kinds of slice, in the order tables list them (then ``metadata.<key>``, by key)
+KINDS = ("tag", "intent_l1", "intent_l2", "expected_behavior", "applicable_version")
+METADATA_KIND = "metadata."
+#: a metadata key with more distinct values than this among the records is not sliced (an id, a date)
+MAX_METADATA_VALUES = 50
 #: MLflow metrics per run: only slices with at least this many queries with a value in every split ...
 MLFLOW_MIN_QUERIES = 20
 #: ... and at most this many slices (the largest first), one metric each: at most 2 x 12 = 24 keys
@@ -56,8 +65,8 @@ class SliceKey:
         """``tag=multi_doc``."""
         return f"{self.kind}={self.value}"
 
-    def sort_key(self) -> tuple[int, str]:
-        return (KINDS.index(self.kind) if self.kind in KINDS else len(KINDS), self.value)
+    def sort_key(self) -> tuple[int, str, str]:
+        return (KINDS.index(self.kind) if self.kind in KINDS else len(KINDS), self.kind, self.value)
 
 
 def record_tags(rec: Record) -> tuple[str, ...] | None:
@@ -68,14 +77,46 @@ def record_tags(rec: Record) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(str(t) for t in tags))  # a tag listed twice is one slice
 
 
+def _metadata_values(value: object) -> list[str]:
+    """The slice values of one metadata value: a string, integer or boolean (``true``/``false``), or
+    each such item of a list; nothing for other values (floats, objects, null)."""
+    items = value if isinstance(value, list) else [value]
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, bool):
+            out.append("true" if item else "false")
+        elif isinstance(item, str | int):
+            out.append(str(item))
+    return list(dict.fromkeys(out))
+
+
 def slice_keys(rec: Record) -> list[SliceKey]:
-    """The slices a record belongs to: one per tag, its parent and its leaf gold intent."""
+    """The slices a record belongs to: one per tag, its parent and its leaf gold intent, its expected
+    behaviour and applicable version, and one per value of each metadata key (see the module docstring)."""
     keys = [SliceKey("tag", t) for t in record_tags(rec) or ()]
     if rec.get("intent_gold_l1") is not None:
         keys.append(SliceKey("intent_l1", str(rec["intent_gold_l1"])))
     if rec.get("intent_gold") is not None:
         keys.append(SliceKey("intent_l2", str(rec["intent_gold"])))
+    for kind in ("expected_behavior", "applicable_version"):
+        if rec.get(kind) is not None:
+            keys.append(SliceKey(kind, str(rec.get(kind))))
+    for name, value in (rec.get("metadata") or {}).items():
+        keys.extend(SliceKey(METADATA_KIND + str(name), v) for v in _metadata_values(value))
     return keys
+
+
+def sliced(out: dict[SliceKey, list[Any]]) -> dict[SliceKey, list[Any]]:
+    """``out`` (slice -> members) by kind then value, without the metadata keys that have more than
+    :data:`MAX_METADATA_VALUES` values."""
+    widths: dict[str, int] = {}
+    for key in out:
+        widths[key.kind] = widths.get(key.kind, 0) + 1
+    return {
+        k: out[k]
+        for k in sorted(out, key=SliceKey.sort_key)
+        if not (k.kind.startswith(METADATA_KIND) and widths[k.kind] > MAX_METADATA_VALUES)
+    }
 
 
 def members(records: Iterable[Record]) -> dict[SliceKey, list[Record]]:
@@ -84,7 +125,7 @@ def members(records: Iterable[Record]) -> dict[SliceKey, list[Record]]:
     for rec in records:
         for key in slice_keys(rec):
             out.setdefault(key, []).append(rec)
-    return {k: out[k] for k in sorted(out, key=SliceKey.sort_key)}
+    return sliced(out)
 
 
 def _n_values(rows: Sequence[Record]) -> dict[str, dict[str, int]]:
@@ -155,9 +196,10 @@ class SliceTable:
         out = [
             "# Slices",
             "",
-            "Every metric per tag and per gold intent (all of them: slices.json). A query is in the slice "
-            "of each of its tags and intents, so slices overlap. Means run over the queries with a value "
-            "(failed queries count in `failed` only); `(n)` is how many.",
+            "Every metric per tag, gold intent, expected behaviour, applicable version and metadata value "
+            "(all of them: slices.json). A query is in the slice of each of its tags and intents, so slices "
+            "overlap. Means run over the queries with a value (failed queries count in `failed` only); `(n)` "
+            "is how many.",
             "",
         ]
         if self.n_without_tags:
@@ -215,19 +257,24 @@ def slice_metrics(records: Sequence[Record]) -> SliceTable:
     """Every slice of a run's final records, with :func:`aggregate`'s metrics for each."""
     slices = [Slice(key, aggregate(rows), _n_values(rows)) for key, rows in members(records).items()]
     n_without = sum(1 for r in records if record_tags(r) is None)
-    return SliceTable(slices, len(records), n_without)
+    kinds = [*KINDS, *dict.fromkeys(s.key.kind for s in slices if s.key.kind not in KINDS)]
+    return SliceTable(slices, len(records), n_without, kinds)
 
 
 _BAD_KEY_CHARS = re.compile(r"[^\w.\- ]")
 
 
+def _key_part(text: str) -> str:
+    part = _BAD_KEY_CHARS.sub("_", text).strip(" .") or "_"
+    return re.sub(r"\.{2,}", "_", part)  # never a path step such as ".."
+
+
 def mlflow_key(key: SliceKey, split: str, metric: str) -> str:
     """``slice/tag.multi_doc/holdout/recall_at_5``: MLflow allows letters, digits, ``_ - . /`` and
     spaces in a metric name (no ``=``), so kind and value are joined by a dot and any other character
-    of the value (and a ``/``) becomes ``_``."""
-    value = _BAD_KEY_CHARS.sub("_", key.value).strip(" .") or "_"
-    value = re.sub(r"\.{2,}", "_", value)  # never a path step such as ".."
-    return f"{MLFLOW_PREFIX}{key.kind}.{value}/{split}/{metric}"
+    of the value or of a metadata key (and a ``/``) becomes ``_``."""
+    kind, value = (_key_part(t) for t in (key.kind, key.value))
+    return f"{MLFLOW_PREFIX}{kind}.{value}/{split}/{metric}"
 
 
 def mlflow_slice_metrics(

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from rag_ablate.core.fmt import format_table
+from rag_ablate.dataset.model import SPLITS
 from rag_ablate.metrics.registry import display_name
+from rag_ablate.metrics.stages import STAGES, stage_metric
 
 
 def _fmt(v: float | None) -> str:
@@ -72,11 +74,28 @@ def print_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) 
     print()
     print(format_table(headers, rows))
     print("(metric cells: dev / holdout)")
+    for line in stage_lines(summaries):
+        print(line)
     if any(s["metrics"].get("all/n_failed") for s in summaries):
         print(
             "(metric cells are failure-aware: a failed query counts as a miss; metrics.json has "
             "<split>/ok/<metric>, the mean over the queries that succeeded)"
         )
+
+
+def stage_lines(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each variant's failure stages (docs/metrics.md "Stage diagnosis"): the queries per stage,
+    ``dev / holdout``, the stages with any query; empty when no variant diagnosed a query."""
+    lines = []
+    for s in summaries:
+        m = s["metrics"]
+        counts = {st: [m.get(f"{split}/n_{stage_metric(st)}", 0.0) for split in SPLITS] for st in STAGES}
+        shown = [f"{stage} {' / '.join(str(int(n)) for n in ns)}" for stage, ns in counts.items() if any(ns)]
+        if shown:
+            lines.append(f"  {s['label']}: {', '.join(shown)}")
+    if not lines:
+        return []
+    return ["failure stages, queries per stage (dev / holdout; failed queries are not diagnosed):", *lines]
 
 
 def markdown_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:

@@ -28,7 +28,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rag_ablate.config.schema import RunConfig
@@ -103,6 +103,7 @@ class TimingPass:
     n_failed: int  # calls that failed
     seconds: float
     written: bool = True  # False: no query was ok in every job, nothing timed
+    untimed: list[str] = field(default_factory=list)  # variants with no latency of their own (replay)
 
 
 @dataclass
@@ -127,15 +128,22 @@ def timing_pass(
 
     The queries timed are those ok in every job: a query that failed in a job is left out
     of latency anyway, and a dead endpoint is not called again for nothing. With none, or
-    a job short of a query, nothing is timed and no file is written.
+    a job short of a query, nothing is timed and no file is written; nor when a job's system has
+    no latency of its own to time (``timed = False``: system=replay replays its log's times),
+    since the comparison uses the pass only when it timed every variant.
     """
     t0 = time.perf_counter()
+    path = sweep_dir / TIMING_FILE
+    untimed = [job.label for job in jobs if not getattr(SYSTEMS.get(job.settings.system.name), "timed", True)]
+    if untimed:
+        return TimingPass(
+            path, [job.label for job in jobs], 0, repeats, 0, 0.0, written=False, untimed=untimed
+        )
     datasets = {job.label: get_dataset(job.settings) for job in jobs}
     finals = [final_records(read_records(job.records)) for job in jobs]
     ok = [{q for q, r in recs.items() if r["status"] == "ok"} for recs in finals]
     common = set.intersection(*ok, *({q.query_id for q in ds.queries} for ds in datasets.values()))
     queries = [q for q in datasets[jobs[0].label].queries if q.query_id in common]
-    path = sweep_dir / TIMING_FILE
     if not queries:
         return TimingPass(path, [job.label for job in jobs], 0, repeats, 0, 0.0, written=False)
     systems: dict[str, System] = {}

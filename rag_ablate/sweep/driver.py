@@ -53,6 +53,7 @@ from rag_ablate.core.layout import (
     VARIANT_FILE,
 )
 from rag_ablate.report.html import Report
+from rag_ablate.run.resume import save_config_dir
 from rag_ablate.run.runner import variant_label
 from rag_ablate.run.summary import markdown_table, print_table, ui_hint
 from rag_ablate.run.timing import TimingJob, timing_pass
@@ -141,13 +142,19 @@ def job_failures(plan: Plan, returns: Sequence[JobReturn]) -> list[Failure]:
     return out
 
 
-def start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
+def start_sweep(config: DictConfig, plan: Plan, baseline: RunConfig | None = None) -> dict[str, Any]:
     """Open the MLflow store, create the sweep folder, plan and parent run; the sweep's handle.
+
+    ``baseline``: the baseline job's settings (:func:`rag_ablate.sweep.plan.check_plan`), which the
+    sweep's start and end use as the sweep's own: the sweep's config may leave unset what the
+    baseline takes from its first level (``system.base_url=A,B``).
 
     An unusable store raises TrackingError before the sweep folder is created.
     With ``resume=`` the existing sweep folder and parent run are reused instead
     (:func:`rag_ablate.run.resume.reopen_sweep`).
     """
+    if baseline is not None:
+        _settings_memo[:] = [(config, baseline)]
     with profiling.sweep_profile().stage("store"):
         return _start_sweep(config, plan)
 
@@ -175,6 +182,8 @@ def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
             uri, s.tracking.experiment, artifacts, create_folder=s.tracking.uri is None
         )
     write_plan(plan, sweep_dir, config)
+    # resume= finds the options of --config-dir (named deployments) in the sweep folder
+    save_config_dir(config.hydra.runtime.config_sources, sweep_dir)
     if experiment_id is not None:
         name = "sweep " + variant_label(overrides)
         tags = tracking.base_tags(_cwd(config))
@@ -393,6 +402,10 @@ def _timing_pass(config: DictConfig, plan: Plan, job_settings: Sequence[RunConfi
     done = timing_pass(
         sweep_dir, jobs, (_cwd(config) / s.paths.output_root).resolve(), repeats=s.timing.repeats, seed=s.seed
     )
+    if done.untimed:
+        replays = ", ".join(done.untimed)
+        print(f"timing pass: skipped: {replays} replay a log (no latency of their own to time)")
+        return
     if not done.written:
         print("timing pass: no query was ok in every variant's job; nothing to time")
         return

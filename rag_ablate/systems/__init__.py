@@ -12,5 +12,5 @@ from rag_ablate.core.registry import Registry
 from rag_ablate.systems.base import SystemFactory
 
 SYSTEMS: Registry[SystemFactory] = Registry(
-    "system", providers=("rag_ablate.systems.local", "rag_ablate.systems.http")
+    "system", providers=("rag_ablate.systems.local", "rag_ablate.systems.http", "rag_ablate.systems.replay")
 )

@@ -49,6 +49,10 @@ class System(Protocol):
     # Optional: ``generates_answers`` (a bool property), True when the system answers each query;
     # a failed query of such a system then misses the answer metrics too (their failure-aware
     # form). The runner reads it with getattr, so a system without it generates none.
+    # Optional: ``write_files(folder: Path) -> None``, called once after :meth:`prepare` with the
+    # job folder, for files of the system's own (system=replay: the log lines that matched no
+    # query); and ``timed`` (a class attribute), False when the system has no latency of its own
+    # to measure (system=replay), so the sweep's interleaved timing pass skips the sweep.
 
 
 # Called once per query as soon as its trace is final (from the thread that called run_many).

@@ -1,18 +1,24 @@
 """Your own RAG service as the system under test (``system=http``).
 
-Each query is sent to two endpoints of the service, together, and both answers
+Each query is sent to up to two endpoints of the service, together, and both answers
 merge into one :class:`~rag_ablate.records.trace.Trace`:
 
 * ``POST {base_url}{eval_path}`` returns JSON: the retrieved evidence, the intent
-  codes and the service's own stage timings;
+  codes and the service's own stage timings (and, for shapes without a stream, the
+  answer with its citations and usage);
 * ``POST {base_url}{chat_path}`` streams the answer as server-sent events: content
-  events carrying a piece of text, then an end event with citations and token usage
-  (``chat_path: null`` skips it).
+  events carrying a piece of text, then an end event (a flag such as ``done: true``, or
+  a literal data line such as ``[DONE]``); citations and token usage are read from
+  whichever event carries them.
 
-The default request body and response mappings are the wire format of
-``rag-ablate serve``; ``system.body`` (a template, see :func:`render_body`) and
-``system.response`` (dotted paths, :class:`~rag_ablate.config.schema.HttpResponseConfig`)
-adapt them to another service. README "Evaluate your own RAG service over HTTP"
+``system.shape`` picks the endpoints, request body and response paths of a shape services
+speak (:mod:`rag_ablate.config.shapes`: the reference wire format of ``rag-ablate serve``,
+OpenAI chat completions streamed or not, a plain JSON answer, a single endpoint with answer
+and evidence); ``system.body`` (a template, see :func:`render_body`) and ``system.response``
+(dotted paths, :class:`~rag_ablate.config.schema.HttpResponseConfig`) override any part.
+:class:`ResponseMap` turns responses into a trace, for live calls and for logged exchanges
+(:func:`map_logged`) alike. Intents, citations and usage may be absent from a response: their
+metrics are then absent, never a failure. README "Evaluate your own RAG service over HTTP"
 describes every setting.
 
 Honest statuses. A query ends ``ok``, or with what went wrong: ``timeout``,
@@ -61,20 +67,21 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rag_ablate.config.schema import RunConfig, validate_system
+from rag_ablate.config.schema import HttpResponseConfig, RunConfig, SystemConfig, validate_system
+from rag_ablate.config.shapes import check_shape
 from rag_ablate.core.cache import Cache
 from rag_ablate.core.errors import EndpointDownError
 from rag_ablate.core.retry import Breaker, Status, backoff_wait, excerpt, retry_after_seconds, status_meaning
 from rag_ablate.core.secrets import split_userinfo
 from rag_ablate.dataset.model import Dataset, Document, Query
-from rag_ablate.records.trace import Citation, RetrievedChunk, TokenUsage, Trace
+from rag_ablate.records.trace import Citation, ContextChunk, RetrievedChunk, TokenUsage, Trace
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.base import OnDone
 
 if TYPE_CHECKING:  # httpx is imported when a run talks HTTP, not when the registry lists this system
     import httpx
 
-PLACEHOLDERS = ("query", "query_id", "top_k", "user_groups")
+PLACEHOLDERS = ("query", "query_id", "top_k", "user_groups", "model")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 _MISSING: Any = object()
 WARMUP_ID = "rag-ablate-warm-up"  # the query id of the untimed requests that open the connections
@@ -84,10 +91,17 @@ T = TypeVar("T")
 # ---------------------------------------------------------------------- request bodies and mappings
 
 
-def request_values(query: Query, top_k: int) -> dict[str, Any]:
-    """What a body template can insert: ``{query}``, ``{query_id}``, ``{top_k}``, ``{user_groups}``."""
+def request_values(query: Query, top_k: int, model: str | None = None) -> dict[str, Any]:
+    """What a body template can insert: ``{query}``, ``{query_id}``, ``{top_k}``, ``{user_groups}``,
+    ``{model}`` (``system.model``)."""
     groups = None if query.user_groups is None else list(query.user_groups)
-    return {"query": query.query, "query_id": query.query_id, "top_k": top_k, "user_groups": groups}
+    return {
+        "query": query.query,
+        "query_id": query.query_id,
+        "top_k": top_k,
+        "user_groups": groups,
+        "model": model,
+    }
 
 
 def render_body(template: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,6 +144,12 @@ def _render(node: Any, values: Mapping[str, Any]) -> Any:
     return node
 
 
+def _text(item: Any, path: str | None) -> str | None:
+    """An item's text at ``path`` (None: no path, or not a string)."""
+    value = None if path is None else get_path(item, path)
+    return value if isinstance(value, str) else None
+
+
 def get_path(obj: Any, path: str) -> Any:
     """The value at a dotted path (``data.hits``, ``choices.0.delta``), or ``_MISSING``."""
     for part in path.split("."):
@@ -148,11 +168,14 @@ def get_path(obj: Any, path: str) -> Any:
 class _Failure(Exception):
     """A query's call ended with a failure status (not an exception the runner sees)."""
 
-    def __init__(self, status: Status, error: str, http_status: int | None = None) -> None:
+    def __init__(
+        self, status: Status, error: str, http_status: int | None = None, *, silent: bool = False
+    ) -> None:
         super().__init__(error)
         self.status: Status = status
         self.error = error
         self.http_status = http_status
+        self.silent = silent  # connected, then no response within the timeout (the breaker counts it)
 
 
 class _Retry(Exception):
@@ -167,6 +190,9 @@ class _Retry(Exception):
         self.unreachable = unreachable  # the try could not connect (the breaker counts it)
 
 
+CallFailure = _Failure  # public: what map_logged raises (its status and error are the record's)
+
+
 def _bad(where: str, problem: str, body: str | bytes) -> _Failure:
     return _Failure("bad_response", f"{where}: {problem}; body: {excerpt(body)}")
 
@@ -179,7 +205,7 @@ def _transport_failure(what: str, exc: httpx.TransportError) -> _Failure | _Retr
     if isinstance(exc, httpx.ConnectTimeout):
         return _Retry(_Failure("timeout", detail), unreachable=True)
     if isinstance(exc, httpx.TimeoutException):
-        return _Failure("timeout", detail)
+        return _Failure("timeout", detail, silent=isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout))
     if isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
         return _Retry(_Failure("http_error", detail), unreachable=isinstance(exc, httpx.ConnectError))
     return _Failure("http_error", detail)
@@ -196,6 +222,358 @@ def _status_failure(what: str, response: httpx.Response, body: bytes) -> _Failur
     if retryable:
         return _Retry(failure, retry_after_seconds(response.headers.get("retry-after")))
     return failure
+
+
+# ---------------------------------------------------------------------- response mappings
+
+
+class ResponseMap:
+    """The response paths of one ``system=http`` configuration (its shape resolved): turns a
+    service's JSON responses and stream events into a trace's fields, raising ``bad_response``
+    failures (:class:`CallFailure`) that name the path that did not match.
+
+    ``documents`` (the dataset's) check each retrieved item's document id and place items without
+    offsets; without them ids are taken as they are and such items get the span [0, 0).
+    ``intents_seen`` turns true at the first response that carries the intents path.
+    """
+
+    def __init__(
+        self, system: SystemConfig, documents: Mapping[str, Document] | None = None, dataset: str = ""
+    ) -> None:
+        self.cfg = check_shape(system)
+        self.m: HttpResponseConfig = self.cfg.response
+        self.documents = documents
+        self.dataset = dataset
+        self.intents_seen = False
+
+    @property
+    def has_evidence(self) -> bool:
+        """The service reports retrieved evidence (else traces keep ``retrieved=None``)."""
+        return self.cfg.eval_path is not None and self.m.retrieved is not None
+
+    @property
+    def answers_in_json(self) -> bool:
+        """The answer comes in the JSON response (a shape without a stream)."""
+        return self.cfg.chat_path is None and self.cfg.eval_path is not None and self.m.answer is not None
+
+    @property
+    def generates_answers(self) -> bool:
+        return self.cfg.chat_path is not None or self.answers_in_json
+
+    def new_trace(self, query_id: str) -> Trace:
+        """A trace whose evidence and citations are absent until a response reports them."""
+        return Trace(query_id, retrieved=[] if self.has_evidence else None, citations=None)
+
+    # ------------------------------------------------------------------ the JSON response
+
+    def map_json(self, data: Any, raw: str | bytes, trace: Trace) -> None:
+        """Evidence, intents and timings of the JSON endpoint's response; its answer, citations
+        and usage too when there is no stream."""
+        m = self.m
+        where = f"eval {self.cfg.eval_path}"
+        if self.has_evidence:
+            assert m.retrieved is not None
+            items = get_path(data, m.retrieved)
+            if items is _MISSING:
+                raise _bad(where, f"no '{m.retrieved}' (system.response.retrieved) in the response", raw)
+            if not isinstance(items, list):
+                raise _bad(where, f"'{m.retrieved}' (system.response.retrieved) is not a list", raw)
+            trace.retrieved = [self._chunk(rank, item, raw) for rank, item in enumerate(items, start=1)]
+        if m.intents is not None:
+            intents = get_path(data, m.intents)
+            if intents is not _MISSING:  # absent: the service does not route (no intent metrics)
+                self.intents_seen = True
+                if intents is None:
+                    intents = []
+                elif not isinstance(intents, list):
+                    intents = [intents]
+                trace.intents = ["" if code is None else str(code) for code in intents]
+        if m.timings is not None:
+            timings = get_path(data, m.timings)
+            if isinstance(timings, Mapping):
+                for k, v in timings.items():
+                    if isinstance(v, int | float) and not isinstance(v, bool):
+                        trace.timings_ms[f"service.{k}"] = float(v)
+        self.map_stages(data, raw, trace, where)
+        if self.cfg.chat_path is None:
+            self.map_answer(data, raw, trace, where)
+
+    def map_stages(self, data: Any, raw: str | bytes, trace: Trace, where: str) -> None:
+        """The optional stage fields (system.response.rewritten_query .. versions): a null path or a
+        missing/null value leaves the field absent; a value of the wrong shape is a bad response."""
+        m = self.m
+
+        def found(key: str, path: str | None, kind: type | None = None) -> Any:
+            value = None if path is None else get_path(data, path)
+            if value is _MISSING or value is None:
+                return None
+            if kind is not None and not isinstance(value, kind):
+                raise _bad(where, f"'{path}' (system.response.{key}) is not a {kind.__name__}", raw)
+            return value
+
+        rewritten = found("rewritten_query", m.rewritten_query)
+        trace.rewritten_query = None if rewritten is None else str(rewritten)
+        filters = found("filters", m.filters, dict)
+        trace.filters = None if filters is None else dict(filters)
+        candidates = found("candidates", m.candidates, list)
+        if candidates is not None:
+            trace.candidates = [self._chunk(rank, item, raw) for rank, item in enumerate(candidates, start=1)]
+        context = found("context", m.context, list)
+        if context is not None:
+            trace.context = [
+                ContextChunk.of(self._chunk(rank, item, raw), _text(item, m.text))
+                for rank, item in enumerate(context, start=1)
+            ]
+        versions = found("versions", m.versions, dict)
+        if versions is not None:
+            trace.versions = {str(k): str(v) for k, v in versions.items() if v is not None}
+
+    def map_answer(self, data: Any, raw: str | bytes, trace: Trace, where: str) -> None:
+        """The answer (``system.response.answer``), citations and usage of a JSON response."""
+        m = self.m
+        if m.answer is not None:
+            answer = get_path(data, m.answer)
+            if answer is _MISSING:
+                raise _bad(where, f"no '{m.answer}' (system.response.answer) in the response", raw)
+            if answer is not None and not isinstance(answer, str):
+                raise _bad(where, f"'{m.answer}' (system.response.answer) is not a string", raw)
+            trace.answer = answer or ""
+        self.map_extras(data, raw, trace, where)
+
+    def map_extras(self, data: Any, raw: str | bytes, trace: Trace, where: str) -> None:
+        """Citations and token usage, each when the response carries it (absent: not reported)."""
+        m = self.m
+        if m.citations is not None:
+            cites = get_path(data, m.citations)
+            if cites not in (_MISSING, None):
+                if not isinstance(cites, list):
+                    raise _bad(where, f"'{m.citations}' (system.response.citations) is not a list", raw)
+                trace.citations = [self._citation(c, where, raw) for c in cites]
+        if m.usage is not None:
+            usage = get_path(data, m.usage)
+            if isinstance(usage, Mapping):
+                aliases = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
+                known = {aliases.get(str(k), str(k)): v for k, v in usage.items()}
+                try:
+                    trace.usage = TokenUsage.from_dict(known)
+                except (TypeError, ValueError) as exc:
+                    raise _bad(where, f"token usage is not a set of counts ({exc})", raw) from exc
+
+    def _chunk(self, rank: int, item: Any, raw: str | bytes) -> RetrievedChunk:
+        """One retrieved item as a chunk of a dataset document (see HttpResponseConfig for the rules)."""
+        m = self.m
+        where = f"eval {self.cfg.eval_path}: {m.retrieved}[{rank - 1}]"
+
+        def field(path: str | None) -> Any:
+            return _MISSING if path is None else get_path(item, path)
+
+        value = field(m.score)
+        try:
+            score = 0.0 if value in (_MISSING, None) else float(value)
+        except (TypeError, ValueError) as exc:
+            raise _bad(where, f"the score is not a number ({exc})", raw) from exc
+        doc, chunk = field(m.doc_id), field(m.chunk_id)
+        if doc in (_MISSING, None):
+            if chunk in (_MISSING, None):
+                paths = f"'{m.doc_id}' (system.response.doc_id) nor '{m.chunk_id}' (system.response.chunk_id)"
+                raise _bad(where, f"neither {paths}", raw)
+            return RetrievedChunk(rank, str(chunk), None, 0, 0, score)  # a chunk named by its id only
+        doc_id = str(doc)
+        document = None if self.documents is None else self.documents.get(doc_id)
+        if self.documents is not None and document is None:
+            raise _bad(where, f"doc_id '{doc_id}' is not a document of dataset '{self.dataset}'", raw)
+        size = 0 if document is None else len(document.text)
+        chunk_id = f"{doc_id}#{rank - 1}" if chunk is _MISSING or chunk is None else str(chunk)
+        start, end, text = field(m.start), field(m.end), field(m.text)
+        try:
+            if start not in (_MISSING, None) and end not in (_MISSING, None):
+                lo, hi = int(start), int(end)
+                if not 0 <= lo <= hi or (document is not None and hi > size):
+                    raise _bad(
+                        where,
+                        f"[{m.start}, {m.end}) = [{lo}, {hi}) is not a span of document '{doc_id}' "
+                        f"({size} characters)",
+                        raw,
+                    )
+            elif (
+                document is not None
+                and isinstance(text, str)
+                and text
+                and (found := document.text.find(text)) >= 0
+            ):
+                lo, hi = found, found + len(text)
+            else:
+                lo, hi = 0, size
+        except (TypeError, ValueError) as exc:
+            raise _bad(where, f"a number was expected ({exc})", raw) from exc
+        return RetrievedChunk(rank, chunk_id, doc_id, lo, hi, score)
+
+    def _citation(self, item: Any, where: str, raw: str | bytes) -> Citation:
+        """A citation: a chunk id string, or a mapping read with the retrieved items' paths."""
+        if isinstance(item, str | int) and not isinstance(item, bool):
+            return Citation(chunk_id=str(item))
+        if isinstance(item, Mapping):
+            m = self.m
+
+            def opt(path: str | None) -> Any:
+                v = _MISSING if path is None else get_path(item, path)
+                return None if v is _MISSING else v
+
+            doc, chunk, start, end = opt(m.doc_id), opt(m.chunk_id), opt(m.start), opt(m.end)
+            try:
+                return Citation(
+                    None if doc is None else str(doc),
+                    None if chunk is None else str(chunk),
+                    None if start is None else int(start),
+                    None if end is None else int(end),
+                )
+            except (TypeError, ValueError) as exc:
+                raise _bad(where, f"a citation is not usable ({exc})", raw) from exc
+        raise _bad(where, f"a citation is neither an id nor a mapping: {item!r}", raw)
+
+    # ------------------------------------------------------------------ the stream
+
+    def stream(self, trace: Trace, on_first_text: Callable[[], None] | None = None) -> StreamReader:
+        return StreamReader(self, trace, on_first_text)
+
+
+class StreamReader:
+    """Reads one answer stream event by event (:meth:`feed` each event's data) into a trace.
+
+    The end is an event whose data is ``system.response.done_data`` (``[DONE]``) or whose
+    ``system.response.done`` path is true; citations and usage are taken from any event that
+    carries them (the reference's end event, OpenAI's last chunk). Events without answer text
+    (heartbeats, role or finish chunks) are skipped. ``on_first_text`` is called at the first
+    non-empty piece (time to first token)."""
+
+    def __init__(self, rmap: ResponseMap, trace: Trace, on_first_text: Callable[[], None] | None) -> None:
+        self.rmap = rmap
+        self.trace = trace
+        self.on_first_text = on_first_text
+        self.pieces: list[str] = []
+        self.ended = False
+        self.where = f"chat {rmap.cfg.chat_path}"
+
+    def feed(self, data: str) -> bool:
+        """One event's data; True when it ends the stream."""
+        m = self.rmap.m
+        text = data.strip()
+        if not text:
+            return False
+        if m.done_data is not None and text == m.done_data:
+            self.ended = True
+            return True
+        try:
+            event = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise _bad(self.where, f"an event's data is not JSON ({exc.msg})", data) from exc
+        self.rmap.map_extras(event, data, self.trace, f"{self.where}: an event")
+        if m.done is not None and get_path(event, m.done) is True:
+            self.ended = True
+            return True
+        delta = _MISSING if m.delta is None else get_path(event, m.delta)
+        if delta is _MISSING or delta is None:
+            return False  # an event that carries no text (a heartbeat, a status, a usage chunk)
+        if not isinstance(delta, str):
+            raise _bad(self.where, f"'{m.delta}' (system.response.delta) is not a string", data)
+        if delta and not any(self.pieces) and self.on_first_text is not None:
+            self.on_first_text()
+        self.pieces.append(delta)
+        return False
+
+    def cut(self) -> CallFailure:
+        """The failure of a stream that ended before its end event."""
+        m = self.rmap.m
+        end = f"data '{m.done_data}'" if m.done_data is not None else f"'{m.done}': true"
+        return _Failure(
+            "stream_cut",
+            f"{self.where}: the stream ended without its end event ({end}) "
+            f"after {sum(1 for p in self.pieces if p)} content events",
+        )
+
+
+def sse_data(text: str) -> list[str]:
+    """The data of each event of a server-sent-events text, in order (the event stream format:
+    ``data:`` lines joined by newlines, an event ends at a blank line; comments and other fields
+    ignored; a last event without its blank line is kept, as a logged stream may end so)."""
+    events: list[str] = []
+    data: list[str] | None = None
+    for line in [*re.split(r"\r\n|\r|\n", text), ""]:
+        if not line:
+            if data is not None:
+                events.append("\n".join(data))
+            data = None
+        elif line.startswith("data"):
+            name, _, value = line.partition(":")
+            if name == "data":
+                data = [*(data or []), value[1:] if value.startswith(" ") else value]
+    return events
+
+
+def map_logged(
+    settings: RunConfig,
+    query: Query,
+    eval_data: Any,
+    chat: str | Any | None,
+    *,
+    documents: Mapping[str, Document] | None = None,
+) -> Trace:
+    """The trace of one logged exchange, mapped with ``settings.system``'s shape as a live call is.
+
+    ``eval_data``: the JSON endpoint's response (parsed, or its text); ``chat``: the stream as
+    server-sent-events text (or its events' data as a list), or a JSON body carrying the answer
+    (mapped with ``answer``, ``citations``, ``usage``), or None (no answer logged: the trace has
+    none). An eval response the shape needs that is missing, or one that does not match, raises
+    :class:`CallFailure` (``bad_response``; ``stream_cut`` for a stream without its end event), as
+    the live call would record. ``documents`` as in :class:`ResponseMap`. No timings: a logged
+    exchange has none."""
+    rmap = ResponseMap(settings.system, documents)
+    cfg = rmap.cfg
+    trace = rmap.new_trace(query.query_id)
+    if cfg.chat_path is None and eval_data is None and not _is_stream(chat):
+        eval_data, chat = chat, None  # a shape's one JSON response, logged as the chat
+    if cfg.eval_path is not None or eval_data is not None:
+        where = f"eval {cfg.eval_path}"
+        if eval_data is None:
+            raise _bad(where, "no response was logged", "")
+        raw = eval_data if isinstance(eval_data, str | bytes) else json.dumps(eval_data, ensure_ascii=False)
+        rmap.map_json(_parsed(eval_data, where), raw, trace)
+    if chat is not None:  # None: no answer was logged (retrieval only), as with chat_path null live
+        where = f"chat {cfg.chat_path}"
+        if _is_stream(chat):
+            reader = rmap.stream(trace)
+            events = sse_data(chat) if isinstance(chat, str) else [_event_text(e) for e in chat]
+            for data in events:
+                if reader.feed(data):
+                    break
+            trace.answer = "".join(reader.pieces)
+            if not reader.ended:
+                raise reader.cut()
+        else:
+            raw = chat if isinstance(chat, str | bytes) else json.dumps(chat, ensure_ascii=False)
+            rmap.map_answer(_parsed(chat, where), raw, trace, where)
+    return trace
+
+
+def _is_stream(chat: Any) -> bool:
+    """A logged chat response that is a stream: event-stream text (not a JSON body), or its events'
+    data as a list."""
+    return isinstance(chat, list) or (isinstance(chat, str) and not chat.lstrip().startswith(("{", "[")))
+
+
+def _event_text(event: Any) -> str:
+    """One logged event's data as the stream sent it: text as it is, an object as its JSON."""
+    return event if isinstance(event, str) else json.dumps(event, ensure_ascii=False)
+
+
+def _parsed(data: Any, where: str) -> Any:
+    """A logged body: JSON text parsed, anything else as it is."""
+    if not isinstance(data, str | bytes):
+        return data
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _bad(where, f"the response is not JSON ({exc})", data) from exc
 
 
 # ---------------------------------------------------------------------- the system
@@ -237,18 +615,17 @@ class HttpSystem:
     def __init__(self, settings: RunConfig, cache: Cache | None = None) -> None:
         validate_system(settings.system)
         self.s = settings
-        self.cfg = settings.system
-        self.map = settings.system.response
-        assert self.cfg.base_url is not None  # validate_system checked it
-        # a user and password in the URL are sent as basic auth, never named with the URL
-        self.base_url, self._userinfo = split_userinfo(self.cfg.base_url.rstrip("/"))
+        self.rmap = ResponseMap(settings.system)
+        self.cfg = self.rmap.cfg  # the shape's presets applied
+        # a user and password in the URL are sent as basic auth, never named with the URL (no URL:
+        # the mappings only, map_logged; validate_system requires one for system=http)
+        self.base_url, self._userinfo = split_userinfo((self.cfg.base_url or "").rstrip("/"))
         rerank = settings.rerank
         self.top_k = rerank.top_k if rerank.method != "none" else settings.retrieval.top_k
         self.requests_sent = 0  # every HTTP request, retries included (the progress bar's req/s)
-        self._docs: Mapping[str, Document] = {}
-        self._dataset_name = ""
         self._rng = random.Random(settings.seed)  # backoff jitter only
-        self.breaker = Breaker("system", self.base_url)  # a service that is down stops the run
+        # a service that is down or hung stops the run
+        self.breaker = Breaker("system", self.base_url, ("system.timeout_s", self.cfg.timeout_s))
         self._kept: tuple[Any, ...] | None = None  # run()'s shared client, by its key (_RUN_CLIENTS)
         # httpx logs every request at INFO, which Hydra's log setup shows: one line per request would
         # bury the run's output (each query's outcome is in its record instead)
@@ -257,19 +634,22 @@ class HttpSystem:
 
     @property
     def routes_intents(self) -> bool:
-        return self.map.intents is not None
+        """Intents are mapped and the service has reported them (a service that never does has no
+        intent metrics; each query's own response is mapped before it is scored)."""
+        return self.rmap.intents_seen
 
     @property
     def generates_answers(self) -> bool:
-        """The service streams answers (a failed query then misses the answer metrics)."""
-        return self.cfg.chat_path is not None
+        """The service answers (a failed query then misses the answer metrics)."""
+        return self.rmap.generates_answers
 
     def prepare(self, dataset: Dataset) -> dict[str, Any]:
         """Keep the documents (to place retrieved text); report where requests go (never headers' values)."""
-        self._docs = dataset.documents
-        self._dataset_name = dataset.name
+        self.rmap.documents = dataset.documents
+        self.rmap.dataset = dataset.name
         return {
-            "http.eval_url": self.base_url + self.cfg.eval_path,
+            "http.shape": self.s.system.shape,
+            "http.eval_url": "none" if self.cfg.eval_path is None else self.base_url + self.cfg.eval_path,
             "http.chat_url": "none" if self.cfg.chat_path is None else self.base_url + self.cfg.chat_path,
             "http.header_names": ",".join(sorted(self.cfg.headers)) or "none",
         }
@@ -324,7 +704,7 @@ class HttpSystem:
 
         # each query in flight holds an eval and (with chat_path) a chat connection; no more, since
         # httpcore checks every pooled connection on each request
-        n = self.cfg.concurrency * (1 if self.cfg.chat_path is None else 2)
+        n = self.cfg.concurrency * ((self.cfg.eval_path is not None) + (self.cfg.chat_path is not None))
         return httpx.AsyncClient(
             base_url=self.base_url,
             auth=self._userinfo,
@@ -352,12 +732,17 @@ class HttpSystem:
         """One untimed eval request per query given, sent together, under the id ``WARMUP_ID``,
         their answers and failures ignored: the connections (TCP, TLS) the timed queries reuse
         are opened here, and whatever the service loads on first use is loaded. The chat
-        endpoint is not called (it may run a paid model); nor are these counted or retried."""
+        endpoint is not called (it may run a paid model), nor an eval endpoint that answers (the same);
+        nor are these counted or retried."""
+        path = self.cfg.eval_path
+        if path is None or self.rmap.answers_in_json:
+            return
 
         async def one(query: Query) -> None:
-            values = request_values(dataclasses.replace(query, query_id=WARMUP_ID), self.top_k)
+            warm_up = dataclasses.replace(query, query_id=WARMUP_ID)
+            values = request_values(warm_up, self.top_k, self.cfg.model)
             with contextlib.suppress(Exception):  # the timed queries record what goes wrong
-                await client.post(self.cfg.eval_path, json=render_body(self.cfg.body, values))
+                await client.post(path, json=render_body(self.cfg.body, values))
 
         await asyncio.gather(*(one(q) for q in queries))
 
@@ -365,18 +750,16 @@ class HttpSystem:
         self, client: httpx.AsyncClient, sem: asyncio.Semaphore, query: Query
     ) -> tuple[Query, Trace]:
         async with sem:
-            trace = Trace(query.query_id)
+            trace = self.rmap.new_trace(query.query_id)
             t0 = time.perf_counter()
             try:
-                body = render_body(self.cfg.body, request_values(query, self.top_k))
-                if self.cfg.chat_path is None:
-                    results = [await self._eval(client, body, trace, t0)]
-                else:
-                    results = list(
-                        await asyncio.gather(
-                            self._eval(client, body, trace, t0), self._chat(client, body, trace, t0)
-                        )
-                    )
+                body = render_body(self.cfg.body, request_values(query, self.top_k, self.cfg.model))
+                calls = []
+                if self.cfg.eval_path is not None:
+                    calls.append(self._eval(client, body, trace, t0))
+                if self.cfg.chat_path is not None:
+                    calls.append(self._chat(client, body, trace, t0))
+                results = list(await asyncio.gather(*calls))
             except EndpointDownError:
                 raise  # the service is down: the run stops
             except Exception as exc:  # a bug or an unforeseen error fails this query only
@@ -395,14 +778,18 @@ class HttpSystem:
 
     async def _retrying(self, call: _Call, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt()`` until it returns, or raises _Failure, or retries run out; EndpointDownError
-        once the service could not be connected to ``BREAKER_LIMIT`` tries in a row (any queries')."""
+        once ``BREAKER_LIMIT`` tries in a row (any queries') got no response: could not connect, or
+        connected and got nothing within ``timeout_s``."""
         while True:
             if self.breaker.open:
                 raise EndpointDownError(self.breaker.message())
             try:
                 result = await attempt()
-            except _Failure:
-                self.breaker.succeeded()  # it answered, if not well
+            except _Failure as f:
+                if not f.silent:
+                    self.breaker.succeeded()  # it answered, if not well
+                elif self.breaker.failed(f.error, silent=True):
+                    raise EndpointDownError(self.breaker.message()) from None
                 raise
             except _Retry as r:
                 if not r.unreachable:
@@ -427,6 +814,7 @@ class HttpSystem:
 
         call = _Call()
         path = self.cfg.eval_path
+        assert path is not None
 
         async def attempt() -> tuple[httpx.Response, bytes]:
             self.requests_sent += 1
@@ -446,75 +834,12 @@ class HttpSystem:
                 data = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise _bad(f"eval {path}", f"the response is not JSON ({exc})", raw) from exc
-            self._map_eval(data, raw, trace)
+            self.rmap.map_json(data, raw, trace)
         except _Failure as f:
             call.failure = f
         call.elapsed_ms = (time.perf_counter() - t0) * 1000
         trace.timings_ms["eval"] = call.elapsed_ms
         return call
-
-    def _map_eval(self, data: Any, raw: bytes, trace: Trace) -> None:
-        m = self.map
-        where = f"eval {self.cfg.eval_path}"
-        items = get_path(data, m.retrieved)
-        if items is _MISSING:
-            raise _bad(where, f"no '{m.retrieved}' (system.response.retrieved) in the response", raw)
-        if not isinstance(items, list):
-            raise _bad(where, f"'{m.retrieved}' (system.response.retrieved) is not a list", raw)
-        trace.retrieved = [self._chunk(rank, item, raw) for rank, item in enumerate(items, start=1)]
-        if m.intents is not None:
-            intents = get_path(data, m.intents)
-            if intents is _MISSING:
-                raise _bad(where, f"no '{m.intents}' (system.response.intents) in the response", raw)
-            if intents is None:
-                intents = []
-            elif not isinstance(intents, list):
-                intents = [intents]
-            trace.intents = ["" if code is None else str(code) for code in intents]
-        if m.timings is not None:
-            timings = get_path(data, m.timings)
-            if isinstance(timings, Mapping):
-                for k, v in timings.items():
-                    if isinstance(v, int | float) and not isinstance(v, bool):
-                        trace.timings_ms[f"service.{k}"] = float(v)
-
-    def _chunk(self, rank: int, item: Any, raw: bytes) -> RetrievedChunk:
-        """One retrieved item as a chunk of a dataset document (see HttpResponseConfig for the rules)."""
-        m = self.map
-        where = f"eval {self.cfg.eval_path}: {m.retrieved}[{rank - 1}]"
-
-        def field(path: str | None) -> Any:
-            return _MISSING if path is None else get_path(item, path)
-
-        doc = field(m.doc_id)
-        if doc is _MISSING or doc is None:
-            raise _bad(where, f"no '{m.doc_id}' (system.response.doc_id)", raw)
-        doc_id = str(doc)
-        document = self._docs.get(doc_id)
-        if document is None:
-            raise _bad(where, f"doc_id '{doc_id}' is not a document of dataset '{self._dataset_name}'", raw)
-        chunk = field(m.chunk_id)
-        chunk_id = f"{doc_id}#{rank - 1}" if chunk is _MISSING or chunk is None else str(chunk)
-        start, end, text = field(m.start), field(m.end), field(m.text)
-        try:
-            if start not in (_MISSING, None) and end not in (_MISSING, None):
-                lo, hi = int(start), int(end)
-                if not 0 <= lo <= hi <= len(document.text):
-                    raise _bad(
-                        where,
-                        f"[{m.start}, {m.end}) = [{lo}, {hi}) is not a span of document '{doc_id}' "
-                        f"({len(document.text)} characters)",
-                        raw,
-                    )
-            elif isinstance(text, str) and text and (found := document.text.find(text)) >= 0:
-                lo, hi = found, found + len(text)
-            else:
-                lo, hi = 0, len(document.text)
-            value = field(m.score)
-            score = 0.0 if value in (_MISSING, None) else float(value)
-        except (TypeError, ValueError) as exc:
-            raise _bad(where, f"a number was expected ({exc})", raw) from exc
-        return RetrievedChunk(rank, chunk_id, doc_id, lo, hi, score)
 
     # ------------------------------------------------------------------ chat (server-sent events)
 
@@ -522,13 +847,17 @@ class HttpSystem:
         call = _Call()
         path = self.cfg.chat_path
         assert path is not None
-        pieces: list[str] = []
+
+        def first_text() -> None:
+            trace.ttft_ms = (time.perf_counter() - t0) * 1000
+
+        reader = self.rmap.stream(trace, first_text)
         try:
-            await self._retrying(call, lambda: self._stream(client, path, body, trace, t0, call, pieces))
+            await self._retrying(call, lambda: self._stream(client, path, body, call, reader))
         except _Failure as f:
             call.failure = f
-        if pieces:
-            trace.answer = "".join(pieces)
+        if reader.pieces:
+            trace.answer = "".join(reader.pieces)
         call.elapsed_ms = (time.perf_counter() - t0) * 1000
         trace.timings_ms["chat"] = call.elapsed_ms
         if call.failure is None and trace.answer is None:
@@ -540,17 +869,14 @@ class HttpSystem:
         client: httpx.AsyncClient,
         path: str,
         body: dict[str, Any],
-        trace: Trace,
-        t0: float,
         call: _Call,
-        pieces: list[str],
+        reader: StreamReader,
     ) -> None:
         """One try of the chat call. Only failures before the first event may be retried."""
         import httpx
         from httpx_sse import SSEError, aconnect_sse
 
         where = f"chat {path}"
-        m = self.map
         self.requests_sent += 1
         try:
             async with aconnect_sse(client, "POST", path, json=body) as source:
@@ -563,25 +889,8 @@ class HttpSystem:
                     raise failure
                 try:
                     async for event in source.aiter_sse():
-                        if not event.data.strip():
-                            continue
-                        try:
-                            data = json.loads(event.data)
-                        except json.JSONDecodeError as exc:
-                            raise _bad(where, f"an event's data is not JSON ({exc.msg})", event.data) from exc
-                        if get_path(data, m.done) is True:
-                            self._map_end(data, event.data, trace)
+                        if reader.feed(event.data):
                             return
-                        delta = get_path(data, m.delta)
-                        if delta is _MISSING or delta is None:
-                            continue  # an event that carries no text (a heartbeat, a status)
-                        if not isinstance(delta, str):
-                            raise _bad(
-                                where, f"'{m.delta}' (system.response.delta) is not a string", event.data
-                            )
-                        if delta and trace.ttft_ms is None:
-                            trace.ttft_ms = (time.perf_counter() - t0) * 1000
-                        pieces.append(delta)
                 except SSEError as exc:
                     raise _bad(where, f"not an event stream ({exc})", b"") from exc
                 except httpx.TimeoutException as exc:
@@ -592,50 +901,4 @@ class HttpSystem:
                     ) from exc
         except httpx.TransportError as exc:  # before the first event: connect errors may be retried
             raise _transport_failure(where, exc) from exc
-        raise _Failure(
-            "stream_cut",
-            f"{where}: the stream ended without its end event ('{m.done}': true) "
-            f"after {len(pieces)} content events",
-        )
-
-    def _map_end(self, data: Any, raw: str, trace: Trace) -> None:
-        m = self.map
-        where = f"chat {self.cfg.chat_path}: end event"
-        if m.citations is not None:
-            cites = get_path(data, m.citations)
-            if cites not in (_MISSING, None):
-                if not isinstance(cites, list):
-                    raise _bad(where, f"'{m.citations}' (system.response.citations) is not a list", raw)
-                trace.citations = [self._citation(c, where, raw) for c in cites]
-        if m.usage is not None:
-            usage = get_path(data, m.usage)
-            if isinstance(usage, Mapping):
-                aliases = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
-                known = {aliases.get(str(k), str(k)): v for k, v in usage.items()}
-                try:
-                    trace.usage = TokenUsage.from_dict(known)
-                except (TypeError, ValueError) as exc:
-                    raise _bad(where, f"token usage is not a set of counts ({exc})", raw) from exc
-
-    def _citation(self, item: Any, where: str, raw: str) -> Citation:
-        """A citation: a chunk id string, or a mapping read with the retrieved items' paths."""
-        if isinstance(item, str | int) and not isinstance(item, bool):
-            return Citation(chunk_id=str(item))
-        if isinstance(item, Mapping):
-            m = self.map
-
-            def opt(path: str | None) -> Any:
-                v = _MISSING if path is None else get_path(item, path)
-                return None if v is _MISSING else v
-
-            doc, chunk, start, end = opt(m.doc_id), opt(m.chunk_id), opt(m.start), opt(m.end)
-            try:
-                return Citation(
-                    None if doc is None else str(doc),
-                    None if chunk is None else str(chunk),
-                    None if start is None else int(start),
-                    None if end is None else int(end),
-                )
-            except (TypeError, ValueError) as exc:
-                raise _bad(where, f"a citation is not usable ({exc})", raw) from exc
-        raise _bad(where, f"a citation is neither an id nor a mapping: {item!r}", raw)
+        raise reader.cut()

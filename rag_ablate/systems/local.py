@@ -21,8 +21,11 @@ the retrieved chunks, filling the trace's answer, citations and usage) and ``tot
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +33,7 @@ import numpy as np
 
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.cache import Cache
-from rag_ablate.core.errors import GenerationError
+from rag_ablate.core.errors import EndpointDownError, GenerationError
 from rag_ablate.dataset.model import Dataset, Query
 from rag_ablate.generators import GENERATORS
 from rag_ablate.generators.base import Context, Generator
@@ -59,8 +62,9 @@ from rag_ablate.pipeline.stages import (
     Router,
 )
 from rag_ablate.pipeline.tokens import TokenMatrix, tokens_key_parts
-from rag_ablate.records.trace import RetrievedChunk, TokenUsage, Trace
+from rag_ablate.records.trace import ContextChunk, RetrievedChunk, TokenUsage, Trace
 from rag_ablate.systems import SYSTEMS
+from rag_ablate.systems.base import OnDone
 from rag_ablate.text.analyzers import get_analyzer
 from rag_ablate.text.count import is_cjk_text
 
@@ -91,6 +95,9 @@ class LocalSystem:
         self.reranker: RerankStage | None = RERANKERS.get(settings.rerank.method)(settings)
         self.router: Router | None = None
         self.generator: Generator | None = GENERATORS.get(settings.generator.name)(settings, self.cache)
+        self.versions: dict[str, str] = {}  # every trace's version tags, set by prepare()
+        if self.generator is not None and settings.generator.concurrency > 1:
+            self.run_many = self._run_concurrently  # the runner hands over every query at once
 
     @property
     def routes_intents(self) -> bool:
@@ -260,6 +267,7 @@ class LocalSystem:
             info.update(self.reranker.prepare(self))
         if dataset.intents:
             self.router = ROUTERS.get(self.s.router.method)(self.s, list(dataset.intents.values()))
+        self.versions = self._versions(dataset)
         info["index.build_seconds"] = round(time.perf_counter() - t0, 4)
         info["index.bytes"] = self.retriever.nbytes
         if dataset.queries:
@@ -267,6 +275,23 @@ class LocalSystem:
             self._warm(dataset.queries[0])
             info["index.warmup_seconds"] = round(time.perf_counter() - t_warm, 4)
         return info
+
+    def _versions(self, dataset: Dataset) -> dict[str, str]:
+        """The version tags every trace reports (see the module docstring)."""
+        index = {
+            "corpus": dataset.corpus_fingerprint,
+            "chunks": self._chunk_parts,
+            "retrieval": dataclasses.asdict(self.s.retrieval),
+            "rerank": dataclasses.asdict(self.s.rerank),
+        }
+        payload = json.dumps(index, sort_keys=True, default=str).encode("utf-8")
+        out = {"corpus": dataset.corpus_fingerprint[:16], "index": hashlib.sha256(payload).hexdigest()[:16]}
+        if self.generator is not None:
+            prompt = getattr(self.generator, "prompt_hash", None)
+            if isinstance(prompt, str):
+                out["prompt"] = prompt
+            out["model"] = self.s.generator.model or self.s.generator.name
+        return out
 
     def _warm(self, query: Query) -> None:
         """Run ``query`` through every retrieval stage once, untimed, and forget the result.
@@ -329,7 +354,19 @@ class LocalSystem:
         state.timed("acl_filter", t)
         return kept
 
+    def _chunks_of(self, hits: Hits) -> list[RetrievedChunk]:
+        """Ranked hits as the trace reports them."""
+        out = []
+        for rank, (i, score) in enumerate(hits, start=1):
+            c = self.chunks[i]
+            out.append(RetrievedChunk(rank, c.chunk_id, c.doc_id, c.start, c.end, float(score)))
+        return out
+
     def run(self, query: Query) -> Trace:
+        return self._answer(query, self._retrieve_query(query))
+
+    def _retrieve_query(self, query: Query) -> _Retrieved:
+        """Every stage before the generator: the trace with its retrieved chunks."""
         trace = Trace(query.query_id)
         state = QueryState(query)
         t_start = time.perf_counter()
@@ -338,34 +375,48 @@ class LocalSystem:
             trace.intents = [intent] if intent is not None else []
             trace.intent_pred = intent
         state.timed("route", t_start)
+        trace.rewritten_query = query.query
+        trace.filters = {"user_groups": list(query.user_groups or ())} if self.s.retrieval.acl_filter else {}
+        trace.versions = dict(self.versions)
         hits = self._retrieve(state, self._depth())
+        candidates = trace.candidates = self._chunks_of(hits)
         if self.reranker is not None:
             t = time.perf_counter()
             hits = self.reranker.rerank(state, hits, self.s.rerank.top_k)
             state.timed("rerank", t)
+        trace.retrieved = self._chunks_of(hits) if self.reranker is not None else list(candidates)
+        return _Retrieved(trace, state, hits, (time.perf_counter() - t_start) * 1000)
+
+    def _answer(self, query: Query, done: _Retrieved) -> Trace:
+        """The generator's answer from the retrieved chunks (when there is a generator); the timings."""
+        trace, state, hits = done.trace, done.state, done.hits
+        t_start = time.perf_counter()  # the query's total: the retrieval's time plus the time from here
         timings = state.timings
         encode_ms = sum(state.encoded.values())
         if encode_ms:
             timings["encode"] = encode_ms
-        for rank, (i, score) in enumerate(hits, start=1):
-            c = self.chunks[i]
-            trace.retrieved.append(RetrievedChunk(rank, c.chunk_id, c.doc_id, c.start, c.end, float(score)))
+        spent_ms = done.retrieval_ms + encode_ms
+        retrieved = trace.retrieved or []
         replayed_ms = 0.0  # a cached model call: its original time minus the replay's
         if self.generator is not None:
             t = time.perf_counter()
             contexts = [
-                Context(r.rank, r.chunk_id, r.doc_id, r.start, r.end, self.chunks[i].text)
-                for r, (i, _) in zip(trace.retrieved, hits, strict=True)
+                Context(r.rank, r.chunk_id, self.chunks[i].doc_id, r.start, r.end, self.chunks[i].text)
+                for r, (i, _) in zip(retrieved, hits, strict=True)
             ]
+            given = [ContextChunk.of(r, c.text) for r, c in zip(retrieved, contexts, strict=True)]
+            trace.context = given
             try:
                 gen = self.generator.generate(query.query, contexts)
             except GenerationError as exc:  # the model endpoint failed: keep the retrieval, say what
                 trace.status, trace.error, trace.http_status = exc.status, f"generate: {exc}", exc.http_status
                 timings["generate"] = (time.perf_counter() - t) * 1000
-                timings["total"] = (time.perf_counter() - t_start) * 1000 + encode_ms
+                timings["total"] = (time.perf_counter() - t_start) * 1000 + spent_ms
                 trace.timings_ms = timings
                 return trace
             timings["generate"] = (time.perf_counter() - t) * 1000
+            if gen.n_read is not None:  # the chunks the generator read: the context after its cut
+                trace.context = given[: gen.n_read]
             if gen.cached and gen.latency_ms is not None:  # a replayed model call reports the original time
                 replayed_ms = gen.latency_ms - timings["generate"]
                 timings["generate"] = gen.latency_ms
@@ -375,6 +426,68 @@ class LocalSystem:
         if state.embedding_tokens:  # the query's embedding tokens (dense retrieval, bi-encoder rerank)
             usage = trace.usage or TokenUsage()
             trace.usage = dataclasses.replace(usage, embedding_tokens=sum(state.embedding_tokens.values()))
-        timings["total"] = (time.perf_counter() - t_start) * 1000 + encode_ms + replayed_ms
+        timings["total"] = (time.perf_counter() - t_start) * 1000 + spent_ms + replayed_ms
         trace.timings_ms = timings
         return trace
+
+    def _run_concurrently(self, queries: Sequence[Query], on_done: OnDone) -> None:
+        """``generator.concurrency`` > 1 (the runner calls this instead of :meth:`run`): each query's
+        retrieval runs here, in query order, and its answer in one of ``generator.concurrency``
+        threads, so that many model calls are in flight; ``on_done`` runs here as answers complete
+        (the run's records are rewritten in query order at its end). A query that raises is failed,
+        an endpoint that is down (:class:`EndpointDownError`) stops the run."""
+        n = self.s.generator.concurrency
+        pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="generate")
+        pending: dict[Future[Trace], Query] = {}
+
+        def settle(timeout: float | None) -> None:
+            finished, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            for future in finished:
+                query = pending.pop(future)
+                on_done(query, _outcome(query, future.result))
+
+        try:
+            for query in queries:
+                while len(pending) >= 2 * n:  # retrieval stays a little ahead of the model calls
+                    settle(None)
+                t0 = time.perf_counter()
+                try:
+                    done = self._retrieve_query(query)
+                except EndpointDownError:
+                    raise
+                except Exception as exc:
+                    on_done(query, _failed(query, exc, (time.perf_counter() - t0) * 1000))
+                    continue
+                pending[pool.submit(self._answer, query, done)] = query
+                settle(0)
+            while pending:
+                settle(None)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclasses.dataclass
+class _Retrieved:
+    """A query after every stage before the generator."""
+
+    trace: Trace
+    state: QueryState
+    hits: Hits
+    retrieval_ms: float
+
+
+def _failed(query: Query, exc: Exception, elapsed_ms: float) -> Trace:
+    """The trace of a query whose system raised (as the runner records one)."""
+    error = f"{type(exc).__name__}: {exc}"
+    return Trace(query.query_id, status="failed", error=error, timings_ms={"total": elapsed_ms})
+
+
+def _outcome(query: Query, result: Callable[[], Trace]) -> Trace:
+    """A query's trace from its answer's future; raised errors become a failed trace, except an
+    endpoint that is down, which stops the run."""
+    try:
+        return result()
+    except EndpointDownError:
+        raise
+    except Exception as exc:
+        return _failed(query, exc, 0.0)

@@ -179,7 +179,7 @@ def documents(rec: Record, dataset: Dataset, privacy: Privacy | None = None) -> 
     without ``store_text``, redacted with ``redact``."""
     out = []
     for r in rec.get("retrieved") or []:
-        doc = dataset.documents.get(r["doc_id"])
+        doc = None if r["doc_id"] is None else dataset.documents.get(r["doc_id"])
         text = doc.text[r["start"] : r["end"]] if doc is not None else ""
         if privacy is not None:
             text = privacy.text(text) or ""
@@ -313,6 +313,7 @@ def build_trace(
         attributes={
             "rag_ablate.split": rec.get("split"),
             "rag_ablate.kind": rec.get("kind"),
+            "rag_ablate.status": rec.get("status"),  # what system=replay restores (format=mlflow)
             "rag_ablate.timings_ms": timings,
         },
         error=error,
@@ -496,6 +497,70 @@ def log_traces(
         client.log_spans(experiment_id, [s for _, spans in built for s in spans])
     log_dataset_input(uri, run_id, dataset, privacy)
     return len(chosen)
+
+
+def read_traces(uri: str, *, run_id: str | None, experiment: str | None) -> list[dict[str, Any]]:
+    """The per-query traces of one run (``run_id``) or of a whole experiment (by name), as
+    :func:`build_trace` wrote them, oldest first, each as the part of a record it carries:
+    ``query_id``, ``query`` (absent when the text was not stored), ``split``, ``status`` (the
+    record's; ``failed`` for an error trace written before traces kept it), ``error``, ``retrieved``
+    (the retrieve span's documents), ``intent_pred``, ``answer`` and ``timings_ms``. Raises
+    ConfigError for an unknown run or experiment, or when it holds no such trace."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from rag_ablate.core.retry import STATUSES
+
+    client = MlflowClient(tracking_uri=uri)
+    where = f"run {run_id}" if run_id else f"experiment '{experiment}'"
+    try:
+        if run_id:
+            experiment_id = client.get_run(run_id).info.experiment_id
+        else:
+            found = client.get_experiment_by_name(str(experiment))
+            if found is None:
+                raise ConfigError(f"system.experiment: no experiment '{experiment}' in {uri}")
+            experiment_id = found.experiment_id
+    except MlflowException as exc:
+        raise ConfigError(f"system.run_id: no {where} in {uri} ({exc.message})") from exc
+    out: list[dict[str, Any]] = []
+    token = None
+    while True:
+        page = client.search_traces(
+            locations=[experiment_id],
+            run_id=run_id,
+            max_results=500,
+            page_token=token,
+            order_by=["timestamp_ms ASC"],
+        )
+        for trace in page:
+            spans = {span.name: span for span in trace.data.spans}
+            root = spans.get(TRACE_NAME)
+            if root is None or not isinstance(root.inputs, dict) or "query_id" not in root.inputs:
+                continue  # not a query trace of rag_ablate's
+            outputs = root.outputs if isinstance(root.outputs, dict) else {}
+            status = root.get_attribute("rag_ablate.status")
+            if status not in STATUSES:
+                status = "failed" if str(trace.info.state).endswith("ERROR") else "ok"
+            retrieve = spans.get("retrieve")
+            docs = retrieve.outputs if retrieve is not None and isinstance(retrieve.outputs, list) else []
+            rec: dict[str, Any] = {
+                **root.inputs,
+                "split": root.get_attribute("rag_ablate.split"),
+                "status": status,
+                "error": outputs.get("error"),
+                "retrieved": [d.get("metadata") or {} for d in docs if isinstance(d, dict)],
+                "intent_pred": outputs.get("intent"),
+                "answer": outputs.get("answer"),
+                "timings_ms": root.get_attribute("rag_ablate.timings_ms") or {},
+            }
+            out.append(rec)
+        token = page.token
+        if not token:
+            break
+    if not out:
+        raise ConfigError(f"{where} in {uri} has no per-query traces of rag_ablate (tracking.traces=none?)")
+    return out
 
 
 # --------------------------------------------------------------------------- end of a sweep

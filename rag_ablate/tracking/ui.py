@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from rag_ablate.metrics.stages import PREFIX as STAGE_PREFIX
 from rag_ablate.tracking.tags import PARENT_TAG
 
 P95 = "latency_p95_ms"
@@ -49,7 +50,8 @@ def mlflow_metrics(metrics: Mapping[str, float], keep: Iterable[str]) -> dict[st
     """The metrics a variant run logs: per split only ``keep`` (and counts), no ``all/`` split
     (its error rate is ``headline/error_rate``), everything under ``cost/``, ``run/``, ``headline/``,
     ``privacy/`` (what redaction replaced) and ``judge/`` (the LLM judge's run metrics,
-    rag_ablate.run.judging); ``<split>/prod/`` and
+    rag_ablate.run.judging); per split the failure stages' shares and counts (``stage_<stage>``,
+    ``n_stage_<stage>``: rag_ablate.metrics.stages); ``<split>/prod/`` and
     ``<split>/edge/`` (rag_ablate.dataset.weights) of the ``keep`` metrics."""
     names = {*keep, *COUNTS}
     out = {}
@@ -61,6 +63,7 @@ def mlflow_metrics(metrics: Mapping[str, float], keep: Iterable[str]) -> dict[st
             and (
                 rest in names
                 or rest.startswith(("cost/", "error_rate_", "n_status_", "ttft_ms_", "judge_error_"))
+                or rest.startswith((STAGE_PREFIX, "n_" + STAGE_PREFIX))  # the failure stages
                 # the production mix: weighted means and edge cases' means of the same metrics
                 or (rest.startswith(("prod/", "edge/")) and rest.partition("/")[2] in names)
             )
