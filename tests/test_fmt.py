@@ -44,3 +44,7 @@ def test_a_chinese_table_is_aligned_as_a_person_sees_it() -> None:
     lines = format_table(["variant", "意图", "recall@5"], rows).splitlines()
     # "退货退款" takes 8 columns, so the third column starts at 9 + 2 + 8 + 2 = 21 on every line
     assert [_cell_columns(line, row)[2] for line, row in zip(lines[2:], rows, strict=True)] == [21, 21]
+
+
+def test_a_table_without_rows_is_its_header() -> None:
+    assert format_table(["variant", "召回"], []).splitlines() == ["variant  召回", "-------  ----"]

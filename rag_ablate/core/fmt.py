@@ -29,7 +29,7 @@ def pad(text: str, width: int) -> str:
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """An aligned plain-text table; columns are measured in terminal columns (:func:`display_width`)."""
-    widths = [max(display_width(h), *(display_width(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    widths = [max([display_width(h), *(display_width(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     line = "  ".join(pad(h, w) for h, w in zip(headers, widths, strict=True))
     sep = "  ".join("-" * w for w in widths)
     body = ["  ".join(pad(c, w) for c, w in zip(r, widths, strict=True)) for r in rows]

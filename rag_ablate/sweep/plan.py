@@ -349,7 +349,11 @@ def check_plan(
     for job in plan.jobs:
         n = len(plan.common)
         extra = job.overrides[n:] if job.overrides[:n] == plan.common else None
-        plain = extra is not None and not any(override_key(o).replace("/", ".") in groups for o in extra)
+        # a group is named with slashes (system/deployment), a setting with dots: either form of a
+        # factor's group, or any key with a slash, is composed by Hydra
+        plain = extra is not None and not any(
+            "/" in (k := override_key(o)) or k in groups or k.replace(".", "/") in groups for o in extra
+        )
         if len(plan.jobs) > 100 and job.index % 100 == 0:  # 0.1-0.3 s a job: say how far
             print(f"checking the plan: job {job.index} of {len(plan.jobs)}", file=sys.stderr, flush=True)
         if job.role == "baseline":
