@@ -13,8 +13,8 @@ import re
 import sys
 from typing import Any
 
-from rag_ablate.config.keys import redact_override
-from rag_ablate.config.overrides import check_override_keys, hydra_error_line, normalize_overrides
+from rag_ablate.config.keys import hydra_error_line, redact_override
+from rag_ablate.config.overrides import check_override_keys, normalize_overrides
 from rag_ablate.core.errors import EXIT_INVALID, ConfigError
 from rag_ablate.core.secrets import MASK, looks_like_key
 from rag_ablate.run.resume import rewrite_argv

@@ -3,6 +3,7 @@ which a configuration never reads (:data:`USED_ONLY_WHEN`)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,3 +315,25 @@ def redact_hydra_output(folder: Path, env: Mapping[str, str] | None = None) -> N
         else:
             continue
         write_text_atomic(path, OmegaConf.to_yaml(OmegaConf.create(data)))
+
+
+def hydra_error_line(exc: BaseException) -> str:
+    """A composition error as one line (Hydra's and OmegaConf's messages span several): its first
+    line, the first line of its cause for a merge error, the valid options for a missing one."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    cause = exc.__cause__
+    if cause is not None and first.startswith(("Error merging", "Could not override", "Error loading")):
+        cause_lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
+        if cause_lines:
+            first = f"{first}: {cause_lines[0]}"
+    elif first.endswith("raised while composing config:") and len(lines) > 1:
+        first = f"{first} {lines[1]}"  # In 'group/option': ...: Key 'x' not in 'SystemConfig'
+    for group, package in GROUP_PACKAGES.items():  # an option written without its package line
+        if f"In '{group}/" in first and f"Key '{group.rsplit('/', 1)[-1]}' not in" in first:
+            first += f" (a file of {group} starts with the line '# @package {package}')"
+    at = next((i for i, ln in enumerate(lines) if ln.startswith("Available options in")), None)
+    if at is not None:
+        options = itertools.takewhile(lambda ln: not ln.startswith("Config search path"), lines[at + 1 :])
+        first = f"{first}; valid: {', '.join(options)}"
+    return first

@@ -25,7 +25,6 @@ sweep's config to its jobs' configs, so every job of a sweep sees the same suffi
 
 from __future__ import annotations
 
-import itertools
 import re
 import secrets
 from collections.abc import Callable
@@ -199,30 +198,6 @@ def check_override_keys(args: list[str], conf_dir: Path = CONF_DIR) -> None:
             if kind is None or not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
                 break  # a value, a mapping or a conf/ group outside the schema: Hydra checks the rest
             node = kind
-
-
-def hydra_error_line(exc: BaseException) -> str:
-    """A composition error as one line (Hydra's and OmegaConf's messages span several): its first
-    line, the first line of its cause for a merge error, the valid options for a missing one."""
-    from rag_ablate.config.keys import GROUP_PACKAGES  # keys imports this module
-
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    first = lines[0] if lines else type(exc).__name__
-    cause = exc.__cause__
-    if cause is not None and first.startswith(("Error merging", "Could not override", "Error loading")):
-        cause_lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
-        if cause_lines:
-            first = f"{first}: {cause_lines[0]}"
-    elif first.endswith("raised while composing config:") and len(lines) > 1:
-        first = f"{first} {lines[1]}"  # In 'group/option': ...: Key 'x' not in 'SystemConfig'
-    for group, package in GROUP_PACKAGES.items():  # an option written without its package line
-        if f"In '{group}/" in first and f"Key '{group.rsplit('/', 1)[-1]}' not in" in first:
-            first += f" (a file of {group} starts with the line '# @package {package}')"
-    at = next((i for i, ln in enumerate(lines) if ln.startswith("Available options in")), None)
-    if at is not None:
-        options = itertools.takewhile(lambda ln: not ln.startswith("Config search path"), lines[at + 1 :])
-        first = f"{first}; valid: {', '.join(options)}"
-    return first
 
 
 def register_resolvers() -> None:

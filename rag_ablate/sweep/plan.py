@@ -47,12 +47,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rag_ablate.config.keys import (
     env_interpolated,
+    hydra_error_line,
     is_secret_key,
     redact_hydra,
     redact_override,
     unused_settings,
 )
-from rag_ablate.config.overrides import hydra_error_line, normalize_overrides, override_key
+from rag_ablate.config.overrides import normalize_overrides, override_key
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.errors import ConfigError, RagAblateError
 from rag_ablate.core.fmt import display_width, pad
