@@ -79,7 +79,7 @@ def _run(script: str) -> str:
 
 
 def test_builtin_names_per_kind() -> None:
-    assert set(SYSTEMS) == {"local", "http"}
+    assert set(SYSTEMS) == {"local", "http", "replay"}
     assert set(RETRIEVERS) == {"bm25", "dense", "hybrid"}
     assert set(FUSIONS) == {"rrf", "weighted"}
     assert set(RERANKERS) == {"none", "biencoder", "cross_encoder", "http"}
@@ -119,7 +119,7 @@ def test_every_metric_is_documented() -> None:
 @pytest.mark.parametrize(
     ("override", "kind", "valid"),
     [
-        ("system.name=remote", "system", ["http", "local"]),
+        ("system.name=remote", "system", ["http", "local", "replay"]),
         ("retrieval.method=bm52", "retriever", ["bm25", "dense", "hybrid"]),
         ("retrieval.hybrid.fusion=borda", "fusion (retrieval.hybrid.fusion)", ["rrf", "weighted"]),
         ("retrieval.dense.index=faiss", "dense index (retrieval.dense.index)", ["auto", "exact", "usearch"]),
@@ -197,7 +197,7 @@ def test_a_bm25_run_never_imports_model_libraries() -> None:
 
 
 def test_unknown_system_lists_the_valid_ones() -> None:
-    with pytest.raises(UnknownNameError, match="unknown system 'remote'; valid: http, local"):
+    with pytest.raises(UnknownNameError, match="unknown system 'remote'; valid: http, local, replay"):
         SYSTEMS.get("remote")
 
 
