@@ -331,8 +331,8 @@ def test_how_to_add_a_system(tmp_path: Path) -> None:
     _edit(
         root,
         "rag_ablate/systems/__init__.py",
-        '"rag_ablate.systems.http")',
-        '"rag_ablate.systems.http", "rag_ablate.systems.first_doc")',
+        '"rag_ablate.systems.replay")',
+        '"rag_ablate.systems.replay", "rag_ablate.systems.first_doc")',
     )
     _write(root, "conf/system/first_doc.yaml", "# Every query gets the first document.\nname: first_doc\n")
     _add_option(root, "system", "first_doc", "the first document for every query")
