@@ -353,14 +353,15 @@ def test_a_plain_level_is_its_common_config_with_the_values_applied_as_hydra_wou
 def test_a_bad_plain_level_fails_as_composing_it_would(composer: Any) -> None:
     from hydra.errors import HydraException
 
-    from rag_ablate.sweep.plan import _one_line, with_values
+    from rag_ablate.config.keys import hydra_error_line as one_line
+    from rag_ablate.sweep.plan import with_values
 
     with pytest.raises(HydraException) as fast:
         with_values(composer([]), ["retrieval.top_k=abc"])
     with pytest.raises(HydraException) as composed:
         composer(["retrieval.top_k=abc"])
-    assert _one_line(fast.value) == _one_line(composed.value)
-    assert "Value 'abc' of type 'str' could not be converted to Integer" in _one_line(fast.value)
+    assert one_line(fast.value) == one_line(composed.value)
+    assert "Value 'abc' of type 'str' could not be converted to Integer" in one_line(fast.value)
 
 
 @pytest.mark.slow
