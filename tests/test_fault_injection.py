@@ -64,12 +64,10 @@ def test_the_catalogue_covers_the_issue_s_classes() -> None:
     assert set(fi.REQUESTS) == {c.argv[0] for c in fi.CATALOGUE if c.program == "serve"}
 
 
-SUBSET = (
-    "bm25 k1 negative",  # a value out of range
-    "query id with NUL",  # a bad dataset
+SUBSET = (  # one case of each way the script runs a case (the whole catalogue: the script itself)
+    "query id with NUL",  # a bad dataset: python -m rag_ablate, a clear error
     "literal Authorization header",  # a key passed carelessly, against rag-ablate serve, grepped for
-    "service down",  # system=http against a dead port
-    "serve: deep",  # serve under a hostile body
+    "serve: deep",  # an HTTP request to rag-ablate serve under a hostile body
 )
 
 
@@ -77,11 +75,11 @@ SUBSET = (
 def test_a_representative_subset_runs_clean(tmp_path: Path) -> None:
     cases = [c for c in fi.CATALOGUE if c.name in SUBSET]
     assert len(cases) == len(SUBSET)
-    verdicts = fi.run_all(cases, tmp_path, jobs=1, say=lambda _line: None)
+    verdicts = fi.run_all(cases, tmp_path, jobs=2, say=lambda _line: None)
     assert [(v.case.name, v.status, v.why) for v in verdicts if v.problems] == []
     assert fi.counts(verdicts)["attempts"] == len(SUBSET)
     section = fi.markdown(verdicts, 1.0, "python benchmarks/fault_injection.py --only ...")
-    assert "| 5 | 4 | 1 | 0 | 0 | 0 | 0 | 0 |" in section
+    assert "| 3 | 2 | 1 | 0 | 0 | 0 | 0 | 0 |" in section
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n\n## Before\n\ntext\n", encoding="utf-8")
     fi.write_results(section, results)
