@@ -6,9 +6,7 @@ a relevant document; relevance is the dataset's labels: a chunk is relevant when
 The lists a system reports are read in pipeline order, and a list it does not report is skipped:
 
 1. ``no_relevant_in_corpus``: an answerable query none of whose relevant documents is in the
-   corpus (or, when the corpus restricts documents, none the asking user may see); an
-   unanswerable query whose answer refuses, or that has no answer (the corpus holds nothing for
-   it by its labels, so nothing can be lost);
+   corpus (or, when the corpus restricts documents, none the asking user may see);
 2. ``not_retrieved``: no relevant document among the ``candidates`` (the list before rerank), or,
    when the system reports no candidates, among the final ``retrieved`` list;
 3. ``dropped_by_rerank``: among the candidates, not in the final ``retrieved`` list;
@@ -17,7 +15,9 @@ The lists a system reports are read in pipeline order, and a list it does not re
    cites only other documents, or cites nothing and is wrong;
 6. ``answer_wrong``: the answer cites a relevant document and is still wrong (for an unanswerable
    query: it answers instead of refusing);
-7. ``ok``: none of the above (a run without answers ends at the last list it reports).
+7. ``ok``: none of the above (a run without answers ends at the last list it reports); an
+   unanswerable query whose answer refuses, or that has no answer, is ``ok``: by its labels the
+   corpus holds nothing for it, so nothing was lost, and declining is the right outcome.
 
 An answer is *wrong* when it refuses (the ``refusal`` metric) or, for a query with reference
 answers, when its ``token_f1`` is below :data:`ANSWER_F1_MIN`; a query without references that
@@ -82,7 +82,7 @@ def diagnose(
     (:func:`answer_wrong`); for an unanswerable query, that it does not refuse.
     """
     if not answerable:
-        return "answer_wrong" if answered and wrong else "no_relevant_in_corpus"
+        return "answer_wrong" if answered and wrong else OK
     if not relevant_present:
         return "no_relevant_in_corpus"
     lists = [
