@@ -617,9 +617,9 @@ class HttpSystem:
         self.s = settings
         self.rmap = ResponseMap(settings.system)
         self.cfg = self.rmap.cfg  # the shape's presets applied
-        # a user and password in the URL are sent as basic auth, never named with the URL (no URL:
-        # the mappings only, map_logged; validate_system requires one for system=http)
-        self.base_url, self._userinfo = split_userinfo((self.cfg.base_url or "").rstrip("/"))
+        assert self.cfg.base_url is not None  # validate_system checked it
+        # a user and password in the URL are sent as basic auth, never named with the URL
+        self.base_url, self._userinfo = split_userinfo(self.cfg.base_url.rstrip("/"))
         rerank = settings.rerank
         self.top_k = rerank.top_k if rerank.method != "none" else settings.retrieval.top_k
         self.requests_sent = 0  # every HTTP request, retries included (the progress bar's req/s)
