@@ -647,6 +647,66 @@ def _register_builtins() -> None:
         ),
     ):
         register(spec)
+    # sentence answers, clarifications and the answer's language (docs/metrics.md "Sentence answers",
+    # "Refusals and clarifications", "answer_language_match"): computed when a record has an answer
+    for spec in (
+        MetricSpec(
+            "reference_in_answer",
+            "higher",
+            True,
+            False,
+            "answerable queries with a reference: 1 if some reference occurs whole in the answer "
+            "(numbers, amounts and dates normalised)",
+            default_compare=True,
+            miss=0.0,
+        ),
+        MetricSpec(
+            "reference_recall",
+            "higher",
+            False,
+            False,
+            "answerable queries with a reference: share of the reference's tokens found in the answer, "
+            "max over references",
+            default_compare=True,
+            miss=0.0,
+        ),
+        MetricSpec(
+            "asked_clarification",
+            "lower",
+            True,
+            False,
+            "every answered query: 1 if the answer asks the user back (a clarification phrase)",
+            miss=1.0,
+        ),
+        MetricSpec(
+            "correct_clarification",
+            "higher",
+            True,
+            False,
+            "queries whose expected_behavior is clarify: 1 if the answer asks the user back",
+            default_compare=True,
+            miss=0.0,
+        ),
+        MetricSpec(
+            "answer_language_match",
+            "higher",
+            True,
+            False,
+            "every answered query whose question has letters: 1 if the answer is in the question's "
+            "script (Han or Latin) or has no letters",
+            default_compare=True,
+            miss=0.0,
+        ),
+        MetricSpec(
+            "refusal_rule_agreement",
+            "higher",
+            True,
+            False,
+            "answered queries the LLM judge gave a refusal verdict: 1 if the phrase rule agrees with it",
+            family="judge",
+        ),
+    ):
+        register(spec)
     # judged answers (docs/metrics.md "Judged answers"): computed when an LLM judge ran (judge=openai);
     # a person may score the same three in a dataset's human_judgements (judge calibration)
     judged = {
