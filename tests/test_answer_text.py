@@ -246,3 +246,25 @@ def test_the_language_worked_example_in_docs_matches_the_code() -> None:
         scoring,
     )
     assert got["answer_language_match"] == 0.0
+
+
+# --------------------------------------------------------------------------- where they show
+
+
+def test_the_new_metrics_are_end_table_columns_when_a_variant_answers() -> None:
+    from rag_ablate.metrics.registry import measured_summary_metrics
+    from rag_ablate.run.summary import summary_rows
+
+    assert measured_summary_metrics() == [
+        "reference_in_answer", "reference_recall", "correct_clarification", "answer_language_match"
+    ]  # fmt: skip
+    retrieval = {"label": "bm25", "metrics": {"dev/recall_at_5": 0.5, "holdout/recall_at_5": 0.25}}
+    assert summary_rows([retrieval], ["recall_at_5"])[0] == ["variant", "recall@5", "ms p50 / p95", "failed"]
+    answers = {
+        "label": "extractive",
+        "metrics": {"dev/reference_in_answer": 0.5, "holdout/reference_in_answer": 0.25,
+                    "dev/answer_language_match": 1.0, "holdout/answer_language_match": 1.0},
+    }  # fmt: skip
+    headers, rows = summary_rows([retrieval, answers], ["recall_at_5"])
+    assert headers[:4] == ["variant", "recall@5", "reference_in_answer", "answer_language_match"]
+    assert rows[0][2] == "- / -" and rows[1][2] == "0.500 / 0.250"
