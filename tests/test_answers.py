@@ -247,6 +247,9 @@ def test_the_comparison_has_a_correct_refusal_row(sweep: Path) -> None:
     assert {r["split"] for r in refusal} == {"dev", "holdout"}
     # generator=none has no answers: the row says why it is untested instead of inventing a 0
     assert all(r["note"] == "no value in baseline" and r["effect"] is None for r in refusal)
+    # the sentence-answer and language metrics are compared too (registered default_compare)
+    compared = {r["metric"] for r in rows}
+    assert {"reference_in_answer", "reference_recall", "answer_language_match"} <= compared
 
 
 def test_the_worked_example_in_docs_matches_the_code() -> None:
