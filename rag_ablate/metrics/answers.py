@@ -68,10 +68,10 @@ __all__ = [
 ]
 
 _CJK_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES)
-# a number with a decimal point or thousands separators (3.5, 35,000), one CJK letter/digit, or a run
-# of other letters/digits (CJK punctuation is not \w, so it never counts)
-_NUMBER_TOKEN = r"\d+(?:,\d{3}(?!\d))*\.\d+|\d+(?:,\d{3}(?!\d))+"
-_ANSWER_TOKEN = re.compile(f"{_NUMBER_TOKEN}|(?:(?![\\W_])[{_CJK_CLASS}])|[^\\W_{_CJK_CLASS}]+")
+# a decimal number (3.5), one CJK letter/digit, or a run of other letters/digits (CJK punctuation is
+# not \w, so it never counts); thousands separators are dropped first (35,000 -> 35000)
+_ANSWER_TOKEN = re.compile(f"\\d+\\.\\d+|(?:(?![\\W_])[{_CJK_CLASS}])|[^\\W_{_CJK_CLASS}]+")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _CJK_CHAR = re.compile(f"[{_CJK_CLASS}]")
 MARKER = re.compile(r"\[(\d+)\]")
 _LEADING_MARKERS = re.compile(r"^(?:\s*\[\d+\])+")
@@ -109,8 +109,8 @@ def strip_markers(answer: str) -> str:
 
 def answer_tokens(text: str) -> list[str]:
     """Tokens compared by exact match and token F1 (see the module docstring)."""
-    tokens = _ANSWER_TOKEN.findall(unicodedata.normalize("NFKC", strip_markers(text)).lower())
-    return [t.replace(",", "") for t in tokens]
+    text = unicodedata.normalize("NFKC", strip_markers(text)).lower()
+    return _ANSWER_TOKEN.findall(_THOUSANDS.sub("", text))
 
 
 def reference_tokens(text: str) -> list[str]:
@@ -124,24 +124,26 @@ def _contains(tokens: Sequence[str], part: Sequence[str]) -> bool:
     return any(tokens[i : i + n] == part for i in range(len(tokens) - n + 1))
 
 
+def _in_answer(tokens: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
+    return float(any(ref and _contains(tokens, ref) for ref in refs))
+
+
+def _recall(tokens: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
+    pred = Counter(tokens)
+    golds = [Counter(ref) for ref in refs if ref]
+    return max((sum((pred & gold).values()) / sum(gold.values()) for gold in golds), default=0.0)
+
+
 def reference_in_answer(answer: str, references: Sequence[str]) -> float:
     """1.0 when the :func:`reference_tokens` of some reference occur, in order and contiguous, in
     the answer's, else 0.0 (a reference without tokens never does)."""
-    tokens = reference_tokens(answer)
-    refs = (reference_tokens(r) for r in references)
-    return float(any(ref and _contains(tokens, ref) for ref in refs))
+    return _in_answer(reference_tokens(answer), [reference_tokens(r) for r in references])
 
 
 def reference_recall(answer: str, references: Sequence[str]) -> float:
     """Max over references of the share of the reference's :func:`reference_tokens` (a multiset)
     that the answer's hold; 0.0 without references."""
-    pred = Counter(reference_tokens(answer))
-    best = 0.0
-    for ref in references:
-        gold = Counter(reference_tokens(ref))
-        if gold:
-            best = max(best, sum((pred & gold).values()) / sum(gold.values()))
-    return best
+    return _recall(reference_tokens(answer), [reference_tokens(r) for r in references])
 
 
 def answer_language_match(question: str, answer: str, threshold: float = HAN_SHARE) -> float | None:
@@ -275,10 +277,10 @@ class AnswerScoring:
 
 
 def passage_texts(rec: Mapping[str, Any], docs: Mapping[str, Document]) -> list[str]:
-    """The texts of the record's retrieved chunks and of the context the generator read: each
-    entry's span of its document, else its stored ``text``; what an answer may quote."""
+    """What an answer may quote: the chunks of the ``context`` the generator read when the record
+    has one, else the retrieved chunks; each entry's span of its document, else its stored ``text``."""
     out: list[str] = []
-    for e in (*(rec.get("retrieved") or []), *(rec.get("context") or [])):
+    for e in rec.get("context") or rec.get("retrieved") or []:
         doc = docs.get(e.get("doc_id") or "")
         start, end = e.get("start"), e.get("end")
         if doc is not None and start is not None and end is not None:
@@ -433,8 +435,9 @@ def answer_metrics(
         refs = query.reference_answers
         out["exact_match"] = exact_match(answer, refs)
         out["token_f1"] = token_f1(answer, refs)
-        out["reference_in_answer"] = reference_in_answer(answer, refs)
-        out["reference_recall"] = reference_recall(answer, refs)
+        tokens, ref_tokens = reference_tokens(answer), [reference_tokens(r) for r in refs]
+        out["reference_in_answer"] = _in_answer(tokens, ref_tokens)
+        out["reference_recall"] = _recall(tokens, ref_tokens)
     if not refused and rec.get("citations") is not None:
         texts = cited_texts(rec.get("citations") or [], rec.get("retrieved") or [], docs)
         n_pairs = sum(len(sent.markers) for sent in answer_sentences(answer))

@@ -13,7 +13,8 @@ lower case (``[n]`` markers removed):
   negation first: ``not mentioned in the documents``. A word like ``不包含`` alone is no refusal
   (``价格不包含运费`` answers); tied to the material it is.
 
-A match that lies inside text copied from the retrieved passages is not evidence: when the
+A match that lies inside text copied from the passages (the context the generator read, else the
+retrieved chunks: :func:`rag_ablate.metrics.answers.passage_texts`) is not evidence: when the
 match, extended by :data:`COPY_MARGIN` more characters of the answer around it, occurs in a
 passage, the answer is quoting (a judgment that mentions ``无法找到``), not declining.
 """
@@ -145,8 +146,8 @@ class PhraseRule:
         folded: list[str] | None = None
         for pattern in patterns:
             for m in pattern.finditer(text):
-                if folded is None:
-                    folded = [fold(p) for p in passages]
+                if folded is None:  # only an answer with a match pays for reading its passages
+                    folded = [unicodedata.normalize("NFKC", p).lower() for p in passages]
                 if not _copied(text, m.start(), m.end(), folded):
                     return True
         return False
