@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.config.schema import MetricsConfig
+from rag_ablate.config.schema import GeneratorConfig, MetricsConfig
 from rag_ablate.dataset.model import Document, Query
 from rag_ablate.metrics.answers import (
     AnswerScoring,
@@ -109,6 +109,10 @@ def test_configured_phrases_add_to_the_curated_sets() -> None:
     assert scoring.rule.refuses("本店不提供此服务。") and scoring.rule.refuses("无法作答。")
     assert scoring.rule.asks_back("麻烦发一下订单号。") and scoring.rule.asks_back("您是指哪一款？")
     assert not PhraseRule().refuses("本店不提供此服务。")
+    # the extractive generator's own refusal sentences count, whatever they were set to say
+    own = GeneratorConfig(name="extractive", refusal_en="Nothing on that, sorry.")
+    assert AnswerScoring.from_config(MetricsConfig(), own).rule.refuses("Nothing on that, sorry.")
+    assert not AnswerScoring.from_config(MetricsConfig()).rule.refuses("Nothing on that, sorry.")
 
 
 def _query(

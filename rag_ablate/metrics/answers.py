@@ -38,7 +38,7 @@ from rag_ablate.text.count import CJK_RANGES
 from rag_ablate.text.normalize import HAN_SHARE, normal_form, script_of
 
 if TYPE_CHECKING:
-    from rag_ablate.config.schema import MetricsConfig
+    from rag_ablate.config.schema import GeneratorConfig, MetricsConfig
     from rag_ablate.dataset.model import Document, Query
 
 __all__ = [
@@ -267,8 +267,12 @@ class AnswerScoring:
     han_share: float = HAN_SHARE
 
     @classmethod
-    def from_config(cls, m: MetricsConfig) -> AnswerScoring:
-        return cls(tuple(m.refusal_phrases), m.citation_support, tuple(m.clarification_phrases), m.han_share)
+    def from_config(cls, m: MetricsConfig, g: GeneratorConfig | None = None) -> AnswerScoring:
+        """The ``metrics`` settings; with ``generator=extractive`` (``g``) its own refusal sentences
+        (``generator.refusal_zh``, ``refusal_en``) are refusal phrases too, whatever they say."""
+        own = (g.refusal_zh, g.refusal_en) if g is not None and g.name == "extractive" else ()
+        refusals = (*m.refusal_phrases, *own)
+        return cls(tuple(refusals), m.citation_support, tuple(m.clarification_phrases), m.han_share)
 
     @cached_property
     def rule(self) -> PhraseRule:
