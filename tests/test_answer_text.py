@@ -44,10 +44,15 @@ REFUSALS = [
     "资料不足",
     "暂无相关政策",
     "The passages do not contain the answer.",
+    "The passages you provided don\u2019t mention it.",  # a typographic apostrophe
+    "Passage 2 does not say when the trial ended.",
 ]
 ANSWERS = [
     "价格不包含运费。",  # 不包含 about the price, not about the material
     "The package does not contain batteries.",
+    "In this context the vaccine does not provide immunity.",  # the source word is not the subject
+    "上传文件时没有相关限制。",  # 文件 (a file) is not the material the answer read
+    "申请材料不包含身份证复印件。",
     "签收后7天内可以无理由退货。[1]",
     "Refunds take five days. [1]",
 ]

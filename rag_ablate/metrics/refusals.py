@@ -8,9 +8,10 @@ lower case (``[n]`` markers removed):
   information) and :data:`CLARIFICATION_PHRASES` (asking the user back), plus the phrases the
   configuration adds (``metrics.refusal_phrases``, ``metrics.clarification_phrases``);
 * **"not in the documents"**: a word for the material (:data:`SOURCES_ZH`, :data:`SOURCES_EN`)
-  followed in the same sentence by a negated statement about it (:data:`NOT_IN_ZH`,
-  :data:`NOT_IN_EN`): ``段落中未提及``, ``The passages do not contain``; or, in English, the
-  negation first: ``not mentioned in the documents``. A word like ``不包含`` alone is no refusal
+  followed closely by a negated statement about it (:data:`NOT_IN_ZH`: at most 4 characters
+  between, no punctuation; :data:`NOT_IN_EN`: the source is the verb's subject, at most two of
+  :data:`FILLERS_EN` between): ``段落中未提及``, ``The passages provided do not contain``; or, in
+  English, the negation first: ``not mentioned in the documents``. A word like ``不包含`` alone is no refusal
   (``价格不包含运费`` answers); tied to the material it is.
 
 A match that lies inside text copied from the passages (the context the generator read, else the
@@ -28,6 +29,7 @@ from collections.abc import Iterable, Sequence
 __all__ = [
     "CLARIFICATION_PHRASES",
     "COPY_MARGIN",
+    "FILLERS_EN",
     "NOT_IN_EN",
     "NOT_IN_ZH",
     "REFUSAL_PHRASES",
@@ -70,9 +72,10 @@ CLARIFICATION_PHRASES: tuple[str, ...] = (
 """Phrases that make an answer a clarification request (it asks the user back)."""
 
 SOURCES_ZH: tuple[str, ...] = (
-    "段落", "资料", "文档", "文件", "材料", "上下文", "文中", "原文", "文本", "参考信息", "参考内容",
-    "检索结果", "知识库", "提供的信息", "给出的信息", "所给信息", "已知信息",
+    "段落", "资料", "文档", "上下文", "文中", "原文", "参考信息", "参考内容", "检索结果", "知识库",
+    "提供的信息", "给出的信息", "所给信息", "已知信息",
 )  # fmt: skip
+"""Words for the material a RAG answer reads (not 文件 or 材料: ``申请材料不包含…`` answers)."""
 NOT_IN_ZH: tuple[str, ...] = (
     "未提", "没有提", "没提", "未包含", "没有包含", "不包含", "未涉及", "没有涉及", "未说明", "没有说明",
     "未给出", "没有给出", "没有相关", "无相关", "未记载", "没有记载", "找不到", "没有关于", "未明确",
@@ -83,6 +86,11 @@ SOURCES_EN: tuple[str, ...] = (
     "material", "materials", "excerpt", "excerpts", "knowledge base", "provided information",
     "information provided", "given information",
 )  # fmt: skip
+FILLERS_EN: tuple[str, ...] = (
+    "provided", "given", "retrieved", "above", "available", "here", "shown", "you gave me",
+    "you provided", "you shared",
+)  # fmt: skip
+"""Words that may stand between an English source word and its negated verb."""
 NOT_IN_EN: tuple[str, ...] = (
     "contain", "mention", "include", "say", "specify", "state", "provide", "cover", "address",
     "discuss", "give",
@@ -93,17 +101,19 @@ COPY_MARGIN = 4
 
 
 def fold(text: str) -> str:
-    """NFKC, lower case, without ``[n]`` citation markers: the form phrases are matched in."""
-    return re.sub(r"\[\d+\]", "", unicodedata.normalize("NFKC", text)).lower()
+    """NFKC, lower case, ``’`` as ``'``, without ``[n]`` citation markers: the form phrases are
+    matched in."""
+    return re.sub(r"\[\d+\]", "", unicodedata.normalize("NFKC", text)).lower().replace("\u2019", "'")
 
 
 def _alt(words: Iterable[str]) -> str:
     return "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
 
 
-_ZH_NOT_IN = re.compile(f"(?:{_alt(SOURCES_ZH)})[^。！？!?\n]{{0,10}}?(?:{_alt(NOT_IN_ZH)})")
+_ZH_NOT_IN = re.compile(f"(?:{_alt(SOURCES_ZH)})[^。！？!?,，\n]{{0,4}}?(?:{_alt(NOT_IN_ZH)})")
 _EN_NOT_IN = re.compile(
-    rf"\b(?:{_alt(SOURCES_EN)})\b[^.!?\n]{{0,40}}?\b(?:do|does|did)(?: not|n't) (?:{_alt(NOT_IN_EN)})"
+    rf"\b(?:{_alt(SOURCES_EN)})(?: \d+)?(?: (?:{_alt(FILLERS_EN)})){{0,2}} (?:do|does|did)(?: not|n't) "
+    rf"(?:{_alt(NOT_IN_EN)})"
     rf"|\bnot (?:mentioned|specified|provided|covered|stated|found|given|included|addressed) "
     rf"(?:in|by) (?:the |any )?(?:provided |given |retrieved |available )?(?:{_alt(SOURCES_EN)})\b"
     r"|\b(?:no mention of|makes? no mention)\b"
