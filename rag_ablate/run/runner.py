@@ -484,7 +484,7 @@ def _load_inputs(s: RunConfig, job: _Job) -> _Inputs:
         tag_weights=tag_weights,
         kept=kept,
         cache=cache,
-        answers=AnswerScoring.from_config(s.metrics),
+        answers=AnswerScoring.from_config(s.metrics, s.generator),
         # what of the text is stored (privacy.store_text, privacy.redact): every record passes it on its
         # way to disk; metrics are computed from the full record first (README "Confidential corpora")
         guard=privacy.Privacy.from_config(s.privacy),
