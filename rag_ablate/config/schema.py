@@ -27,6 +27,7 @@ from rag_ablate.config.ranges import (
     AT_LEAST_1,
     FINITE,
     OPEN_SHARE,
+    POSITIVE,
     Count,
     Count0,
     NonNeg,
@@ -281,6 +282,9 @@ class ModelPrice:
 class CostConfig:
     model: str | None = None  # the entry of `prices` the system's tokens are billed at; null = no money
     prices: dict[str, ModelPrice] = field(default_factory=dict)  # model name -> USD per 1M tokens
+    # stop a run before its uncached model calls (system at cost.model's price, judge at judge.model's)
+    # spend more than this many USD; resumable (README "Spend limit"); null = no limit
+    max_usd: Annotated[float | None, POSITIVE] = None
 
 
 @dataclass

@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rag_ablate.config.schema import HttpResponseConfig, RunConfig, SystemConfig, validate_system
 from rag_ablate.config.shapes import check_shape
 from rag_ablate.core.cache import Cache
-from rag_ablate.core.errors import EndpointDownError
+from rag_ablate.core.errors import EndpointDownError, RunStopError
 from rag_ablate.core.retry import Breaker, Status, backoff_wait, excerpt, retry_after_seconds, status_meaning
 from rag_ablate.core.secrets import split_userinfo
 from rag_ablate.dataset.model import Dataset, Document, Query
@@ -760,7 +760,7 @@ class HttpSystem:
                 if self.cfg.chat_path is not None:
                     calls.append(self._chat(client, body, trace, t0))
                 results = list(await asyncio.gather(*calls))
-            except EndpointDownError:
+            except RunStopError:
                 raise  # the service is down: the run stops
             except Exception as exc:  # a bug or an unforeseen error fails this query only
                 trace.status, trace.error = "failed", f"{type(exc).__name__}: {exc}"
