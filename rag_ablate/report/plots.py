@@ -84,10 +84,18 @@ def variant_styles(labels: Sequence[str], baseline: str) -> dict[str, tuple[str,
     return out
 
 
-#: label offsets tried around a point, in points: right/up first, then the other sides
+#: label offsets tried around a point, in points: beside it first, then stacked further up and down
 _OFFSETS = (
-    (7, 7), (7, -14), (-7, 7), (-7, -14), (10, -3), (-10, -3), (0, 14), (0, -20), (14, 18), (-14, -26),
+    (7, 7), (7, -14), (-7, 7), (-7, -14), (10, -3), (-10, -3),
+    *((dx, dy * k) for k in range(2, 12) for dx in (7, -7) for dy in (11, -13)),
 )  # fmt: skip
+
+
+def label_extent(ann: Any, renderer: Any) -> Any:
+    """Where a label's text is drawn, in pixels (its line to the point left out)."""
+    from matplotlib.text import Text
+
+    return Text.get_window_extent(ann, renderer)
 
 
 def place_labels(fig: Any, ax: Any, labels: Sequence[tuple[str, float, float, bool]]) -> list[Any]:
@@ -98,7 +106,7 @@ def place_labels(fig: Any, ax: Any, labels: Sequence[tuple[str, float, float, bo
     renderer = fig.canvas.get_renderer()
     to_px = ax.transData.transform
     marks = [to_px((x, y)) for _, x, y, _ in labels]
-    r = 7.0 * fig.dpi / 72  # a marker's half-size, in pixels
+    r = 9.0 * fig.dpi / 72  # a marker's half-size and a margin, in pixels
     taken = [(mx - r, my - r, mx + r, my + r) for mx, my in marks]
     out = []
     for text, x, y, bold in labels:
@@ -112,10 +120,12 @@ def place_labels(fig: Any, ax: Any, labels: Sequence[tuple[str, float, float, bo
                 fontsize=9,
                 weight="bold" if bold else "normal",
                 bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.75},
+                # a label moved away from its point keeps a thin line to it
+                arrowprops={"arrowstyle": "-", "color": "#888888", "lw": 0.6} if abs(dy) > 20 else None,
                 zorder=4,
             )
             with missing_glyphs_drawn():
-                b = ann.get_window_extent(renderer)
+                b = label_extent(ann, renderer)
             box = (b.x0, b.y0, b.x1, b.y1)
             free = not any(box[0] < t[2] and t[0] < box[2] and box[1] < t[3] and t[1] < box[3] for t in taken)
             if free or (dx, dy) == _OFFSETS[-1]:
@@ -178,6 +188,7 @@ def plot(
             capsize=3,
             elinewidth=1,
             zorder=5 if p.baseline else 3,
+            label=names.get(p.variant, p.variant),
         )
         text = names.get(p.variant, p.variant)
         if p.variant == st.choice:
