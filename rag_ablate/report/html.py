@@ -59,17 +59,18 @@ RECALL_PLOT = "recall_at_k.png"
 TOP_FLIPS = 10  # flipped queries shown per variant, split and direction
 PAGE_TEMPLATE = "report.html.j2"
 
-#: the page's sections after the verdict, in order: (id, heading, template in templates/sections/)
+#: the page's sections after the verdict, in order: (id, heading, template in templates/sections/,
+#: the Comparison's field that must be set for the section to show; "": always shown)
 SECTIONS = (
-    ("plan", "Plan", "plan.html.j2"),
-    ("tradeoff", "Quality against cost", "tradeoff.html.j2"),
-    ("comparison", "Comparison with the baseline", "comparison.html.j2"),
-    ("gate", "Regression gate", "gate.html.j2"),
-    ("hurts", "Where it hurts", "hurts.html.j2"),
-    ("stages", "Failure stages", "stages.html.j2"),
-    ("intents", "Per-intent accuracy", "intents.html.j2"),
-    ("recall", "Recall@k", "recall.html.j2"),
-    ("flips", "Flipped queries", "flips.html.j2"),
+    ("plan", "Plan", "plan.html.j2", ""),
+    ("tradeoff", "Quality against cost", "tradeoff.html.j2", ""),
+    ("comparison", "Comparison with the baseline", "comparison.html.j2", ""),
+    ("gate", "Regression gate", "gate.html.j2", "gate"),
+    ("hurts", "Where it hurts", "hurts.html.j2", ""),
+    ("stages", "Failure stages", "stages.html.j2", ""),
+    ("intents", "Per-intent accuracy", "intents.html.j2", ""),
+    ("recall", "Recall@k", "recall.html.j2", ""),
+    ("flips", "Flipped queries", "flips.html.j2", ""),
 )
 
 
@@ -337,7 +338,7 @@ def render(
     c = comparison
     titles = variant_titles(plan, c.baseline)
     quality = headline.quality_axis(c)
-    sections = [s for s in SECTIONS if s[0] != "gate" or c.gate]
+    sections = [(sid, heading, t) for sid, heading, t, needs in SECTIONS if not needs or getattr(c, needs)]
     return (
         environment()
         .get_template(PAGE_TEMPLATE)
