@@ -109,6 +109,15 @@ def interval(effect: Any, low: Any, high: Any) -> str:
     return f"{signed(effect)} [{signed(low)}, {signed(high)}]"
 
 
+def effect_size(v: float) -> str:
+    """An effect's size as the comparison's labels print it: ``0.045``, ``1.3``, ``250.0``."""
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2g}"
+
+
+def finite_number(v: Any) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v)
+
+
 def png_data(path: Path | None) -> str:
     """A PNG's bytes as base64 for a ``data:`` URL; empty when there is no file."""
     if path is None or not path.is_file():
@@ -126,7 +135,15 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(num=number, signed=signed, p=p_value, metric=display_name, cost=tradeoff.cost_display)
+    env.filters.update(
+        num=number,
+        signed=signed,
+        p=p_value,
+        size=effect_size,
+        metric=display_name,
+        cost=tradeoff.cost_display,
+    )
+    env.tests.update(finite_number=finite_number)
     env.globals.update(interval=interval, split_heads=_split_heads)
     return env
 
