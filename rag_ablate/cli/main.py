@@ -298,11 +298,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from rag_ablate.compare import tradeoff
     from rag_ablate.compare.render import write_outputs
     from rag_ablate.compare.run import load_comparison, load_source, pin_baseline
+    from rag_ablate.compare.timing import apply_timing
     from rag_ablate.report.html import write_report
 
     out_dir = Path(args.sweep_dir)
@@ -316,9 +315,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         # other axes, bar, B or seed: the trade-off again, written with the comparison it belongs to
         settings = _compare_settings(args, _TRADEOFF_OPTIONS)
         seed = c.seed if args.seed is None else args.seed
-        c.tradeoff = tradeoff.compute(
-            source.variants, replace(settings, splits=c.splits), seed=seed, baseline=c.baseline
-        )
+        apply_timing(source.variants, source.timing)  # latency as the comparison timed it
+        tradeoff.attach(c, source.variants, settings, seed=seed)
         written += write_outputs(c, out_dir)
     report = write_report(out_dir, c, source.variants)
     print(f"written: {', '.join(str(p) for p in [*written, *report.paths])}")
