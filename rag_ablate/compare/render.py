@@ -393,7 +393,7 @@ def stage_terminal_lines(c: Comparison) -> list[str]:
         return []
     from rag_ablate.core.fmt import format_table
 
-    out = ['failure stages, queries per stage (docs/metrics.md "Stage diagnosis"):']
+    out = ["failure stages, queries per stage (docs/metrics.md \"Stage diagnosis\"):"]
     out += [f"  {x.split}, {x.variant}: {share_text(x)}" for x in c.stages.shares]
     headers, rows = stage_table(c, groups=False)
     if rows:
@@ -409,7 +409,7 @@ def stage_markdown_lines(c: Comparison) -> list[str]:
     out = [
         "## Failure stages",
         "",
-        'Which stage lost each query (docs/metrics.md, "Stage diagnosis"), per split and variant:',
+        "Which stage lost each query (docs/metrics.md, \"Stage diagnosis\"), per split and variant:",
         "",
         *(f"- {x.split}, {_md_cell(x.variant)}: {share_text(x)}" for x in c.stages.shares),
         "",

@@ -46,8 +46,6 @@ def asked_metrics(has_references: bool) -> tuple[str, ...]:
     """The judged metrics a judge asks about one answer: ``completeness`` only when the query has
     reference answers (it is measured against them)."""
     return tuple(m for m in JUDGE_METRICS if m != "completeness" or has_references)
-
-
 SUPPORT_KEY = "citation_support"  # the ``errors`` key when the judge's ``support`` list failed
 
 

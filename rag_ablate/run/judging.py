@@ -256,7 +256,9 @@ def metric_agreement(records: Sequence[Record], metric: str) -> dict[str, float]
     return out
 
 
-def judge_run_metrics(records: Sequence[Record], *, price: ModelPrice | None = None) -> dict[str, float]:
+def judge_run_metrics(
+    records: Sequence[Record], *, price: ModelPrice | None = None
+) -> dict[str, float]:
     """The run's ``judge/...`` metrics from its records (empty when no record was judged).
 
     ``judge/queries`` judged answers; ``judge/calls`` judge repeats behind them (one model call
