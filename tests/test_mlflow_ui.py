@@ -88,7 +88,11 @@ def test_each_variant_has_a_one_line_verdict(sweep: dict[str, Any]) -> None:
     child = sweep["children"]["chunk=256"].data.tags[NOTE].splitlines()[0]
     assert child.startswith("vs baseline on holdout: recall@5 ")
     p95 = _row(sweep["comparison"], "holdout", "chunk=256", "latency_p95_ms")
-    assert f"p95 latency ms {p95['effect']:+.3f}" in child
+    assert f"latency_p95_ms {p95['effect']:+.3f}" in child
+    tokens = _row(sweep["comparison"], "holdout", "chunk=256", "context_tokens_at_5")
+    digits = 1 if abs(tokens["effect"]) >= 100 else 3
+    assert f"context_tokens@5 {tokens['effect']:+.{digits}f}" in child  # cost beyond latency
+    assert "leaks: acl_leak" in child
     assert "baseline" in sweep["children"]["baseline (chunk=512)"].data.tags[NOTE]
 
 
@@ -139,7 +143,12 @@ def test_summary_table_and_saved_view_on_the_sweep_run(sweep: dict[str, Any]) ->
     client, parent = sweep["client"], sweep["parent"]
     table = json.loads(Path(client.download_artifacts(parent.info.run_id, "verdict.json")).read_text())
     assert table["columns"][:2] == ["variant", "role"]
-    assert sorted(row[0] for row in table["data"]) == ["baseline", "chunk=256"]
+    assert sorted(row[:3] for row in table["data"]) == [  # a row per variant and split
+        ["baseline", "baseline", "dev"],
+        ["baseline", "baseline", "holdout"],
+        ["chunk=256", "variant", "dev"],
+        ["chunk=256", "variant", "holdout"],
+    ]
     key = parent.data.tags["rag_ablate.ui_view"]
     exp = client.get_experiment(sweep["experiment"].experiment_id)
     state = json.loads(exp.tags[f"mlflow.sharedViewState.{key}"])
@@ -226,28 +235,53 @@ def test_printed_hints_name_the_ui_port() -> None:
 
 @pytest.mark.slow
 def test_the_printed_link_opens_the_ranked_runs_view(sweep: dict[str, Any], tmp_path: Path) -> None:
+    """In Chromium at 1600x1100 with a fresh profile, as a first visit: the printed link's ranked view
+    shows each variant's interval and verdict per split beside its cost, and the sweep run's page
+    shows the verdict in the description's first paragraph (what MLflow shows before "Show more").
+    With ``RAG_ABLATE_SCREENSHOT_DIR`` set, both pages are saved there (docs/img/mlflow-ui.png,
+    docs/img/mlflow-sweep-run.png)."""
+    from rag_ablate.report.mlflow_ui import VISIBLE_CHARS
+
     require_chromium()
+    shots = os.environ.get("RAG_ABLATE_SCREENSHOT_DIR")
     # the default store: outputs/mlflow.db under the folder the sweep ran in
     with mlflow_ui(tmp_path / "ui.log", cwd=sweep["cwd"]):
         printed = (tmp_path / "ui.log").read_text()
         match = re.search(r"(http://127\.0\.0\.1:\d+/#/experiments/\S+/runs\?viewStateShareKey=\S+)", printed)
         assert match, printed
-        dom = chromium(match[1], tmp_path / "profile", "--dump-dom")
-        for text in (
-            "baseline (chunk=512)",
-            "chunk=256",
-            "headline/holdout_recall_at_5",
-            "headline/delta_holdout_recall_at_5",
-            "headline/cost_p95_ms",
-        ):
+        dom = chromium(match[1], tmp_path / "profile", "--dump-dom", window="1600,1100")
+        for text in ("baseline (chunk=512)", "chunk=256", "holdout recall_at_5", "holdout latency_p95_ms"):
             assert text in dom, f"{text!r} not on the page"
+        for split in ("holdout", "dev"):
+            effect = _row(sweep["comparison"], split, "chunk=256", "recall_at_5")
+            cell = sweep["children"]["chunk=256"].data.tags[f"{split} recall_at_5"]
+            interval = f"Δ {effect['effect']:+.3f} [{effect['ci_low']:+.3f}, {effect['ci_high']:+.3f}]"
+            verdict = f"{effect['verdict']}*" if effect["verdict"] else "no evidence, MDE ±"
+            assert interval in cell and verdict in cell, cell
+            assert f">{cell}<" in dom, f"{cell!r} not on the page"
         # ranked by holdout recall@5, best first
         m = {n: r.data.metrics["headline/holdout_recall_at_5"] for n, r in sweep["children"].items()}
         best, other = sorted(m, key=lambda n: -m[n])
         if m[best] != m[other]:
             assert dom.index(f">{best}<") < dom.index(f">{other}<")
-        if os.environ.get("RAG_ABLATE_SCREENSHOT"):  # refresh docs/img/mlflow-ui.png by hand
-            chromium(match[1], tmp_path / "profile2", f"--screenshot={os.environ['RAG_ABLATE_SCREENSHOT']}")
+        port = re.search(r"127\.0\.0\.1:(\d+)/", match[1])
+        assert port is not None
+        parent = sweep["parent"].info.run_id
+        run_page = (
+            f"http://127.0.0.1:{port[1]}/#/experiments/{sweep['experiment'].experiment_id}/runs/{parent}"
+        )
+        page = chromium(run_page, tmp_path / "profile-run", "--dump-dom", window="1600,1100")
+        shown = re.search(r'data-testid="note-editor-preview-content"><p>(.*?)</p>', page)
+        assert shown, "no description on the sweep run's page"
+        first = re.sub(r"<[^>]+>", "", shown[1])  # the first paragraph's text
+        effect = _row(sweep["comparison"], "holdout", "chunk=256", "recall_at_5")
+        assert first.startswith("Verdict on recall@5 vs baseline (chunk=512)"), first
+        assert f"holdout {effect['effect']:+.3f} [{effect['ci_low']:+.3f}, {effect['ci_high']:+.3f}]" in first
+        assert "latency p95 ms" in first and len(first) <= VISIBLE_CHARS
+        if shots:  # docs/img: RAG_ABLATE_SCREENSHOT_DIR=docs/img
+            for url, name in ((match[1], "mlflow-ui.png"), (run_page, "mlflow-sweep-run.png")):
+                out = Path(shots).resolve() / name
+                chromium(url, tmp_path / f"shot-{name}", f"--screenshot={out}", window="1600,1100")
 
 
 # --------------------------------------------------------------------------- hostile text in descriptions

@@ -8,11 +8,14 @@
   table and the comparison use, plus counts; the full cutoff grid and the
   ``all/`` split stay in the run's ``metrics.json`` artifact (and ``summary.json``).
 * **Descriptions** (the ``mlflow.note.content`` tag, shown as the run's
-  description): the sweep run holds the verdict table, each variant run one line
-  against the baseline.
+  description): the sweep run opens on the verdict in the lines MLflow shows before
+  "Show more", then the verdict table; each variant run has one line against the baseline.
+* **The ranked view**: per variant and split, the quality axis's level, effect, interval
+  and verdict beside the cost axis's level (tags, :func:`ranked_tags`), and the other
+  significant effects by name; ``verdict.json`` holds the same per variant and split.
 * **Deep link**: an experiment tag ``mlflow.sharedViewState.<key>`` holds a view
-  of the runs table (this sweep's variants, ranked by the headline metric, with
-  the headline columns shown); ``#/experiments/<id>/runs?viewStateShareKey=<key>``
+  of the runs table (this sweep's variants, best holdout quality first, with the
+  ranked view's columns); ``#/experiments/<id>/runs?viewStateShareKey=<key>``
   opens it. Without ``/runs`` MLflow 3 opens its GenAI overview instead. The
   view also filters the charts tab to the headline charts.
 """

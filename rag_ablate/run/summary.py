@@ -107,9 +107,8 @@ def markdown_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str
 
 def ui_hint(uri: str, link: str | None = None, port: int = 5000) -> str:
     """Where to look next: the command that opens the MLflow UI on this store on ``port``
-    (``tracking.ui_port``), and, for a sweep, the link to its variants ranked by the headline
-    metric. ``rag-ablate ui`` serves on the port the latest sweep's links use by default; a single
-    run's command says ``--port`` when it is not 5000."""
+    (``tracking.ui_port``; ``--port`` when it is not 5000), and, for a sweep, the link to its
+    variants ranked, with their verdicts."""
     if not uri.startswith("sqlite:"):
         hint = f"MLflow: {uri}"
     else:
@@ -118,5 +117,5 @@ def ui_hint(uri: str, link: str | None = None, port: int = 5000) -> str:
         cmd += f" --port {port}" if port != 5000 else ""
         hint = f"MLflow UI: {cmd}   (serves http://127.0.0.1:{port})"
     if link:
-        hint += f"\nthis sweep's variants, ranked by the headline metric: {link}"
+        hint += f"\nthis sweep's variants, ranked, with their verdicts and cost per split: {link}"
     return hint

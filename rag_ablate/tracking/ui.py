@@ -90,7 +90,7 @@ OTHER_EFFECTS = "other significant effects"
 #: cell (``0.839 Δ -0.032 [-0.070, +0.010] no evidence, MDE ±0.05``), a cost cell
 #: (``22.9 [17.6, 29.5]``), the other effects. At 1600 px, beside MLflow's sidebar, run name and
 #: start time, the holdout columns show whole even with MLflow's assistant panel open.
-RANK_WIDTHS = {"quality": 340, "cost": 140, "other": 300}
+RANK_WIDTHS = {"quality": 340, "cost": 170, "other": 300}
 
 
 def rank_columns(quality: str, cost: str) -> dict[str, str]:
