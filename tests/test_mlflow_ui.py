@@ -460,8 +460,16 @@ def test_the_sweep_description_opens_on_the_verdict() -> None:
     assert "**better**: better (holdout +0.040 [+0.010, +0.070]*, dev +0.030 [+0.005, +0.055]*, " in first
     assert "USD per 1k queries 0.52 vs 0.4)" in first  # at what cost, on holdout
     assert "**worse**: none" in first
-    assert "**no evidence**: same (holdout -0.026 [-0.070, +0.018], dev -0.028 [-0.060, +0.004], " in first
-    assert "could detect ±0.05" in first and "recall@5 vs baseline (chunk=512)" in first
+    assert "**no evidence**: same (holdout -0.026 [-0.070, +0.018], could detect ±0.05, " in first
+    assert "recall@5 vs baseline (chunk=512)" in first
+    # a study of many variants still fits: those without evidence are named only, from the last
+    many = _comparison()
+    for i in range(8):
+        many.variants.append(f"chunk={2**i}")
+        many.rows.append(_r("holdout", f"chunk={2**i}", "recall_at_5", 0.01, -0.03, 0.05))
+    first = sweep_description(many, [], "recall_at_5", "baseline (chunk=512)").split("\n\n")[0]
+    assert len(first) <= VISIBLE_CHARS and "better (holdout +0.040" in first, first
+    assert "same (holdout -0.026" in first and first.endswith("chunk=64; chunk=128")
 
 
 def test_each_variant_line_covers_quality_cost_and_leaks() -> None:

@@ -321,11 +321,16 @@ def _short(r: Row) -> str:
 
 
 def verdict_lines(c: Comparison, quality: str, baseline_name: str) -> list[str]:
-    """The sweep's verdict in the lines MLflow shows before "Show more": which variants are better,
-    worse or without evidence on the quality axis, per split, with their intervals (how sure) and
-    the cost axis against the baseline's (at what cost); then a blank line."""
-    q = display_name(quality)
-    groups: dict[str, list[str]] = {"better": [], "worse": [], "no evidence": []}
+    """The sweep's verdict in the lines MLflow shows before "Show more" (:data:`VISIBLE_CHARS`):
+    which variants are better, worse or without evidence on the quality axis, with their intervals
+    (how sure: both splits for a significant one, holdout and the minimum detectable effect
+    otherwise) and the cost axis against the baseline's on holdout (at what cost); then a blank
+    line. When that is too long, variants without evidence are named only, from the last."""
+    head = (
+        f"**Verdict** on {display_name(quality)} vs {md(baseline_name)}, 95% intervals (`*` significant "
+        "after Holm on holdout, BH on dev), cost on holdout: "
+    )
+    groups: dict[str, list[tuple[str, str]]] = {"better": [], "worse": [], "no evidence": []}
     for v in c.variants:
         rows = {sp: c.row(sp, v, quality) for sp in SPLITS[::-1]}
         tested = {sp: r for sp, r in rows.items() if r is not None and r.tested}
@@ -333,18 +338,26 @@ def verdict_lines(c: Comparison, quality: str, baseline_name: str) -> list[str]:
             continue
         verdicts = {r.verdict for r in tested.values() if r.verdict}
         group = "worse" if "worse" in verdicts else "better" if verdicts else "no evidence"
-        parts = [f"{sp} {_short(r)}" for sp, r in tested.items()]
+        shown = tested if verdicts else {sp: r for sp, r in tested.items() if sp == "holdout"} or tested
+        parts = [f"{sp} {_short(r)}" for sp, r in shown.items()]
         held = tested.get("holdout")
-        if group == "no evidence" and held is not None and math.isfinite(held.mde):
+        if not verdicts and held is not None and math.isfinite(held.mde):
             parts.append(f"could detect ±{held.mde:.2g}")
-        cost = _level(c, "holdout", v)
-        groups[group].append(f"{md(v)} ({', '.join(parts + ([cost] if cost else []))})")
-    said = " · ".join(f"**{g}**: {'; '.join(items) if items else 'none'}" for g, items in groups.items())
-    return [
-        f"**Verdict** on {q} vs {md(baseline_name)}, 95% intervals (`*` significant after Holm on holdout, "
-        f"BH on dev), cost on holdout: {said}",
-        "",
-    ]
+        parts += [cost] if (cost := _level(c, "holdout", v)) else []
+        groups[group].append((md(v), f"{md(v)} ({', '.join(parts)})"))
+
+    def said() -> str:
+        return " · ".join(
+            f"**{g}**: {'; '.join(text for _, text in items) if items else 'none'}"
+            for g, items in groups.items()
+        )
+
+    quiet = groups["no evidence"]
+    for i in range(len(quiet) - 1, -1, -1):
+        if len(head) + len(said()) <= VISIBLE_CHARS:
+            break
+        quiet[i] = (quiet[i][0], quiet[i][0])  # the name only: its numbers are in the table below
+    return [head + said(), ""]
 
 
 def child_description(c: Comparison, variant: str, quality: str) -> str:
