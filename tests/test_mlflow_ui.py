@@ -155,8 +155,9 @@ def test_summary_table_and_saved_view_on_the_sweep_run(sweep: dict[str, Any]) ->
     assert parent.info.run_id in state["searchFilter"]
     assert state["orderByKey"] == "metrics.`headline/holdout_recall_at_5`" and state["orderByAsc"] is False
     assert state["chartsSearchFilter"] == "headline/"
-    link = f"#/experiments/{exp.experiment_id}/runs?viewStateShareKey={key}"
-    assert link in sweep["proc"].stdout
+    link = f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?viewStateShareKey={key}"
+    assert link in sweep["proc"].stdout  # tracking.ui_port's default, kept for rag-ablate ui
+    assert parent.data.tags["rag_ablate.ui_port"] == "5000"
 
 
 def test_baseline_name_lists_the_factors_but_not_runtime_settings() -> None:
