@@ -269,6 +269,8 @@ class TrackingConfig:
     artifact_root: str | None = None  # null = <paths.output_root>/mlartifacts (a server: its own root)
     traces: str = "20"  # per-query MLflow traces: none | N (the first N queries of each split) | all
     timeout_s: Positive = 60.0  # the longest one MLflow call may take, retries included, seconds
+    # the port `rag-ablate ui` serves on and printed links point to (README "Look at results in MLflow")
+    ui_port: Annotated[int, Range(1, 65535)] = 5000
 
 
 @dataclass

@@ -382,7 +382,7 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
         print(f"\nrecords: {job.job_dir / RECORDS_FILE}")
         print(f"{prof.line()} ({job.job_dir / PROFILE_FILE})")
         if store is not None:
-            print(ui_hint(store.uri))
+            print(ui_hint(store.uri, port=s.tracking.ui_port))
     if calibration_error is not None:
         raise JudgeCalibrationError(
             f"{job.label}: the judge calibration against the dataset's human_judgements failed "

@@ -117,15 +117,17 @@ def markdown_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str
     return "\n".join(out) + "\n"
 
 
-def ui_hint(uri: str, link: str | None = None) -> str:
-    """Where to look next: the command that opens the MLflow UI on this store (and, for a
-    sweep, the link to its variants ranked by the headline metric)."""
+def ui_hint(uri: str, link: str | None = None, port: int = 5000) -> str:
+    """Where to look next: the command that opens the MLflow UI on this store on ``port``
+    (``tracking.ui_port``; ``--port`` when it is not 5000), and, for a sweep, the link to its
+    variants ranked, with their verdicts."""
     if not uri.startswith("sqlite:"):
         hint = f"MLflow: {uri}"
     else:
         default = f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
         cmd = "rag-ablate ui" if uri == default else f"rag-ablate ui --uri {shlex.quote(uri)}"
-        hint = f"MLflow UI: {cmd}   (serves http://127.0.0.1:5000)"
+        cmd += f" --port {port}" if port != 5000 else ""
+        hint = f"MLflow UI: {cmd}   (serves http://127.0.0.1:{port})"
     if link:
-        hint += f"\nthis sweep's variants, ranked by the headline metric: {link}"
+        hint += f"\nthis sweep's variants, ranked, with their verdicts and cost per split: {link}"
     return hint
