@@ -147,9 +147,13 @@ def test_the_derived_lists_are_the_ones_the_modules_used_to_keep() -> None:
         "over_refusal", "citation_precision", "citation_coverage", "faithfulness", "relevance",
         "completeness",
         "chunk_recall_at_5", "chunk_mrr_at_10",  # added with relevant_chunks (gold chunk ids)
+        "evidence_coverage_at_5", "bpref",  # added with issue 26 (judged_at_10: its gap warning)
     }  # fmt: skip
     assert len(default_compare_metrics()) == len(set(default_compare_metrics()))
-    assert default_summary_metrics() == ["recall_at_5", "ndcg_at_10", "evidence_recall_at_5", "intent_top1"]
+    assert default_summary_metrics() == [
+        "recall_at_5", "ndcg_at_10", "evidence_recall_at_5", "evidence_coverage_at_5", "judged_at_10",
+        "intent_top1",
+    ]  # fmt: skip
     assert (
         JUDGE_METRICS == judged_metrics() == human_metrics() == ("faithfulness", "relevance", "completeness")
     )
@@ -162,6 +166,7 @@ def test_the_derived_lists_are_the_ones_the_modules_used_to_keep() -> None:
         "context_tokens", "latency_ms", "latency_p50_ms", "latency_p95_ms", "error_rate", "acl_leak",
         *(f"judge_error_{m}" for m in judged_metrics()),
         *bases_where(family="diagnosis"),  # the failure stages: a failed query is not diagnosed
+        "judged",  # label coverage: a failed query retrieved nothing to judge
     }  # fmt: skip
     for spec in metrics_where():
         if spec.miss is not None:
