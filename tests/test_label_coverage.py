@@ -42,8 +42,7 @@ def test_a_judged_gap_over_the_threshold_is_a_note_in_every_view() -> None:
     c = _compare(base, var)
     (note,) = [n for n in c.notes if "judged" in n]
     assert note == (
-        "split 'dev': judged@5 is 0.300 for dense and 0.400 for the baseline baseline (12 queries): "
-        + WARNING
+        "split 'dev': judged@5 is 0.300 for dense and 0.400 for the baseline (12 queries): " + WARNING
     )
     assert f"note: {note}" in format_terminal(c)
     assert f"- {note}" in format_markdown(c)

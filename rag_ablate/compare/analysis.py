@@ -500,8 +500,7 @@ def gap_notes(base: VariantData, others: Sequence[VariantData], splits: Sequence
                 lower = "the variant" if v_mean < b_mean else "the baseline"
                 notes.append(
                     f"split '{split}': {display_name(name)} is {v_mean:.3f} for {var.label} and "
-                    f"{b_mean:.3f} for the baseline {base.label} ({n} queries): {lower} "
-                    f"{spec_of(name).warn_text}"
+                    f"{b_mean:.3f} for the baseline ({n} queries): {lower} {spec_of(name).warn_text}"
                 )
     return notes
 
