@@ -225,8 +225,9 @@ def score_record(
         ranked = [r["doc_id"] or "" for r in retrieved]
         if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
             out.update(retrieval_metrics(ranked, query.relevant, ks))
-            out.update(judged_at(ranked, query.relevant, ks))
-            out["bpref"] = bpref(ranked, query.relevant)
+            labels = {**dict.fromkeys(query.nonrelevant, 0), **query.relevant}  # judged either way
+            out.update(judged_at(ranked, labels, ks))
+            out["bpref"] = bpref(ranked, labels)
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
             out.update(set_metrics(ranked, query.relevant_sets, ks))
         # gold chunk ids: scored when every retrieved item carries a chunk id (no items: a miss)
