@@ -31,7 +31,7 @@ import heapq
 import math
 from bisect import bisect_right
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, islice
 
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.registry import metric_name
@@ -433,9 +433,10 @@ def judged_at(ranked_doc_ids: Sequence[str], labels: Collection[str], ks: Sequen
     if isinstance(ranked_doc_ids, (str, bytes)):
         raise TypeError("ranked_doc_ids must be a sequence of doc ids, not a string")
     key, max_k = _cutoffs(ks)
-    marks = list(accumulate((d in labels for d in unique_docs(ranked_doc_ids)[:max_k]), initial=0))
+    top = islice(dict.fromkeys(ranked_doc_ids), max_k)  # the first max_k unique documents, in order
+    marks = list(accumulate(map(labels.__contains__, top), initial=0))
     n = len(marks) - 1
-    return {f"judged_at_{k}": marks[min(k, n)] / k for k in key}
+    return {f"judged_at_{k}": marks[k if k < n else n] / k for k in key}
 
 
 def bpref(ranked_doc_ids: Sequence[str], relevant: Mapping[str, int]) -> float:
@@ -455,10 +456,12 @@ def bpref(ranked_doc_ids: Sequence[str], relevant: Mapping[str, int]) -> float:
     n_nonrel = len(relevant) - n_rel
     above = 0  # judged non-relevant documents ranked so far
     total = 0.0
-    for doc_id in unique_docs(ranked_doc_ids):
+    seen: set[str] = set()  # labelled documents met (a repeat counts once; unlabelled ones never count)
+    for doc_id in ranked_doc_ids:
         grade = relevant.get(doc_id)
-        if grade is None:
+        if grade is None or doc_id in seen:
             continue
+        seen.add(doc_id)
         if grade >= 1:
             total += 1.0 - min(above, n_rel) / min(n_nonrel, n_rel) if above else 1.0
         else:
