@@ -350,3 +350,35 @@ def test_counts_worked_example_matches_the_code() -> None:
     assert len(claims) >= 10, claims
     for name, value in claims.items():
         assert got[f"dev/{name}"] == pytest.approx(value), name
+
+
+def test_evidence_coverage_and_judged_worked_examples_match_the_code() -> None:
+    from rag_ablate.metrics.retrieval import bpref, evidence_coverage_at, judged_at
+
+    section = _section(DOCS / "metrics.md", "evidence_coverage (how much of the evidence the chunks hold)")
+    evidence = [("A", 100, 160), ("B", 0, 40)]
+    x = [("A", 0, 512), ("B", 0, 512)]
+    y = [("A", 128, 256), ("B", 0, 128), ("A", 0, 128)]
+    assert "`(A, 100, 160)` (60 characters) and `(B, 0, 40)`" in section
+    rows = _table(section)
+    ks = [int(r[0]) for r in rows]
+    assert ks == [1, 2, 3]
+    for row, y_cov, x_cov in zip(
+        rows, evidence_coverage_at(y, evidence, ks), evidence_coverage_at(x, evidence, ks), strict=True
+    ):
+        assert evidence_recall(y, evidence, int(row[0])) == pytest.approx(_number(row[4]), abs=5e-5)
+        assert (y_cov, x_cov) == (
+            pytest.approx(_number(row[5]), abs=5e-5),
+            pytest.approx(_number(row[6]), abs=5e-5),
+        )
+
+    section = _section(DOCS / "metrics.md", "judged and bpref (unlabelled documents)")
+    labels = {"r1": 2, "r2": 1, "r3": 1, "n1": 0, "n2": 0}
+    ranking = ["n1", "x", "r1", "n2", "x", "r2"]
+    rows = _table(section.split("### Worked example: judged and bpref")[1])
+    got = judged_at(ranking, labels, [int(r[0]) for r in rows])
+    for row in rows:
+        assert got[f"judged_at_{row[0]}"] == pytest.approx(_number(row[3]), abs=5e-5)
+    assert "`bpref = (0.5 + 0) / 3 = 0.1667`" in section and bpref(ranking, labels) == pytest.approx(
+        0.1667, abs=5e-5
+    )

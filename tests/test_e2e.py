@@ -66,6 +66,9 @@ def test_sweep_creates_parent_and_two_children(sweep: dict[str, Any]) -> None:
             "holdout/ndcg_at_10",
             "holdout/intent_top1",
             "dev/evidence_recall_at_5",
+            "dev/evidence_coverage_at_5",  # issue 26: beside evidence recall, and label coverage
+            "holdout/judged_at_10",
+            "holdout/bpref",
             "dev/context_tokens_at_5",
             "cost/latency_p95_ms",
             "dev/n_unanswerable",
@@ -429,3 +432,41 @@ def test_relative_sqlite_store_gets_its_folder(tmp_path: Path, monkeypatch: pyte
     monkeypatch.chdir(tmp_path)
     tracking.open_store("sqlite:///outputs/mlflow.db", "rag_ablate", tmp_path / "art")
     assert (tmp_path / "outputs" / "mlflow.db").is_file()
+
+
+@pytest.mark.slow
+def test_label_and_evidence_coverage_reach_the_views_and_equal_pytrec_eval(sweep: dict[str, Any]) -> None:
+    """evidence_coverage@5, judged@10 and bpref on the embedded sample: in the end table and in the
+    comparison (MLflow: test_sweep_creates_parent_and_two_children); each record's judged_at_k and
+    bpref equal pytrec_eval's on its own ranking."""
+    import pytrec_eval
+
+    from rag_ablate.metrics.retrieval import unique_docs
+
+    header = next(line for line in sweep["proc"].stdout.splitlines() if line.startswith("variant "))
+    assert {"evidence_recall@5", "evidence_coverage@5", "judged@10"} <= set(header.split())
+    comparison = json.loads((sweep["dir"] / "comparison.json").read_text(encoding="utf-8"))
+    assert {"evidence_coverage_at_5", "bpref"} <= {r["metric"] for r in comparison["rows"]}
+
+    dataset = load_dataset(None)
+    gold = {q.query_id: dict(q.relevant) for q in dataset.queries if q.kind == "answerable" and q.relevant}
+    records = read_records(sweep["dir"] / "0" / "records.jsonl")
+    ranked = {
+        r["query_id"]: unique_docs([e["doc_id"] for e in r["retrieved"]])
+        for r in records
+        if r["query_id"] in gold
+    }
+    runs = {q: {d: float(len(docs) - i) for i, d in enumerate(docs)} for q, docs in ranked.items()}
+    labelled = {q: dict.fromkeys(gold[q], 1) for q in runs}
+    precision = pytrec_eval.RelevanceEvaluator(labelled, {"P.1,3,5,10"}).evaluate(runs)
+    pref = pytrec_eval.RelevanceEvaluator({q: gold[q] for q in runs}, {"bpref"}).evaluate(runs)
+    for r in records:
+        q = r["query_id"]
+        if q in runs:
+            m = r["metrics"]
+            assert m["bpref"] == pytest.approx(pref[q]["bpref"], abs=1e-12), q
+            for k in (1, 3, 5, 10):
+                assert m[f"judged_at_{k}"] == pytest.approx(precision[q][f"P_{k}"], abs=1e-12), (q, k)
+            if "evidence_recall_at_5" in m:  # a query with evidence spans: coverage never above recall
+                assert m["evidence_coverage_at_5"] <= m["evidence_recall_at_5"]
+    assert len(runs) > 200

@@ -799,6 +799,7 @@ def test_beir_graded_qrels_and_official_splits(tmp_path: Path) -> None:
 
     assert sorted(qs) == ["q1", "q10", "q2", "q5", "q8", "q9"]
     assert qs["q1"]["relevant"] == {"d1": 2}  # max over dev (1) and test (2); the 0 grade is not relevant
+    assert qs["q1"]["nonrelevant"] == ["d2"] and "nonrelevant" not in qs["q2"]  # judged 0: kept as such
     assert qs["q2"]["relevant"] == {"d2": 1, "d3": 2}
     assert qs["q5"]["relevant"] == {"d4": 2}
     assert all(q["tags"] == ["beir"] and q["answerable"] is True for q in qs.values())

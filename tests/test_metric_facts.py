@@ -149,9 +149,13 @@ def test_the_derived_lists_are_the_ones_the_modules_used_to_keep() -> None:
         "chunk_recall_at_5", "chunk_mrr_at_10",  # added with relevant_chunks (gold chunk ids)
         # added with sentence answers, clarifications and the answer's language (issue 26)
         "reference_in_answer", "reference_recall", "correct_clarification", "answer_language_match",
+        "evidence_coverage_at_5", "bpref",  # added with issue 26 (judged_at_10: its gap warning)
     }  # fmt: skip
     assert len(default_compare_metrics()) == len(set(default_compare_metrics()))
-    assert default_summary_metrics() == ["recall_at_5", "ndcg_at_10", "evidence_recall_at_5", "intent_top1"]
+    assert default_summary_metrics() == [
+        "recall_at_5", "ndcg_at_10", "evidence_recall_at_5", "evidence_coverage_at_5", "judged_at_10",
+        "intent_top1",
+    ]  # fmt: skip
     assert (
         JUDGE_METRICS == judged_metrics() == human_metrics() == ("faithfulness", "relevance", "completeness")
     )
@@ -165,6 +169,7 @@ def test_the_derived_lists_are_the_ones_the_modules_used_to_keep() -> None:
         *(f"judge_error_{m}" for m in judged_metrics()),
         *bases_where(family="diagnosis"),  # the failure stages: a failed query is not diagnosed
         "refusal_rule_agreement",  # the phrase rule against the judge: a failed query is not judged
+        "judged",  # label coverage: a failed query retrieved nothing to judge
     }  # fmt: skip
     for spec in metrics_where():
         if spec.miss is not None:

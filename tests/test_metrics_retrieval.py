@@ -45,6 +45,7 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,8 +53,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rag_ablate.core.errors import ConfigError
-from rag_ablate.metrics.retrieval import evidence_recall, retrieval_metrics, unique_docs
+from rag_ablate.metrics.retrieval import (
+    bpref,
+    evidence_coverage_at,
+    evidence_recall,
+    judged_at,
+    retrieval_metrics,
+    unique_docs,
+)
 from rag_ablate.text.count import context_tokens, count_tokens, is_cjk_text
+from tests.conftest import shared_path
 
 # on the tests that run ranx only: resolving the category imports numba, which the others do not need
 RANX_WARNING = pytest.mark.filterwarnings(
@@ -389,6 +398,155 @@ def test_evidence_recall_input_errors() -> None:
 def test_empty_chunk_covers_nothing() -> None:
     # by the formula alone [5, 5) would "overlap" [3, 8); it holds no character
     assert evidence_recall([("d1", 5, 5)], [("d1", 3, 8)], 1) == 0.0
+
+
+# --------------------------------------------------------------------------- evidence coverage
+
+
+def test_evidence_coverage_counts_the_characters_a_split_leaves_out() -> None:
+    evidence = [("d1", 10, 20)]
+    # one chunk sharing one character covers the span for evidence_recall, a tenth of it here
+    assert evidence_recall([("d1", 0, 11)], evidence, 1) == 1.0
+    assert evidence_coverage_at([("d1", 0, 11)], evidence, [1]) == [pytest.approx(0.1)]
+    # the evidence split over two chunks: half of it with one, all of it with both
+    halves = [("d1", 0, 15), ("x", 0, 99), ("d1", 15, 30)]
+    assert evidence_coverage_at(halves, evidence, [1, 2, 3]) == [0.5, 0.5, 1.0]
+    # overlapping chunks count a character once; touching, empty and other-document chunks add none
+    assert evidence_coverage_at([("d1", 10, 16), ("d1", 12, 18)], evidence, [2]) == [pytest.approx(0.8)]
+    assert evidence_coverage_at(
+        [("d1", 0, 10), ("d1", 20, 30), ("d1", 14, 14), ("d2", 0, 99)], evidence, [4]
+    ) == [0.0]
+    # the mean over the spans; no chunks at all
+    assert evidence_coverage_at([("d1", 0, 15)], [("d1", 10, 20), ("d1", 0, 5)], [1]) == [0.75]
+    assert evidence_coverage_at([], evidence, [1, 5]) == [0.0, 0.0]
+
+
+def test_evidence_coverage_matches_brute_force_and_never_exceeds_recall() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        docs = ["a", "b"]
+        chunks = [
+            (docs[int(rng.integers(0, 2))], int(s), int(s + rng.integers(0, 15)))
+            for s in rng.integers(0, 60, size=int(rng.integers(0, 12)))
+        ]
+        evidence = [
+            (docs[int(rng.integers(0, 2))], int(s), int(s + rng.integers(1, 20)))
+            for s in rng.integers(0, 60, size=int(rng.integers(1, 5)))
+        ]
+        ks = sorted({int(k) for k in rng.integers(1, 14, size=3)})
+        got = evidence_coverage_at(chunks, evidence, ks)
+        for k, value in zip(ks, got, strict=True):
+            shares = []
+            for d, s, e in evidence:
+                held = {c for cd, cs, ce in chunks[:k] if cd == d for c in range(cs, ce)}
+                shares.append(len(held & set(range(s, e))) / (e - s))
+            assert value == pytest.approx(sum(shares) / len(shares), abs=1e-12)
+            assert value <= evidence_recall(chunks, evidence, k) + 1e-12
+
+
+def test_evidence_coverage_input_errors_are_evidence_recalls() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        evidence_coverage_at([("d1", 0, 10)], [], [1])
+    with pytest.raises(ValueError, match="start < end"):
+        evidence_coverage_at([("d1", 0, 10)], [("d1", 5, 5)], [1])
+    with pytest.raises(ValueError, match="start <= end"):
+        evidence_coverage_at([("d1", 10, 0)], [("d1", 0, 5)], [1])
+    with pytest.raises(ConfigError):
+        evidence_coverage_at([("d1", 0, 10)], [("d1", 0, 5)], [0])
+
+
+# --------------------------------------------------------------------------- judged@k and bpref
+
+
+def test_judged_and_bpref_skip_unlabelled_documents() -> None:
+    labels = {"r1": 2, "r2": 1, "n1": 0}
+    # judged: any label counts, duplicates count once, the division is by k
+    assert judged_at(["x", "r1", "x", "n1", "y"], labels, [1, 2, 3, 10]) == {
+        "judged_at_1": 0.0, "judged_at_2": 0.5, "judged_at_3": 2 / 3, "judged_at_10": 0.2,
+    }  # fmt: skip
+    # bpref: unlabelled documents above a relevant one cost nothing, judged non-relevant ones do
+    assert bpref(["x", "y", "r1", "r2"], labels) == 1.0
+    assert bpref(["n1", "r1", "x"], labels) == 0.0  # r1 behind min(|N|, |R|) = 1 judged non-relevant
+    two_nonrel = {**labels, "n2": 0}
+    assert bpref(["n1", "x", "r1", "r2", "n2"], two_nonrel) == 0.5  # each behind 1 of min(2, 2)
+    # no judged non-relevant document: the share of R retrieved anywhere
+    assert bpref(["x", "r2"], {"r1": 1, "r2": 1}) == 0.5
+    with pytest.raises(ValueError, match="grade >= 1"):
+        bpref(["n1"], {"n1": 0})
+    with pytest.raises(ConfigError):
+        judged_at(["r1"], labels, [0])
+
+
+def _pytrec_judged_bpref(
+    qrels: dict[str, dict[str, int]], runs: dict[str, dict[str, float]], ks: Sequence[int]
+) -> dict[str, dict[str, float]]:
+    """judged_at_k as trec_eval's P.k on the labels all made relevant; trec_eval's bpref."""
+    import pytrec_eval
+
+    cut = ",".join(str(k) for k in ks)
+    labelled = {q: dict.fromkeys(r, 1) for q, r in qrels.items()}
+    precision = pytrec_eval.RelevanceEvaluator(labelled, {f"P.{cut}"}).evaluate(runs)
+    pref = pytrec_eval.RelevanceEvaluator(qrels, {"bpref"}).evaluate(runs)
+    return {
+        q: {**{f"judged_at_{k}": precision[q][f"P_{k}"] for k in ks}, "bpref": pref[q]["bpref"]} for q in runs
+    }
+
+
+def _cross_check_judged(cases: Sequence[tuple[list[str], dict[str, int]]], ks: Sequence[int]) -> None:
+    qrels = {f"q{i:04d}": dict(rel) for i, (_, rel) in enumerate(cases)}
+    runs = {f"q{i:04d}": _reference_run(ranking) for i, (ranking, _) in enumerate(cases)}
+    ref = _pytrec_judged_bpref(qrels, runs, ks)
+    for i, (ranking, rel) in enumerate(cases):
+        ours = {**judged_at(ranking, rel, ks), "bpref": bpref(ranking, rel)}
+        _assert_close(ours, ref[f"q{i:04d}"], "pytrec_eval", f"q{i:04d}")
+
+
+def test_judged_and_bpref_match_pytrec_eval_seeded_batch() -> None:
+    rng = np.random.default_rng(20261204)
+    cases: list[tuple[list[str], dict[str, int]]] = []
+    for _ in range(300):
+        pool = int(rng.integers(3, 40))
+        judged = rng.choice(pool, size=int(rng.integers(1, min(pool, 12) + 1)), replace=False)
+        grades = rng.integers(0, 4, size=judged.size)
+        if not (grades >= 1).any():
+            grades[0] = 1
+        ranking = [f"doc{j}" for j in rng.integers(0, pool, size=int(rng.integers(1, 31)))]
+        cases.append((ranking, {f"doc{j}": int(g) for j, g in zip(judged, grades, strict=True)}))
+    assert sum(0 in rel.values() for _, rel in cases) > 100  # judged non-relevant documents are exercised
+    _cross_check_judged(cases, (1, 3, 5, 10, 25))
+
+
+@pytest.mark.slow
+def test_judged_and_bpref_match_pytrec_eval_on_clapnq(tmp_path: Path) -> None:
+    """Real rankings: BM25 over ClapNQ dev's passages for its 300 answerable questions, scored against
+    the dataset's labels and against the same labels with sparse judged non-relevant passages added
+    (every fifth passage of the corpus, grade 0), as a pooled qrels file would have them."""
+    from rag_ablate.dataset.importers import import_dataset
+    from rag_ablate.dataset.load import load_dataset
+    from rag_ablate.pipeline.bm25 import BM25Retriever
+    from rag_ablate.text.analyzers import get_analyzer
+
+    import_dataset("clapnq", shared_path("data", "clapnq-dev"), tmp_path / "clapnq")
+    ds = load_dataset(tmp_path / "clapnq")
+    doc_ids = list(ds.documents)
+    texts = [d.text for d in ds.documents.values()]
+    bm25 = BM25Retriever(texts, [(d, 0) for d in doc_ids], get_analyzer("en"))
+    sparse_nonrel = dict.fromkeys(doc_ids[::5], 0)
+    plain: list[tuple[list[str], dict[str, int]]] = []
+    pooled: list[tuple[list[str], dict[str, int]]] = []
+    for q in ds.queries:
+        if q.kind == "answerable":
+            ranking = [doc_ids[i] for i, _ in bm25.search(q.query, 50)]
+            plain.append((ranking, dict(q.relevant)))
+            pooled.append((ranking, {**sparse_nonrel, **q.relevant}))
+    assert len(plain) == 300
+    _cross_check_judged(plain, (1, 5, 10, 50))
+    _cross_check_judged(pooled, (1, 5, 10, 50))
+    # on the dataset's own labels (relevant only) judged@k is precision@k: say so in the docs
+    ranking, rel = plain[0]
+    assert (
+        judged_at(ranking, rel, [5])["judged_at_5"] == retrieval_metrics(ranking, rel, [5])["precision_at_5"]
+    )
 
 
 # --------------------------------------------------------------------------- token counts

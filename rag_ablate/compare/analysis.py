@@ -49,6 +49,7 @@ from rag_ablate.dataset.weights import TagWeights
 from rag_ablate.metrics.registry import (
     default_compare_metrics,
     direction_of,
+    display_name,
     metric_name,
     parse_metric_name,
     spec_of,
@@ -450,6 +451,7 @@ def compare(
     _adjust(rows, alpha)
     label_rows(rows, alpha)
     _flag_disagreements(rows)
+    notes += gap_notes(base, others, splits)
     return Comparison(
         baseline=base.label,
         variants=[v.label for v in others],
@@ -465,6 +467,42 @@ def compare(
         mix=mix,
         mix_weights=tw.describe() if tw is not None else "",
     )
+
+
+def gap_notes(base: VariantData, others: Sequence[VariantData], splits: Sequence[str]) -> list[str]:
+    """A note per split, variant and metric with a ``MetricSpec.warn_gap`` (``judged_at_k``) whose
+    means over the queries with a value on both sides differ by more than it; of a metric measured
+    at several cutoffs, the cutoff with the largest difference. The note names the lower side."""
+    notes: list[str] = []
+    for split in splits:
+        base_by_id = _by_id(base.records, split)
+        names = {n for r in base_by_id.values() for n in r.get("metrics") or {}}
+        watched = [n for n in sorted(names) if spec_of(n).warn_gap is not None]
+        for var in others:
+            var_by_id = _by_id(var.records, split)
+            worst: dict[str, tuple[float, str, float, float, int]] = {}  # base -> its largest gap
+            for name in watched:
+                both = [
+                    (b, v)
+                    for q, rec in base_by_id.items()
+                    if q in var_by_id
+                    and (b := value(rec, name)) is not None
+                    and (v := value(var_by_id[q], name)) is not None
+                ]
+                if both:
+                    b_mean, v_mean = (float(x) for x in np.mean(both, axis=0))
+                    gap = abs(v_mean - b_mean)
+                    spec = spec_of(name)
+                    over = gap - (spec.warn_gap or 0.0) > 1e-9  # a gap of exactly warn_gap is not over it
+                    if over and gap > worst.get(spec.base, (0.0,))[0]:
+                        worst[spec.base] = (gap, name, b_mean, v_mean, len(both))
+            for _, name, b_mean, v_mean, n in worst.values():
+                lower = "the variant" if v_mean < b_mean else "the baseline"
+                notes.append(
+                    f"split '{split}': {display_name(name)} is {v_mean:.3f} for {var.label} and "
+                    f"{b_mean:.3f} for the baseline ({n} queries): {lower} {spec_of(name).warn_text}"
+                )
+    return notes
 
 
 def _plan_means(

@@ -159,7 +159,7 @@ USED_ONLY_WHEN: tuple[UsedOnlyWhen, ...] = (
     UsedOnlyWhen(("router.ngram",), "router.method", unless=("none",)),
     UsedOnlyWhen(("generator",), "generator.name", unless=("none",)),
     UsedOnlyWhen(
-        _keys("generator", "max_chunks max_sentences min_support refusal_zh refusal_en"),
+        _keys("generator", "max_chunks max_sentences min_support refusal_zh refusal_en max_sentence_tokens"),
         "generator.name",
         values=("extractive",),
     ),

@@ -196,6 +196,9 @@ class GeneratorConfig:
     min_support: Annotated[float, Range(0, 1, high_open=True)] = 0.4
     refusal_zh: str = "文档中没有找到这个问题的答案。"  # extractive: the answer when nothing is supported
     refusal_en: str = "The documents do not answer this question."  # the same for non-Chinese queries
+    # extractive: a sentence of more tokens (CJK characters, Latin words) is quoted as its best run of
+    # clauses (split after ，：) of at most this many; 0 = whole sentences
+    max_sentence_tokens: Count0 = 60
     base_url: str | None = None  # openai: the API root, e.g. http://127.0.0.1:8080/v1 (+ /chat/completions)
     model: str | None = None  # openai: the model name sent with each request (and the cost.prices key)
     api_key_env: str | None = None  # openai: NAME of the environment variable holding the key; null = none

@@ -66,6 +66,7 @@ _QUERY_FIELDS = {
     "human_judgements",
     "relevant_sets",
     "relevant_chunks",
+    "nonrelevant",
     "metadata",
     "applicable_version",
     "expected_behavior",
@@ -270,6 +271,7 @@ class _RawQuery:
     metadata: dict[str, Any] | None = None
     applicable_version: str | None = None
     expected_behavior: ExpectedBehavior | None = None
+    nonrelevant: tuple[str, ...] = ()
     quotes: int = 0  # evidence entries with a quote
     label_checks: tuple[LabelCheck, ...] = ()  # quotes that did not match at their offsets
 
@@ -464,6 +466,24 @@ def _relevant_sets(
     return tuple(out) if ok else ()
 
 
+def _nonrelevant(
+    chk: _Checker, line: int, obj: dict[str, Any], docs: Mapping[str, Document], relevant: Mapping[str, int]
+) -> tuple[str, ...]:
+    """The optional ``nonrelevant``: doc ids someone judged and found not relevant (grade 0 in qrels
+    terms), read by ``judged_at_k`` and ``bpref``; each in the corpus and not in ``relevant``."""
+    ids = chk.str_list(line, obj, "nonrelevant") or ()
+    for doc_id in ids:
+        if doc_id not in docs:
+            chk.err(line, "nonrelevant", f"doc_id '{doc_id}' is not in the corpus")
+        elif doc_id in relevant:
+            chk.err(
+                line,
+                "nonrelevant",
+                f"doc_id '{doc_id}' is also in 'relevant': a document is one or the other",
+            )
+    return tuple(dict.fromkeys(ids))
+
+
 def _relevant_chunks(chk: _Checker, line: int, value: object) -> dict[str, int]:
     """The optional ``relevant_chunks``: gold chunk ids (the system's own ids) with their grades.
 
@@ -556,6 +576,7 @@ def _load_queries(
                         relevant[doc_id] = grade
 
         relevant_chunks = _relevant_chunks(chk, line, obj.get("relevant_chunks"))
+        nonrelevant = _nonrelevant(chk, line, obj, docs, relevant)
         gold = bool(rel) or bool(obj.get("relevant_chunks"))
         spans, quotes, checks = _evidence(chk, line, qid, obj.get("evidence"), docs)
         relevant_sets = _relevant_sets(chk, line, obj.get("relevant_sets"), docs, relevant, bool(rel))
@@ -639,6 +660,7 @@ def _load_queries(
                 metadata=metadata,
                 applicable_version=version,
                 expected_behavior=behavior,
+                nonrelevant=nonrelevant,
                 quotes=quotes,
                 label_checks=checks,
             )
@@ -746,6 +768,7 @@ def load_dataset(
             metadata=q.metadata or {},
             applicable_version=q.applicable_version,
             expected_behavior=q.expected_behavior,
+            nonrelevant=q.nonrelevant,
         )
         for q, g, s in zip(raw, groups, splits, strict=True)
     )

@@ -187,6 +187,7 @@ class Query:
     metadata: Mapping[str, Any] = field(default_factory=dict)  # free JSON object, kept in records
     applicable_version: str | None = None  # the version (of product, policy, corpus) the query is about
     expected_behavior: ExpectedBehavior | None = None  # what the system should do; None: from the gold
+    nonrelevant: tuple[str, ...] = ()  # doc ids judged not relevant (judged_at_k, bpref)
 
     @property
     def behavior(self) -> ExpectedBehavior | None:

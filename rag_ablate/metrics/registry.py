@@ -137,6 +137,11 @@ class MetricSpec:
     ``summary_if_measured``
         a column of the end-of-run table, after ``metrics.summary``'s, whenever a variant of the
         table measured it (the answer metrics: no empty column for a retrieval-only run).
+    ``warn_gap``, ``warn_text``
+        the comparison adds a note (every view shows it) when the baseline's and a variant's
+        means of this metric, over the queries both have a value for, differ by more than
+        ``warn_gap``; ``warn_text`` says what that means, about the side with the lower mean
+        (``judged_at_k``: that side retrieves unlabelled documents). Both or neither.
     """
 
     base: str
@@ -157,6 +162,8 @@ class MetricSpec:
     quality_axis: int | None = None
     miss: float | None = None
     summary_if_measured: bool = False
+    warn_gap: float | None = None
+    warn_text: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.base, str) or not _BASE_RE.fullmatch(self.base):
@@ -210,6 +217,19 @@ class MetricSpec:
             isinstance(self.quality_axis, bool) or not isinstance(self.quality_axis, int)
         ):
             raise ValueError(f"metric {self.base!r}: quality_axis must be an integer rank or None")
+        if (self.warn_gap is None) != (self.warn_text is None) or (
+            self.warn_gap is not None
+            and (
+                isinstance(self.warn_gap, bool)
+                or not isinstance(self.warn_gap, int | float)
+                or self.warn_gap < 0
+            )
+        ):
+            raise ValueError(
+                f"metric {self.base!r}: warn_gap (a number >= 0) and warn_text (words) go together"
+            )
+        if self.warn_text is not None and (not isinstance(self.warn_text, str) or not self.warn_text.strip()):
+            raise ValueError(f"metric {self.base!r}: warn_text must be a non-empty string")
 
     @property
     def typed_name(self) -> str:
@@ -498,6 +518,46 @@ def _register_builtins() -> None:
             default_k=5,
             default_compare=True,
             default_summary=True,
+            miss=0.0,
+        )
+    )
+    # how much of each evidence span's text the top k chunks hold (docs/metrics.md "evidence_coverage")
+    register(
+        MetricSpec(
+            "evidence_coverage",
+            "higher",
+            False,
+            True,
+            "share of each evidence span's characters inside the top k chunks, mean over the spans",
+            default_k=5,
+            default_compare=True,
+            default_summary=True,
+            miss=0.0,
+        )
+    )
+    # label coverage (docs/metrics.md "judged@k and bpref"): answerable queries with relevant
+    register(
+        MetricSpec(
+            "judged",
+            "higher",
+            False,
+            True,
+            "documents with a relevance label (any grade) among the top k unique documents / k",
+            default_k=10,
+            default_summary=True,
+            warn_gap=0.05,
+            warn_text="retrieves unlabelled passages: its recall may be understated",
+        )
+    )
+    register(
+        MetricSpec(
+            "bpref",
+            "higher",
+            False,
+            False,
+            "trec_eval bpref: relevant documents ranked above judged non-relevant ones; unlabelled "
+            "ones skipped",
+            default_compare=True,
             miss=0.0,
         )
     )

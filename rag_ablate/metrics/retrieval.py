@@ -10,7 +10,13 @@ query's gold chunk ids (``relevant_chunks``).
 
 Evidence level: chunks are *not* de-duplicated (a chunk is a (doc_id, start,
 end) character range); a gold evidence span counts as covered when one of the
-first k chunks lies in the same document and overlaps it.
+first k chunks lies in the same document and overlaps it (:func:`evidence_recall`),
+and :func:`evidence_coverage_at` measures how much of each span's text the first k
+chunks hold.
+
+Label coverage (:func:`judged_at`, :func:`bpref`): how much of the ranking was ever
+labelled, and trec_eval's bpref, which ranks the relevant documents against the judged
+non-relevant ones only (unlabelled documents are skipped, not read as misses).
 
 Cost (:func:`retrieval_metrics`): the ranking is scanned at C speed (a set of
 its ids, ``list.index`` per relevant document), the Python work runs over the
@@ -24,7 +30,8 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from itertools import accumulate, islice
 
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.registry import metric_name
@@ -33,9 +40,12 @@ __all__ = [
     "CHUNK_BASES",
     "RETRIEVAL_BASES",
     "SET_BASES",
+    "bpref",
     "chunk_metrics",
+    "evidence_coverage_at",
     "evidence_recall",
     "evidence_recall_at",
+    "judged_at",
     "retrieval_metrics",
     "set_metrics",
     "unique_docs",
@@ -326,17 +336,11 @@ def evidence_recall_at(
     :func:`evidence_recall`).
     """
     key, max_k = _cutoffs(ks)
-    if len(evidence) == 0:
-        raise ValueError("evidence_recall needs at least one evidence span")
     pending: dict[str, list[tuple[int, int]]] = {}  # doc id -> spans no chunk has covered yet
-    for doc_id, start, end in evidence:
-        if start < 0 or end <= start:
-            raise ValueError(f"evidence span ({doc_id!r}, {start}, {end}) must satisfy 0 <= start < end")
+    for doc_id, start, end in _checked_spans(evidence):
         pending.setdefault(doc_id, []).append((start, end))
     covered_at: list[int] = []  # per covered span, the (1-based) position of its first chunk; ascending
-    for pos, (doc_id, start, end) in enumerate(ranked_chunks[:max_k], start=1):
-        if start < 0 or end < start:
-            raise ValueError(f"chunk ({doc_id!r}, {start}, {end}) must satisfy 0 <= start <= end")
+    for pos, (doc_id, start, end) in enumerate(_checked_chunks(ranked_chunks, max_k), start=1):
         spans = pending.get(doc_id)
         if spans and start < end:
             left = [(s, e) for s, e in spans if not (start < e and s < end)]
@@ -345,3 +349,121 @@ def evidence_recall_at(
                 pending[doc_id] = left
     n = len(evidence)
     return [bisect_right(covered_at, k) / n for k in key]
+
+
+def _checked_spans(evidence: Sequence[tuple[str, int, int]]) -> Sequence[tuple[str, int, int]]:
+    """``evidence`` after checking it: non-empty, every span ``0 <= start < end`` (ValueError)."""
+    if len(evidence) == 0:
+        raise ValueError("evidence metrics need at least one evidence span")
+    for doc_id, start, end in evidence:
+        if start < 0 or end <= start:
+            raise ValueError(f"evidence span ({doc_id!r}, {start}, {end}) must satisfy 0 <= start < end")
+    return evidence
+
+
+def _checked_chunks(
+    ranked_chunks: Sequence[tuple[str, int, int]], max_k: int
+) -> Sequence[tuple[str, int, int]]:
+    """The first ``max_k`` chunks after checking each: ``0 <= start <= end`` (ValueError)."""
+    top = ranked_chunks[:max_k]
+    for doc_id, start, end in top:
+        if start < 0 or end < start:
+            raise ValueError(f"chunk ({doc_id!r}, {start}, {end}) must satisfy 0 <= start <= end")
+    return top
+
+
+def evidence_coverage_at(
+    ranked_chunks: Sequence[tuple[str, int, int]],
+    evidence: Sequence[tuple[str, int, int]],
+    ks: Sequence[int],
+) -> list[float]:
+    """``evidence_coverage_at_k`` for every k in ``ks`` (in that order): per evidence span, the share
+    of its characters that lie in the first k chunks (the union of the chunks of its document,
+    clipped to the span, so two chunks holding the same characters count them once); the mean over
+    the spans.
+
+    Chunks and spans as in :func:`evidence_recall` (``[start, end)`` offsets, chunks not
+    de-duplicated, same errors). A span one chunk overlaps by a single character is *covered* for
+    ``evidence_recall`` but adds one character here: evidence a re-chunking splits over two chunks
+    shows up as lower coverage when only one of them is retrieved.
+    """
+    key, max_k = _cutoffs(ks)
+    spans = _checked_spans(evidence)
+    # per span, the (position, clipped range) of every chunk among the first max_k that overlaps it
+    pieces: list[list[tuple[int, int, int]]] = [[] for _ in spans]
+    by_doc: dict[str, list[int]] = {}
+    for i, (doc_id, _, _) in enumerate(spans):
+        by_doc.setdefault(doc_id, []).append(i)
+    for pos, (doc_id, start, end) in enumerate(_checked_chunks(ranked_chunks, max_k), start=1):
+        for i in by_doc.get(doc_id, ()):
+            _, s, e = spans[i]
+            lo, hi = max(s, start), min(e, end)
+            if lo < hi:
+                pieces[i].append((pos, lo, hi))
+    values: list[float] = []
+    for k in key:
+        total = 0.0
+        for (_, s, e), found in zip(spans, pieces, strict=True):
+            total += _union_length(sorted((lo, hi) for pos, lo, hi in found if pos <= k)) / (e - s)
+        values.append(total / len(spans))
+    return values
+
+
+def _union_length(ranges: list[tuple[int, int]]) -> int:
+    """Characters in the union of sorted ``[start, end)`` ranges."""
+    covered = 0
+    reach = -1
+    for lo, hi in ranges:
+        if hi > reach:
+            covered += hi - max(lo, reach)
+            reach = hi
+    return covered
+
+
+def judged_at(ranked_doc_ids: Sequence[str], labels: Collection[str], ks: Sequence[int]) -> dict[str, float]:
+    """``judged_at_k`` for every k in ``ks``: the documents among the first k *unique* documents of
+    the ranking that have any relevance label (any grade, a judged non-relevant 0 included), divided
+    by k (as precision is, even when fewer than k came back).
+
+    It says how much of what a variant retrieves the labels can judge at all: with sparse labels a
+    variant that finds other, unlabelled documents reads as worse on recall and nDCG whether those
+    documents are relevant or not. Equal to ir_measures' ``Judged@k`` and to trec_eval's ``P.k`` on
+    qrels whose every label is made relevant. ``ConfigError`` for a bad k.
+    """
+    if isinstance(ranked_doc_ids, (str, bytes)):
+        raise TypeError("ranked_doc_ids must be a sequence of doc ids, not a string")
+    key, max_k = _cutoffs(ks)
+    top = islice(dict.fromkeys(ranked_doc_ids), max_k)  # the first max_k unique documents, in order
+    marks = list(accumulate(map(labels.__contains__, top), initial=0))
+    n = len(marks) - 1
+    return {f"judged_at_{k}": marks[k if k < n else n] / k for k in key}
+
+
+def bpref(ranked_doc_ids: Sequence[str], relevant: Mapping[str, int]) -> float:
+    """trec_eval's ``bpref`` of the ranking (all of it, de-duplicated keeping the first occurrence).
+
+    ``R`` = the documents with grade >= 1, ``N`` = the judged non-relevant ones (grade <= 0);
+    unlabelled documents are skipped. Each relevant document retrieved adds
+    ``1 - min(n, |R|) / min(|N|, |R|)``, ``n`` the judged non-relevant documents ranked above it
+    (1 when ``n`` is 0); the sum is divided by ``|R|``. With no judged non-relevant document it is
+    the share of ``R`` retrieved. Raises ``ValueError`` when no document has grade >= 1.
+    """
+    if isinstance(ranked_doc_ids, (str, bytes)):
+        raise TypeError("ranked_doc_ids must be a sequence of doc ids, not a string")
+    n_rel = sum(1 for g in relevant.values() if g >= 1)
+    if n_rel == 0:
+        raise ValueError("bpref needs at least one relevant document (grade >= 1)")
+    n_nonrel = len(relevant) - n_rel
+    above = 0  # judged non-relevant documents ranked so far
+    total = 0.0
+    seen: set[str] = set()  # labelled documents met (a repeat counts once; unlabelled ones never count)
+    for doc_id in ranked_doc_ids:
+        grade = relevant.get(doc_id)
+        if grade is None or doc_id in seen:
+            continue
+        seen.add(doc_id)
+        if grade >= 1:
+            total += 1.0 - min(above, n_rel) / min(n_nonrel, n_rel) if above else 1.0
+        else:
+            above += 1
+    return total / n_rel

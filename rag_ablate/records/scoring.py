@@ -31,7 +31,15 @@ from rag_ablate.metrics.acl import acl_metrics, has_restrictions, may_see
 from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
 from rag_ablate.metrics.intent import intent_top1
 from rag_ablate.metrics.registry import spec_of
-from rag_ablate.metrics.retrieval import chunk_metrics, evidence_recall_at, retrieval_metrics, set_metrics
+from rag_ablate.metrics.retrieval import (
+    bpref,
+    chunk_metrics,
+    evidence_coverage_at,
+    evidence_recall_at,
+    judged_at,
+    retrieval_metrics,
+    set_metrics,
+)
 from rag_ablate.records.trace import Record, RetrievedEntry, Trace
 from rag_ablate.text.count import count_tokens
 
@@ -217,6 +225,9 @@ def score_record(
         ranked = [r["doc_id"] or "" for r in retrieved]
         if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
             out.update(retrieval_metrics(ranked, query.relevant, ks))
+            labels = {**dict.fromkeys(query.nonrelevant, 0), **query.relevant}  # judged either way
+            out.update(judged_at(ranked, labels, ks))
+            out["bpref"] = bpref(ranked, labels)
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
             out.update(set_metrics(ranked, query.relevant_sets, ks))
         # gold chunk ids: scored when every retrieved item carries a chunk id (no items: a miss)
@@ -227,6 +238,8 @@ def score_record(
             spans = [(e.doc_id, e.start, e.end) for e in query.evidence]
             for k, value in zip(ks, evidence_recall_at(chunks, spans, ks), strict=True):
                 out[f"evidence_recall_at_{k}"] = value
+            for k, value in zip(ks, evidence_coverage_at(chunks, spans, ks), strict=True):
+                out[f"evidence_coverage_at_{k}"] = value
     return out
 
 

@@ -50,7 +50,8 @@ def trec_qrels_lines(dataset: Dataset, query_ids: Sequence[str] | None = None) -
     for q in dataset.queries:
         if q.kind != "answerable" or (keep is not None and q.query_id not in keep):
             continue
-        for doc, grade in sorted(q.relevant.items()):
+        judged = {**dict.fromkeys(q.nonrelevant, 0), **q.relevant}  # nonrelevant: grade 0
+        for doc, grade in sorted(judged.items()):
             lines.append(f"{_safe(q.query_id)} 0 {_safe(doc)} {grade}")
     return lines
 

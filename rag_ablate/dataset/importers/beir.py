@@ -2,11 +2,11 @@
 (``_id``, ``text``) and ``qrels/{train,dev,test}.tsv`` (``query-id corpus-id score``).
 
 Every present qrels file is read; a pair in several files keeps its highest grade;
-grades <= 0 are not relevant. With both ``dev.tsv`` and ``test.tsv`` the official
-split is kept (dev -> ``dev``, test -> ``holdout``; train-only queries -> ``dev``),
-except that a near-duplicate group spanning both moves whole to the split of its
-majority (reported in ``notes``). Queries without any qrels are unjudged, not
-unanswerable: they are skipped and reported.
+grades <= 0 are not relevant: they become the query's ``nonrelevant`` (judged, not relevant).
+With both ``dev.tsv`` and ``test.tsv`` the official split is kept (dev -> ``dev``, test ->
+``holdout``; train-only queries -> ``dev``), except that a near-duplicate group spanning both
+moves whole to the split of its majority (reported in ``notes``). Queries without any qrels
+are unjudged, not unanswerable: they are skipped and reported.
 """
 
 from __future__ import annotations
@@ -146,6 +146,7 @@ def _import_beir(folder: Path, out: JsonlWriter, run: ImportRun) -> list[Case]:
             run.skip(qid, "query skipped", "unjudged (no qrels)")
             continue
         relevant: dict[str, int] = {}
+        nonrelevant: list[str] = []  # judged, grade <= 0: the query's 'nonrelevant'
         lost = False
         for did, grade in judged.items():
             if did not in doc_ids:
@@ -153,6 +154,8 @@ def _import_beir(folder: Path, out: JsonlWriter, run: ImportRun) -> list[Case]:
                 lost = lost or grade >= 1
             elif grade >= 1:
                 relevant[did] = grade
+            else:
+                nonrelevant.append(did)
         if not relevant:
             if lost:
                 reason = "no relevant document left (its relevant documents are missing from the corpus)"
@@ -169,7 +172,7 @@ def _import_beir(folder: Path, out: JsonlWriter, run: ImportRun) -> list[Case]:
             else:
                 fixed = "dev"
                 train_only += "dev" not in splits
-        cases.append(Case(qid, text, relevant, [], [], ["beir"], fixed))
+        cases.append(Case(qid, text, relevant, [], [], ["beir"], fixed, tuple(nonrelevant)))
     if official:
         run.note("qrels", "dev.tsv -> split 'dev', test.tsv -> split 'holdout' (holdout_share not used)")
         if both:

@@ -104,6 +104,7 @@ class Case:
     references: list[str]
     tags: list[str]
     fixed_split: str | None = None
+    nonrelevant: tuple[str, ...] = ()  # doc ids judged not relevant (qrels grade <= 0)
 
     @property
     def answerable(self) -> bool:
@@ -333,6 +334,8 @@ def _query_record(case: Case, group: str | None, split: str, texts: dict[str, st
     rec: dict[str, Any] = {"query_id": case.query_id, "query": case.query}
     if case.relevant:
         rec["relevant"] = case.relevant
+    if case.nonrelevant:
+        rec["nonrelevant"] = list(case.nonrelevant)
     if case.evidence:  # each span with its quote, so `rag-ablate validate` can check it later
         rec["evidence"] = [
             {"doc_id": d, "start": s, "end": e, "quote": texts[d][s:e]} for d, s, e in case.evidence
