@@ -75,6 +75,7 @@ def load_ref(rev: str) -> ModuleType:
     spec = importlib.util.spec_from_loader(f"cache_at_{rev}", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
     exec(compile(source, f"{rev}:rag_ablate/core/cache.py", "exec"), module.__dict__)
     return module
 
