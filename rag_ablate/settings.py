@@ -79,6 +79,12 @@ def validate(s: RunConfig) -> None:
     if s.cost.model is not None and s.cost.model not in s.cost.prices:
         known = ", ".join(sorted(s.cost.prices)) or "none (add them under cost.prices)"
         raise ConfigError(f"cost.model '{s.cost.model}' has no price in cost.prices; known: {known}")
+    judge_priced = s.judge.name != "none" and s.judge.model in s.cost.prices
+    if s.cost.max_usd is not None and s.cost.model is None and not judge_priced:
+        raise ConfigError(
+            f"cost.max_usd={s.cost.max_usd:g} has nothing to count: no price applies (set cost.model to "
+            "the system's model and its cost.prices entry, or give the judge's model a price)"
+        )
     validate_compare(s.compare)
     from rag_ablate.dataset.weights import check_settings as check_weights
 

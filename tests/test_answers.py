@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.config.schema import DEFAULT_REFUSAL_PHRASES
 from rag_ablate.dataset.model import Document, Query
 from rag_ablate.generators import GENERATORS
 from rag_ablate.generators.base import Context
@@ -23,10 +22,10 @@ from rag_ablate.metrics.answers import (
     answer_tokens,
     citation_scores,
     exact_match,
-    is_refusal,
     supports,
     token_f1,
 )
+from rag_ablate.metrics.refusals import PhraseRule
 from rag_ablate.metrics.registry import REGISTRY
 from rag_ablate.text.count import count_tokens
 from tests.conftest import run_module
@@ -68,14 +67,14 @@ def test_exact_match_ignores_case_punctuation_spacing_and_markers() -> None:
 
 
 def test_refusal_phrases_in_both_languages() -> None:
-    phrases = DEFAULT_REFUSAL_PHRASES
-    assert is_refusal("文档中没有找到这个问题的答案。", phrases)
-    assert is_refusal("抱歉，我无法回答这个问题。", phrases)
-    assert is_refusal("Sorry, I DON'T KNOW.", phrases)
-    assert is_refusal("The documents do not answer this question.", phrases)
-    assert not is_refusal("Refunds take five days. [1]", phrases)
-    assert not is_refusal("退款会在五个工作日内到账。[1]", phrases)
-    assert is_refusal("No idea.", ["no idea"]) and not is_refusal("No idea.", ["cannot answer"])
+    rule = PhraseRule()
+    assert rule.refuses("文档中没有找到这个问题的答案。")
+    assert rule.refuses("抱歉，我无法回答这个问题。")
+    assert rule.refuses("Sorry, I DON'T KNOW.")
+    assert rule.refuses("The documents do not answer this question.")
+    assert not rule.refuses("Refunds take five days. [1]")
+    assert not rule.refuses("退款会在五个工作日内到账。[1]")
+    assert PhraseRule(["no idea"]).refuses("No idea.") and not rule.refuses("No idea.")
 
 
 def _query(kind: str, refs: tuple[str, ...] = ()) -> Query:
@@ -109,6 +108,8 @@ def test_correct_refusal_on_unanswerable_over_refusal_on_answerable_neither_on_c
     assert answer_metrics(refusal, _query("unanswerable"), DOCS, scoring) == {
         "refusal": 1.0,
         "correct_refusal": 1.0,
+        "asked_clarification": 0.0,
+        "answer_language_match": 1.0,  # an English question, an English answer
     }
     assert answer_metrics(answer, _query("unanswerable"), DOCS, scoring)["correct_refusal"] == 0.0
     refs = ("Five days.",)
@@ -121,15 +122,20 @@ def test_correct_refusal_on_unanswerable_over_refusal_on_answerable_neither_on_c
     assert got == pytest.approx(
         {
             "refusal": 0.0,
+            "asked_clarification": 0.0,
+            "answer_language_match": 1.0,
             "over_refusal": 0.0,
             "exact_match": 0.0,
             "token_f1": 2 / 3,
+            "reference_in_answer": 1.0,  # "five days" occurs in "refunds take five days"
+            "reference_recall": 1.0,
             "citation_precision": 1.0,
             "citation_coverage": 1.0,
         }
     )
     chat = answer_metrics(refusal, _query("no_rag"), DOCS, scoring)
-    assert chat == {"refusal": 1.0}  # chit-chat: neither correct_refusal nor over_refusal
+    # chit-chat: neither correct_refusal nor over_refusal
+    assert chat == {"refusal": 1.0, "asked_clarification": 0.0, "answer_language_match": 1.0}
 
 
 # --------------------------------------------------------------------------- citations
@@ -241,6 +247,9 @@ def test_the_comparison_has_a_correct_refusal_row(sweep: Path) -> None:
     assert {r["split"] for r in refusal} == {"dev", "holdout"}
     # generator=none has no answers: the row says why it is untested instead of inventing a 0
     assert all(r["note"] == "no value in baseline" and r["effect"] is None for r in refusal)
+    # the sentence-answer and language metrics are compared too (registered default_compare)
+    compared = {r["metric"] for r in rows}
+    assert {"reference_in_answer", "reference_recall", "answer_language_match"} <= compared
 
 
 def test_the_worked_example_in_docs_matches_the_code() -> None:

@@ -182,7 +182,7 @@ def test_layer_counts_are_reported() -> None:
 # interruption (sweep/driver.py, sweep/publish.py), resume= and its orphans (run/resume.py)
 WRITERS = {
     "log_run", "log_metrics", "log_artifacts", "log_table", "log_traces", "log_dataset_input",
-    "set_description", "append_description", "save_view", "finish_run", "end_run", "start_run",
+    "set_description", "append_description", "set_tags", "save_view", "finish_run", "end_run", "start_run",
     "start_parent", "reopen_run",
 }  # fmt: skip
 WRITES_MLFLOW = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from rag_ablate.compare import tradeoff
 from rag_ablate.compare.run import load_comparison, load_source
 from rag_ablate.core.layout import COMPARISON_JSON, FAILURES_FILE, SWEEP_FILE
 from rag_ablate.report import html as html_report
-from tests.conftest import run_module, write_dataset
+from tests.conftest import chromium, require_chromium, run_module, write_dataset
 
 SECTIONS = {
     "plan": "Plan",
@@ -227,3 +228,54 @@ def test_intent_table_and_recall_curves_match_what_the_jobs_wrote(sweep: dict[st
                 assert y == pytest.approx(metrics[f"{split}/recall_at_{k}"], rel=1e-12)
     means = [sum(a for _, a in table[k].values()) / len(table[k]) for k in order]
     assert means == sorted(means)  # worst intents first
+
+
+#: where test_the_first_screen_is_the_verdict saves report.png (docs/img: README's picture)
+SCREENSHOT_DIR = "RAG_ABLATE_SCREENSHOT_DIR"
+#: appended to a copy of the page: the verdict block's bottom edge, in CSS pixels, into the DOM
+_MEASURE = (
+    "<script>document.body.dataset.verdictBottom = "
+    "document.getElementById('verdict').getBoundingClientRect().bottom;</script>"
+)
+
+
+@pytest.mark.slow
+def test_the_first_screen_is_the_verdict(default_sweep: dict[str, Any], tmp_path: Path) -> None:
+    """README's sweep, its report opened at 1600x1100 in a fresh Chromium profile: the verdict fills
+    the first screen, names each variant with an interval, and a query text with HTML in it is text."""
+    require_chromium()
+    d: Path = default_sweep["dir"]
+    assert '<div id="verdict">' in (d / "report.html").read_text("utf-8")  # the page the sweep wrote
+    c = load_comparison(d)
+    hostile = "<b>x</b>"
+    flips = c.flips["chunk=256"]["recall_at_5"]["dev"]["regressed"]
+    flips[0].query = hostile  # a query text with markup in it, as a dataset may hold
+    page = html_report.render(
+        title="rag_ablate sweep report",
+        variants=load_source(d).variants,
+        comparison=c,
+        plan=json.loads((d / "plan.json").read_text("utf-8")),
+        tradeoff_png=d / tradeoff.PLOT_FILE,
+        recall_png=d / html_report.RECALL_PLOT,
+    )
+    copy = tmp_path / "report.html"
+    copy.write_text(page.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    dom = chromium(copy.as_uri(), tmp_path / "profile", "--dump-dom", window="1600,1100", budget_ms=5000)
+    bottom = re.search(r'data-verdict-bottom="([0-9.]+)"', dom)
+    assert bottom, dom[:2000]
+    assert 100 < float(bottom[1]) <= 1100  # inside the first screen
+    verdict = dom.split('<div id="verdict">')[1].split("</div>")[0]
+    for split in ("dev", "holdout"):
+        row = re.search(rf'data-split="{split}" data-variant="chunk=256">(.*?)</tr>', verdict, re.S)
+        assert row, verdict[:2000]
+        words = re.sub(r"<[^>]+>", " ", row[1])
+        assert re.search(r"\b(better|worse|no evidence)\b", words)
+        intervals = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]", words)
+        assert len(intervals) >= 2, words  # the quality effect's and the cost's, each with its interval
+    assert "&lt;b&gt;x&lt;/b&gt;" in dom and hostile not in dom  # shown as text, not as bold
+    shots = os.environ.get(SCREENSHOT_DIR)
+    if shots:  # docs/img/report.png: RAG_ABLATE_SCREENSHOT_DIR=docs/img python -m pytest -k first_screen
+        out = Path(shots).resolve() / "report.png"
+        chromium((d / "report.html").as_uri(), tmp_path / "profile2", "--hide-scrollbars",
+                 f"--screenshot={out}", window="1600,1100", budget_ms=5000)  # fmt: skip
+        assert out.is_file()

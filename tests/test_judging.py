@@ -154,7 +154,7 @@ def test_completeness_only_where_the_query_has_references() -> None:
     assert "completeness" not in unanswerable and unanswerable["relevance"] == 4.0
 
 
-def test_refusal_is_the_phrase_list_or_the_judges_majority() -> None:
+def test_refusal_is_the_judges_majority_else_the_phrase_rule_and_their_agreement_is_reported() -> None:
     plain = "Refunds take five days. [1]"
     declines = "The documents do not answer this question."
     unans = _query("unanswerable")
@@ -164,13 +164,16 @@ def test_refusal_is_the_phrase_list_or_the_judges_majority() -> None:
     )
     got = _metrics(judged, unans)
     assert got["refusal"] == 1.0 and got["correct_refusal"] == 1.0
+    assert got["refusal_rule_agreement"] == 0.0  # the phrase rule said it answers
     assert "citation_precision" not in got  # a refusal gets no citation metrics
-    # a tie has no majority: the phrase list alone decides
-    tie = _record(plain, _repeat(3, 3, refusal=True), _repeat(3, 3, refusal=False))
-    assert _metrics(tie, unans)["correct_refusal"] == 0.0
-    # a phrase refuses even when the judge says it answers (OR), and failed verdicts (None) do not vote
-    phrase = _record(declines, _repeat(0, 0, refusal=False), _repeat(0, 0, refusal=None))
-    assert _metrics(phrase)["over_refusal"] == 1.0
+    # a tie has no majority: the phrase rule alone decides, and there is no agreement to report
+    tie = _metrics(_record(plain, _repeat(3, 3, refusal=True), _repeat(3, 3, refusal=False)), unans)
+    assert tie["correct_refusal"] == 0.0 and "refusal_rule_agreement" not in tie
+    # the judge's verdict wins over a phrase (it says the answer answers); failed verdicts do not vote
+    phrase = _metrics(_record(declines, _repeat(0, 0, refusal=False), _repeat(0, 0, refusal=None)))
+    assert phrase["over_refusal"] == 0.0 and phrase["refusal_rule_agreement"] == 0.0
+    agree = _metrics(_record(declines, _repeat(0, 0, refusal=True)), unans)
+    assert agree["correct_refusal"] == 1.0 and agree["refusal_rule_agreement"] == 1.0
     assert _metrics(_record(plain, _repeat(3, 3, refusal=None)))["refusal"] == 0.0
 
 

@@ -147,6 +147,8 @@ def test_the_derived_lists_are_the_ones_the_modules_used_to_keep() -> None:
         "over_refusal", "citation_precision", "citation_coverage", "faithfulness", "relevance",
         "completeness",
         "chunk_recall_at_5", "chunk_mrr_at_10",  # added with relevant_chunks (gold chunk ids)
+        # added with sentence answers, clarifications and the answer's language (issue 26)
+        "reference_in_answer", "reference_recall", "correct_clarification", "answer_language_match",
     }  # fmt: skip
     assert len(default_compare_metrics()) == len(set(default_compare_metrics()))
     assert default_summary_metrics() == ["recall_at_5", "ndcg_at_10", "evidence_recall_at_5", "intent_top1"]
@@ -162,6 +164,7 @@ def test_the_derived_lists_are_the_ones_the_modules_used_to_keep() -> None:
         "context_tokens", "latency_ms", "latency_p50_ms", "latency_p95_ms", "error_rate", "acl_leak",
         *(f"judge_error_{m}" for m in judged_metrics()),
         *bases_where(family="diagnosis"),  # the failure stages: a failed query is not diagnosed
+        "refusal_rule_agreement",  # the phrase rule against the judge: a failed query is not judged
     }  # fmt: skip
     for spec in metrics_where():
         if spec.miss is not None:

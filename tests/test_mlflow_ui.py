@@ -88,7 +88,11 @@ def test_each_variant_has_a_one_line_verdict(sweep: dict[str, Any]) -> None:
     child = sweep["children"]["chunk=256"].data.tags[NOTE].splitlines()[0]
     assert child.startswith("vs baseline on holdout: recall@5 ")
     p95 = _row(sweep["comparison"], "holdout", "chunk=256", "latency_p95_ms")
-    assert f"p95 latency ms {p95['effect']:+.3f}" in child
+    assert f"latency_p95_ms {p95['effect']:+.3f}" in child
+    tokens = _row(sweep["comparison"], "holdout", "chunk=256", "context_tokens_at_5")
+    digits = 1 if abs(tokens["effect"]) >= 100 else 3
+    assert f"context_tokens@5 {tokens['effect']:+.{digits}f}" in child  # cost beyond latency
+    assert "leaks: acl_leak" in child
     assert "baseline" in sweep["children"]["baseline (chunk=512)"].data.tags[NOTE]
 
 
@@ -139,15 +143,21 @@ def test_summary_table_and_saved_view_on_the_sweep_run(sweep: dict[str, Any]) ->
     client, parent = sweep["client"], sweep["parent"]
     table = json.loads(Path(client.download_artifacts(parent.info.run_id, "verdict.json")).read_text())
     assert table["columns"][:2] == ["variant", "role"]
-    assert sorted(row[0] for row in table["data"]) == ["baseline", "chunk=256"]
+    assert sorted(row[:3] for row in table["data"]) == [  # a row per variant and split
+        ["baseline", "baseline", "dev"],
+        ["baseline", "baseline", "holdout"],
+        ["chunk=256", "variant", "dev"],
+        ["chunk=256", "variant", "holdout"],
+    ]
     key = parent.data.tags["rag_ablate.ui_view"]
     exp = client.get_experiment(sweep["experiment"].experiment_id)
     state = json.loads(exp.tags[f"mlflow.sharedViewState.{key}"])
     assert parent.info.run_id in state["searchFilter"]
     assert state["orderByKey"] == "metrics.`headline/holdout_recall_at_5`" and state["orderByAsc"] is False
     assert state["chartsSearchFilter"] == "headline/"
-    link = f"#/experiments/{exp.experiment_id}/runs?viewStateShareKey={key}"
-    assert link in sweep["proc"].stdout
+    link = f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?viewStateShareKey={key}"
+    assert link in sweep["proc"].stdout  # tracking.ui_port's default, kept for rag-ablate ui
+    assert parent.data.tags["rag_ablate.ui_port"] == "5000"
 
 
 def test_baseline_name_lists_the_factors_but_not_runtime_settings() -> None:
@@ -185,40 +195,94 @@ def test_mlflow_gets_the_configured_metrics_and_metrics_json_the_grid() -> None:
 
 
 @pytest.mark.slow
-def test_ui_starts_light(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ui_serves_on_the_port_the_sweep_links_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rag-ablate ui`` serves where the latest sweep's printed links point (tracking.ui_port, kept
+    on the sweep run), ``--port N`` prints the links for N; MLflow's app runs in this process with one
+    worker and no job-execution workers."""
     from rag_ablate.tracking import store as tracking
+    from rag_ablate.tracking.tags import UI_PORT_TAG, VIEW_KEY_TAG
 
     uri = tracking.default_uri(tmp_path)
-    tracking.ensure_experiment(uri, "rag_ablate", tmp_path / "art")
-    assert main(["ui", "--uri", uri, "--port", "5123", "--dry-run"]) == 0
+    exp = tracking.ensure_experiment(uri, "rag_ablate", tmp_path / "art")
+    sweep_run = tracking.start_parent(uri, exp, "sweep", {"rag_ablate.kind": "sweep"})
+    tracking.save_view(uri, exp, sweep_run, {"searchFilter": ""}, 5123)
+    key = tracking.latest_sweep_view(uri, "rag_ablate")
+    assert key is not None and key[2] == 5123
+    assert main(["ui", "--uri", uri, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in out and "--workers 1" in out
+    assert f"http://127.0.0.1:5123/#/experiments/{exp}/runs?viewStateShareKey={key[1]}" in out
+    assert "uvicorn on 127.0.0.1:5123, 1 worker, in this process" in out
+    assert "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in out
+    assert main(["ui", "--uri", uri, "--port", "5999", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "http://127.0.0.1:5999/#/experiments/" in out and "127.0.0.1:5123/#" not in out
+    assert "printed its links for port 5123" in out
+    from mlflow.tracking import MlflowClient
+
+    tags = MlflowClient(uri).get_run(sweep_run).data.tags
+    assert tags[UI_PORT_TAG] == "5123" and tags[VIEW_KEY_TAG] == key[1]
+
+
+def test_printed_hints_name_the_ui_port() -> None:
+    from rag_ablate.run.summary import ui_hint
+
+    uri = f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
+    assert ui_hint(uri) == "MLflow UI: rag-ablate ui   (serves http://127.0.0.1:5000)"
+    hint = ui_hint(uri, "http://127.0.0.1:5001/#/x", 5001)
+    assert hint.startswith("MLflow UI: rag-ablate ui --port 5001   (serves http://127.0.0.1:5001)")
 
 
 @pytest.mark.slow
 def test_the_printed_link_opens_the_ranked_runs_view(sweep: dict[str, Any], tmp_path: Path) -> None:
+    """In Chromium at 1600x1100 with a fresh profile, as a first visit: the printed link's ranked view
+    shows each variant's interval and verdict per split beside its cost, and the sweep run's page
+    shows the verdict in the description's first paragraph (what MLflow shows before "Show more").
+    With ``RAG_ABLATE_SCREENSHOT_DIR`` set, both pages are saved there (docs/img/mlflow-ui.png,
+    docs/img/mlflow-sweep-run.png)."""
+    from rag_ablate.report.mlflow_ui import VISIBLE_CHARS
+
     require_chromium()
+    shots = os.environ.get("RAG_ABLATE_SCREENSHOT_DIR")
     # the default store: outputs/mlflow.db under the folder the sweep ran in
     with mlflow_ui(tmp_path / "ui.log", cwd=sweep["cwd"]):
         printed = (tmp_path / "ui.log").read_text()
         match = re.search(r"(http://127\.0\.0\.1:\d+/#/experiments/\S+/runs\?viewStateShareKey=\S+)", printed)
         assert match, printed
-        dom = chromium(match[1], tmp_path / "profile", "--dump-dom")
-        for text in (
-            "baseline (chunk=512)",
-            "chunk=256",
-            "headline/holdout_recall_at_5",
-            "headline/delta_holdout_recall_at_5",
-            "headline/cost_p95_ms",
-        ):
+        dom = chromium(match[1], tmp_path / "profile", "--dump-dom", window="1600,1100")
+        for text in ("baseline (chunk=512)", "chunk=256", "holdout recall_at_5", "holdout latency_p95_ms"):
             assert text in dom, f"{text!r} not on the page"
+        for split in ("holdout", "dev"):
+            effect = _row(sweep["comparison"], split, "chunk=256", "recall_at_5")
+            cell = sweep["children"]["chunk=256"].data.tags[f"{split} recall_at_5"]
+            interval = f"Δ {effect['effect']:+.3f} [{effect['ci_low']:+.3f}, {effect['ci_high']:+.3f}]"
+            verdict = f"{effect['verdict']}*" if effect["verdict"] else "no evidence, MDE ±"
+            assert interval in cell and verdict in cell, cell
+            assert f">{cell}<" in dom, f"{cell!r} not on the page"
         # ranked by holdout recall@5, best first
         m = {n: r.data.metrics["headline/holdout_recall_at_5"] for n, r in sweep["children"].items()}
         best, other = sorted(m, key=lambda n: -m[n])
         if m[best] != m[other]:
             assert dom.index(f">{best}<") < dom.index(f">{other}<")
-        if os.environ.get("RAG_ABLATE_SCREENSHOT"):  # refresh docs/img/mlflow-ui.png by hand
-            chromium(match[1], tmp_path / "profile2", f"--screenshot={os.environ['RAG_ABLATE_SCREENSHOT']}")
+        port = re.search(r"127\.0\.0\.1:(\d+)/", match[1])
+        assert port is not None
+        parent = sweep["parent"].info.run_id
+        run_page = (
+            f"http://127.0.0.1:{port[1]}/#/experiments/{sweep['experiment'].experiment_id}/runs/{parent}"
+        )
+        page = chromium(run_page, tmp_path / "profile-run", "--dump-dom", window="1600,1100")
+        shown = re.search(r'data-testid="note-editor-preview-content"><p>(.*?)</p>', page)
+        assert shown, "no description on the sweep run's page"
+        first = re.sub(r"<[^>]+>", "", shown[1])  # the first paragraph's text
+        effect = _row(sweep["comparison"], "holdout", "chunk=256", "recall_at_5")
+        assert first.startswith("Verdict on recall@5 vs baseline (chunk=512)"), first
+        assert f"holdout {effect['effect']:+.3f} [{effect['ci_low']:+.3f}, {effect['ci_high']:+.3f}]" in first
+        assert "latency p95 ms" in first and len(first) <= VISIBLE_CHARS
+        if shots:  # docs/img: RAG_ABLATE_SCREENSHOT_DIR=docs/img
+            for url, name in ((match[1], "mlflow-ui.png"), (run_page, "mlflow-sweep-run.png")):
+                out = Path(shots).resolve() / name
+                chromium(url, tmp_path / f"shot-{name}", f"--screenshot={out}", window="1600,1100")
 
 
 # --------------------------------------------------------------------------- hostile text in descriptions
@@ -290,3 +354,133 @@ def test_the_mlflow_ui_shows_html_from_the_data_as_text(tmp_path: Path) -> None:
         assert "<b>bold" not in dom and "<i>base" not in dom and 'href="http://127.0.0.1:9/' not in dom
         dom = page(runs["child"])
         assert "tag=&lt;img src=x onerror=alert(1)&gt;" in dom and '<img src="x"' not in dom
+
+
+# --------------------------------------------------------------------------- the ranked view and descriptions
+
+
+def _r(split: str, variant: str, metric: str, effect: float, lo: float, hi: float, verdict: str = "") -> Any:
+    from rag_ablate.compare.model import Row
+    from rag_ablate.metrics.registry import direction_of
+
+    label = f"{verdict} (after Holm)" if verdict else "no evidence; could detect ±0.05"
+    return Row(
+        split, variant, metric, direction_of(metric), 0.8, 0.8 + effect, effect, lo, hi, 0.01,
+        0.001 if verdict else 0.5, False, 0.5, False, 40, 30,
+        adjustment="holm", significant=bool(verdict), verdict=verdict, label=label, mde=0.05,
+    )  # fmt: skip
+
+
+def _comparison() -> Any:
+    """A priced sweep's comparison: ``better`` improves recall@5 on both splits at a higher price and
+    latency; ``same`` shows no evidence on recall@5 but leaks more on holdout."""
+    from rag_ablate.compare.model import Comparison, Point, SplitTradeoff, Tradeoff
+
+    rows = [
+        _r("holdout", "better", "recall_at_5", 0.04, 0.01, 0.07, "better"),
+        _r("dev", "better", "recall_at_5", 0.03, 0.005, 0.055, "better"),
+        _r("holdout", "better", "latency_p95_ms", 3.9, 3.1, 4.6, "worse"),
+        _r("holdout", "same", "recall_at_5", -0.026, -0.07, 0.018),
+        _r("dev", "same", "recall_at_5", -0.028, -0.06, 0.004),
+        _r("holdout", "same", "latency_p95_ms", 0.1, -0.2, 0.4),
+        _r("holdout", "same", "acl_leak_rate_at_10", 0.1, 0.05, 0.15, "worse"),
+    ]
+
+    def points(shift: float) -> list[Point]:
+        return [
+            Point("baseline", 0.85 + shift, 0.8, 0.9, 30, 0.4, 0.38, 0.42, 30, baseline=True),
+            Point("better", 0.89 + shift, 0.85, 0.93, 30, 0.52, 0.5, 0.55, 30),
+            Point("same", 0.824 + shift, 0.78, 0.86, 30, 0.41, 0.39, 0.43, 30),
+        ]
+
+    t = Tradeoff(
+        "recall_at_5", "usd_per_1k", True, "USD", "baseline", None, 1000, 0, 0.05,
+        [SplitTradeoff("dev", 30, points(0.01)), SplitTradeoff("holdout", 30, points(0.0))],
+    )  # fmt: skip
+    metrics = ["recall_at_5", "latency_p95_ms", "acl_leak_rate_at_10"]
+    return Comparison(
+        "baseline", ["better", "same"], metrics, ["dev", "holdout"], 1000, 0, 0.05, rows, {}, tradeoff=t
+    )
+
+
+def test_the_ranked_view_shows_effect_interval_verdict_and_cost_per_split() -> None:
+    from rag_ablate.report.mlflow_ui import axes, ranked_tags
+    from rag_ablate.tracking.ui import view_state
+
+    c = _comparison()
+    quality, cost = axes(c, "mrr_at_10")  # the comparison's axes, not the end table's first column
+    assert (quality, cost) == ("recall_at_5", "usd_per_1k")
+    same = ranked_tags(c, "same", quality, cost)
+    assert same["holdout recall_at_5"] == "0.824 Δ -0.026 [-0.070, +0.018] no evidence, MDE ±0.05"
+    assert same["dev recall_at_5"] == "0.834 Δ -0.028 [-0.060, +0.004] no evidence, MDE ±0.05"
+    assert same["holdout usd_per_1k"] == "0.41 [0.39, 0.43]"  # the trade-off's number, per split
+    assert same["other significant effects"] == "acl_leak_rate@10 worse (holdout)"
+    better = ranked_tags(c, "better", quality, cost)
+    assert better["holdout recall_at_5"] == "0.890 Δ +0.040 [+0.010, +0.070] better*"
+    assert better["other significant effects"] == "latency_p95_ms worse (holdout)"
+    assert ranked_tags(c, "baseline", quality, cost)["holdout recall_at_5"] == "0.850 (baseline)"
+    state = view_state("RUN", quality, cost)
+    assert state["orderByKey"] == "metrics.`headline/holdout_recall_at_5`"
+    assert state["columnOrder"] == [
+        "attributes.`Run Name`",
+        "tags.`holdout recall_at_5`",
+        "tags.`holdout usd_per_1k`",
+        "tags.`dev recall_at_5`",
+        "tags.`dev usd_per_1k`",
+        "tags.`other significant effects`",
+    ]
+    # at 1600 px the holdout verdict and cost fit beside MLflow's sidebar (200 px), run name and start
+    # time (about 380 px) and its assistant panel (about 410 px) on a first visit
+    widths = [state["columnWidths"][col] for col in state["columnOrder"][1:]]
+    assert sum(widths[:2]) <= 1600 - 200 - 380 - 410
+
+
+def test_the_summary_table_has_a_row_per_variant_and_split() -> None:
+    from rag_ablate.report.mlflow_ui import summary_table
+
+    c = _comparison()
+    summaries = [{"label": v, "metrics": {}} for v in ("baseline", "better", "same")]
+    table = summary_table(c, summaries, "recall_at_5", "usd_per_1k")
+    rows = [dict(zip(table, values, strict=True)) for values in zip(*table.values(), strict=True)]
+    assert [(r["variant"], r["split"]) for r in rows][:2] == [("baseline", "dev"), ("baseline", "holdout")]
+    same = next(r for r in rows if (r["variant"], r["split"]) == ("same", "holdout"))
+    assert same["recall_at_5"] == 0.824 and same["delta_recall_at_5"] == -0.026
+    assert (same["ci_low"], same["ci_high"], same["mde"]) == (-0.07, 0.018, 0.05)
+    assert same["verdict"] == "no evidence; could detect ±0.05"
+    assert (same["usd_per_1k"], same["usd_per_1k_low"], same["usd_per_1k_high"]) == (0.41, 0.39, 0.43)
+    assert same["other_significant_effects"] == "acl_leak_rate@10 worse (holdout)"
+
+
+def test_the_sweep_description_opens_on_the_verdict() -> None:
+    from rag_ablate.report.mlflow_ui import VISIBLE_CHARS, sweep_description
+
+    c = _comparison()
+    text = sweep_description(c, [], "recall_at_5", "baseline (chunk=512)")
+    first = text.split("\n\n")[0]  # the paragraph MLflow shows before "Show more"
+    assert len(first) <= VISIBLE_CHARS, len(first)
+    assert "**better**: better (holdout +0.040 [+0.010, +0.070]*, dev +0.030 [+0.005, +0.055]*, " in first
+    assert "USD per 1k queries 0.52 vs 0.4)" in first  # at what cost, on holdout
+    assert "**worse**: none" in first
+    assert "**no evidence**: same (holdout -0.026 [-0.070, +0.018], could detect ±0.05, " in first
+    assert "recall@5 vs baseline (chunk=512)" in first
+    # a study of many variants still fits: those without evidence are named only, from the last
+    many = _comparison()
+    for i in range(8):
+        many.variants.append(f"chunk={2**i}")
+        many.rows.append(_r("holdout", f"chunk={2**i}", "recall_at_5", 0.01, -0.03, 0.05))
+    first = sweep_description(many, [], "recall_at_5", "baseline (chunk=512)").split("\n\n")[0]
+    assert len(first) <= VISIBLE_CHARS and "better (holdout +0.040" in first, first
+    assert "same (holdout -0.026" in first and first.endswith("chunk=64; chunk=128")
+
+
+def test_each_variant_line_covers_quality_cost_and_leaks() -> None:
+    from rag_ablate.report.mlflow_ui import child_description
+
+    line = child_description(_comparison(), "same", "recall_at_5")
+    assert line.startswith(
+        "vs baseline on holdout: recall@5 -0.026 [-0.070, +0.018] no evidence; could detect"
+    )
+    assert "latency_p95_ms +0.100 [-0.200, +0.400] no evidence" in line
+    assert "leaks: acl_leak_rate@10 +0.100 [+0.050, +0.150] worse*" in line
+    assert "USD per 1k queries 0.41 vs 0.4" in line
+    assert "\n" not in line

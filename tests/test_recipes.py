@@ -39,7 +39,7 @@ FILE_COUNTS = {
     "system": 4,
     "importer": 3,
     "metric": 3,  # followed at run time by the metric registry's own tests (tests/test_metrics_registry.py)
-    "comparison or report section": 7,
+    "comparison or report section": 8,
 }
 
 
@@ -486,30 +486,18 @@ def regression_markdown_lines(c: Comparison) -> list[str]:
 
 '''
 
-REGRESSIONS_HTML = '''
-def _regressions_section(c: Comparison, titles: Mapping[str, str]) -> str:
-    """The largest regressions per split and variant, largest first."""
-    assert c.regressions is not None
-    sec = c.regressions
-    rows = [
-        [
-            _e(titles.get(r.variant, r.variant)),
-            _e(r.split),
-            _e(r.query_id),
-            _e(r.query),
-            _num(r.baseline_value),
-            _num(r.variant_value),
-            _num(r.drop),
-        ]
-        for r in sec.rows
-    ]
-    head = ["variant", "split", "query id", "query", "baseline", "variant", "drop"]
-    metric = display_name(sec.metric)
-    intro = f"<p>Per split and variant, the {sec.top} largest drops of <b>{_e(metric)}</b>.</p>"
-    return intro + _table(head, rows, cls="regressions", raw=True)
-
-
-'''
+REGRESSIONS_HTML = """
+<p>Per split and variant, the {{ c.regressions.top }} largest drops of
+<b>{{ c.regressions.metric | metric }}</b>.</p>
+<table class="regressions"><thead><tr><th>variant</th><th>split</th><th>query id</th><th>query</th>
+<th>baseline</th><th>variant</th><th>drop</th></tr></thead><tbody>
+{% for r in c.regressions.rows %}
+<tr><td>{{ titles.get(r.variant, r.variant) }}</td><td>{{ r.split }}</td><td>{{ r.query_id }}</td>
+<td>{{ r.query }}</td>
+<td>{{ r.baseline_value | num }}</td><td>{{ r.variant_value | num }}</td><td>{{ r.drop | num }}</td></tr>
+{% endfor %}
+</tbody></table>
+"""
 
 REGRESSIONS_MLFLOW = '''
 def regressions_text(c: Comparison, variant: str) -> str:
@@ -619,18 +607,16 @@ def test_how_to_add_a_comparison_or_report_section(tmp_path: Path) -> None:
         root, render, "    lines += slice_terminal_lines(c)\n", "    lines += regression_terminal_lines(c)\n"
     )
     _before(root, render, "    out += slice_markdown_lines(c)\n", "    out += regression_markdown_lines(c)\n")
-    # 5. report/html.py: its <section> of report.html, left out when not computed
-    html_py = "rag_ablate/report/html.py"
-    _before(root, html_py, "def _flips_section(", REGRESSIONS_HTML.lstrip())
-    entry = '("regressions", "Largest regressions", _regressions_section(c, titles))'
+    # 5. its template: the <section>'s body in report.html
+    _write(root, "rag_ablate/report/templates/sections/regressions.html.j2", REGRESSIONS_HTML)
+    # 6. report/html.py: its entry in SECTIONS, left out when not computed
     _after(
         root,
-        html_py,
-        '        ("hurts", "Where it hurts", _slices_section(c, titles)),\n',
-        f"        *(\n            [{entry}]\n"
-        "            if c.regressions is not None\n            else []\n        ),\n",
+        "rag_ablate/report/html.py",
+        '    ("hurts", "Where it hurts", "hurts.html.j2", ""),\n',
+        '    ("regressions", "Largest regressions", "regressions.html.j2", "regressions"),\n',
     )
-    # 6. report/mlflow_ui.py: its lines in the sweep run's and in each variant run's description
+    # 7. report/mlflow_ui.py: its lines in the sweep run's and in each variant run's description
     ui = "rag_ablate/report/mlflow_ui.py"
     _before(root, ui, "    if c is not None and c.confounded:\n", REGRESSIONS_SWEEP_NOTE)
     _before(root, ui, "def child_description(", REGRESSIONS_MLFLOW.lstrip())
@@ -642,7 +628,7 @@ def test_how_to_add_a_comparison_or_report_section(tmp_path: Path) -> None:
         "    drops = regressions_text(c, variant)\n"
         '    return f"{line} Largest regressions: {drops}." if drops else line\n',
     )
-    # 7. docs/statistics.md
+    # 8. docs/statistics.md
     _before(
         root,
         "docs/statistics.md",

@@ -363,3 +363,68 @@ def test_a_variant_whose_queries_all_failed_has_no_quality_and_is_off_the_fronti
     assert [q["quality"] for q in d["splits"][1]["points"] if q["variant"] == "broken"] == [None]
     assert "| broken | - [-, -] |" in tradeoff.format_markdown(t)
     assert report_plots.plot(t, tmp_path / "p.png").is_file()
+
+
+# --------------------------------------------------------------------------- cost against the baseline
+
+
+def test_cost_effect_is_the_paired_bootstrap_of_the_cost_difference() -> None:
+    """Each variant's cost minus the baseline's, its interval from the resamples both share."""
+    variants = [_variant("baseline", 0.0, 1), _variant("v1", 0.1, 2)]
+    B, seed = 300, 7
+    t = tradeoff.compute(variants, CompareConfig(B=B, cost_metric="latency_p95_ms"), seed=seed)
+    for split in ("dev", "holdout"):
+        s = t.split(split)
+        assert s is not None
+        base, p = s.point("baseline"), s.point("v1")
+        assert base is not None and p is not None
+        assert (base.cost_effect, base.cost_effect_low, base.cost_effect_high) == (0.0, 0.0, 0.0)
+        assert p.cost_effect == pytest.approx(p.cost - base.cost, rel=1e-12)
+        groups = sorted({r["group"] for r in variants[0].records if r["split"] == split})
+        rng = np.random.default_rng(stats.derive_seed(seed, "tradeoff", split))
+        draws = rng.integers(0, len(groups), size=(B, len(groups)))
+        index = {g: i for i, g in enumerate(groups)}
+
+        def p95(v: VariantData, counts: Any, split: str = split, index: dict[str, int] = index) -> float:
+            rows = [r for r in v.records if r["split"] == split]
+            return float(
+                np.percentile(
+                    [cost.query_latency_ms(r) for r in rows for _ in range(counts[index[r["group"]]])], 95
+                )
+            )
+
+        diffs = []
+        for b in range(B):
+            counts = np.bincount(draws[b], minlength=len(groups))
+            diffs.append(p95(variants[1], counts) - p95(variants[0], counts))
+        lo, hi = np.percentile(diffs, [2.5, 97.5])
+        assert (p.cost_effect_low, p.cost_effect_high) == pytest.approx((lo, hi), rel=1e-9)
+
+
+def test_latency_cost_is_the_time_the_comparison_compares() -> None:
+    """After the interleaved timing pass (records' latency_ms replaced), the plotted p95 is that
+    pass's, as in the comparison's latency rows, not the job's own timings_ms.total."""
+    variants = [_variant("baseline", 0.0, 1), _variant("v1", 0.1, 2)]
+    for v in variants:
+        for r in v.records:
+            r["metrics"]["latency_ms"] = 1.0 + len(r["query_id"])  # the pass's time, not timings_ms.total
+    t = tradeoff.compute(variants, CompareConfig(B=200, cost_metric="latency_p95_ms"), seed=0)
+    p = t.split("dev").point("v1")  # type: ignore[union-attr]
+    times = [r["metrics"]["latency_ms"] for r in variants[1].records if r["split"] == "dev"]
+    assert p is not None and p.cost == pytest.approx(float(np.percentile(times, 95)))
+
+
+def test_the_axes_are_chosen_once_and_kept_on_the_comparison() -> None:
+    from rag_ablate.compare.analysis import compare
+
+    price = ModelPrice(prompt=1e-6)
+    variants = [_variant("baseline", 0.0, 1, price), _variant("v1", 0.1, 2, price)]
+    c = compare(variants, metrics=["recall_at_5"], splits=["dev", "holdout"], B=200)
+    tradeoff.attach(c, variants, CompareConfig(B=200), seed=0)
+    assert (c.quality_metric, c.cost_metric) == ("recall_at_5", "usd_per_1k")  # no answers; priced: money
+    assert c.tradeoff is not None
+    assert (c.tradeoff.quality_metric, c.tradeoff.cost_metric) == (c.quality_metric, c.cost_metric)
+    again = type(c).from_dict(c.to_dict())
+    assert (again.quality_metric, again.cost_metric) == ("recall_at_5", "usd_per_1k")
+    v1 = again.tradeoff.split("dev").point("v1")  # type: ignore[union-attr]
+    assert v1 is not None and math.isfinite(v1.cost_effect) and v1.cost_effect_low <= v1.cost_effect_high

@@ -88,7 +88,7 @@ class AblationSweeper(Sweeper):
         from rag_ablate.core.profiling import sweep_profile
         from rag_ablate.core.secrets import hidden_in_logs
         from rag_ablate.sweep.driver import finish_sweep, start_sweep
-        from rag_ablate.sweep.plan import build_plan, check_plan, format_plan
+        from rag_ablate.sweep.plan import build_plan, check_plan, format_plan, spend_lines
 
         prof = sweep_profile()  # where the sweep's time goes: <sweep dir>/profile.json
         if self.config is None or self.launcher is None or self.hydra_context is None:
@@ -107,10 +107,11 @@ class AblationSweeper(Sweeper):
                 lambda overrides: loader.load_sweep_config(config, overrides),
                 lambda group: list(loader.get_group_options(group)),
             )
+            spend = spend_lines(plan, job_settings)  # model calls, tokens and money, before any is spent
         except (RagAblateError, HydraException) as exc:
             _stop(exc, EXIT_INVALID)
         prof.stop()
-        print(format_plan(plan))
+        print(format_plan(plan, spend))
         if plan.dry_run:
             return []
         returns: Sequence[JobReturn] = []

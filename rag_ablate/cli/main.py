@@ -178,51 +178,42 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
+    from rag_ablate.tracking import ui as tracking_ui
+
     uri = args.uri or f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
         print(f"no MLflow store at {uri}; run `python -m rag_ablate` first", file=sys.stderr)
         return 1
-    # light enough for a laptop: one worker, and no job-execution workers (MLflow's default
-    # starts several processes for GenAI jobs this tool never submits)
-    cmd = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "ui",
-        "--backend-store-uri",
-        uri,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(args.port),
-        "--workers",
-        "1",
-    ]
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    print(f"MLflow UI on http://127.0.0.1:{args.port}  (store: {uri}; Ctrl-C stops it)")
-    link = _latest_sweep_link(uri, args.experiment, args.port)
-    if link:
-        print(f"latest sweep, its variants ranked by the headline metric: {link}")
+    found = _latest_sweep(uri, args.experiment)
+    # the port the latest sweep's printed links use (tracking.ui_port), unless --port says otherwise
+    port = args.port or (found[2] if found and found[2] else tracking_ui.DEFAULT_UI_PORT)
+    print(f"MLflow UI on http://127.0.0.1:{port}  (store: {uri}; Ctrl-C stops it)")
+    if found is not None and found[1]:
+        link = tracking_ui.runs_link(tracking_ui.ui_base(uri, port), found[0], found[1])
+        print(f"latest sweep, its variants ranked with their verdicts: {link}")
+        if found[2] and found[2] != port:
+            print(f"(that sweep printed its links for port {found[2]}: on this port, use the one above)")
     if args.dry_run:
-        print("MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false " + " ".join(cmd))
+        env = tracking_ui.server_env(uri)
+        print(
+            "would serve " + tracking_ui.UI_APP + f" with uvicorn on 127.0.0.1:{port}, 1 worker, in this "
+            "process; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=" + env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"]
+        )
         return 0
-    # become the MLflow server: a signal to this process (Ctrl-C, SIGTERM) reaches it directly
-    os.execve(sys.executable, cmd, env)
+    # MLflow's own app, imported once in this process (`mlflow ui` takes three processes to get there)
+    tracking_ui.serve(uri, port)
+    return 0
 
 
-def _latest_sweep_link(uri: str, experiment: str, port: int) -> str | None:
-    """The runs view of the latest sweep in ``experiment`` (None when there is none or the store fails)."""
+def _latest_sweep(uri: str, experiment: str) -> tuple[str, str | None, int | None] | None:
+    """The latest sweep in ``experiment``: (experiment id, view key, link port); None when there is
+    none or the store fails."""
     from rag_ablate.tracking import store as tracking
-    from rag_ablate.tracking import ui as tracking_ui
 
     try:
-        found = tracking.latest_sweep_view(uri, experiment)
+        return tracking.latest_sweep_view(uri, experiment)
     except Exception:  # the link is a convenience; the UI starts regardless
         return None
-    if found is None:
-        return None
-    experiment_id, key = found
-    return tracking_ui.runs_link(tracking_ui.ui_base(uri, port), experiment_id, key)
 
 
 # command-line option -> CompareConfig field, for the options rag-ablate compare and report share with
@@ -298,11 +289,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from rag_ablate.compare import tradeoff
     from rag_ablate.compare.render import write_outputs
     from rag_ablate.compare.run import load_comparison, load_source, pin_baseline
+    from rag_ablate.compare.timing import apply_timing
     from rag_ablate.report.html import write_report
 
     out_dir = Path(args.sweep_dir)
@@ -316,9 +306,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         # other axes, bar, B or seed: the trade-off again, written with the comparison it belongs to
         settings = _compare_settings(args, _TRADEOFF_OPTIONS)
         seed = c.seed if args.seed is None else args.seed
-        c.tradeoff = tradeoff.compute(
-            source.variants, replace(settings, splits=c.splits), seed=seed, baseline=c.baseline
-        )
+        apply_timing(source.variants, source.timing)  # latency as the comparison timed it
+        tradeoff.attach(c, source.variants, settings, seed=seed)
         written += write_outputs(c, out_dir)
     report = write_report(out_dir, c, source.variants)
     print(f"written: {', '.join(str(p) for p in [*written, *report.paths])}")
@@ -510,7 +499,12 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument(
         "--uri", help="tracking URI (default: sqlite:///outputs/mlflow.db under the current folder)"
     )
-    u.add_argument("--port", type=int, default=5000, help="port (default 5000)")
+    u.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="port (default: the port the latest sweep's links use, tracking.ui_port, else 5000)",
+    )
     u.add_argument(
         "--experiment",
         default="rag_ablate",

@@ -326,6 +326,10 @@ class Comparison:
     gate: list[GateResult] = field(default_factory=list)  # the regression gate's verdicts (compare.gate)
     latency_method: str = ""  # how the latency rows' times were measured (rag_ablate.compare.timing)
     stages: StageSection | None = None  # failure stages (rag_ablate.compare.stages); None: none diagnosed
+    # the sweep's one quality axis and one cost axis (compare.quality_metric / compare.cost_metric, the
+    # auto rule applied once by tradeoff.choose_metrics): every view's verdict, plot and ranking use them
+    quality_metric: str = ""
+    cost_metric: str = ""
 
     def row(self, split: str, variant: str, metric: str) -> Row | None:
         for r in self.rows:
@@ -375,6 +379,8 @@ class Comparison:
             "gate": [{**_finite(asdict(g)), "verdict": g.verdict} for g in self.gate],
             "latency_method": self.latency_method,
             "stages": None if self.stages is None else self.stages.to_dict(),
+            "quality_metric": self.quality_metric,
+            "cost_metric": self.cost_metric,
         }
 
     @classmethod
@@ -444,6 +450,11 @@ class Point:
     frontier: bool = False
     clears_bar: bool | None = None  # None: no bar set
     cost_ratio: float | None = None  # cost / cost of the iso-quality choice
+    # cost minus the baseline's, with its percentile interval over the same group draws (NaN: none;
+    # 0 for the baseline itself)
+    cost_effect: float = math.nan
+    cost_effect_low: float = math.nan
+    cost_effect_high: float = math.nan
 
 
 @dataclass

@@ -188,9 +188,7 @@ def run_comparison(
         c.confounded = {label: f.differences for label, f in findings.items() if f.confounded}
         c.unchecked = {label: f.unchecked for label, f in findings.items() if f.unchecked}
     # each variant's quality against its cost, with intervals, the Pareto frontier and the iso-quality choice
-    c.tradeoff = tradeoff.compute(
-        src.variants, replace(settings, splits=c.splits), seed=run_seed, baseline=c.baseline
-    )
+    tradeoff.attach(c, src.variants, settings, seed=run_seed)  # the sweep's quality and cost axes too
     c.gate = evaluate(c, settings.fail_on)  # each rule's verdict per variant, in every view
     paths = write_outputs(c, src.out_dir)
     failures = [result_line(g) for g in c.gate if not g.passed]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,9 @@ import numpy as np
 import numpy.typing as npt
 
 from rag_ablate.compare import stats
-from rag_ablate.compare.analysis import value
+from rag_ablate.compare.analysis import LATENCY, value
 from rag_ablate.compare.load import pick_baseline
-from rag_ablate.compare.model import Point, SplitTradeoff, Tradeoff, VariantData
+from rag_ablate.compare.model import Comparison, Point, SplitTradeoff, Tradeoff, VariantData
 from rag_ablate.config.schema import CompareConfig, ModelPrice
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.registry import auto_quality, direction_of, display_name, parse_metric_name
@@ -85,6 +85,17 @@ def _stage_ms(stage: str) -> Callable[[Record], float | None]:
     return get
 
 
+def _latency(rec: Record) -> float | None:
+    """A query's latency as the comparison's latency rows time it: its ``latency_ms`` metric (the
+    interleaved timing pass's time after :func:`rag_ablate.compare.timing.apply_timing`, NaN where the
+    pass failed), else its end-to-end time; a failed query's time counts (it was spent)."""
+    metrics = rec.get("metrics") or {}
+    if LATENCY in metrics:
+        v = metrics[LATENCY]
+        return None if v is None else float(v)
+    return cost.query_latency_ms(rec)
+
+
 def _ttft(rec: Record) -> float | None:
     v = rec.get("ttft_ms")
     return None if v is None else float(v)
@@ -125,7 +136,7 @@ def cost_measure(name: str, price: ModelPrice | None = None) -> Measure:
         if not 0 <= q <= 100:
             raise ConfigError(f"compare.cost_metric '{name}': percentile must be in [0, 100]")
         if base == "latency":
-            return Measure(name, cost.query_latency_ms, q, False, "ms")
+            return Measure(name, _latency, q, False, "ms")
         if base == "ttft":
             return Measure(name, _ttft, q, False, "ms")
         return Measure(name, _stage_ms(base), q, False, "ms")
@@ -413,10 +424,16 @@ def compute(
             for (of_q, of_c), (parts_q, parts_c) in zip(stats_of, drawn, strict=True):
                 parts_q.append(of_q(ch))
                 parts_c.append(of_c(ch))
-        points = []
+        points, effects = [], []
+        base_i = next(i for i, pv in enumerate(per_variant) if pv[0] is base)
+        base_cost = np.concatenate(drawn[base_i][1])
         for (v, cm, qv, _qg, cv, _cg), (parts_q, parts_c) in zip(per_variant, drawn, strict=True):
             q_lo, q_hi = _interval(np.concatenate(parts_q), settings.alpha)
-            c_lo, c_hi = _interval(np.concatenate(parts_c), settings.alpha)
+            boot_c = np.concatenate(parts_c)
+            c_lo, c_hi = _interval(boot_c, settings.alpha)
+            # the cost against the baseline's: both drawn from the same resamples, so the difference
+            # of each resample's two statistics is the difference's bootstrap distribution
+            effects.append(_interval(boot_c - base_cost, settings.alpha))
             if not cv:
                 notes.append(f"{v.label} has no {cost_name} on split '{split}'")
             points.append(
@@ -433,6 +450,9 @@ def compute(
                     baseline=v is base,
                 )
             )
+        base_value = points[base_i].cost
+        for p, (d_lo, d_hi) in zip(points, effects, strict=True):
+            p.cost_effect, p.cost_effect_low, p.cost_effect_high = p.cost - base_value, d_lo, d_hi
         st = SplitTradeoff(split, len(index), points)
         front = pareto_frontier([(p.quality, p.cost) for p in points], quality_higher=qm.higher)
         for p, f in zip(points, front, strict=True):
@@ -453,6 +473,15 @@ def compute(
         splits=out_splits,
         notes=notes,
     )
+
+
+def attach(c: Comparison, variants: Sequence[VariantData], settings: CompareConfig, *, seed: int) -> None:
+    """Choose the sweep's quality and cost axes once (``compare.quality_metric`` / ``cost_metric``,
+    ``auto`` resolved by :func:`choose_metrics`), set them on ``c`` and compute its trade-off on them.
+    Every view reads the axes from the comparison (``Comparison.quality_metric`` / ``cost_metric``)."""
+    c.quality_metric, c.cost_metric = choose_metrics(variants, settings, c.splits)
+    axes = replace(settings, splits=c.splits, quality_metric=c.quality_metric, cost_metric=c.cost_metric)
+    c.tradeoff = compute(variants, axes, seed=seed, baseline=c.baseline)
 
 
 def _apply_bar(st: SplitTradeoff, bar: float, higher: bool) -> None:

@@ -27,6 +27,7 @@ from rag_ablate.config.ranges import (
     AT_LEAST_1,
     FINITE,
     OPEN_SHARE,
+    POSITIVE,
     Count,
     Count0,
     NonNeg,
@@ -268,6 +269,8 @@ class TrackingConfig:
     artifact_root: str | None = None  # null = <paths.output_root>/mlartifacts (a server: its own root)
     traces: str = "20"  # per-query MLflow traces: none | N (the first N queries of each split) | all
     timeout_s: Positive = 60.0  # the longest one MLflow call may take, retries included, seconds
+    # the port `rag-ablate ui` serves on and printed links point to (README "Look at results in MLflow")
+    ui_port: Annotated[int, Range(1, 65535)] = 5000
 
 
 @dataclass
@@ -281,27 +284,9 @@ class ModelPrice:
 class CostConfig:
     model: str | None = None  # the entry of `prices` the system's tokens are billed at; null = no money
     prices: dict[str, ModelPrice] = field(default_factory=dict)  # model name -> USD per 1M tokens
-
-
-# phrases that mark an answer as a refusal (docs/metrics.md "Answers"), Chinese and English
-DEFAULT_REFUSAL_PHRASES = (
-    "没有找到",
-    "无法回答",
-    "无法找到",
-    "未找到",
-    "没有相关信息",
-    "不知道",
-    "do not answer",
-    "does not answer",
-    "cannot answer",
-    "can't answer",
-    "could not find",
-    "couldn't find",
-    "no information",
-    "don't know",
-    "do not know",
-    "not able to answer",
-)
+    # stop a run before its uncached model calls (system at cost.model's price, judge at judge.model's)
+    # spend more than this many USD; resumable (README "Spend limit"); null = no limit
+    max_usd: Annotated[float | None, POSITIVE] = None
 
 
 @dataclass
@@ -311,9 +296,14 @@ class MetricsConfig:
     # columns of the end-of-run table; empty = the metric registry's (MetricSpec.default_summary),
     # filled in by rag_ablate.settings.to_settings
     summary: list[str] = field(default_factory=list)
-    refusal_phrases: list[str] = field(  # an answer containing one of these (case-insensitive) refuses
-        default_factory=lambda: list(DEFAULT_REFUSAL_PHRASES)
-    )
+    # phrases added to the curated refusal and clarification sets (rag_ablate.metrics.refusals,
+    # docs/metrics.md "Refusals and clarifications"): an answer containing one (case-insensitive,
+    # outside text copied from its passages) refuses / asks back
+    refusal_phrases: list[str] = field(default_factory=list)
+    clarification_phrases: list[str] = field(default_factory=list)
+    # answer_language_match: a text is Chinese when Han characters are at least this share of its
+    # Han characters and Latin words
+    han_share: Annotated[float, Range(0, 1, low_open=True)] = 0.5
     # a cited chunk supports its sentence above this share of overlap
     citation_support: Annotated[float, Range(0, 1, low_open=True)] = 0.5
 

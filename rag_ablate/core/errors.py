@@ -17,7 +17,9 @@ against the code)::
     │   ├── TrackingError               MLflow store / run problems
     │   │   └── TrackingDownError       the store stopped answering within tracking.timeout_s mid-run
     │   ├── ErrorRateError              a stage's share of failed calls/queries is above its error budget
-    │   ├── EndpointDownError           an endpoint refused or never answered several tries in a row: stop
+    │   ├── RunStopError                the run stops mid-way: records kept, run FAILED, resume= finishes it
+    │   │   ├── EndpointDownError       an endpoint refused or never answered several tries in a row
+    │   │   └── SpendLimitError         run/budget.py: the next query would spend past cost.max_usd
     │   ├── ComparisonError             the comparison step cannot be computed
     │   ├── LocalModelError             the offline model (extra [local-llm]) missing, corrupt, not started
     │   ├── JudgeCalibrationError       the judge calibration failed after the run was logged
@@ -143,7 +145,13 @@ class ErrorRateError(RagAblateError):
     (the system's queries, the judge's judgements) is above its error budget."""
 
 
-class EndpointDownError(RagAblateError):
+class RunStopError(RagAblateError):
+    """A condition that stops a run between queries: the records so far stay in ``records.jsonl``,
+    the MLflow run ends FAILED, the command exits 1, and ``resume=`` finishes the run once the
+    cause is gone. Every place that turns a query's error into a failed record lets it through."""
+
+
+class EndpointDownError(RunStopError):
     """An endpoint (``system=http``, ``generator=openai``, ``judge=openai``, ``rerank=http``) could
     not be connected to, or took the connection and sent no response within its timeout, several
     tries in a row (:class:`rag_ablate.core.retry.Breaker`): the run stops at once instead of

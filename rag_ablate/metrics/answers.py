@@ -3,11 +3,16 @@
 Every function here reads text only (no model), so every answer metric runs offline.
 
 * :func:`answer_tokens`: one token per CJK character (letters and digits of other scripts form
-  one word token per run), lower-cased after NFKC; punctuation never counts. So Chinese is
-  compared character by character and English word by word, mixed text both ways at once.
+  one word token per run; a number with a decimal point or thousands separators is one token,
+  ``3.5``, ``35,000`` -> ``35000``), lower-cased after NFKC; punctuation never counts. So
+  Chinese is compared character by character and English word by word, mixed text both ways.
 * :func:`exact_match`: 1 when the normalised answer equals a normalised reference.
 * :func:`token_f1`: the F1 of the answer's and a reference's token multisets, max over references.
-* :func:`is_refusal`: the answer contains one of the configured phrases (case-insensitive).
+* :func:`reference_in_answer` and :func:`reference_recall`: a reference found whole in the answer,
+  and the share of its tokens found there, both in :func:`reference_tokens` (numbers, amounts and
+  dates written one way, :func:`rag_ablate.text.normalize.normal_form`).
+* :func:`answer_language_match`: the answer is written in the question's script.
+* refusals and clarification requests: the phrase rule of :mod:`rag_ablate.metrics.refusals`.
 * :func:`citation_scores`: precision and coverage of ``[n]`` citations under the lexical
   support rule of :func:`supports`, or the judge's support verdicts where it gave them.
 * :func:`judge_metrics`: ``faithfulness``, ``relevance``, ``completeness`` and ``judge_error_<metric>``
@@ -24,31 +29,38 @@ import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from rag_ablate.metrics.refusals import PhraseRule
 from rag_ablate.metrics.registry import judged_metrics
 from rag_ablate.text.count import CJK_RANGES
+from rag_ablate.text.normalize import HAN_SHARE, normal_form, script_of
 
 if TYPE_CHECKING:
-    from rag_ablate.config.schema import MetricsConfig
+    from rag_ablate.config.schema import GeneratorConfig, MetricsConfig
     from rag_ablate.dataset.model import Document, Query
 
 __all__ = [
     "AnswerScoring",
     "AnswerSentence",
     "CitationScores",
+    "answer_language_match",
     "answer_metrics",
     "answer_sentences",
     "answer_tokens",
     "citation_scores",
     "exact_match",
-    "is_refusal",
     "judge_metrics",
     "judge_refusal",
     "judge_scores",
     "judge_support",
     "majority",
     "overlap_terms",
+    "passage_texts",
+    "reference_in_answer",
+    "reference_recall",
+    "reference_tokens",
     "sentences",
     "strip_markers",
     "supports",
@@ -56,8 +68,10 @@ __all__ = [
 ]
 
 _CJK_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES)
-# one CJK letter/digit, or a run of other letters/digits (CJK punctuation is not \w, so it never counts)
-_ANSWER_TOKEN = re.compile(f"(?:(?![\\W_])[{_CJK_CLASS}])|[^\\W_{_CJK_CLASS}]+")
+# a decimal number (3.5), one CJK letter/digit, or a run of other letters/digits (CJK punctuation is
+# not \w, so it never counts); thousands separators are dropped first (35,000 -> 35000)
+_ANSWER_TOKEN = re.compile(f"\\d+\\.\\d+|(?:(?![\\W_])[{_CJK_CLASS}])|[^\\W_{_CJK_CLASS}]+")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _CJK_CHAR = re.compile(f"[{_CJK_CLASS}]")
 MARKER = re.compile(r"\[(\d+)\]")
 _LEADING_MARKERS = re.compile(r"^(?:\s*\[\d+\])+")
@@ -95,7 +109,52 @@ def strip_markers(answer: str) -> str:
 
 def answer_tokens(text: str) -> list[str]:
     """Tokens compared by exact match and token F1 (see the module docstring)."""
-    return _ANSWER_TOKEN.findall(unicodedata.normalize("NFKC", strip_markers(text)).lower())
+    text = unicodedata.normalize("NFKC", strip_markers(text)).lower()
+    return _ANSWER_TOKEN.findall(_THOUSANDS.sub("", text))
+
+
+def reference_tokens(text: str) -> list[str]:
+    """The tokens a reference is looked for in: :func:`answer_tokens` of the text's
+    :func:`~rag_ablate.text.normalize.normal_form` (``三万五千元`` and ``3.5万元`` are 35000, 元)."""
+    return answer_tokens(normal_form(strip_markers(text)))
+
+
+def _contains(tokens: Sequence[str], part: Sequence[str]) -> bool:
+    n = len(part)
+    return any(tokens[i : i + n] == part for i in range(len(tokens) - n + 1))
+
+
+def _in_answer(tokens: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
+    return float(any(ref and _contains(tokens, ref) for ref in refs))
+
+
+def _recall(tokens: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
+    pred = Counter(tokens)
+    golds = [Counter(ref) for ref in refs if ref]
+    return max((sum((pred & gold).values()) / sum(gold.values()) for gold in golds), default=0.0)
+
+
+def reference_in_answer(answer: str, references: Sequence[str]) -> float:
+    """1.0 when the :func:`reference_tokens` of some reference occur, in order and contiguous, in
+    the answer's, else 0.0 (a reference without tokens never does)."""
+    return _in_answer(reference_tokens(answer), [reference_tokens(r) for r in references])
+
+
+def reference_recall(answer: str, references: Sequence[str]) -> float:
+    """Max over references of the share of the reference's :func:`reference_tokens` (a multiset)
+    that the answer's hold; 0.0 without references."""
+    return _recall(reference_tokens(answer), [reference_tokens(r) for r in references])
+
+
+def answer_language_match(question: str, answer: str, threshold: float = HAN_SHARE) -> float | None:
+    """1.0 when the answer is written in the question's script (Han or Latin,
+    :func:`~rag_ablate.text.normalize.script_of` at ``threshold``), or in none (no letters:
+    ``42``); 0.0 when in the other; None when the question has no script."""
+    want = script_of(question, threshold)
+    if want is None:
+        return None
+    got = script_of(strip_markers(answer), threshold)
+    return float(got is None or got == want)
 
 
 def exact_match(answer: str, references: Sequence[str]) -> float:
@@ -118,12 +177,6 @@ def token_f1(answer: str, references: Sequence[str]) -> float:
         recall = common / sum(gold.values())
         best = max(best, 2 * precision * recall / (precision + recall))
     return best
-
-
-def is_refusal(answer: str, phrases: Sequence[str]) -> bool:
-    """True when the answer contains one of ``phrases`` (case-insensitive, after NFKC)."""
-    text = unicodedata.normalize("NFKC", answer).lower()
-    return any(unicodedata.normalize("NFKC", p).lower() in text for p in phrases if p.strip())
 
 
 @dataclass(frozen=True)
@@ -204,21 +257,41 @@ def citation_scores(
 
 @dataclass(frozen=True)
 class AnswerScoring:
-    """How answers are scored: ``metrics.refusal_phrases`` and ``metrics.citation_support``."""
+    """How answers are scored: ``metrics.refusal_phrases`` and ``metrics.clarification_phrases``
+    (added to the curated sets of :mod:`rag_ablate.metrics.refusals`), ``metrics.citation_support``
+    and ``metrics.han_share`` (:func:`answer_language_match`)."""
 
-    refusal_phrases: tuple[str, ...] | None = None  # None = the defaults of rag_ablate.config.schema
+    refusal_phrases: tuple[str, ...] = ()
     citation_support: float = 0.5
+    clarification_phrases: tuple[str, ...] = ()
+    han_share: float = HAN_SHARE
 
     @classmethod
-    def from_config(cls, m: MetricsConfig) -> AnswerScoring:
-        return cls(tuple(m.refusal_phrases), m.citation_support)
+    def from_config(cls, m: MetricsConfig, g: GeneratorConfig | None = None) -> AnswerScoring:
+        """The ``metrics`` settings; with ``generator=extractive`` (``g``) its own refusal sentences
+        (``generator.refusal_zh``, ``refusal_en``) are refusal phrases too, whatever they say."""
+        own = (g.refusal_zh, g.refusal_en) if g is not None and g.name == "extractive" else ()
+        refusals = (*m.refusal_phrases, *own)
+        return cls(tuple(refusals), m.citation_support, tuple(m.clarification_phrases), m.han_share)
 
-    def phrases(self) -> tuple[str, ...]:
-        if self.refusal_phrases is not None:
-            return self.refusal_phrases
-        from rag_ablate.config.schema import DEFAULT_REFUSAL_PHRASES
+    @cached_property
+    def rule(self) -> PhraseRule:
+        """The phrase rule with the configured phrases added."""
+        return PhraseRule(self.refusal_phrases, self.clarification_phrases)
 
-        return DEFAULT_REFUSAL_PHRASES
+
+def passage_texts(rec: Mapping[str, Any], docs: Mapping[str, Document]) -> list[str]:
+    """What an answer may quote: the chunks of the ``context`` the generator read when the record
+    has one, else the retrieved chunks; each entry's span of its document, else its stored ``text``."""
+    out: list[str] = []
+    for e in rec.get("context") or rec.get("retrieved") or []:
+        doc = docs.get(e.get("doc_id") or "")
+        start, end = e.get("start"), e.get("end")
+        if doc is not None and start is not None and end is not None:
+            out.append(doc.text[int(start) : int(end)])
+        elif isinstance(e.get("text"), str):
+            out.append(e["text"])
+    return out
 
 
 def cited_texts(
@@ -325,30 +398,50 @@ def answer_metrics(
 ) -> dict[str, float | None]:
     """The answer metrics of one record with an ``answer`` (docs/metrics.md "Answers").
 
-    ``refusal`` on every query; ``correct_refusal`` on the queries the system should refuse,
-    ``over_refusal`` on those it should answer (``Query.behavior``: the query's ``expected_behavior``,
-    else ``refuse`` when unanswerable and ``answer`` when answerable; a ``clarify`` query and a
-    no_rag one without ``expected_behavior`` get neither); ``exact_match`` and ``token_f1`` on
+    ``refusal``, ``asked_clarification`` and ``answer_language_match`` on every query (the last
+    when the question has a script); ``correct_refusal`` on the queries the system should refuse,
+    ``over_refusal`` on those it should answer, ``correct_clarification`` on those it should ask
+    back (``Query.behavior``: the query's ``expected_behavior``, else ``refuse`` when unanswerable
+    and ``answer`` when answerable; a no_rag one without ``expected_behavior`` gets none of the
+    three); ``exact_match``, ``token_f1``, ``reference_in_answer`` and ``reference_recall`` on
     answerable queries with reference answers; ``citation_precision`` (when the answer cites) and
-    ``citation_coverage`` on answers that do not refuse, unless the system does not report citations
-    (``citations`` None).
+    ``citation_coverage`` on answers that do not refuse, unless the system does not report
+    citations (``citations`` None).
 
-    With a judge's verdicts in ``rec["judge"]``: the judged metrics (:func:`judge_metrics`); an answer
-    refuses when it holds a refusal phrase OR the judge's majority says it refuses; citation support
-    is the judge's majority verdict per pair where it gave one, the lexical rule elsewhere.
+    Refusals and clarification requests are found by the phrase rule
+    (:mod:`rag_ablate.metrics.refusals`), which ignores phrases inside text copied from the
+    record's passages. With a judge's verdicts in ``rec["judge"]``: the judged metrics
+    (:func:`judge_metrics`); the judge's majority refusal verdict, when it gave one, decides
+    ``refusal`` and ``refusal_rule_agreement`` says whether the phrase rule agreed; citation
+    support is the judge's majority verdict per pair where it gave one, the lexical rule elsewhere.
     """
     answer = str(rec["answer"])
     judge = rec.get("judge")
-    refused = is_refusal(answer, scoring.phrases()) or judge_refusal(judge) is True
-    out: dict[str, float | None] = {"refusal": float(refused)}
+    passages = passage_texts(rec, docs)
+    by_rule = scoring.rule.refuses(answer, passages)
+    verdict = judge_refusal(judge)
+    refused = by_rule if verdict is None else verdict
+    asked = scoring.rule.asks_back(answer, passages)
+    out: dict[str, float | None] = {"refusal": float(refused), "asked_clarification": float(asked)}
+    if verdict is not None:
+        out["refusal_rule_agreement"] = float(by_rule == verdict)
     behavior = query.behavior
     if behavior == "refuse":
         out["correct_refusal"] = float(refused)
     elif behavior == "answer":
         out["over_refusal"] = float(refused)
+    elif behavior == "clarify":
+        out["correct_clarification"] = float(asked)
+    language = answer_language_match(query.query, answer, scoring.han_share)
+    if language is not None:
+        out["answer_language_match"] = language
     if query.kind == "answerable" and query.reference_answers:
-        out["exact_match"] = exact_match(answer, query.reference_answers)
-        out["token_f1"] = token_f1(answer, query.reference_answers)
+        refs = query.reference_answers
+        out["exact_match"] = exact_match(answer, refs)
+        out["token_f1"] = token_f1(answer, refs)
+        tokens, ref_tokens = reference_tokens(answer), [reference_tokens(r) for r in refs]
+        out["reference_in_answer"] = _in_answer(tokens, ref_tokens)
+        out["reference_recall"] = _recall(tokens, ref_tokens)
     if not refused and rec.get("citations") is not None:
         texts = cited_texts(rec.get("citations") or [], rec.get("retrieved") or [], docs)
         n_pairs = sum(len(sent.markers) for sent in answer_sentences(answer))

@@ -55,6 +55,7 @@ __all__ = [
     "display_name",
     "human_metrics",
     "judged_metrics",
+    "measured_summary_metrics",
     "metric_name",
     "metrics_where",
     "parse_metric_name",
@@ -133,6 +134,9 @@ class MetricSpec:
         a rank among the automatic quality axes (``compare.quality_metric=auto`` and
         ``compare.slice_metrics=[auto]``): the best-ranked one the records carry, else the
         worst-ranked one (which needs no answers). None: never chosen automatically.
+    ``summary_if_measured``
+        a column of the end-of-run table, after ``metrics.summary``'s, whenever a variant of the
+        table measured it (the answer metrics: no empty column for a retrieval-only run).
     """
 
     base: str
@@ -152,6 +156,7 @@ class MetricSpec:
     default_summary: bool = False
     quality_axis: int | None = None
     miss: float | None = None
+    summary_if_measured: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.base, str) or not _BASE_RE.fullmatch(self.base):
@@ -167,7 +172,7 @@ class MetricSpec:
                 f"metric {self.base!r}: direction must be 'higher' or 'lower', got {self.direction!r}"
             )
         flags = ("binary", "takes_k", "uses_failed", "bounded", "judged", "human", "default_compare",
-                 "default_summary")  # fmt: skip
+                 "default_summary", "summary_if_measured")  # fmt: skip
         if not all(isinstance(getattr(self, f), bool) for f in flags):
             raise ValueError(f"metric {self.base!r}: {', '.join(flags)} must be bools")
         if not isinstance(self.description, str) or not self.description.strip():
@@ -194,6 +199,7 @@ class MetricSpec:
                     f"metric {self.base!r}: default_k must be a positive integer, got {self.default_k!r}"
                 )
         listed = self.default_compare or self.default_summary or self.quality_axis is not None
+        listed = listed or self.summary_if_measured
         if listed and self.takes_k and self.default_k is None:
             raise ValueError(f"metric {self.base!r}: in a default list with a cutoff, so it needs default_k")
         if self.miss is not None and (
@@ -389,6 +395,11 @@ def default_compare_metrics() -> list[str]:
 def default_summary_metrics() -> list[str]:
     """The default ``metrics.summary`` columns (the first is the headline quality metric)."""
     return [s.default_name for s in metrics_where(default_summary=True)]
+
+
+def measured_summary_metrics() -> list[str]:
+    """The end-table columns shown whenever a variant measured them (``summary_if_measured``)."""
+    return [s.default_name for s in metrics_where(summary_if_measured=True)]
 
 
 def quality_axes() -> list[str]:
@@ -644,6 +655,70 @@ def _register_builtins() -> None:
             "answer sentences with a supporting citation / sentences",
             default_compare=True,
             miss=0.0,
+        ),
+    ):
+        register(spec)
+    # sentence answers, clarifications and the answer's language (docs/metrics.md "Sentence answers",
+    # "Refusals and clarifications", "answer_language_match"): computed when a record has an answer
+    for spec in (
+        MetricSpec(
+            "reference_in_answer",
+            "higher",
+            True,
+            False,
+            "answerable queries with a reference: 1 if some reference occurs whole in the answer "
+            "(numbers, amounts and dates normalised)",
+            default_compare=True,
+            miss=0.0,
+            summary_if_measured=True,
+        ),
+        MetricSpec(
+            "reference_recall",
+            "higher",
+            False,
+            False,
+            "answerable queries with a reference: share of the reference's tokens found in the answer, "
+            "max over references",
+            default_compare=True,
+            miss=0.0,
+            summary_if_measured=True,
+        ),
+        MetricSpec(
+            "asked_clarification",
+            "lower",
+            True,
+            False,
+            "every answered query: 1 if the answer asks the user back (a clarification phrase)",
+            miss=1.0,
+        ),
+        MetricSpec(
+            "correct_clarification",
+            "higher",
+            True,
+            False,
+            "queries whose expected_behavior is clarify: 1 if the answer asks the user back",
+            default_compare=True,
+            miss=0.0,
+            summary_if_measured=True,
+        ),
+        MetricSpec(
+            "answer_language_match",
+            "higher",
+            True,
+            False,
+            "every answered query whose question has letters: 1 if the answer is in the question's "
+            "script (Han or Latin) or has no letters",
+            default_compare=True,
+            miss=0.0,
+            summary_if_measured=True,
+        ),
+        MetricSpec(
+            "refusal_rule_agreement",
+            "higher",
+            True,
+            False,
+            "answered queries the LLM judge gave a refusal verdict: 1 if the phrase rule agrees with it",
+            family="judge",
         ),
     ):
         register(spec)

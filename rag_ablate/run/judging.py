@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from rag_ablate.core.errors import EndpointDownError
+from rag_ablate.core.errors import RunStopError
 from rag_ablate.metrics.answers import (
     AnswerScoring,
     answer_sentences,
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from rag_ablate.config.schema import ModelPrice
     from rag_ablate.dataset.model import Dataset, Document, Query
     from rag_ablate.judges import Judge, JudgeInput
+    from rag_ablate.run.budget import SpendMeter
 
 PREFIX = "judge/"
 
@@ -138,8 +139,10 @@ def judge_records(
     progress: bool = False,
     label: str = "",
     on_record: Callable[[Record], None] | None = None,
+    meter: SpendMeter | None = None,
 ) -> list[Record]:
     """``records`` in the same order, every one that :func:`needs_judgement` judged and scored again.
+    ``meter`` (``cost.max_usd``) is checked before each judgement and charged after it.
 
     ``on_record`` gets each judged record as soon as it is done (the job appends it to
     ``records.jsonl``, so an interrupted judge phase keeps what it judged). When the system
@@ -163,9 +166,11 @@ def judge_records(
         return out
 
     def one(inp: JudgeInput) -> Judgement:
+        if meter is not None:  # cost.max_usd: no judgement that could pass it starts
+            meter.check()
         try:
             return judge.judge(inp)
-        except EndpointDownError:
+        except RunStopError:
             raise  # the judge's endpoint is down: the run stops
         except Exception as exc:  # the contract says a judge records its failures; never lose a query
             return failed_judgement(judge, f"{type(exc).__name__}: {exc}")
@@ -183,6 +188,8 @@ def judge_records(
                 )
                 if on_record is not None:
                     on_record(out[i])
+                if meter is not None:
+                    meter.charge_judgement(out[i])
                 bar.update(1)
     finally:
         bar.close()

@@ -33,7 +33,7 @@ from rag_ablate.config.overrides import override_key
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import privacy, profiling
 from rag_ablate.core.cache import Cache
-from rag_ablate.core.errors import ConfigError, EndpointDownError, ErrorRateError, JudgeCalibrationError
+from rag_ablate.core.errors import ConfigError, ErrorRateError, JudgeCalibrationError, RunStopError
 from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import (
     CONFIG_FILE,
@@ -61,6 +61,7 @@ from rag_ablate.records.jsonl import RecordWriter, write_records
 from rag_ablate.records.scoring import TokenCounts, aggregate, make_record, scored
 from rag_ablate.records.trace import Record, Trace
 from rag_ablate.run import cost, resume, slices
+from rag_ablate.run.budget import SpendMeter
 from rag_ablate.run.export import write_trec
 from rag_ablate.run.judging import judge_errors, judge_records, judge_run_metrics
 from rag_ablate.run.summary import print_table, ui_hint
@@ -130,12 +131,14 @@ def evaluate(
     on_record: Callable[[Record], None] | None = None,
     answers: AnswerScoring | None = None,
     timings: dict[str, float] | None = None,
+    meter: SpendMeter | None = None,
 ) -> list[Record]:
     """Run every query (or only ``queries``) through the target and score it (answers with ``answers``).
 
     A query that raises is recorded with status ``failed`` and its error, never
     dropped or scored as a miss; so is a query whose scoring raises. An endpoint that is down
-    (:class:`~rag_ablate.core.errors.EndpointDownError`) stops the whole run instead. Every query
+    (:class:`~rag_ablate.core.errors.EndpointDownError`), or the next query passing ``cost.max_usd``
+    (:class:`~rag_ablate.run.budget.SpendLimitError`), stops the whole run instead. Every query
     keeps its elapsed time (``timings_ms["total"]``, the record's ``latency_ms``):
     a failure is timed until it failed, so a timeout cannot improve p95. A
     system's own ``total`` is kept when it reports one.
@@ -143,6 +146,7 @@ def evaluate(
     ``on_record`` gets each scored record as soon as its query completes (the job's
     :class:`~rag_ablate.records.jsonl.RecordWriter` appends it to ``records.jsonl``).
     ``timings["score"]`` (when given) gets the seconds spent scoring and handing on the records.
+    ``meter`` (``cost.max_usd``) is charged with each record's spend and checked before each query.
     """
     todo = dataset.queries if queries is None else queries
     done: dict[str, Record] = {}
@@ -174,6 +178,9 @@ def evaluate(
         if timings is not None:
             timings["score"] = timings.get("score", 0.0) + time.perf_counter() - t_score
         bar.update(rec["status"])
+        if meter is not None:  # a system that runs its queries itself stops starting new ones
+            meter.charge_record(rec)
+            meter.check()
 
     run_many = batch_runner(target)
     try:
@@ -182,7 +189,7 @@ def evaluate(
             t_batch = time.perf_counter()
             try:
                 run_many(todo, finish)
-            except EndpointDownError:
+            except RunStopError:
                 raise  # the service is down: the run stops (the records so far are on disk)
             except Exception as exc:  # queries it never reported are failed, never dropped
                 error = f"{type(exc).__name__}: {exc}"
@@ -192,10 +199,12 @@ def evaluate(
                         finish(q, Trace(q.query_id, status="failed", error=error, timings_ms=dict(total)))
         else:
             for q in todo:
+                if meter is not None:
+                    meter.check()
                 t0 = time.perf_counter()
                 try:
                     trace = target.run(q)
-                except EndpointDownError:
+                except RunStopError:
                     raise  # an endpoint is down (generator, reranker): the run stops
                 except Exception as exc:
                     trace = Trace(q.query_id, status="failed", error=f"{type(exc).__name__}: {exc}")
@@ -291,6 +300,7 @@ class _Inputs:
     answers: AnswerScoring
     guard: privacy.Privacy
     judge: Judge | None
+    meter: SpendMeter | None  # cost.max_usd, charged with what the kept records spent
 
 
 @dataclass
@@ -372,7 +382,7 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
         print(f"\nrecords: {job.job_dir / RECORDS_FILE}")
         print(f"{prof.line()} ({job.job_dir / PROFILE_FILE})")
         if store is not None:
-            print(ui_hint(store.uri))
+            print(ui_hint(store.uri, port=s.tracking.ui_port))
     if calibration_error is not None:
         raise JudgeCalibrationError(
             f"{job.label}: the judge calibration against the dataset's human_judgements failed "
@@ -484,12 +494,13 @@ def _load_inputs(s: RunConfig, job: _Job) -> _Inputs:
         tag_weights=tag_weights,
         kept=kept,
         cache=cache,
-        answers=AnswerScoring.from_config(s.metrics),
+        answers=AnswerScoring.from_config(s.metrics, s.generator),
         # what of the text is stored (privacy.store_text, privacy.redact): every record passes it on its
         # way to disk; metrics are computed from the full record first (README "Confidential corpora")
         guard=privacy.Privacy.from_config(s.privacy),
         # the LLM judge (None: judge=none) is built before any query runs, so a bad setting costs nothing
         judge=JUDGES.get(s.judge.name)(s, cache),
+        meter=SpendMeter.from_settings(s, kept.values()),
     )
 
 
@@ -521,6 +532,7 @@ def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profi
                     on_record=lambda rec: writer.write(guard.record(rec)),
                     answers=inputs.answers,
                     timings=timings,
+                    meter=inputs.meter,
                 )
         finally:
             target.close()
@@ -545,6 +557,7 @@ def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profi
                     progress=s.progress,
                     label=job.label,
                     on_record=lambda rec: writer.write(guard.record(rec)),
+                    meter=inputs.meter,
                 )
     finally:
         if judge is not None:

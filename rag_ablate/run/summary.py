@@ -9,7 +9,7 @@ from typing import Any
 
 from rag_ablate.core.fmt import format_table
 from rag_ablate.dataset.model import SPLITS
-from rag_ablate.metrics.registry import display_name
+from rag_ablate.metrics.registry import display_name, measured_summary_metrics
 from rag_ablate.metrics.stages import STAGES, stage_metric
 
 
@@ -33,17 +33,29 @@ def _leak_column(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str])
     return [f"acl_leak_rate_at_{max(ks)}"] if ks else []
 
 
+def _measured_columns(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[str]:
+    """The registry's ``summary_if_measured`` metrics that some variant measured and the columns
+    do not show already (the answer metrics, when a variant answers)."""
+    return [
+        c
+        for c in measured_summary_metrics()
+        if c not in columns and any(f"{split}/{c}" in s["metrics"] for s in summaries for split in SPLITS)
+    ]
+
+
 def summary_rows(
     summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]
 ) -> tuple[list[str], list[list[str]]]:
     """One row per variant; each metric cell reads ``dev / holdout``.
 
-    When the runs measured access-control leaks, the share of queries with a leak in the
-    whole list (``acl_leak_rate@<largest k>``) follows. Then the end-to-end time per query
+    The registry's ``summary_if_measured`` metrics a variant measured follow the columns (the
+    answer metrics). When the runs measured access-control leaks, the share of queries with a
+    leak in the whole list (``acl_leak_rate@<largest k>``) follows. Then the end-to-end time per query
     (p50 / p95 ms, all splits), the time to first token (a column only when a variant
     streams answers) and the failed queries with their count per status (``2 (timeout 1, http_error 1)``).
     """
     streams = any("all/ttft_ms_p50" in s["metrics"] for s in summaries)
+    columns = [*columns, *_measured_columns(summaries, columns)]
     leak = _leak_column(summaries, columns)
     headers = ["variant", *(display_name(c) for c in columns), *(display_name(c) for c in leak)]
     headers += ["ms p50 / p95"]
@@ -105,15 +117,17 @@ def markdown_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str
     return "\n".join(out) + "\n"
 
 
-def ui_hint(uri: str, link: str | None = None) -> str:
-    """Where to look next: the command that opens the MLflow UI on this store (and, for a
-    sweep, the link to its variants ranked by the headline metric)."""
+def ui_hint(uri: str, link: str | None = None, port: int = 5000) -> str:
+    """Where to look next: the command that opens the MLflow UI on this store on ``port``
+    (``tracking.ui_port``; ``--port`` when it is not 5000), and, for a sweep, the link to its
+    variants ranked, with their verdicts."""
     if not uri.startswith("sqlite:"):
         hint = f"MLflow: {uri}"
     else:
         default = f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
         cmd = "rag-ablate ui" if uri == default else f"rag-ablate ui --uri {shlex.quote(uri)}"
-        hint = f"MLflow UI: {cmd}   (serves http://127.0.0.1:5000)"
+        cmd += f" --port {port}" if port != 5000 else ""
+        hint = f"MLflow UI: {cmd}   (serves http://127.0.0.1:{port})"
     if link:
-        hint += f"\nthis sweep's variants, ranked by the headline metric: {link}"
+        hint += f"\nthis sweep's variants, ranked, with their verdicts and cost per split: {link}"
     return hint

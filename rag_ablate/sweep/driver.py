@@ -360,7 +360,7 @@ def _finish_sweep(
             with contextlib.suppress(Exception):  # the store is gone: the failure above says so
                 tracking.end_run(uri, run_id, "FAILED")
         else:
-            print(ui_hint(uri, published.runs_link))
+            print(ui_hint(uri, published.runs_link, s.tracking.ui_port))
             for line in published.trace_links:
                 print(line)
     if prof.open_stages():  # not logged (tracking off, or the logging failed): the profile still is

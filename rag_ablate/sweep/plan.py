@@ -34,7 +34,7 @@ import difflib
 import itertools
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -75,6 +75,7 @@ __all__ = [
     "format_plan",
     "job_entry",
     "refuse_repeats",
+    "spend_lines",
     "write_plan",
 ]
 
@@ -424,7 +425,8 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-def format_plan(plan: Plan) -> str:
+def format_plan(plan: Plan, spend: Sequence[str] = ()) -> str:
+    """The plan as printed before a sweep; ``spend``: :func:`spend_lines`."""
     plan = plan.stored()
     kind = (
         "one factor at a time"
@@ -443,11 +445,28 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  #{j.index:<3} {pad(j.label, width)}  {j.role:<8}  {change}")
     if plan.common:
         lines.append(f"  every job also gets: {' '.join(plan.common)}")
+    lines += spend
     if plan.dry_run:
         lines.append(
             "dry run: nothing was run and no MLflow run was created (drop ablation.dry_run=true to run)"
         )
     return "\n".join(lines)
+
+
+def spend_lines(plan: Plan, settings: Sequence[RunConfig]) -> list[str]:
+    """The plan's lines on the model calls, tokens and money its jobs will spend at most
+    (:mod:`rag_ablate.run.budget`); none when no job calls a model."""
+    from rag_ablate.run.budget import calls_a_model, estimate_calls, format_estimates
+
+    if not any(calls_a_model(s) for s in settings):
+        return []
+    from rag_ablate.run.runner import get_dataset  # the jobs load it again from this cache
+
+    estimates = []
+    for job, s in zip(plan.jobs, settings, strict=True):
+        texts = [q.query for q in get_dataset(s).queries]
+        estimates += estimate_calls(s, texts, job.label, baseline=job.role == "baseline")
+    return format_estimates(estimates, settings[0].cost.max_usd if settings else None)
 
 
 def write_plan(plan: Plan, sweep_dir: Path, config: DictConfig) -> None:

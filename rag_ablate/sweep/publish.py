@@ -87,7 +87,7 @@ def publish_sweep(
     link = _publish_ui(s, sweep_dir, info, summaries, comparison, failed)
     baseline = comparison.baseline if comparison is not None else None
     trace_links = mlflow_traces.sweep_links(  # per-query compare views, when traces exist
-        uri, experiment_id, summaries, baseline, tracking_ui.ui_base(uri)
+        uri, experiment_id, summaries, baseline, tracking_ui.ui_base(uri, s.tracking.ui_port)
     )
     profile = write_profile()
     metrics = profiling.Profile.metrics_of(profiling.read_profile(sweep_dir) or {})
@@ -107,22 +107,26 @@ def _publish_ui(
     verdict table and summary table, each variant's one-line verdict and headline effects,
     and a saved runs view; returns the link that opens that view."""
     uri, run_id, experiment_id = info["tracking_uri"], info["parent_run_id"], info["experiment_id"]
-    quality = tracking_ui.quality_metric(s.metrics.summary)
+    quality, cost = mlflow_ui.axes(comparison, tracking_ui.quality_metric(s.metrics.summary))
     plan_path = sweep_dir / PLAN_FILE
     factors = json.loads(plan_path.read_text(encoding="utf-8")).get("factors") if plan_path.is_file() else []
     baseline_name = tracking_ui.baseline_run_name(factors or [])
     description = mlflow_ui.sweep_description(comparison, summaries, quality, baseline_name, failed=[*failed])
     tracking.set_description(uri, run_id, description)
-    tracking.log_table(uri, run_id, mlflow_ui.summary_table(comparison, summaries, quality), "verdict.json")
+    table = mlflow_ui.summary_table(comparison, summaries, quality, cost)
+    tracking.log_table(uri, run_id, table, "verdict.json")
     for summ in summaries:
-        child = summ.get("run_id")
-        if not child or comparison is None:
+        child, label = summ.get("run_id"), str(summ["label"])
+        if not child or comparison is None or label not in (comparison.baseline, *comparison.variants):
             continue
-        if summ["label"] == comparison.baseline:
+        tracking.set_tags(uri, child, mlflow_ui.ranked_tags(comparison, label, quality, cost))
+        tracking.log_metrics(uri, child, mlflow_ui.rank_metric(comparison, summ, quality))
+        if label == comparison.baseline:
             tracking.set_description(uri, child, tracking_ui.BASELINE_DESCRIPTION)
-        elif summ["label"] in comparison.variants:
-            label = str(summ["label"])
+        else:
             tracking.log_metrics(uri, child, mlflow_ui.headline_deltas(comparison, label, quality))
             tracking.set_description(uri, child, mlflow_ui.child_description(comparison, label, quality))
-    key = tracking.save_view(uri, experiment_id, run_id, tracking_ui.view_state(run_id, quality))
-    return tracking_ui.runs_link(tracking_ui.ui_base(uri), experiment_id, key)
+    port = s.tracking.ui_port
+    state = tracking_ui.view_state(run_id, quality, cost)
+    key = tracking.save_view(uri, experiment_id, run_id, state, port)
+    return tracking_ui.runs_link(tracking_ui.ui_base(uri, port), experiment_id, key)

@@ -72,7 +72,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rag_ablate.config.schema import HttpResponseConfig, RunConfig, SystemConfig, validate_system
 from rag_ablate.config.shapes import check_shape
 from rag_ablate.core.cache import Cache
-from rag_ablate.core.errors import EndpointDownError
+from rag_ablate.core.errors import EndpointDownError, RunStopError
 from rag_ablate.core.retry import Breaker, Status, backoff_wait, excerpt, retry_after_seconds, status_meaning
 from rag_ablate.core.secrets import split_userinfo
 from rag_ablate.dataset.model import Dataset, Document, Query
@@ -801,7 +801,7 @@ class HttpSystem:
                 calls.append(self._chat(client, body, trace, t0))
             # one call is awaited as it is (gather would wrap it in a task of its own)
             results = [await calls[0]] if len(calls) == 1 else list(await asyncio.gather(*calls))
-        except EndpointDownError:
+        except RunStopError:
             raise  # the service is down: the run stops
         except Exception as exc:  # a bug or an unforeseen error fails this query only
             trace.status, trace.error = "failed", f"{type(exc).__name__}: {exc}"

@@ -33,7 +33,7 @@ import numpy as np
 
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.cache import Cache
-from rag_ablate.core.errors import EndpointDownError, GenerationError
+from rag_ablate.core.errors import GenerationError, RunStopError
 from rag_ablate.dataset.model import Dataset, Query
 from rag_ablate.generators import GENERATORS
 from rag_ablate.generators.base import Context, Generator
@@ -435,7 +435,8 @@ class LocalSystem:
         retrieval runs here, in query order, and its answer in one of ``generator.concurrency``
         threads, so that many model calls are in flight; ``on_done`` runs here as answers complete
         (the run's records are rewritten in query order at its end). A query that raises is failed,
-        an endpoint that is down (:class:`EndpointDownError`) stops the run."""
+        a :class:`~rag_ablate.core.errors.RunStopError` (an endpoint that is down, the spend
+        limit) stops the run."""
         n = self.s.generator.concurrency
         pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="generate")
         pending: dict[Future[Trace], Query] = {}
@@ -453,7 +454,7 @@ class LocalSystem:
                 t0 = time.perf_counter()
                 try:
                     done = self._retrieve_query(query)
-                except EndpointDownError:
+                except RunStopError:
                     raise
                 except Exception as exc:
                     on_done(query, _failed(query, exc, (time.perf_counter() - t0) * 1000))
@@ -487,7 +488,7 @@ def _outcome(query: Query, result: Callable[[], Trace]) -> Trace:
     endpoint that is down, which stops the run."""
     try:
         return result()
-    except EndpointDownError:
+    except RunStopError:
         raise
     except Exception as exc:
         return _failed(query, exc, 0.0)

@@ -655,21 +655,32 @@ def set_description(uri: str, run_id: str, text: str) -> None:
     _client(uri).set_tag(run_id, NOTE_TAG, text)
 
 
-def save_view(uri: str, experiment_id: str, parent_run_id: str, state: Mapping[str, Any]) -> str:
+def set_tags(uri: str, run_id: str, tags: Mapping[str, str]) -> None:
+    """Tags of a run, in one call (the ranked view's text columns: rag_ablate.tracking.ui.rank_columns)."""
+    from mlflow.entities import RunTag
+
+    _client(uri).log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+
+def save_view(
+    uri: str, experiment_id: str, parent_run_id: str, state: Mapping[str, Any], ui_port: int
+) -> str:
     """Store a runs-table view as an experiment tag the UI opens by its key; the key.
 
-    The sweep run gets the key as its ``rag_ablate.ui_view`` tag, so ``rag-ablate ui``
-    can print the link of the latest sweep.
+    The sweep run gets the key as its ``rag_ablate.ui_view`` tag and the port its links use as
+    ``rag_ablate.ui_port``, so ``rag-ablate ui`` can print the link of the latest sweep and serve it
+    on that port.
     """
     import json
 
-    from rag_ablate.tracking.tags import VIEW_KEY_TAG, VIEW_TAG_PREFIX
+    from rag_ablate.tracking.tags import UI_PORT_TAG, VIEW_KEY_TAG, VIEW_TAG_PREFIX
     from rag_ablate.tracking.ui import view_key
 
     key = view_key(state)
     client = _client(uri)
     client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, json.dumps(dict(state)))
     client.set_tag(parent_run_id, VIEW_KEY_TAG, key)
+    client.set_tag(parent_run_id, UI_PORT_TAG, str(ui_port))
     return key
 
 
@@ -678,13 +689,14 @@ def log_table(uri: str, run_id: str, columns: Mapping[str, list[Any]], artifact_
     _client(uri).log_table(run_id, data=dict(columns), artifact_file=artifact_file)
 
 
-def latest_sweep_view(uri: str, experiment: str) -> tuple[str, str | None] | None:
-    """(experiment id, view key of its latest sweep run or None); None without the experiment."""
+def latest_sweep_view(uri: str, experiment: str) -> tuple[str, str | None, int | None] | None:
+    """(experiment id, view key of its latest sweep run or None, the port that sweep's links use
+    or None); None without the experiment."""
     client = _client(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    from rag_ablate.tracking.tags import VIEW_KEY_TAG
+    from rag_ablate.tracking.tags import UI_PORT_TAG, VIEW_KEY_TAG
 
     runs = client.search_runs(
         [exp.experiment_id],
@@ -692,5 +704,6 @@ def latest_sweep_view(uri: str, experiment: str) -> tuple[str, str | None] | Non
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
-    key = runs[0].data.tags.get(VIEW_KEY_TAG) if runs else None
-    return str(exp.experiment_id), key
+    tags = runs[0].data.tags if runs else {}
+    port = tags.get(UI_PORT_TAG, "")
+    return str(exp.experiment_id), tags.get(VIEW_KEY_TAG), int(port) if port.isdigit() else None
