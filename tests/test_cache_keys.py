@@ -28,7 +28,14 @@ import pytest
 import rag_ablate
 import rag_ablate.core.cache as cache_mod
 from rag_ablate.config.schema import BM25Config, ChunkConfig, RunConfig
-from rag_ablate.core.cache import META_FILE, Cache, code_fingerprint, content_key, library_versions
+from rag_ablate.core.cache import (
+    META_FILE,
+    STORE_FILE,
+    Cache,
+    code_fingerprint,
+    content_key,
+    library_versions,
+)
 from rag_ablate.core.errors import WriteError
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Dataset
@@ -463,17 +470,16 @@ def test_a_failed_build_leaves_no_file(tmp_path: Path) -> None:
     assert [p for p in tmp_path.rglob("*") if p.name.startswith(".")] == []
     assert cache.stats == {}  # nothing counted as built
 
-    # the same entries build fine afterwards, each as one folder with its data and meta
+    # the same entries build fine afterwards: a folder with its data and meta, a row of the JSON store
     def builds(folder: Path) -> None:
         (folder / "part.bin").write_bytes(b"ok")
 
     cache.folder("bm25", {"a": 1}, builds)
     cache.json("chunks", {"a": 1}, lambda: [[1, 2]])
     key = content_key("bm25", {"a": 1})
-    assert _all_files(tmp_path) == sorted(
-        [f"bm25/{key}/data/part.bin", f"bm25/{key}/{META_FILE}"]
-        + [f"chunks/{content_key('chunks', {'a': 1})}/{n}" for n in ("data.json", META_FILE)]
-    )
+    files = [f for f in _all_files(tmp_path) if not f.startswith(f"{STORE_FILE}-")]  # -wal, -shm
+    assert files == sorted([f"bm25/{key}/data/part.bin", f"bm25/{key}/{META_FILE}", STORE_FILE])
+    assert cache.store.get(content_key("chunks", {"a": 1})) is not None
 
 
 def test_a_publish_that_fails_leaves_no_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -505,13 +511,20 @@ def test_only_a_whole_entry_counts(tmp_path: Path) -> None:
     assert tmp.exists()  # a recent temporary folder may belong to a build in progress
     old = time.time() - 2 * 24 * 3600
     os.utime(tmp, (old, old))
-    cache.array("embeddings", {"a": 2}, lambda: np.ones(2))  # the next build sweeps stale ones
+    cache.array("embeddings", {"a": 2}, lambda: np.ones(2))  # swept once per process and kind: not again
+    assert tmp.exists()
+    cache_mod._SWEPT.clear()  # as in a new process: its first build of the kind sweeps stale ones
+    cache.array("embeddings", {"a": 3}, lambda: np.ones(2))
     assert not tmp.exists()
 
 
-def _race(root: str, barrier: Any, results: Any) -> None:
-    """One of two processes building the same two entries at once."""
+def _race(root: str, who: int, barrier: Any, results: Any) -> None:
+    """One of two processes building the same entries at once (and JSON entries of its own)."""
     cache = Cache(Path(root))
+
+    def build_json() -> dict[str, Any]:
+        barrier.wait(timeout=120)  # both found no store: both create it and write the same key
+        return {"answer": "same"}
 
     def build_array() -> np.ndarray:
         barrier.wait(timeout=120)  # both processes are past their lookup: both build
@@ -521,17 +534,26 @@ def _race(root: str, barrier: Any, results: Any) -> None:
         barrier.wait(timeout=120)
         (folder / "index.txt").write_text("index", encoding="utf-8")
 
+    answer = cache.json("llm_calls", {"x": 1}, build_json)
     arr = cache.array("embeddings", {"x": 1}, build_array)
     folder = cache.folder("bm25", {"x": 1}, build_folder)
+    for i in range(200):  # the same keys and each its own, written at the same time as the other's
+        cache.json("llm_calls", {"i": i}, lambda i=i: {"i": i})
+        cache.json("llm_calls", {"i": i, "who": who}, lambda i=i: {"i": i, "who": who})
     results.put(
-        (arr.tolist(), (folder / "index.txt").read_text(encoding="utf-8"), cache.stats["embeddings"].misses)
+        (
+            answer,
+            arr.tolist(),
+            (folder / "index.txt").read_text(encoding="utf-8"),
+            cache.stats["embeddings"].misses,
+        )
     )
 
 
 def test_two_processes_building_one_entry_leave_one_valid_entry(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(str(tmp_path), barrier, results)) for _ in range(2)]
+    procs = [ctx.Process(target=_race, args=(str(tmp_path), who, barrier, results)) for who in range(2)]
     for p in procs:
         p.start()
     got = [results.get(timeout=180) for _ in procs]
@@ -539,9 +561,16 @@ def test_two_processes_building_one_entry_leave_one_valid_entry(tmp_path: Path) 
         p.join(timeout=60)
         assert p.exitcode == 0
     expected = np.arange(12, dtype=np.float32).reshape(3, 4).tolist()
-    assert got == [(expected, "index", 1)] * 2  # both built, both got the same content
+    assert got == [({"answer": "same"}, expected, "index", 1)] * 2  # both built, both got the same content
     for kind in ("embeddings", "bm25"):
         entries = list((tmp_path / kind).iterdir())  # hidden temporary folders included
         assert [p.name for p in entries] == [content_key(kind, {"x": 1})]
         assert json.loads((entries[0] / META_FILE).read_text())["parts"] == {"x": 1}
+    rerun = Cache(tmp_path)  # every JSON entry of both processes stored once, whole
+    assert rerun.json("llm_calls", {"x": 1}, dict) == {"answer": "same"}
+    for i in range(200):
+        assert rerun.json("llm_calls", {"i": i}, dict) == {"i": i}
+        for who in range(2):
+            assert rerun.json("llm_calls", {"i": i, "who": who}, dict) == {"i": i, "who": who}
+    assert rerun.stats["llm_calls"].misses == 0
     assert Cache(tmp_path).array("embeddings", {"x": 1}, lambda: np.zeros(1)).tolist() == expected

@@ -4,8 +4,10 @@ OpenAI-compatible server of tests/fake_llm.py (real HTTP on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from rag_ablate.config.schema import RunConfig
-from rag_ablate.core.cache import Cache
+from rag_ablate.core.cache import STORE_FILE, Cache
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.generators.base import Context
 from rag_ablate.judges import JUDGE_METRICS, JUDGES, JudgeInput
@@ -448,7 +450,9 @@ def test_the_key_never_reaches_the_cache(
     result = judge.judge(_input())
     assert all(r["auth"] == f"Bearer {CANARY}" for r in fake_llm.requests) and len(fake_llm.requests) == 4
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert len(files) == 8  # 2 repeats x (call + repair) x (data + meta)
+    assert sorted(p.name for p in files) == sorted(STORE_FILE + end for end in ("", "-shm", "-wal"))
+    with contextlib.closing(sqlite3.connect(tmp_path / STORE_FILE)) as db:
+        assert db.execute("SELECT count(*) FROM entries").fetchone() == (4,)  # 2 repeats x (call + repair)
     for p in files:
         assert CANARY.encode() not in p.read_bytes(), p
     assert CANARY not in json.dumps(result)

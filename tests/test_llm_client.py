@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import sqlite3
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.core.cache import Cache, content_key
+from rag_ablate.core.cache import STORE_FILE, Cache, content_key
 from rag_ablate.core.errors import ConfigError, GenerationError
 from rag_ablate.llm.client import CACHE_KIND, ChatClient
 from rag_ablate.text.count import count_tokens
@@ -183,8 +185,9 @@ def test_cache_key_parts_by_hand(fake_llm: FakeLLM, tmp_path: Path) -> None:
 
     cache = Cache(tmp_path / "cache")
     _client(fake_llm.url, cache).complete(MESSAGES, temperature=0.0, max_tokens=20)
-    (entry,) = (tmp_path / "cache" / CACHE_KIND).iterdir()
-    assert entry.name == content_key(CACHE_KIND, expected)
+    with contextlib.closing(sqlite3.connect(tmp_path / "cache" / STORE_FILE)) as db:
+        rows = db.execute("SELECT key, kind, parts FROM entries").fetchall()
+    assert rows == [(content_key(CACHE_KIND, expected), CACHE_KIND, json.dumps(expected, sort_keys=True))]
 
 
 def test_cache_hit_miss_and_repeats(fake_llm: FakeLLM, tmp_path: Path) -> None:
@@ -227,7 +230,9 @@ def test_key_read_at_send_time_and_never_stored(
     assert [r["auth"] for r in fake_llm.requests] == [f"Bearer {CANARY}"] * 2
     assert CANARY not in json.dumps(vars(client), default=str)
     files = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
-    assert len(files) == 4  # two entries, data and meta each
+    assert sorted(p.name for p in files) == sorted(STORE_FILE + end for end in ("", "-shm", "-wal"))
+    with contextlib.closing(sqlite3.connect(tmp_path / "cache" / STORE_FILE)) as db:
+        assert db.execute("SELECT count(*) FROM entries").fetchone() == (2,)  # two entries
     for p in files:
         assert CANARY.encode() not in p.read_bytes() and b"old-value" not in p.read_bytes(), p
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -15,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rag_ablate.config.schema import RunConfig
-from rag_ablate.core.cache import Cache
+from rag_ablate.core.cache import STORE_FILE, Cache
 from rag_ablate.core.errors import ConfigError, GenerationError
 from rag_ablate.generators import GENERATORS
 from rag_ablate.generators.base import Context
@@ -211,8 +212,10 @@ def test_cache_replays_the_original_call(llm: tuple[FakeLLM, str], tmp_path: Pat
     assert again.ttft_ms == first.ttft_ms and again.usage == first.usage  # the original call's
     assert cache.metrics()["run/cache_llm_calls_hits"] == 1.0
     assert cache.metrics()["run/cache_llm_calls_misses"] == 0.0
-    (entry,) = (tmp_path / "cache" / "llm_calls").iterdir()
-    stored = json.loads((entry / "data.json").read_text(encoding="utf-8"))
+    with contextlib.closing(sqlite3.connect(tmp_path / "cache" / STORE_FILE)) as db:
+        ((kind, text),) = db.execute("SELECT kind, value FROM entries").fetchall()
+    stored = json.loads(text)
+    assert kind == "llm_calls"
     assert stored["total_ms"] >= stored["ttft_ms"] > 0  # the original latency is kept
 
     # a changed prompt (other contexts, another template, another temperature) never hits
@@ -297,7 +300,7 @@ def test_run_logs_money_and_never_the_key(
     assert metrics2["cost/usd_per_1k"] == pytest.approx(metrics["cost/usd_per_1k"])
 
     files = [p for p in out.rglob("*") if p.is_file()]
-    assert any(p.name == "mlflow.db" for p in files) and any("llm_calls" in p.parts for p in files)
+    assert any(p.name == "mlflow.db" for p in files) and any(p.name == STORE_FILE for p in files)
     for p in files:
         assert CANARY.encode() not in p.read_bytes(), p
 

@@ -19,21 +19,38 @@ time), for a person who wonders what an entry is. An entry is written in a hidde
 temporary folder next to it and renamed into place in one step, so a reader sees
 data and meta together or not at all; a build that raises removes its temporary
 folder. When two processes build the same entry at once, the first rename wins and
-the second process discards its own (identical) copy.
+the second process discards its own (identical) copy. Temporary folders a killed process left
+behind (older than a day) are removed once per process and kind, not on every write.
+
+Small JSON entries (:meth:`Cache.json`: the model-call cache, ``llm_calls``) live in one SQLite
+file instead, ``<root>/json.sqlite`` (:class:`JsonStore`): one table keyed by the same content
+key, a row per entry with its kind, value, key parts, build time and creation time. One file per
+call made 10,000 entries cost 10,000 folders (125 s to write, benchmarks/RESULTS.md); a row
+costs a fraction of a millisecond. Each write is one transaction (a reader sees a whole row or
+none; a process killed mid-write leaves the last committed state), in write-ahead-log mode so
+readers do not wait for writers; several threads (one connection each) and several processes
+write at once, SQLite serialising their writes (a writer waits up to ``BUSY_SECONDS`` for
+another's). When two build the same entry, the first row stays (``INSERT OR IGNORE``: the
+content is the same). Entries of the one-folder-per-entry layout (``<root>/<kind>/<key>/
+data.json``) are still read, and copied into the store on their first hit; their folders are
+left as they are.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import os
 import shutil
+import sqlite3
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,8 +62,11 @@ import numpy as np
 from rag_ablate.core.errors import WriteError
 
 META_FILE = "meta.json"
+STORE_FILE = "json.sqlite"  # the store of Cache.json's entries, in the cache's root
+BUSY_SECONDS = 60.0  # how long a write waits for another connection's to finish
 _TMP_PREFIX = ".tmp-"
 _STALE_TMP_SECONDS = 24 * 3600  # temporary folders older than this were left by a killed process
+_SWEPT: set[tuple[int, Path]] = set()  # (process id, kind folder) already cleared of stale temporary folders
 ABSENT = "absent"  # the version of a distribution that is not installed
 
 
@@ -142,6 +162,124 @@ def library_versions(*dists: str) -> dict[str, str]:
     return {d: _dist_version(d) for d in sorted(set(dists))}
 
 
+# --------------------------------------------------------------------------- the JSON store
+
+_SQLITE_ERRNO = {  # SQLite's primary result codes, as the OS error a WriteError reports
+    sqlite3.SQLITE_FULL: errno.ENOSPC,
+    sqlite3.SQLITE_READONLY: errno.EROFS,
+    sqlite3.SQLITE_CANTOPEN: errno.EACCES,
+    sqlite3.SQLITE_PERM: errno.EACCES,
+}
+_SCHEMA = """CREATE TABLE IF NOT EXISTS entries (
+    key TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    value TEXT NOT NULL,
+    parts TEXT NOT NULL,
+    build_seconds REAL NOT NULL,
+    created REAL NOT NULL
+)"""
+
+
+def _write_error(path: Path, exc: sqlite3.Error) -> WriteError:
+    code = getattr(exc, "sqlite_errorcode", None)
+    number = errno.EIO if code is None else _SQLITE_ERRNO.get(code & 0xFF, errno.EIO)
+    return WriteError(path, OSError(number, str(exc)))
+
+
+class JsonStore:
+    """The SQLite file of :meth:`Cache.json`'s entries (see the module docstring).
+
+    One connection per thread and process, opened on first use; the file is created by the first
+    write, so a cache that only misses, or whose builds all fail, leaves no file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict[str, Any]:  # connections are not copied to another process
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
+    def _connection(self, create: bool) -> sqlite3.Connection | None:
+        local = self._local
+        conn: sqlite3.Connection | None = getattr(local, "conn", None)
+        if conn is not None and local.pid == os.getpid():
+            return conn
+        if not create and not self.path.is_file():
+            return None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteError(self.path, exc) from exc
+        deadline = time.monotonic() + BUSY_SECONDS
+        while True:
+            try:
+                conn = sqlite3.connect(self.path, timeout=BUSY_SECONDS, isolation_level=None)
+                try:
+                    # write-ahead log: readers never wait for a writer; NORMAL: a commit is atomic and
+                    # survives a killed process (only a power cut may lose the last ones)
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.execute(_SCHEMA)
+                except BaseException:
+                    conn.close()
+                    raise
+                break
+            except sqlite3.OperationalError as exc:
+                # changing the journal mode does not wait for a busy file: two processes creating it
+                if (
+                    getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY
+                    or time.monotonic() > deadline
+                ):
+                    raise _write_error(self.path, exc) from exc
+                time.sleep(0.01)
+            except sqlite3.Error as exc:  # not a database (a damaged or foreign file)
+                raise _write_error(self.path, exc) from exc
+        local.conn, local.pid = conn, os.getpid()
+        return conn
+
+    def get(self, key: str) -> tuple[str, float] | None:
+        """The stored value (JSON text) and build seconds of ``key``, or None."""
+        conn = self._connection(create=False)
+        if conn is None:
+            return None
+        try:
+            row = conn.execute("SELECT value, build_seconds FROM entries WHERE key = ?", (key,)).fetchone()
+        except sqlite3.Error as exc:
+            raise _write_error(self.path, exc) from exc
+        return None if row is None else (str(row[0]), float(row[1]))
+
+    def put(self, key: str, kind: str, value: str, parts: str, seconds: float) -> None:
+        """Store an entry in one transaction; an entry already stored under ``key`` stays."""
+        conn = self._connection(create=True)
+        assert conn is not None
+        try:
+            conn.execute(
+                "INSERT OR IGNORE INTO entries VALUES (?, ?, ?, ?, ?, ?)",
+                (key, kind, value, parts, seconds, time.time()),
+            )
+        except sqlite3.Error as exc:
+            raise _write_error(self.path, exc) from exc
+
+    def delete(self, key: str) -> None:
+        conn = self._connection(create=False)
+        if conn is not None:
+            try:
+                conn.execute("DELETE FROM entries WHERE key = ?", (key,))
+            except sqlite3.Error as exc:
+                raise _write_error(self.path, exc) from exc
+
+    def close(self) -> None:
+        """Close this thread's connection (another call opens a new one)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            self._local.conn = None
+            conn.close()
+
+
 # --------------------------------------------------------------------------- cache
 
 
@@ -160,6 +298,10 @@ class Cache:
     root: Path
     enabled: bool = True
     stats: dict[str, CacheStats] = field(default_factory=dict)
+    store: JsonStore = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.store = JsonStore(self.root / STORE_FILE)
 
     def entry(self, kind: str, parts: Mapping[str, Any]) -> Path:
         """The folder of the entry ``parts`` would be stored in (it may not exist)."""
@@ -190,7 +332,10 @@ class Cache:
         read-only cache folder)."""
         try:
             entry.parent.mkdir(parents=True, exist_ok=True)
-            _remove_stale_tmp(entry.parent)
+            swept = (os.getpid(), entry.parent)
+            if swept not in _SWEPT:
+                _SWEPT.add(swept)
+                _remove_stale_tmp(entry.parent)
             return Path(tempfile.mkdtemp(dir=entry.parent, prefix=f"{_TMP_PREFIX}{entry.name}."))
         except OSError as exc:
             raise WriteError(entry, exc) from exc
@@ -320,23 +465,41 @@ class Cache:
         return stored
 
     def json(self, kind: str, parts: Mapping[str, Any], build: Callable[[], Any]) -> Any:
-        """A JSON-serialisable value, loaded from the cache or built and stored."""
-        entry = self.entry(kind, parts)
-        if self._present(entry):
-            value = json.loads((entry / "data.json").read_text(encoding="utf-8"))
-            self._hit(kind, entry)
-            return value
+        """A JSON-serialisable value, loaded from the store (or an entry folder of the older layout)
+        or built and stored."""
+        key = content_key(kind, parts)
+        if self.enabled:
+            stored = self.store.get(key)
+            if stored is None:
+                stored = self._json_folder(kind, key, parts)
+            if stored is not None:
+                self._record(kind, True, 0.0, stored[1])
+                return json.loads(stored[0])
         t0 = time.perf_counter()
         value = build()
         seconds = time.perf_counter() - t0
         if self.enabled:
-
-            def write(path: Path) -> None:
-                path.write_text(json.dumps(value, ensure_ascii=False), encoding="utf-8")
-
-            self._store(kind, entry, parts, "data.json", seconds, write)
+            self.store.put(key, kind, json.dumps(value, ensure_ascii=False), _parts_json(parts), seconds)
         self._record(kind, False, seconds, seconds)
         return value
+
+    def _json_folder(self, kind: str, key: str, parts: Mapping[str, Any]) -> tuple[str, float] | None:
+        """An entry of the one-folder-per-entry layout, copied into the store (None: there is none)."""
+        entry = self.root / kind / key
+        if not (entry / META_FILE).is_file():
+            return None
+        try:
+            text = (entry / "data.json").read_text(encoding="utf-8")
+            json.loads(text)
+        except (OSError, ValueError):
+            return None  # not a whole entry: built again, into the store
+        try:
+            meta = json.loads((entry / META_FILE).read_text(encoding="utf-8"))
+            seconds = float(meta.get("build_seconds", 0.0))
+        except (OSError, ValueError, AttributeError, TypeError):
+            seconds = 0.0
+        self.store.put(key, kind, text, _parts_json(parts), seconds)
+        return text, seconds
 
     def folder(self, kind: str, parts: Mapping[str, Any], build: Callable[[Path], None]) -> Path:
         """A folder written by ``build(folder)``; returns where it lives (a temporary one when disabled).
@@ -377,6 +540,8 @@ class Cache:
         entry = self.entry(kind, parts)
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
+        if self.enabled:
+            self.store.delete(entry.name)
 
     def metrics(self) -> dict[str, float]:
         """Per-kind hits, misses and build seconds, as run metrics."""
@@ -386,6 +551,10 @@ class Cache:
             out[f"run/cache_{kind}_misses"] = float(st.misses)
             out[f"run/cache_{kind}_build_seconds"] = st.build_seconds
         return out
+
+
+def _parts_json(parts: Mapping[str, Any]) -> str:
+    return json.dumps(dict(parts), default=str, ensure_ascii=False, sort_keys=True)
 
 
 def _remove_stale_tmp(folder: Path) -> None:

@@ -15,8 +15,8 @@ the query's language); :func:`prompt_hash` of both is the prompt version, report
 as ``generator.prompt_hash``. The key is read from the environment variable that
 ``generator.api_key_env`` names when a request is sent; it is never stored.
 
-Every successful call is cached under ``<cache dir>/llm_calls/`` (endpoint, model, the
-full prompt's sha256, sampling parameters, repeat index): a rerun replays it with the
+Every successful call is cached in ``<cache dir>/json.sqlite``, kind ``llm_calls`` (keyed by
+endpoint, model, the full prompt's sha256, sampling parameters, repeat index): a rerun replays it with the
 original call's latency and tokens, flagged ``cached``. See docs/architecture.md.
 """
 

@@ -34,8 +34,8 @@ stops instead of retrying every query. A streamed call is only retried before an
 arrived. Every failure raises :class:`~rag_ablate.core.errors.GenerationError` whose
 message names the owner ("generator" or "judge") and the endpoint.
 
-Cache. Every successful call is stored under ``<cache dir>/llm_calls/``, keyed by the
-endpoint, the model, the sha256 of the full messages, the sampling parameters
+Cache. Every successful call is stored in ``<cache dir>/json.sqlite`` (kind ``llm_calls``),
+keyed by the endpoint, the model, the sha256 of the full messages, the sampling parameters
 (temperature, max_tokens and, when set, response_format) and a repeat index
 (:meth:`ChatClient.cache_parts`). A rerun replays it (``cached=True``, with the original
 call's latency, time to first token, tokens and retries), a changed prompt or setting
