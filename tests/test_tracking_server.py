@@ -10,13 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, free_port, serving, write_dataset
+from conftest import REPO, free_port, run_in_process, serving, write_dataset
 from mlflow.tracking import MlflowClient
 
 from rag_ablate.core.layout import COMPARISON_JSON, METRICS_FILE, RECORDS_FILE, SWEEP_FILE, VARIANT_FILE
@@ -51,24 +50,12 @@ def mlflow_server(root: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rag_ablate", *args],
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-
-
 @pytest.mark.slow
 def test_sweep_logs_to_a_tracking_server(tmp_path: Path) -> None:
     work = tmp_path / "work"
     write_dataset(work / "tiny")
     with mlflow_server(tmp_path / "server") as url:
-        proc = _run(
+        proc = run_in_process(
             [
                 "-m",
                 "chunk=8,512",
@@ -124,7 +111,9 @@ def test_sweep_logs_to_a_tracking_server(tmp_path: Path) -> None:
 def test_unreachable_server_stops_the_run_before_any_compute(tmp_path: Path) -> None:
     write_dataset(tmp_path / "tiny")
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    proc = _run(["tracking=server", f"tracking.uri={url}", "dataset=custom", "dataset.path=tiny"], tmp_path)
+    proc = run_in_process(
+        ["tracking=server", f"tracking.uri={url}", "dataset=custom", "dataset.path=tiny"], tmp_path
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -134,20 +123,13 @@ def test_unreachable_server_stops_the_run_before_any_compute(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_server_without_uri_uses_mlflow_tracking_uri(tmp_path: Path) -> None:
+def test_server_without_uri_uses_mlflow_tracking_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``tracking=server`` alone reads MLflow's own MLFLOW_TRACKING_URI; it never falls back to
     the local sqlite store (a forgotten uri must not log somewhere else unnoticed)."""
     write_dataset(tmp_path / "tiny")
     url = f"http://127.0.0.1:{free_port()}"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rag_ablate", "tracking=server", "dataset=custom", "dataset.path=tiny"],
-        cwd=tmp_path,
-        env={**ENV, "MLFLOW_TRACKING_URI": url},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    proc = run_in_process(["tracking=server", "dataset=custom", "dataset.path=tiny"], tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith(f"rag_ablate: error: MLflow server {url} is not reachable: ")
     assert not (tmp_path / "outputs" / "mlflow.db").exists() and not list(tmp_path.rglob(RECORDS_FILE))
