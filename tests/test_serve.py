@@ -1,7 +1,7 @@
 """``rag-ablate serve``: the reference service, started as a real process on 127.0.0.1.
 
-Every service test talks HTTP to ``rag-ablate serve`` in a subprocess (the dense one and the pacing
-one to the same application served in this process); what it returns is checked against the local
+Every service test talks HTTP to ``rag-ablate serve`` in a subprocess (the dense, chunk=256 and pacing
+ones to the same application served in this process); what it returns is checked against the local
 system run in this process on the same configuration (same chunks, offsets and scores), against
 counts worked out from the retrieved texts, and against a run of ``system=http`` pointed at it.
 """
@@ -108,6 +108,22 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def base(workdir: Path) -> Iterator[Service]:
     with service(["--chars-per-s", str(PACE), f"dataset.path={workdir / 'data'}"], workdir, "base") as svc:
         yield svc
+
+
+@contextlib.contextmanager
+def app_service(overrides: list[str], cwd: Path) -> Iterator[Service]:
+    """The application ``rag-ablate serve overrides...`` serves, built as it builds it
+    (``ReferenceService.start``) and served in this process: no interpreter start-up and imports,
+    and a model already loaded here is reused. ``base`` is the command as a process."""
+    from rag_ablate.cli.serve import ReferenceService, create_app
+    from tests.test_http_system import uvicorn_app
+
+    started = ReferenceService.start(overrides, cwd=cwd)
+    try:
+        with uvicorn_app(create_app(started)) as url:
+            yield Service(url, None, Path())
+    finally:
+        started.system.close()
 
 
 def local_traces(overrides: list[str], queries: list[tuple[str, str]]) -> tuple[list[Trace], list[Chunk]]:
@@ -298,7 +314,7 @@ def test_chat_declines_without_overlap_and_cites_nothing(base: Service) -> None:
 def test_overrides_reach_the_pipeline(base: Service, workdir: Path) -> None:
     data = f"dataset.path={workdir / 'data'}"
     ask = {"query": "which module handles billing requests for team 97", "query_id": "g1", "top_k": 5}
-    with service([data, "chunk=256"], workdir, "chunk256") as small:
+    with app_service([data, "chunk=256"], workdir) as small:  # base: the overrides of the command line
         got_small = post(small, "/rag/eval", ask).json()["retrieved"]
         health_small = httpx.get(f"{small.url}/health").json()
     got_base = post(base, "/rag/eval", ask).json()["retrieved"]
@@ -355,16 +371,10 @@ def test_dense_encodes_texts_outside_the_dataset_on_demand(workdir: Path) -> Non
     chunks the run finds with the batch-encoded vector (scores equal to float precision). The
     service's application runs in this process (``rag-ablate serve`` as a process: ``base``), so
     the encoder is loaded once."""
-    from rag_ablate.cli.serve import ReferenceService, create_app
-    from tests.test_http_system import uvicorn_app
-
     data = f"dataset.path={workdir / 'data'}"
     asked = [(q["query_id"], q["query"]) for q in QUERIES[:4]]
     traces, _ = local_traces([data, "retrieval=dense"], asked)
-    dense = ReferenceService.start([data, "retrieval=dense"], cwd=workdir)
-    with contextlib.ExitStack() as stack:
-        stack.callback(dense.system.close)
-        svc = Service(stack.enter_context(uvicorn_app(create_app(dense))), None, Path())
+    with app_service([data, "retrieval=dense"], workdir) as svc:
         for (qid, text), trace in zip(asked, traces, strict=True):
             known = post(svc, "/rag/eval", {"query": text, "query_id": qid, "top_k": 10}).json()
             other = post(svc, "/rag/eval", {"query": text, "query_id": f"new-{qid}", "top_k": 10}).json()
