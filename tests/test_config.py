@@ -327,18 +327,15 @@ def test_is_under_is_a_prefix_of_whole_path_parts(
 
 
 @pytest.mark.parametrize(
-    ("overrides", "why"),
+    ("method", "fusion", "why"),
     [
         # two rules hold for rrf_k: the table's first (the whole hybrid section) names the reason
-        (
-            ["retrieval.hybrid.fusion=weighted"],
-            "retrieval.hybrid.rrf_k is not used when retrieval.method=bm25",
-        ),
-        (["retrieval=hybrid", "retrieval.hybrid.fusion=weighted"], "when retrieval.hybrid.fusion=weighted"),
-        (["retrieval=hybrid"], None),
+        ("bm25", "weighted", "retrieval.hybrid.rrf_k is not used when retrieval.method=bm25"),
+        ("hybrid", "weighted", "retrieval.hybrid.rrf_k is not used when retrieval.hybrid.fusion=weighted"),
+        ("hybrid", "rrf", None),
     ],
 )
-def test_unused_settings_name_the_first_rule_that_holds(overrides: list[str], why: str | None) -> None:
+def test_unused_settings_name_the_first_rule_that_holds(method: str, fusion: str, why: str | None) -> None:
     """Each key a configuration never reads, once, with the first rule of USED_ONLY_WHEN that holds;
     a rule's deciding setting is never unused by its own rule."""
     from dataclasses import asdict
@@ -346,7 +343,9 @@ def test_unused_settings_name_the_first_rule_that_holds(overrides: list[str], wh
     from rag_ablate.config.keys import USED_ONLY_WHEN, is_under, unused_settings
     from rag_ablate.sweep.plan import flatten
 
-    flat = flatten(asdict(to_settings(_compose(overrides))))
+    s = RunConfig()
+    s.retrieval.method, s.retrieval.hybrid.fusion = method, fusion
+    flat = flatten(asdict(s))
     unused = unused_settings(flat)
     got = unused.get("retrieval.hybrid.rrf_k")
     assert got is None if why is None else why in str(got)
