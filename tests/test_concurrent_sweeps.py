@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, write_dataset
+from conftest import REPO, run_in_process, write_dataset
 
 from rag_ablate.core.layout import COMPARISON_JSON, SWEEP_FILE
 
@@ -61,15 +61,7 @@ def test_two_sweeps_at_once_into_one_output_folder(tmp_path: Path) -> None:
     assert sorted(seen) == ["chunk=1024 chunk=128", "chunk=1024 chunk=256"]
 
     # the shared cache is whole: a third run of a size both sweeps built is served from it
-    third = subprocess.run(
-        [sys.executable, "-m", "rag_ablate", "chunk=1024", *common],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    third = run_in_process(["chunk=1024", *common], tmp_path)
     assert third.returncode == 0, third.stderr[-3000:]
     (job,) = [d for d in (tmp_path / "outputs" / "runs").iterdir()]
     metrics = json.loads((job / "metrics.json").read_text(encoding="utf-8"))

@@ -327,6 +327,39 @@ def test_is_under_is_a_prefix_of_whole_path_parts(
 
 
 @pytest.mark.parametrize(
+    ("method", "fusion", "why"),
+    [
+        # two rules hold for rrf_k: the table's first (the whole hybrid section) names the reason
+        ("bm25", "weighted", "retrieval.hybrid.rrf_k is not used when retrieval.method=bm25"),
+        ("hybrid", "weighted", "retrieval.hybrid.rrf_k is not used when retrieval.hybrid.fusion=weighted"),
+        ("hybrid", "rrf", None),
+    ],
+)
+def test_unused_settings_name_the_first_rule_that_holds(method: str, fusion: str, why: str | None) -> None:
+    """Each key a configuration never reads, once, with the first rule of USED_ONLY_WHEN that holds;
+    a rule's deciding setting is never unused by its own rule."""
+    from dataclasses import asdict
+
+    from rag_ablate.config.keys import USED_ONLY_WHEN, is_under, unused_settings
+    from rag_ablate.sweep.plan import flatten
+
+    s = RunConfig()
+    s.retrieval.method, s.retrieval.hybrid.fusion = method, fusion
+    flat = flatten(asdict(s))
+    unused = unused_settings(flat)
+    got = unused.get("retrieval.hybrid.rrf_k")
+    assert got is None if why is None else why in str(got)
+    # the definition, rule by rule: a key is unused iff some rule that holds covers it
+    for key in flat:
+        holding = [
+            r
+            for r in USED_ONLY_WHEN
+            if r.setting in flat and r.unused(flat[r.setting]) and key != r.setting and is_under(key, r.keys)
+        ]
+        assert unused.get(key) == (holding[0].why(key, flat[holding[0].setting]) if holding else None), key
+
+
+@pytest.mark.parametrize(
     "key",
     ["progress", "compare.B", "compare_x", "cache.dir", "system.headers.X-Key", "system.base_url", "seed"],
 )

@@ -1,9 +1,9 @@
 """Every outside dependency has a deadline (issue 23, finding 1 and 14).
 
-A tracking server that stops answering mid-sweep ends the sweep within ``tracking.timeout_s``
-(plus slack) with lines naming its URI, exit 1, the records on disk kept; every HTTP client of
-the package ends a call to a service that accepts connections and never answers within its
-timeout, and the run within a few of them.
+A tracking store that stops answering fails within ``tracking.timeout_s`` (a real server that
+goes silent mid-sweep: tests/test_tracking_server.py, which starts one server for its file);
+every HTTP client of the package ends a call to a service that accepts connections and never
+answers within its timeout, and the run within a few of them.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port, run_in_process, run_module, write_dataset
+from conftest import free_port, run_in_process
 
 from rag_ablate.core.errors import EXIT_FAILED, EndpointDownError, TrackingDownError
-from rag_ablate.core.layout import RECORDS_FILE, SWEEP_FILE
+from rag_ablate.core.layout import RECORDS_FILE
 from rag_ablate.core.retry import BREAKER_LIMIT, Breaker
 from rag_ablate.tracking import store as tracking
 
@@ -206,87 +206,6 @@ def test_an_http_system_at_a_silent_server_stops_the_run_in_seconds_exit_1(
     assert run_status(run_info["tracking_uri"], run_info["run_id"]) == "FAILED"  # resume= finishes it
 
 
-class GoingSilentProxy:
-    """A TCP proxy on 127.0.0.1 to ``upstream`` that forwards until a request holds ``trigger``,
-    then reads every request and answers none: a tracking server that stops answering
-    mid-sweep, at a known point."""
-
-    def __init__(self, upstream: str, trigger: bytes) -> None:
-        host, port = upstream.rsplit("//", 1)[1].split(":")
-        self.upstream = (host, int(port))
-        self.trigger = trigger
-        self.silent = threading.Event()
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client = self.listener.accept()[0]
-                self.conns.append(client)
-                if self.silent.is_set():
-                    continue  # held open, never answered
-                server = socket.create_connection(self.upstream)
-                self.conns.append(server)
-                threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-                threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                if requests and self.trigger in data:
-                    self.silent.set()
-                if requests and self.silent.is_set():
-                    continue  # read, never forwarded: the client waits for an answer
-                dst.sendall(data)
-
-    def close(self) -> None:
-        self.listener.close()
-        for conn in self.conns:
-            with contextlib.suppress(OSError):
-                conn.close()
-
-
-@pytest.mark.slow
-def test_a_tracking_server_that_stops_answering_mid_sweep_ends_it_within_the_budget(tmp_path: Path) -> None:
-    from test_tracking_server import mlflow_server
-
-    write_dataset(tmp_path / "tiny")
-    with mlflow_server(tmp_path / "server") as url:
-        # silent from the baseline's first logging at its end: its queries have run
-        proxy = GoingSilentProxy(url, b"/runs/log-batch")
-        try:
-            t0 = time.monotonic()
-            proc = run_module(
-                "rag_ablate",
-                [
-                    *["-m", "chunk=8,512", "tracking=server", f"tracking.uri={proxy.url}"],
-                    *["tracking.timeout_s=3", "dataset=custom", "dataset.path=tiny", "progress=false"],
-                    "compare.B=100",
-                ],
-                tmp_path,
-            )
-            seconds = time.monotonic() - t0
-        finally:
-            proxy.close()
-    assert proxy.silent.is_set(), proc.stderr[-3000:]
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    # MLflow's defaults hung here for 10 minutes or more; now: one budget, then every call fails at once
-    assert seconds < 3 + 30, seconds
-    down = f"MLflow tracking store {proxy.url} did not answer within 3 s (tracking.timeout_s)"
-    assert down in proc.stderr
-    assert "Traceback" not in proc.stderr and "Retrying" not in proc.stderr
-    (sweep,) = (tmp_path / "outputs" / "multirun").iterdir()
-    assert json.loads((sweep / SWEEP_FILE).read_text(encoding="utf-8"))["tracking_uri"] == proxy.url
-    assert (sweep / "0" / RECORDS_FILE).is_file()  # the baseline's queries ran and are kept
-    failures = json.loads((sweep / "failures.json").read_text(encoding="utf-8"))
-    assert failures["failed"] and all(down in f["error"] for f in failures["failures"] if f["step"] == "job")
-
-
 @pytest.mark.slow
 def test_a_plan_of_thousands_of_levels_is_checked_for_repeats_in_seconds() -> None:
     """``refuse_repeats`` compared every pair of jobs (a dry run of 3,000 levels printed nothing
@@ -299,9 +218,11 @@ def test_a_plan_of_thousands_of_levels_is_checked_for_repeats_in_seconds() -> No
     jobs = [Job(i, f"seed={i}", "variant", "seed", str(i), [f"seed={i}"]) for i in range(n)]
     plan = Plan(mode="ofat", dry_run=True, common=[], factors=[], jobs=jobs)
     settings = [RunConfig(seed=i) for i in range(n)]
-    t0 = time.monotonic()
+    # CPU seconds, not wall: a busy machine (2 cores, several suites) stretched a linear check
+    # past a wall-clock bound; comparing every pair costs minutes of CPU under any load
+    t0 = time.process_time()
     refuse_repeats(plan, settings)
-    assert time.monotonic() - t0 < 15
+    assert time.process_time() - t0 < 15
     settings[-1] = RunConfig(seed=7)
     with pytest.raises(
         ConfigError, match=r"would run the same settings as level seed=7 of factor seed \(#7\)"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, write_dataset
+from conftest import REPO, run_in_process, write_dataset
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
@@ -40,25 +40,31 @@ COMMON = [
 TABLES_CREATED = "Creating initial MLflow database tables"
 
 
-def _sweep(cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _sweep(cwd: Path, *extra: str, in_process: bool = False) -> subprocess.CompletedProcess[str]:
+    """The sweep in ``cwd``: a process of its own, as a launcher's sweep must be, or (the serial
+    reference, whose output is the same either way) in this process."""
     write_dataset(cwd / "tiny")
     env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "PYTHONWARNINGS": "ignore",
         "RAY_AUTH_MODE": "disabled",  # a local Ray: no token written under ~/.ray
         # no store template yet (tracking.template_path): MLflow builds the tables once, and says so
         "XDG_CACHE_HOME": str(cwd / "xdg-cache"),
     }
-    proc = subprocess.run(
-        [sys.executable, "-m", "rag_ablate", "-m", FACTOR, *COMMON, *extra],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    args = ["-m", FACTOR, *COMMON, *extra]
+    if in_process:
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in env.items():
+                mp.setenv(name, value)
+            proc = run_in_process(args, cwd)
+    else:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rag_ablate", *args],
+            cwd=cwd,
+            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", **env},
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 
@@ -125,7 +131,7 @@ def _owner_pid(run: Run) -> int:
 
 @pytest.mark.slow
 def test_joblib_sweep_runs_jobs_in_parallel_and_equals_the_serial_sweep(tmp_path: Path) -> None:
-    serial = _sweep(tmp_path / "serial")
+    serial = _sweep(tmp_path / "serial", in_process=True)
     parallel = _sweep(tmp_path / "joblib", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
 
     assert "Joblib.Parallel(n_jobs=2" in parallel.stdout + parallel.stderr

@@ -1,9 +1,9 @@
 """``rag-ablate serve``: the reference service, started as a real process on 127.0.0.1.
 
-Every service test talks HTTP to ``rag-ablate serve`` in a subprocess; what it
-returns is checked against the local system run in this process on the same
-configuration (same chunks, offsets and scores), against counts worked out from
-the retrieved texts, and against a run of ``system=http`` pointed at it.
+Every service test talks HTTP to ``rag-ablate serve`` in a subprocess (the dense, chunk=256 and pacing
+ones to the same application served in this process); what it returns is checked against the local
+system run in this process on the same configuration (same chunks, offsets and scores), against
+counts worked out from the retrieved texts, and against a run of ``system=http`` pointed at it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from rag_ablate.metrics.answers import sentences
 from rag_ablate.pipeline.chunking import Chunk
 from rag_ablate.records.trace import Trace
 from rag_ablate.text.count import count_tokens
-from tests.conftest import DOCS, QUERIES, REPO, free_port, run_module, write_dataset
+from tests.conftest import DOCS, QUERIES, REPO, free_port, rag_ablate_cli, run_module, write_dataset
 
 TOPICS = ["billing", "login", "search", "upload", "export", "payment", "profile", "report"]
 # a long document, so chunk=256 and chunk=512 cut it differently
@@ -108,6 +108,22 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def base(workdir: Path) -> Iterator[Service]:
     with service(["--chars-per-s", str(PACE), f"dataset.path={workdir / 'data'}"], workdir, "base") as svc:
         yield svc
+
+
+@contextlib.contextmanager
+def app_service(overrides: list[str], cwd: Path) -> Iterator[Service]:
+    """The application ``rag-ablate serve overrides...`` serves, built as it builds it
+    (``ReferenceService.start``) and served in this process: no interpreter start-up and imports,
+    and a model already loaded here is reused. ``base`` is the command as a process."""
+    from rag_ablate.cli.serve import ReferenceService, create_app
+    from tests.test_http_system import uvicorn_app
+
+    started = ReferenceService.start(overrides, cwd=cwd)
+    try:
+        with uvicorn_app(create_app(started)) as url:
+            yield Service(url, None, Path())
+    finally:
+        started.system.close()
 
 
 def local_traces(overrides: list[str], queries: list[tuple[str, str]]) -> tuple[list[Trace], list[Chunk]]:
@@ -298,7 +314,7 @@ def test_chat_declines_without_overlap_and_cites_nothing(base: Service) -> None:
 def test_overrides_reach_the_pipeline(base: Service, workdir: Path) -> None:
     data = f"dataset.path={workdir / 'data'}"
     ask = {"query": "which module handles billing requests for team 97", "query_id": "g1", "top_k": 5}
-    with service([data, "chunk=256"], workdir, "chunk256") as small:
+    with app_service([data, "chunk=256"], workdir) as small:  # base: the overrides of the command line
         got_small = post(small, "/rag/eval", ask).json()["retrieved"]
         health_small = httpx.get(f"{small.url}/health").json()
     got_base = post(base, "/rag/eval", ask).json()["retrieved"]
@@ -317,25 +333,22 @@ def test_overrides_reach_the_pipeline(base: Service, workdir: Path) -> None:
     assert guide(got_small) and guide(got_base) and guide(got_small) != guide(got_base)
 
 
-@pytest.mark.slow
 def test_a_bad_override_fails_at_start_with_one_line(workdir: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
-    for overrides, expected in (
-        (["chunk=0"], "chunk=0"),
-        (["chunk=256,512"], "one value per setting"),
-        (["retrieval=bm52"], "bm52"),
-    ):
-        done = subprocess.run(
-            [sys.executable, "-m", "rag_ablate.cli.main", "serve", "--port", str(free_port()), *overrides],
-            cwd=workdir,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 2, done.stderr
-        assert expected in done.stderr and "Traceback" not in done.stderr
+    from rag_ablate.cli.serve import log
+
+    handlers, level, propagate = log.handlers[:], log.level, log.propagate  # serve sets up its log
+    try:
+        for overrides, expected in (
+            (["chunk=0"], "chunk=0"),
+            (["chunk=256,512"], "one value per setting"),
+            (["retrieval=bm52"], "bm52"),
+        ):
+            done = rag_ablate_cli(["serve", "--port", str(free_port()), *overrides], workdir)
+            assert done.returncode == 2, done.stderr
+            assert expected in done.stderr and "Traceback" not in done.stderr
+    finally:
+        log.handlers[:], log.propagate = handlers, propagate
+        log.setLevel(level)
 
 
 @pytest.mark.slow
@@ -355,11 +368,13 @@ def test_serving_imports_no_web_framework_until_serve_runs() -> None:
 @pytest.mark.slow
 def test_dense_encodes_texts_outside_the_dataset_on_demand(workdir: Path) -> None:
     """A dataset query sent under another id is encoded by the service on its own; it finds the
-    chunks the run finds with the batch-encoded vector (scores equal to float precision)."""
+    chunks the run finds with the batch-encoded vector (scores equal to float precision). The
+    service's application runs in this process (``rag-ablate serve`` as a process: ``base``), so
+    the encoder is loaded once."""
     data = f"dataset.path={workdir / 'data'}"
     asked = [(q["query_id"], q["query"]) for q in QUERIES[:4]]
     traces, _ = local_traces([data, "retrieval=dense"], asked)
-    with service([data, "retrieval=dense"], workdir, "dense") as svc:
+    with app_service([data, "retrieval=dense"], workdir) as svc:
         for (qid, text), trace in zip(asked, traces, strict=True):
             known = post(svc, "/rag/eval", {"query": text, "query_id": qid, "top_k": 10}).json()
             other = post(svc, "/rag/eval", {"query": text, "query_id": f"new-{qid}", "top_k": 10}).json()

@@ -3,6 +3,7 @@ which a configuration never reads (:data:`USED_ONLY_WHEN`)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -189,16 +190,28 @@ def _text(value: Any) -> str:
 
 def unused_settings(flat: Mapping[str, Any]) -> dict[str, str]:
     """The keys of ``flat`` (a run's settings as ``{dotted.key: value}``) that its configuration never
-    reads (:data:`USED_ONLY_WHEN`), each with one line saying why."""
+    reads (:data:`USED_ONLY_WHEN`), each with one line saying why (the first rule that holds, in
+    the table's order)."""
+    unused = {
+        i for i, rule in enumerate(USED_ONLY_WHEN) if rule.setting in flat and rule.unused(flat[rule.setting])
+    }
     out: dict[str, str] = {}
-    for rule in USED_ONLY_WHEN:
-        value = flat.get(rule.setting)
-        if rule.setting not in flat or not rule.unused(value):
-            continue
-        for key in flat:
-            if key != rule.setting and key not in out and is_under(key, rule.keys):
-                out[key] = rule.why(key, value)
+    for key in flat:
+        first = next((i for i in _rules_covering(key) if i in unused), None)
+        if first is not None:
+            rule = USED_ONLY_WHEN[first]
+            out[key] = rule.why(key, flat[rule.setting])
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _rules_covering(key: str) -> tuple[int, ...]:
+    """The indices of the :data:`USED_ONLY_WHEN` rules whose keys hold ``key`` (its own deciding
+    setting excepted). Computed once per key: a plan of thousands of jobs asks for the same keys
+    once per job (:func:`rag_ablate.sweep.plan.refuse_repeats`)."""
+    return tuple(
+        i for i, rule in enumerate(USED_ONLY_WHEN) if key != rule.setting and is_under(key, rule.keys)
+    )
 
 
 def env_interpolated(cfg: Any) -> dict[str, str]:
