@@ -112,8 +112,11 @@ def test_one_trace_per_query_under_its_run_with_identical_root_inputs(sweep: dic
     for label, v in variants.items():
         by_q = _by_query(v["traces"])
         assert sorted(by_q) == sorted(q["query_id"] for q in QUERIES), label
+        splits = mt.split_runs(sweep["uri"], sweep["exp"].experiment_id, v["run"].info.run_id)
         for qid, t in by_q.items():
-            assert t.info.trace_metadata["mlflow.sourceRun"] == v["run"].info.run_id
+            # each split's traces belong to the variant's evaluation run of that split
+            assert t.info.trace_metadata["mlflow.sourceRun"] == splits[t.info.tags["rag_ablate.split"]]
+            assert t.info.tags["variant"] == t.info.trace_metadata["variant"] == v["run"].info.run_name
             root = next(s for s in t.data.spans if s.parent_id is None)
             roots.setdefault(qid, {})[label] = root.inputs
     for qid, per_variant in roots.items():
@@ -179,13 +182,17 @@ def test_feedback_equals_the_records_metric_values(sweep: dict[str, Any]) -> Non
         by_q = _by_query(v["traces"])
         for rec in v["records"]:
             feedback = {a.name: a for a in by_q[rec["query_id"]].info.assessments if isinstance(a, Feedback)}
-            expected = {m: rec["metrics"][m] for m in COMPARED if rec["metrics"].get(m) is not None}
+            expected = dict(
+                mt.feedback(m, rec["metrics"][m]) for m in COMPARED if rec["metrics"].get(m) is not None
+            )
             assert {n: a.value for n, a in feedback.items()} == expected
+            # lower-is-better latency goes negated, under a name that says so
+            assert "latency_ms" not in feedback and expected["latency_ms (negated, up = better)"] <= 0
             assert "recall_at_5" in expected or rec["kind"] != "answerable"
             for a in feedback.values():
                 assert a.source.source_type == AssessmentSourceType.CODE
                 assert a.metadata["direction"] == (
-                    "lower_is_better" if a.name == "latency_ms" else "higher_is_better"
+                    "lower_is_better" if a.metadata["metric"] == "latency_ms" else "higher_is_better"
                 )
 
 
@@ -225,11 +232,15 @@ def test_sweep_prints_the_compare_link_and_notes_arrows(sweep: dict[str, Any]) -
     v = sweep["variants"]
     exp_id = sweep["exp"].experiment_id
     variant, baseline = v["chunk=256"]["run"].info.run_id, v["baseline"]["run"].info.run_id
-    link = (
-        f"http://127.0.0.1:5000/#/experiments/{exp_id}/evaluation-runs"
-        f"?selectedRunUuid={variant}&compareToRunUuid={baseline}"
-    )
-    assert link in sweep["proc"].stdout
+    ours, theirs = (mt.split_runs(sweep["uri"], exp_id, r) for r in (variant, baseline))
+    assert ours and set(ours) == set(theirs) == {r["split"] for r in v["chunk=256"]["records"]}
+    for split in ours:
+        n = sum(1 for r in v["chunk=256"]["records"] if r["split"] == split)
+        link = (
+            f"http://127.0.0.1:5000/#/experiments/{exp_id}/evaluation-runs"
+            f"?selectedRunUuid={ours[split]}&compareToRunUuid={theirs[split]}"
+        )
+        assert f"per-query chunk=256 vs baseline, {split} (all {n} queries): {link}" in sweep["proc"].stdout
     note = sweep["client"].get_run(variant).data.tags["mlflow.note.content"]
     assert mt.DESCRIPTION_NOTE in note and note.count(mt.DESCRIPTION_NOTE) == 1
 
@@ -276,13 +287,52 @@ def test_setting_rejects(value: object) -> None:
         mt.parse_setting(value)
 
 
-def test_selection_takes_the_first_n_of_each_split_in_order() -> None:
-    records = [{"query_id": f"q{i}", "split": "dev" if i % 3 else "holdout"} for i in range(10)]
-    chosen = mt.select(records, 2)
-    assert [r["query_id"] for _, r in chosen] == ["q0", "q1", "q2", "q3"]
-    assert [i for i, _ in chosen] == [0, 1, 2, 3]
+def test_selection_takes_a_small_split_whole_and_a_stratified_sample_of_a_large_one() -> None:
+    # holdout: 4 queries (whole); dev: 96 queries, 3 in 4 answerable, sampled 20 of
+    records = [
+        {
+            "query_id": f"q{i}",
+            "split": "holdout" if i < 4 else "dev",
+            "kind": "unanswerable" if i % 4 == 0 else "answerable",
+        }
+        for i in range(100)
+    ]
+    chosen = mt.select(records, 20)
+    positions = [i for i, _ in chosen]
+    assert positions == sorted(positions)  # dataset order
+    picked = [r for _, r in chosen]
+    assert [r["query_id"] for r in picked if r["split"] == "holdout"] == ["q0", "q1", "q2", "q3"]
+    dev = [r for r in picked if r["split"] == "dev"]
+    # each kind's share as in the split (72 of 96 answerable -> 15 of 20)
+    assert len(dev) == 20 and sum(r["kind"] == "answerable" for r in dev) == 15
+    # the same queries for every variant (and not just the first ones)
+    assert mt.select([dict(r) for r in records], 20) == chosen
+    assert [r["query_id"] for r in dev] != [r["query_id"] for r in records[4:24]]
+    assert [s.describe() for s in mt.samples(records, chosen)] == [
+        "all 4 queries",
+        "20 of 96 queries, a sample stratified by kind",
+    ]
     assert mt.select(records, 0) == []
-    assert len(mt.select(records, None)) == 10
+    assert len(mt.select(records, None)) == len(mt.select(records, 96)) == 100
+
+
+def test_lower_is_better_feedback_is_negated_under_a_name_that_says_so() -> None:
+    assert mt.feedback("recall_at_5", 0.5) == ("recall_at_5", 0.5)
+    assert mt.feedback("acl_leak_at_10", 1.0) == ("acl_leak_at_10 (negated, up = better)", -1.0)
+    assert mt.feedback("latency_ms", 12.5) == ("latency_ms (negated, up = better)", -12.5)
+
+
+def test_token_usage_and_cost_in_mlflows_keys() -> None:
+    rec: Any = {"usage": {"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200}}
+    tokens, money = mt.usage_and_cost(rec, lambda r: (0.002, 0.0006))
+    assert tokens == {"input_tokens": 1000, "output_tokens": 200, "total_tokens": 1200}
+    assert money == {"input_cost": 0.002, "output_cost": 0.0006, "total_cost": 0.0026}
+    # a count the system did not report is left out; unpriced: no money
+    assert mt.usage_and_cost({"usage": {"completion_tokens": 7}}, None) == (  # type: ignore[typeddict-item]
+        {"output_tokens": 7, "total_tokens": 7},
+        {},
+    )
+    assert mt.usage_and_cost({}, lambda r: (1.0, 1.0)) == ({}, {})  # type: ignore[typeddict-item]
 
 
 def test_stage_layout_of_a_hybrid_reranked_answered_query() -> None:
@@ -438,7 +488,8 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
         mlflow.flush_trace_async_logging()
         code = AssessmentSource(AssessmentSourceType.CODE, mt.SOURCE_ID)
         for name in ("recall_at_5", "latency_ms"):
-            mlflow.log_feedback(trace_id=root.trace_id, name=name, value=rec["metrics"][name], source=code)
+            sent, value = mt.feedback(name, rec["metrics"][name])
+            mlflow.log_feedback(trace_id=root.trace_id, name=sent, value=value, source=code)
         mlflow.log_expectation(trace_id=root.trace_id, name=mt.GOLD_NAME, value=["FEES", "RET"], source=code)
     mlflow.set_tracking_uri(None)
 
@@ -450,7 +501,7 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
     (a,) = _traces(uri, exp, run_a)
     (b,) = _traces(uri, exp, run_b)
     sa, sb = _shape(a), _shape(b)
-    assert sb["source_run"] == run_b and sa["source_run"] == run_a
+    assert sb["source_run"] == mt.split_runs(uri, exp, run_b)[q.split] and sa["source_run"] == run_a
     sa.pop("source_run"), sb.pop("source_run")
     assert sb == sa
     root = next(s for s in TracingClient(uri).get_trace(b.info.trace_id).data.spans if s.parent_id is None)
