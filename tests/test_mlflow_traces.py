@@ -14,6 +14,7 @@ against a trace built span by span with MLflow's public tracing API.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import subprocess
@@ -520,21 +521,110 @@ def test_compare_link() -> None:
 
 @pytest.mark.slow
 def test_compare_link_opens_the_query_by_query_view(sweep: dict[str, Any], tmp_path: Path) -> None:
-    """As a person would: serve the store, open the printed link in headless Chromium."""
+    """As a person would: serve the store, open the printed link of a split in headless Chromium.
+    Traced whole (``tracking.traces=all``), the split's column averages and their differences are
+    comparison.json's means and effects of that split."""
     require_chromium()
+    link = re.search(
+        r"per-query chunk=256 vs baseline, (\w+) \(all \d+ queries\): (http://127\.0\.0\.1:5000/\S+)",
+        sweep["proc"].stdout,
+    )
+    assert link, sweep["proc"].stdout
+    split = link[1]
+    (comparison,) = (sweep["cwd"] / "outputs" / "multirun").glob("*/comparison.json")
+    rows = {
+        r["metric"]: r
+        for r in json.loads(comparison.read_text(encoding="utf-8"))["rows"]
+        if r["split"] == split and r["variant"] == "chunk=256"
+    }
     with mlflow_ui(tmp_path / "ui.log", cwd=sweep["cwd"]) as port:
-        link = re.search(
-            r"(http://127\.0\.0\.1:5000/#/experiments/\S+/evaluation-runs\?\S+)", sweep["proc"].stdout
-        )
-        assert link, sweep["proc"].stdout
-        url = link[1].replace(":5000/", f":{port}/")
+        url = link[2].replace(":5000/", f":{port}/")
         dom = chromium(url, tmp_path / "profile", "--dump-dom", window="2800,1100", budget_ms=30000)
-        # both runs named in the comparison header, every query's row, the feedback columns
-        assert "baseline (chunk=512)" in dom and "chunk=256" in dom
-        for q in QUERIES:
-            assert (
-                f"&quot;query_id&quot;: &quot;{q['query_id']}&quot;" in dom
-                or f'"query_id": "{q["query_id"]}"' in dom
+    # both runs of the split named in the comparison header, every query's row of the split
+    assert f"chunk=256 · {split} · all " in dom and f"baseline (chunk=512) · {split} · all " in dom
+    in_split = {r["query_id"] for r in sweep["variants"]["chunk=256"]["records"] if r["split"] == split}
+    for q in QUERIES:
+        shown = (
+            f"&quot;query_id&quot;: &quot;{q['query_id']}&quot;" in dom
+            or f'"query_id": "{q["query_id"]}"' in dom
+        )
+        assert shown == (q["query_id"] in in_split), q["query_id"]
+    assert "gold_doc_ids" in dom
+    badges = _header_badges(dom)
+    assert badges, dom[-2000:]
+    for name, (avg, diff) in badges.items():
+        if name.startswith("latency_ms"):
+            continue  # each job's own times: the comparison's latency is the interleaved timing pass's
+        row = rows[name.removesuffix(mt.NEGATED)]
+        sign = -1 if name.endswith(mt.NEGATED) else 1
+        assert avg == pytest.approx(sign * row["variant_mean"], abs=0.006), name
+        assert float(diff) == pytest.approx(sign * row["effect"], abs=0.006), name
+
+
+def _header_badges(dom: str) -> dict[str, tuple[float, str]]:
+    """The Evaluation runs view's column headers: feedback name -> (AVG of the selected run, the
+    difference badge as shown, e.g. ``+964.42``)."""
+    import html
+
+    text = re.sub(r"<[^>]+>", "|", re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.S))
+    text = html.unescape(re.sub(r"\|+", "|", text))
+    return {
+        m[1]: (float(m[2]), m[3]) for m in re.finditer(r"\|([^|]+)\|AVG\|(-?[\d.]+)\|([-+][\d.]+)\|", text)
+    }
+
+
+@pytest.mark.slow
+def test_per_query_view_of_the_default_sweep_says_which_queries_and_agrees(
+    default_sweep: dict[str, Any], tmp_path: Path
+) -> None:
+    """As a person would, at 1600x1100 with a fresh profile: the printed link of a split opens a
+    view named after the queries it holds, whose column averages are those queries' means in
+    records.jsonl (the split's means in comparison.json when the split is traced whole), and where
+    a lower-is-better metric that improved (fewer context tokens) shows as an increase, in green."""
+    from mlflow.tracing.client import TracingClient
+
+    require_chromium()
+    out = default_sweep["out"]
+    lines = [ln for ln in default_sweep["proc"].stdout.splitlines() if ln.startswith("per-query ")]
+    line = next(ln for ln in lines if ", dev (" in ln)
+    assert re.search(r"dev \(50 of \d+ queries, a sample stratified by kind\): http", line), lines
+    url = line.split(": ", 1)[1]
+    variant_split = re.search(r"selectedRunUuid=(\w+)", url)[1]  # type: ignore[index]
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    traced = TracingClient(uri).search_traces(
+        locations=["1"], run_id=variant_split, max_results=500, include_spans=False
+    )
+    ids = {json.loads(t.info.request_preview)["query_id"] for t in traced}
+    assert len(ids) == 50
+    job = next(
+        p.parent
+        for p in default_sweep["dir"].glob("*/summary.json")
+        if json.loads(p.read_text(encoding="utf-8"))["label"] == "chunk=256"
+    )
+    records = [r for r in read_records(job / "records.jsonl") if r["query_id"] in ids]
+    with mlflow_ui(tmp_path / "ui.log", cwd=default_sweep["cwd"]) as port:
+        url = url.replace(":5000/", f":{port}/")
+        dom = chromium(url, tmp_path / "profile", "--dump-dom", window="1600,1100", budget_ms=30000)
+        shots = os.environ.get("RAG_ABLATE_SCREENSHOT_DIR")
+        if shots:
+            chromium(
+                url,
+                tmp_path / "profile-shot",
+                f"--screenshot={Path(shots) / 'mlflow-eval-compare.png'}",
+                window="1600,1100",
+                budget_ms=30000,
             )
-        for name in ("gold_doc_ids", "evidence_recall_at_5", "intent_top1", "latency_ms"):
-            assert name in dom, name
+    assert "chunk=256 · dev · 50 of " in dom and "baseline (chunk=512) · dev · 50 of " in dom
+    badges = _header_badges(dom)
+    assert badges, dom[-2000:]
+    for name, (avg, _) in badges.items():
+        metric = name.removesuffix(mt.NEGATED)
+        values = [
+            mt.feedback(metric, r["metrics"][metric])[1]
+            for r in records
+            if r["metrics"].get(metric) is not None
+        ]
+        assert avg == pytest.approx(sum(values) / len(values), abs=0.006), name
+    # fewer context tokens for chunk=256: an improvement, shown as an increase (MLflow's green)
+    avg, diff = badges["context_tokens_at_5" + mt.NEGATED]
+    assert avg < 0 and diff.startswith("+")

@@ -93,7 +93,26 @@ def test_replaying_a_runs_records_reproduces_every_metric_exactly(
 
     # the same run's MLflow traces: retrieval, intents, answers and times come back as they were
     with sqlite3.connect(out / "mlflow.db") as con:
-        (run_id,) = con.execute("SELECT run_uuid FROM runs WHERE name=?", (name_before,)).fetchone()
+        (run_id, exp_id) = con.execute(
+            "SELECT run_uuid, experiment_id FROM runs WHERE name=?", (name_before,)
+        ).fetchone()
+    # its tokens and money are on its traces where MLflow's overview sums them, as cost/ counts them
+    from mlflow.tracing.client import TracingClient
+
+    infos = TracingClient(f"sqlite:///{out / 'mlflow.db'}").search_traces(
+        locations=[str(exp_id)], run_id=run_id, include_spans=False
+    )
+    originals = [json.loads(x) for x in (original / "records.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(infos) == len(originals)
+    usage = [json.loads(t.info.trace_metadata.get("mlflow.trace.tokenUsage", "{}")) for t in infos]
+    assert sum(u.get("input_tokens", 0) for u in usage) == sum(
+        (r.get("usage") or {}).get("prompt_tokens") or 0 for r in originals
+    )
+    assert sum(u.get("total_tokens", 0) for u in usage) > 0
+    money = sum(
+        json.loads(t.info.trace_metadata.get("mlflow.trace.cost", "{}")).get("total_cost", 0) for t in infos
+    )
+    assert money == pytest.approx(before["cost/usd_per_1k"] / 1000 * len(originals))
     traced = out / "traced"
     args = [*common, "system=replay", "system.format=mlflow", f"system.path=sqlite:///{out / 'mlflow.db'}"]
     proc = run_in_process([*args, f"system.run_id={run_id}", f"hydra.run.dir={traced}"], tmp_path)

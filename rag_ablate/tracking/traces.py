@@ -557,11 +557,13 @@ def log_traces(
     seed: int = 0,
     privacy: Privacy | None = None,
     usd: Usd | None = None,
+    per_split_runs: bool = True,
 ) -> int:
     """Log one trace per selected query (:func:`select`); the number of traces logged.
 
-    The traces of each split belong to an evaluation run of their own under ``run_id`` (the
-    variant's run; :func:`split_run`), named after the variant, the split and which queries it
+    With ``per_split_runs`` (a sweep's job, which has a baseline to compare with; else the traces
+    are the run's own), the traces of each split belong to an evaluation run of their own under
+    ``run_id`` (the variant's run; :func:`split_run`), named after the variant, the split and which queries it
     holds, so MLflow's Evaluation runs view compares a split of two variants over the same queries
     and its means are that split's; every trace is also linked to ``run_id``.
 
@@ -589,7 +591,7 @@ def log_traces(
     if old:
         client.delete_traces(experiment_id, trace_ids=old)
     for sample in samples(records, chosen):
-        target = split_run(uri, experiment_id, run_id, variant, sample)
+        target = split_run(uri, experiment_id, run_id, variant, sample) if per_split_runs else run_id
         mine = [(pos, rec) for pos, rec in chosen if str(rec.get("split")) == sample.split]
         for i in range(0, len(mine), BATCH):
             batch = mine[i : i + BATCH]
@@ -614,9 +616,11 @@ def log_traces(
             for info, _ in built:
                 client.start_trace(info)
             client.log_spans(experiment_id, [s for _, spans in built for s in spans])
-            runs.link_traces_to_run([info.trace_id for info, _ in built], run_id)
-        log_dataset_input(uri, target, dataset, privacy)
-        runs.set_terminated(target, status="FINISHED")
+            if target != run_id:
+                runs.link_traces_to_run([info.trace_id for info, _ in built], run_id)
+        if target != run_id:
+            log_dataset_input(uri, target, dataset, privacy)
+            runs.set_terminated(target, status="FINISHED")
     log_dataset_input(uri, run_id, dataset, privacy)
     return len(chosen)
 
