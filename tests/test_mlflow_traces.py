@@ -628,3 +628,42 @@ def test_per_query_view_of_the_default_sweep_says_which_queries_and_agrees(
     # fewer context tokens for chunk=256: an improvement, shown as an increase (MLflow's green)
     avg, diff = badges["context_tokens_at_5" + mt.NEGATED]
     assert avg < 0 and diff.startswith("+")
+
+
+def test_trace_carries_the_answer_first_tokens_money_and_variant_where_mlflow_reads_them() -> None:
+    from types import SimpleNamespace
+
+    rec: Any = {
+        "query_id": "q1",
+        "query": "退货要运费吗",
+        "split": "dev",
+        "kind": "answerable",
+        "status": "ok",
+        "intent_pred": "K_returns",
+        "answer": "不需要",
+        "timings_ms": {"bm25": 1.0, "generate": 5.0, "total": 6.0},
+        "retrieved": [],
+        "usage": {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320},
+        "metrics": {"recall_at_5": 1.0},
+    }
+    info, spans = mt.build_trace(
+        rec,
+        None,
+        SimpleNamespace(documents={}),  # type: ignore[arg-type]
+        experiment_id="0",
+        run_id="r",
+        start_ns=0,
+        metrics=["recall_at_5"],
+        rng=random.Random(0),
+        variant="chunk=256",
+        usd=lambda r: (0.0006, 0.00016),
+    )
+    assert next(iter(json.loads(info.response_preview))) == "answer"  # the Response column starts with it
+    usage = {"input_tokens": 300, "output_tokens": 20, "total_tokens": 320}
+    cost = {"input_cost": 0.0006, "output_cost": 0.00016, "total_cost": pytest.approx(0.00076)}
+    assert json.loads(info.trace_metadata["mlflow.trace.tokenUsage"]) == usage
+    assert json.loads(info.trace_metadata["mlflow.trace.cost"]) == cost
+    assert info.tags["variant"] == info.trace_metadata["variant"] == "chunk=256"
+    generate = next(s for s in spans if s.name == "generate")
+    assert generate.get_attribute("mlflow.chat.tokenUsage") == usage
+    assert generate.get_attribute("mlflow.llm.cost") == cost

@@ -390,12 +390,10 @@ def build_trace(
     text_in: dict[str, Any] = {"query": rec["query"]} if rec.get("query") is not None else {}
     root_inputs = {"query_id": rec["query_id"], **text_in}
     docs = documents(rec, dataset, privacy)
-    root_outputs: dict[str, Any] = {
-        "doc_ids": [d["metadata"]["doc_id"] for d in docs],
-        "intent": rec.get("intent_pred"),
-    }
-    if answer is not None:
-        root_outputs["answer"] = answer
+    # the answer first: MLflow's Response column shows the start of this JSON
+    root_outputs: dict[str, Any] = {} if answer is None else {"answer": answer}
+    root_outputs["doc_ids"] = [d["metadata"]["doc_id"] for d in docs]
+    root_outputs["intent"] = rec.get("intent_pred")
     if failed:
         root_outputs["error"] = error
     root, root_id = factory.make(
