@@ -657,6 +657,7 @@ def test_trace_carries_the_answer_first_tokens_money_and_variant_where_mlflow_re
         rng=random.Random(0),
         variant="chunk=256",
         usd=lambda r: (0.0006, 0.00016),
+        model="m",
     )
     assert next(iter(json.loads(info.response_preview))) == "answer"  # the Response column starts with it
     usage = {"input_tokens": 300, "output_tokens": 20, "total_tokens": 320}
@@ -667,3 +668,4 @@ def test_trace_carries_the_answer_first_tokens_money_and_variant_where_mlflow_re
     generate = next(s for s in spans if s.name == "generate")
     assert generate.get_attribute("mlflow.chat.tokenUsage") == usage
     assert generate.get_attribute("mlflow.llm.cost") == cost
+    assert generate.get_attribute("mlflow.llm.model") == "m"  # the overview breaks the cost down by model

@@ -8,6 +8,7 @@ the other cases build logs by hand and run the system with the runner's own ``ev
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from rag_ablate.run.runner import evaluate
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.http import map_logged
 from rag_ablate.systems.replay import ReplayError, ReplaySystem
-from tests.conftest import DOCS, QUERIES, run_in_process, write_jsonl
+from tests.conftest import DOCS, QUERIES, chromium, mlflow_ui, require_chromium, run_in_process, write_jsonl
 from tests.fake_llm import FakeLLM
 
 FAST = ["progress=false", "compare.B=200"]
@@ -113,6 +114,15 @@ def test_replaying_a_runs_records_reproduces_every_metric_exactly(
         json.loads(t.info.trace_metadata.get("mlflow.trace.cost", "{}")).get("total_cost", 0) for t in infos
     )
     assert money == pytest.approx(before["cost/usd_per_1k"] / 1000 * len(originals))
+    # and MLflow's experiment overview, as a person opens it (1600x1100, a fresh profile), says so
+    require_chromium()
+    with mlflow_ui(tmp_path / "ui.log", uri=f"sqlite:///{out / 'mlflow.db'}") as port:
+        url = f"http://127.0.0.1:{port}/#/experiments/{exp_id}"
+        dom = chromium(url, tmp_path / "profile", "--dump-dom", window="1600,1100", budget_ms=60000)
+    text = re.sub(r"\|+", "|", re.sub(r"\s*<[^>]+>\s*", "|", dom))
+    shown = re.search(r"\|Token Usage\|([\d.]+)(K?)", text)
+    assert shown and float(shown[1]) > 0, text[-3000:]
+    assert "|Total Cost|" in text and "|No cost data available|" not in text  # cost, by model
     traced = out / "traced"
     args = [*common, "system=replay", "system.format=mlflow", f"system.path=sqlite:///{out / 'mlflow.db'}"]
     proc = run_in_process([*args, f"system.run_id={run_id}", f"hydra.run.dir={traced}"], tmp_path)

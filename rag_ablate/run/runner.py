@@ -762,6 +762,7 @@ def _log_traces(
             seed=s.seed,
             privacy=privacy.Privacy.from_config(s.privacy),  # ids only, or redacted passages
             usd=None if price is None else functools.partial(cost.query_usd_parts, price=price),
+            model=s.cost.model,
             per_split_runs=store.parent_run_id is not None,  # a sweep's job: compared with its baseline
         )
     except Exception as exc:

@@ -344,6 +344,7 @@ def build_trace(
     privacy: Privacy | None = None,
     variant: str | None = None,
     usd: Usd | None = None,
+    model: str | None = None,
 ) -> tuple[TraceInfo, list[Span]]:
     """One query's trace: its info (with feedback and expectation) and its finished spans.
 
@@ -351,7 +352,8 @@ def build_trace(
     stored) the inputs are ``{query_id}`` only and the passages are left empty. ``variant`` (the
     variant's label) goes to the trace's tags and metadata; the tokens the system reported and,
     with ``usd`` (the query's input and output cost), its money go where MLflow's overview and
-    trace list read them (:func:`usage_and_cost`)."""
+    trace list read them (:func:`usage_and_cost`); ``model`` (the ``cost.model`` it is billed at)
+    is the span's ``mlflow.llm.model``, by which MLflow's overview breaks the cost down."""
     from mlflow.entities import (
         AssessmentSource,
         AssessmentSourceType,
@@ -385,6 +387,8 @@ def build_trace(
     spent: dict[str, Any] = {SpanAttributeKey.CHAT_USAGE: tokens} if tokens else {}
     if money:
         spent[SpanAttributeKey.LLM_COST] = money
+        if model is not None:
+            spent[SpanAttributeKey.MODEL] = model
 
     # the query's text as stored: absent with privacy.store_text=false (ids only)
     text_in: dict[str, Any] = {"query": rec["query"]} if rec.get("query") is not None else {}
@@ -555,6 +559,7 @@ def log_traces(
     seed: int = 0,
     privacy: Privacy | None = None,
     usd: Usd | None = None,
+    model: str | None = None,
     per_split_runs: bool = True,
 ) -> int:
     """Log one trace per selected query (:func:`select`); the number of traces logged.
@@ -567,9 +572,9 @@ def log_traces(
 
     ``records`` are the stored records; ``privacy`` says what of the passages may be stored
     (:meth:`rag_ablate.core.privacy.Privacy.text`; None: as they are); ``usd``: a query's money
-    (None: not priced). ``per_split``: queries per split (None: all, 0: none). ``start_ns``: when
-    the evaluation of the first record began (Unix epoch, nanoseconds). Also logs the query set as
-    the dataset input of each run that holds traces.
+    (None: not priced), billed at ``model``. ``per_split``: queries per split (None: all, 0:
+    none). ``start_ns``: when the evaluation of the first record began (Unix epoch, nanoseconds).
+    Also logs the query set as the dataset input of each run that holds traces.
     """
     chosen = select(records, per_split, seed)
     if not chosen:
@@ -606,6 +611,7 @@ def log_traces(
                     privacy=privacy,
                     variant=variant,
                     usd=usd,
+                    model=model,
                 )
                 for pos, rec in batch
             ]
