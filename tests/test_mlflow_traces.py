@@ -512,6 +512,10 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
     mt.log_traces(uri, exp, run_b, [rec], dataset, per_split=None, metrics=["recall_at_5"], start_ns=start)
     (again,) = _traces(uri, exp, run_b)
     assert [a.name for a in again.info.assessments if a.name != mt.GOLD_NAME] == ["recall_at_5"]
+    # in the same evaluation run of its split, not a second one
+    held = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{run_b}'")
+    assert [r.info.run_id for r in held] == [mt.split_runs(uri, exp, run_b)[q.split]]
+    assert again.info.trace_metadata["mlflow.sourceRun"] == held[0].info.run_id
 
 
 def test_compare_link() -> None:
