@@ -290,7 +290,12 @@ def _feedback_directions(dataset: Dataset, metrics: dict[str, float]) -> dict[st
         metrics=list(metrics),
         rng=random.Random(0),
     )
-    return {a.name: a.metadata["direction"] for a in info.assessments if isinstance(a, Feedback)}
+    feedback = [a for a in info.assessments if isinstance(a, Feedback)]
+    # a lower-is-better metric goes negated, under a name that says so (MLflow paints increases green)
+    for a in feedback:
+        assert (a.name, a.value) == mt.feedback(a.metadata["metric"], metrics[a.metadata["metric"]])
+        assert a.name.endswith(mt.NEGATED) == (a.metadata["direction"] == "lower_is_better")
+    return {a.metadata["metric"]: a.metadata["direction"] for a in feedback}
 
 
 def test_a_metric_registered_at_run_time_is_compared_rendered_traced_and_must_be_documented(

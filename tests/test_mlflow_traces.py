@@ -14,6 +14,7 @@ against a trace built span by span with MLflow's public tracing API.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import subprocess
@@ -112,8 +113,11 @@ def test_one_trace_per_query_under_its_run_with_identical_root_inputs(sweep: dic
     for label, v in variants.items():
         by_q = _by_query(v["traces"])
         assert sorted(by_q) == sorted(q["query_id"] for q in QUERIES), label
+        splits = mt.split_runs(sweep["uri"], sweep["exp"].experiment_id, v["run"].info.run_id)
         for qid, t in by_q.items():
-            assert t.info.trace_metadata["mlflow.sourceRun"] == v["run"].info.run_id
+            # each split's traces belong to the variant's evaluation run of that split
+            assert t.info.trace_metadata["mlflow.sourceRun"] == splits[t.info.tags["rag_ablate.split"]]
+            assert t.info.tags["variant"] == t.info.trace_metadata["variant"] == v["run"].info.run_name
             root = next(s for s in t.data.spans if s.parent_id is None)
             roots.setdefault(qid, {})[label] = root.inputs
     for qid, per_variant in roots.items():
@@ -179,13 +183,17 @@ def test_feedback_equals_the_records_metric_values(sweep: dict[str, Any]) -> Non
         by_q = _by_query(v["traces"])
         for rec in v["records"]:
             feedback = {a.name: a for a in by_q[rec["query_id"]].info.assessments if isinstance(a, Feedback)}
-            expected = {m: rec["metrics"][m] for m in COMPARED if rec["metrics"].get(m) is not None}
+            expected = dict(
+                mt.feedback(m, rec["metrics"][m]) for m in COMPARED if rec["metrics"].get(m) is not None
+            )
             assert {n: a.value for n, a in feedback.items()} == expected
+            # lower-is-better latency goes negated, under a name that says so
+            assert "latency_ms" not in feedback and expected["latency_ms (negated, up = better)"] <= 0
             assert "recall_at_5" in expected or rec["kind"] != "answerable"
             for a in feedback.values():
                 assert a.source.source_type == AssessmentSourceType.CODE
                 assert a.metadata["direction"] == (
-                    "lower_is_better" if a.name == "latency_ms" else "higher_is_better"
+                    "lower_is_better" if a.metadata["metric"] == "latency_ms" else "higher_is_better"
                 )
 
 
@@ -225,11 +233,15 @@ def test_sweep_prints_the_compare_link_and_notes_arrows(sweep: dict[str, Any]) -
     v = sweep["variants"]
     exp_id = sweep["exp"].experiment_id
     variant, baseline = v["chunk=256"]["run"].info.run_id, v["baseline"]["run"].info.run_id
-    link = (
-        f"http://127.0.0.1:5000/#/experiments/{exp_id}/evaluation-runs"
-        f"?selectedRunUuid={variant}&compareToRunUuid={baseline}"
-    )
-    assert link in sweep["proc"].stdout
+    ours, theirs = (mt.split_runs(sweep["uri"], exp_id, r) for r in (variant, baseline))
+    assert ours and set(ours) == set(theirs) == {r["split"] for r in v["chunk=256"]["records"]}
+    for split in ours:
+        n = sum(1 for r in v["chunk=256"]["records"] if r["split"] == split)
+        link = (
+            f"http://127.0.0.1:5000/#/experiments/{exp_id}/evaluation-runs"
+            f"?selectedRunUuid={ours[split]}&compareToRunUuid={theirs[split]}"
+        )
+        assert f"per-query chunk=256 vs baseline, {split} (all {n} queries): {link}" in sweep["proc"].stdout
     note = sweep["client"].get_run(variant).data.tags["mlflow.note.content"]
     assert mt.DESCRIPTION_NOTE in note and note.count(mt.DESCRIPTION_NOTE) == 1
 
@@ -276,13 +288,52 @@ def test_setting_rejects(value: object) -> None:
         mt.parse_setting(value)
 
 
-def test_selection_takes_the_first_n_of_each_split_in_order() -> None:
-    records = [{"query_id": f"q{i}", "split": "dev" if i % 3 else "holdout"} for i in range(10)]
-    chosen = mt.select(records, 2)
-    assert [r["query_id"] for _, r in chosen] == ["q0", "q1", "q2", "q3"]
-    assert [i for i, _ in chosen] == [0, 1, 2, 3]
+def test_selection_takes_a_small_split_whole_and_a_stratified_sample_of_a_large_one() -> None:
+    # holdout: 4 queries (whole); dev: 96 queries, 3 in 4 answerable, sampled 20 of
+    records = [
+        {
+            "query_id": f"q{i}",
+            "split": "holdout" if i < 4 else "dev",
+            "kind": "unanswerable" if i % 4 == 0 else "answerable",
+        }
+        for i in range(100)
+    ]
+    chosen = mt.select(records, 20)
+    positions = [i for i, _ in chosen]
+    assert positions == sorted(positions)  # dataset order
+    picked = [r for _, r in chosen]
+    assert [r["query_id"] for r in picked if r["split"] == "holdout"] == ["q0", "q1", "q2", "q3"]
+    dev = [r for r in picked if r["split"] == "dev"]
+    # each kind's share as in the split (72 of 96 answerable -> 15 of 20)
+    assert len(dev) == 20 and sum(r["kind"] == "answerable" for r in dev) == 15
+    # the same queries for every variant (and not just the first ones)
+    assert mt.select([dict(r) for r in records], 20) == chosen
+    assert [r["query_id"] for r in dev] != [r["query_id"] for r in records[4:24]]
+    assert [s.describe() for s in mt.samples(records, chosen)] == [
+        "all 4 queries",
+        "20 of 96 queries, a sample stratified by kind",
+    ]
     assert mt.select(records, 0) == []
-    assert len(mt.select(records, None)) == 10
+    assert len(mt.select(records, None)) == len(mt.select(records, 96)) == 100
+
+
+def test_lower_is_better_feedback_is_negated_under_a_name_that_says_so() -> None:
+    assert mt.feedback("recall_at_5", 0.5) == ("recall_at_5", 0.5)
+    assert mt.feedback("acl_leak_at_10", 1.0) == ("acl_leak_at_10 (negated, up = better)", -1.0)
+    assert mt.feedback("latency_ms", 12.5) == ("latency_ms (negated, up = better)", -12.5)
+
+
+def test_token_usage_and_cost_in_mlflows_keys() -> None:
+    rec: Any = {"usage": {"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200}}
+    tokens, money = mt.usage_and_cost(rec, lambda r: (0.002, 0.0006))
+    assert tokens == {"input_tokens": 1000, "output_tokens": 200, "total_tokens": 1200}
+    assert money == {"input_cost": 0.002, "output_cost": 0.0006, "total_cost": 0.0026}
+    # a count the system did not report is left out; unpriced: no money
+    assert mt.usage_and_cost({"usage": {"completion_tokens": 7}}, None) == (  # type: ignore[typeddict-item]
+        {"output_tokens": 7, "total_tokens": 7},
+        {},
+    )
+    assert mt.usage_and_cost({}, lambda r: (1.0, 1.0)) == ({}, {})  # type: ignore[typeddict-item]
 
 
 def test_stage_layout_of_a_hybrid_reranked_answered_query() -> None:
@@ -438,7 +489,8 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
         mlflow.flush_trace_async_logging()
         code = AssessmentSource(AssessmentSourceType.CODE, mt.SOURCE_ID)
         for name in ("recall_at_5", "latency_ms"):
-            mlflow.log_feedback(trace_id=root.trace_id, name=name, value=rec["metrics"][name], source=code)
+            sent, value = mt.feedback(name, rec["metrics"][name])
+            mlflow.log_feedback(trace_id=root.trace_id, name=sent, value=value, source=code)
         mlflow.log_expectation(trace_id=root.trace_id, name=mt.GOLD_NAME, value=["FEES", "RET"], source=code)
     mlflow.set_tracking_uri(None)
 
@@ -450,7 +502,7 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
     (a,) = _traces(uri, exp, run_a)
     (b,) = _traces(uri, exp, run_b)
     sa, sb = _shape(a), _shape(b)
-    assert sb["source_run"] == run_b and sa["source_run"] == run_a
+    assert sb["source_run"] == mt.split_runs(uri, exp, run_b)[q.split] and sa["source_run"] == run_a
     sa.pop("source_run"), sb.pop("source_run")
     assert sb == sa
     root = next(s for s in TracingClient(uri).get_trace(b.info.trace_id).data.spans if s.parent_id is None)
@@ -460,6 +512,10 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
     mt.log_traces(uri, exp, run_b, [rec], dataset, per_split=None, metrics=["recall_at_5"], start_ns=start)
     (again,) = _traces(uri, exp, run_b)
     assert [a.name for a in again.info.assessments if a.name != mt.GOLD_NAME] == ["recall_at_5"]
+    # in the same evaluation run of its split, not a second one
+    held = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{run_b}'")
+    assert [r.info.run_id for r in held] == [mt.split_runs(uri, exp, run_b)[q.split]]
+    assert again.info.trace_metadata["mlflow.sourceRun"] == held[0].info.run_id
 
 
 def test_compare_link() -> None:
@@ -469,21 +525,151 @@ def test_compare_link() -> None:
 
 @pytest.mark.slow
 def test_compare_link_opens_the_query_by_query_view(sweep: dict[str, Any], tmp_path: Path) -> None:
-    """As a person would: serve the store, open the printed link in headless Chromium."""
+    """As a person would: serve the store, open the printed link of a split in headless Chromium.
+    Traced whole (``tracking.traces=all``), the split's column averages and their differences are
+    comparison.json's means and effects of that split."""
     require_chromium()
+    link = re.search(
+        r"per-query chunk=256 vs baseline, (\w+) \(all \d+ queries\): (http://127\.0\.0\.1:5000/\S+)",
+        sweep["proc"].stdout,
+    )
+    assert link, sweep["proc"].stdout
+    split = link[1]
+    (comparison,) = (sweep["cwd"] / "outputs" / "multirun").glob("*/comparison.json")
+    rows = {
+        r["metric"]: r
+        for r in json.loads(comparison.read_text(encoding="utf-8"))["rows"]
+        if r["split"] == split and r["variant"] == "chunk=256"
+    }
     with mlflow_ui(tmp_path / "ui.log", cwd=sweep["cwd"]) as port:
-        link = re.search(
-            r"(http://127\.0\.0\.1:5000/#/experiments/\S+/evaluation-runs\?\S+)", sweep["proc"].stdout
-        )
-        assert link, sweep["proc"].stdout
-        url = link[1].replace(":5000/", f":{port}/")
+        url = link[2].replace(":5000/", f":{port}/")
         dom = chromium(url, tmp_path / "profile", "--dump-dom", window="2800,1100", budget_ms=30000)
-        # both runs named in the comparison header, every query's row, the feedback columns
-        assert "baseline (chunk=512)" in dom and "chunk=256" in dom
-        for q in QUERIES:
-            assert (
-                f"&quot;query_id&quot;: &quot;{q['query_id']}&quot;" in dom
-                or f'"query_id": "{q["query_id"]}"' in dom
+    # both runs of the split named in the comparison header, every query's row of the split
+    assert f"chunk=256 · {split} · all " in dom and f"baseline (chunk=512) · {split} · all " in dom
+    in_split = {r["query_id"] for r in sweep["variants"]["chunk=256"]["records"] if r["split"] == split}
+    for q in QUERIES:
+        shown = (
+            f"&quot;query_id&quot;: &quot;{q['query_id']}&quot;" in dom
+            or f'"query_id": "{q["query_id"]}"' in dom
+        )
+        assert shown == (q["query_id"] in in_split), q["query_id"]
+    assert "gold_doc_ids" in dom
+    badges = _header_badges(dom)
+    assert badges, dom[-2000:]
+    for name, (avg, diff) in badges.items():
+        if name.startswith("latency_ms"):
+            continue  # each job's own times: the comparison's latency is the interleaved timing pass's
+        row = rows[name.removesuffix(mt.NEGATED)]
+        sign = -1 if name.endswith(mt.NEGATED) else 1
+        assert avg == pytest.approx(sign * row["variant_mean"], abs=0.006), name
+        assert float(diff) == pytest.approx(sign * row["effect"], abs=0.006), name
+
+
+def _header_badges(dom: str) -> dict[str, tuple[float, str]]:
+    """The Evaluation runs view's column headers: feedback name -> (AVG of the selected run, the
+    difference badge as shown, e.g. ``+964.42``)."""
+    import html
+
+    text = re.sub(r"<[^>]+>", "|", re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.S))
+    text = html.unescape(re.sub(r"\|+", "|", text))
+    return {
+        m[1]: (float(m[2]), m[3]) for m in re.finditer(r"\|([^|]+)\|AVG\|(-?[\d.]+)\|([-+][\d.]+)\|", text)
+    }
+
+
+@pytest.mark.slow
+def test_per_query_view_of_the_default_sweep_says_which_queries_and_agrees(
+    default_sweep: dict[str, Any], tmp_path: Path
+) -> None:
+    """As a person would, at 1600x1100 with a fresh profile: the printed link of a split opens a
+    view named after the queries it holds, whose column averages are those queries' means in
+    records.jsonl (the split's means in comparison.json when the split is traced whole), and where
+    a lower-is-better metric that improved (fewer context tokens) shows as an increase, in green."""
+    from mlflow.tracing.client import TracingClient
+
+    require_chromium()
+    out = default_sweep["out"]
+    lines = [ln for ln in default_sweep["proc"].stdout.splitlines() if ln.startswith("per-query ")]
+    line = next(ln for ln in lines if ", dev (" in ln)
+    assert re.search(r"dev \(50 of \d+ queries, a sample stratified by kind\): http", line), lines
+    url = line.split(": ", 1)[1]
+    variant_split = re.search(r"selectedRunUuid=(\w+)", url)[1]  # type: ignore[index]
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    traced = TracingClient(uri).search_traces(
+        locations=["1"], run_id=variant_split, max_results=500, include_spans=False
+    )
+    ids = {json.loads(t.info.request_preview)["query_id"] for t in traced}
+    assert len(ids) == 50
+    job = next(
+        p.parent
+        for p in default_sweep["dir"].glob("*/summary.json")
+        if json.loads(p.read_text(encoding="utf-8"))["label"] == "chunk=256"
+    )
+    records = [r for r in read_records(job / "records.jsonl") if r["query_id"] in ids]
+    with mlflow_ui(tmp_path / "ui.log", cwd=default_sweep["cwd"]) as port:
+        url = url.replace(":5000/", f":{port}/")
+        dom = chromium(url, tmp_path / "profile", "--dump-dom", window="1600,1100", budget_ms=30000)
+        shots = os.environ.get("RAG_ABLATE_SCREENSHOT_DIR")
+        if shots:
+            chromium(
+                url,
+                tmp_path / "profile-shot",
+                f"--screenshot={Path(shots) / 'mlflow-eval-compare.png'}",
+                window="1600,1100",
+                budget_ms=30000,
             )
-        for name in ("gold_doc_ids", "evidence_recall_at_5", "intent_top1", "latency_ms"):
-            assert name in dom, name
+    assert "chunk=256 · dev · 50 of " in dom and "baseline (chunk=512) · dev · 50 of " in dom
+    badges = _header_badges(dom)
+    assert badges, dom[-2000:]
+    for name, (avg, _) in badges.items():
+        metric = name.removesuffix(mt.NEGATED)
+        values = [
+            mt.feedback(metric, r["metrics"][metric])[1]
+            for r in records
+            if r["metrics"].get(metric) is not None
+        ]
+        assert avg == pytest.approx(sum(values) / len(values), abs=0.006), name
+    # fewer context tokens for chunk=256: an improvement, shown as an increase (MLflow's green)
+    avg, diff = badges["context_tokens_at_5" + mt.NEGATED]
+    assert avg < 0 and diff.startswith("+")
+
+
+def test_trace_carries_the_answer_first_tokens_money_and_variant_where_mlflow_reads_them() -> None:
+    from types import SimpleNamespace
+
+    rec: Any = {
+        "query_id": "q1",
+        "query": "退货要运费吗",
+        "split": "dev",
+        "kind": "answerable",
+        "status": "ok",
+        "intent_pred": "K_returns",
+        "answer": "不需要",
+        "timings_ms": {"bm25": 1.0, "generate": 5.0, "total": 6.0},
+        "retrieved": [],
+        "usage": {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320},
+        "metrics": {"recall_at_5": 1.0},
+    }
+    info, spans = mt.build_trace(
+        rec,
+        None,
+        SimpleNamespace(documents={}),  # type: ignore[arg-type]
+        experiment_id="0",
+        run_id="r",
+        start_ns=0,
+        metrics=["recall_at_5"],
+        rng=random.Random(0),
+        variant="chunk=256",
+        usd=lambda r: (0.0006, 0.00016),
+        model="m",
+    )
+    assert next(iter(json.loads(info.response_preview))) == "answer"  # the Response column starts with it
+    usage = {"input_tokens": 300, "output_tokens": 20, "total_tokens": 320}
+    cost = {"input_cost": 0.0006, "output_cost": 0.00016, "total_cost": pytest.approx(0.00076)}
+    assert json.loads(info.trace_metadata["mlflow.trace.tokenUsage"]) == usage
+    assert json.loads(info.trace_metadata["mlflow.trace.cost"]) == cost
+    assert info.tags["variant"] == info.trace_metadata["variant"] == "chunk=256"
+    generate = next(s for s in spans if s.name == "generate")
+    assert generate.get_attribute("mlflow.chat.tokenUsage") == usage
+    assert generate.get_attribute("mlflow.llm.cost") == cost
+    assert generate.get_attribute("mlflow.llm.model") == "m"  # the overview breaks the cost down by model

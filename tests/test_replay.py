@@ -8,6 +8,7 @@ the other cases build logs by hand and run the system with the runner's own ``ev
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from rag_ablate.run.runner import evaluate
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.http import map_logged
 from rag_ablate.systems.replay import ReplayError, ReplaySystem
-from tests.conftest import DOCS, QUERIES, run_in_process, write_jsonl
+from tests.conftest import DOCS, QUERIES, chromium, mlflow_ui, require_chromium, run_in_process, write_jsonl
 from tests.fake_llm import FakeLLM
 
 FAST = ["progress=false", "compare.B=200"]
@@ -93,7 +94,35 @@ def test_replaying_a_runs_records_reproduces_every_metric_exactly(
 
     # the same run's MLflow traces: retrieval, intents, answers and times come back as they were
     with sqlite3.connect(out / "mlflow.db") as con:
-        (run_id,) = con.execute("SELECT run_uuid FROM runs WHERE name=?", (name_before,)).fetchone()
+        (run_id, exp_id) = con.execute(
+            "SELECT run_uuid, experiment_id FROM runs WHERE name=?", (name_before,)
+        ).fetchone()
+    # its tokens and money are on its traces where MLflow's overview sums them, as cost/ counts them
+    from mlflow.tracing.client import TracingClient
+
+    infos = TracingClient(f"sqlite:///{out / 'mlflow.db'}").search_traces(
+        locations=[str(exp_id)], run_id=run_id, include_spans=False
+    )
+    originals = [json.loads(x) for x in (original / "records.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(infos) == len(originals)
+    usage = [json.loads(t.info.trace_metadata.get("mlflow.trace.tokenUsage", "{}")) for t in infos]
+    assert sum(u.get("input_tokens", 0) for u in usage) == sum(
+        (r.get("usage") or {}).get("prompt_tokens") or 0 for r in originals
+    )
+    assert sum(u.get("total_tokens", 0) for u in usage) > 0
+    money = sum(
+        json.loads(t.info.trace_metadata.get("mlflow.trace.cost", "{}")).get("total_cost", 0) for t in infos
+    )
+    assert money == pytest.approx(before["cost/usd_per_1k"] / 1000 * len(originals))
+    # and MLflow's experiment overview, as a person opens it (1600x1100, a fresh profile), says so
+    require_chromium()
+    with mlflow_ui(tmp_path / "ui.log", uri=f"sqlite:///{out / 'mlflow.db'}") as port:
+        url = f"http://127.0.0.1:{port}/#/experiments/{exp_id}"
+        dom = chromium(url, tmp_path / "profile", "--dump-dom", window="1600,1100", budget_ms=60000)
+    text = re.sub(r"\|+", "|", re.sub(r"\s*<[^>]+>\s*", "|", dom))
+    shown = re.search(r"\|Token Usage\|([\d.]+)(K?)", text)
+    assert shown and float(shown[1]) > 0, text[-3000:]
+    assert "|Total Cost|" in text and "|No cost data available|" not in text  # cost, by model
     traced = out / "traced"
     args = [*common, "system=replay", "system.format=mlflow", f"system.path=sqlite:///{out / 'mlflow.db'}"]
     proc = run_in_process([*args, f"system.run_id={run_id}", f"hydra.run.dir={traced}"], tmp_path)

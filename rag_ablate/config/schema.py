@@ -270,7 +270,9 @@ class TrackingConfig:
     uri: str | None = None  # MLflow tracking URI; null = sqlite:///<paths.output_root>/mlflow.db
     experiment: str = "rag_ablate"  # MLflow experiment name
     artifact_root: str | None = None  # null = <paths.output_root>/mlartifacts (a server: its own root)
-    traces: str = "20"  # per-query MLflow traces: none | N (the first N queries of each split) | all
+    # per-query MLflow traces: none | all | N (a split of at most N queries whole, else N of it,
+    # stratified by kind)
+    traces: str = "50"
     timeout_s: Positive = 60.0  # the longest one MLflow call may take, retries included, seconds
     # the port `rag-ablate ui` serves on and printed links point to (README "Look at results in MLflow")
     ui_port: Annotated[int, Range(1, 65535)] = 5000

@@ -92,14 +92,19 @@ def query_tokens(rec: Record, name: str) -> float | None:
 
 def query_usd(rec: Record, price: ModelPrice) -> float:
     """Money one query spent: its reported tokens times USD per 1M tokens (missing counts = 0)."""
+    return sum(query_usd_parts(rec, price))
+
+
+def query_usd_parts(rec: Record, price: ModelPrice) -> tuple[float, float]:
+    """:func:`query_usd` as (input, output): prompt and embedding tokens, completion tokens."""
     usage = rec.get("usage")
     if not usage:
-        return 0.0
-    return (
+        return 0.0, 0.0
+    spent_in = (
         float(usage.get("prompt_tokens") or 0) * price.prompt
-        + float(usage.get("completion_tokens") or 0) * price.completion
         + float(usage.get("embedding_tokens") or 0) * price.embedding
-    ) / 1_000_000
+    )
+    return spent_in / 1_000_000, float(usage.get("completion_tokens") or 0) * price.completion / 1_000_000
 
 
 def _quantiles(out: dict[str, float], name: str, values: list[float]) -> None:

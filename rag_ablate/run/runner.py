@@ -761,6 +761,7 @@ def _log_traces(
     per_split = mlflow_traces.parse_setting(s.tracking.traces)
     if per_split == 0:
         return 0
+    price = s.cost.prices.get(s.cost.model) if s.cost.model else None
     try:
         return mlflow_traces.log_traces(
             store.uri,
@@ -773,6 +774,9 @@ def _log_traces(
             start_ns=started_ns,
             seed=s.seed,
             privacy=privacy.Privacy.from_config(s.privacy),  # ids only, or redacted passages
+            usd=None if price is None else functools.partial(cost.query_usd_parts, price=price),
+            model=s.cost.model,
+            per_split_runs=store.parent_run_id is not None,  # a sweep's job: compared with its baseline
         )
     except Exception as exc:
         print(f"per-query MLflow traces not logged: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -30,10 +30,11 @@ for what it costs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
 TRACE_NAME = "query"
 SOURCE_ID = "rag_ablate"  # the CODE source of every feedback and expectation
+VARIANT_KEY = "variant"  # the trace tag and metadata naming the variant (a column of MLflow's trace list)
 GOLD_NAME = "gold_doc_ids"  # the expectation: relevant documents, most relevant first
 BATCH = 100  # traces whose spans are written in one call
 STAGES = ("route", "retrieve", "rerank", "generate")  # child spans, in the order they ran
@@ -57,11 +59,13 @@ STAGES = ("route", "retrieve", "rerank", "generate")  # child spans, in the orde
 # (``service.<stage>``: a service's own timings, inside a call) are kept on the root span only
 _STAGE_OF = {"route": "route", "rerank": "rerank", "generate": "generate", "chat": "generate"}
 
+NEGATED = " (negated, up = better)"  # the suffix of a lower-is-better metric's feedback name
 DESCRIPTION_NOTE = (
-    "Per-query traces: MLflow's Evaluation runs view compares this run with the baseline query by "
-    "query; its arrows show plain differences, so for lower-is-better feedback (latency, tokens, "
-    "errors, access-control leaks, refusals; each feedback's direction metadata says which) an "
-    "upward arrow is a regression."
+    "Per-query traces: one evaluation run per split under this run (its name says which queries: "
+    "all of the split, or a sample stratified by kind), compared with the baseline's run of the same "
+    "split query by query; its means are the split's means over those queries. MLflow colours every "
+    "increase green, so a lower-is-better metric (latency, tokens, errors, access-control leaks, "
+    f"refusals) is sent negated, named '<metric>{NEGATED}': green is better for every metric."
 )
 
 
@@ -72,6 +76,17 @@ def lower_is_better(metric: str) -> bool:
     :class:`~rag_ablate.core.errors.UnknownNameError` listing the valid names.
     """
     return direction_of(metric) == "lower"
+
+
+def feedback(metric: str, value: float) -> tuple[str, float]:
+    """The name and value a per-query metric is sent to MLflow as.
+
+    MLflow's evaluation views colour every increase green and every decrease red, and cannot be
+    told a metric's direction; so a lower-is-better metric (``MetricSpec.direction``) is sent
+    negated, under a name that says so: its improvement is an increase there too."""
+    if lower_is_better(metric):
+        return f"{metric}{NEGATED}", -value
+    return metric, value
 
 
 def description_note() -> str:
@@ -105,19 +120,67 @@ def parse_setting(value: object) -> int | None:
     return n
 
 
-def select(records: Sequence[Record], per_split: int | None) -> list[tuple[int, Record]]:
-    """(position, record) of the traced queries: the first ``per_split`` of each split in
-    dataset order (the same queries for every variant of a dataset), or all for None."""
-    if per_split is None:
-        return list(enumerate(records))
-    taken: dict[str, int] = {}
-    out = []
+@dataclass(frozen=True)
+class SplitSample:
+    """Which queries of one split are traced: ``n`` of its ``total``, all or a sample stratified by kind."""
+
+    split: str
+    n: int
+    total: int
+
+    @property
+    def sampled(self) -> bool:
+        return self.n < self.total
+
+    def describe(self) -> str:
+        """What the per-query view of this split holds, as its run name and the printed link say."""
+        if not self.sampled:
+            return f"all {self.total} queries"
+        return f"{self.n} of {self.total} queries, a sample stratified by kind"
+
+
+def select(records: Sequence[Record], per_split: int | None, seed: int = 0) -> list[tuple[int, Record]]:
+    """(position, record) of the traced queries, in dataset order: every query of a split with at
+    most ``per_split`` queries (None: every split whole), else ``per_split`` of them, a sample
+    stratified by ``kind`` (each kind's share as in the split, largest remainders rounded up) drawn
+    by a hash of ``seed`` and the query id, so every variant of a dataset traces the same queries."""
+    by_split: dict[str, list[int]] = {}
     for i, rec in enumerate(records):
-        split = str(rec.get("split"))
-        if taken.get(split, 0) < per_split:
-            taken[split] = taken.get(split, 0) + 1
-            out.append((i, rec))
-    return out
+        by_split.setdefault(str(rec.get("split")), []).append(i)
+    keep: set[int] = set()
+    for positions in by_split.values():
+        if per_split is None or len(positions) <= per_split:
+            keep.update(positions)
+        else:
+            keep.update(_stratified(records, positions, per_split, seed))
+    return [(i, records[i]) for i in sorted(keep)]
+
+
+def _stratified(records: Sequence[Record], positions: list[int], n: int, seed: int) -> list[int]:
+    strata: dict[str, list[int]] = {}
+    for i in positions:
+        strata.setdefault(str(records[i].get("kind")), []).append(i)
+    exact = {k: n * len(v) / len(positions) for k, v in strata.items()}
+    take = {k: int(x) for k, x in exact.items()}
+    # the places left go to the largest remainders (ties: the kind's name)
+    for k in sorted(exact, key=lambda k: (take[k] - exact[k], k))[: n - sum(take.values())]:
+        take[k] += 1
+
+    def order(i: int) -> str:
+        return hashlib.sha256(f"{seed}:{records[i]['query_id']}".encode()).hexdigest()
+
+    return [i for k, members in strata.items() for i in sorted(members, key=order)[: take[k]]]
+
+
+def samples(records: Sequence[Record], chosen: Sequence[tuple[int, Record]]) -> list[SplitSample]:
+    """Per split (in dataset order), how many of its queries ``chosen`` holds."""
+    total: dict[str, int] = {}
+    for rec in records:
+        total[str(rec.get("split"))] = total.get(str(rec.get("split")), 0) + 1
+    n: dict[str, int] = {}
+    for _, rec in chosen:
+        n[str(rec.get("split"))] = n.get(str(rec.get("split")), 0) + 1
+    return [SplitSample(split, n[split], total[split]) for split in total if split in n]
 
 
 @dataclass(frozen=True)
@@ -245,6 +308,29 @@ def _dump(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+Usd = Callable[["Record"], tuple[float, float]]  # a query's (input, output) cost in USD
+
+
+def usage_and_cost(rec: Record, usd: Usd | None) -> tuple[dict[str, int], dict[str, float]]:
+    """A query's tokens and money in MLflow's shapes: ``mlflow.chat.tokenUsage`` (``input_tokens``:
+    the prompt tokens the system reported, ``output_tokens``: completion tokens, ``total_tokens``:
+    as reported, else their sum) and ``mlflow.llm.cost`` (``input_cost``, ``output_cost``,
+    ``total_cost`` in USD, from ``usd``). The same keys, as trace metadata, are what MLflow's
+    overview sums into "Token Usage" and "Total Cost". Empty when not reported / not priced."""
+    usage: Mapping[str, Any] = rec.get("usage") or {}  # looked up by field name
+    tokens: dict[str, int] = {}
+    for key, field in (("input_tokens", "prompt_tokens"), ("output_tokens", "completion_tokens")):
+        if usage.get(field) is not None:
+            tokens[key] = int(usage[field])
+    total = usage.get("total_tokens")
+    if total is not None or tokens:
+        tokens["total_tokens"] = int(total) if total is not None else sum(tokens.values())
+    if usd is None or not usage:
+        return tokens, {}
+    spent_in, spent_out = usd(rec)
+    return tokens, {"input_cost": spent_in, "output_cost": spent_out, "total_cost": spent_in + spent_out}
+
+
 def build_trace(
     rec: Record,
     query: Query | None,
@@ -256,11 +342,18 @@ def build_trace(
     metrics: Sequence[str],
     rng: random.Random,
     privacy: Privacy | None = None,
+    variant: str | None = None,
+    usd: Usd | None = None,
+    model: str | None = None,
 ) -> tuple[TraceInfo, list[Span]]:
     """One query's trace: its info (with feedback and expectation) and its finished spans.
 
     ``rec`` is the stored record (:mod:`rag_ablate.core.privacy`): without a ``query`` (text not
-    stored) the inputs are ``{query_id}`` only and the passages are left empty."""
+    stored) the inputs are ``{query_id}`` only and the passages are left empty. ``variant`` (the
+    variant's label) goes to the trace's tags and metadata; the tokens the system reported and,
+    with ``usd`` (the query's input and output cost), its money go where MLflow's overview and
+    trace list read them (:func:`usage_and_cost`); ``model`` (the ``cost.model`` it is billed at)
+    is the span's ``mlflow.llm.model``, by which MLflow's overview breaks the cost down."""
     from mlflow.entities import (
         AssessmentSource,
         AssessmentSourceType,
@@ -275,6 +368,7 @@ def build_trace(
         TRACE_SCHEMA_VERSION,
         TRACE_SCHEMA_VERSION_KEY,
         AssessmentMetadataKey,
+        SpanAttributeKey,
         TraceMetadataKey,
         TraceTagKey,
     )
@@ -289,17 +383,21 @@ def build_trace(
     end_ms = max([total_ms] + [st.start_ms + st.duration_ms for st in stages])
     failed = rec.get("status") != "ok"
     error = str(rec.get("error") or "failed") if failed else None
+    tokens, money = usage_and_cost(rec, usd)
+    spent: dict[str, Any] = {SpanAttributeKey.CHAT_USAGE: tokens} if tokens else {}
+    if money:
+        spent[SpanAttributeKey.LLM_COST] = money
+        if model is not None:
+            spent[SpanAttributeKey.MODEL] = model
 
     # the query's text as stored: absent with privacy.store_text=false (ids only)
     text_in: dict[str, Any] = {"query": rec["query"]} if rec.get("query") is not None else {}
     root_inputs = {"query_id": rec["query_id"], **text_in}
     docs = documents(rec, dataset, privacy)
-    root_outputs: dict[str, Any] = {
-        "doc_ids": [d["metadata"]["doc_id"] for d in docs],
-        "intent": rec.get("intent_pred"),
-    }
-    if answer is not None:
-        root_outputs["answer"] = answer
+    # the answer first: MLflow's Response column shows the start of this JSON
+    root_outputs: dict[str, Any] = {} if answer is None else {"answer": answer}
+    root_outputs["doc_ids"] = [d["metadata"]["doc_id"] for d in docs]
+    root_outputs["intent"] = rec.get("intent_pred")
     if failed:
         root_outputs["error"] = error
     root, root_id = factory.make(
@@ -315,6 +413,8 @@ def build_trace(
             "rag_ablate.kind": rec.get("kind"),
             "rag_ablate.status": rec.get("status"),  # what system=replay restores (format=mlflow)
             "rag_ablate.timings_ms": timings,
+            # the model's tokens and money: on the generate span when there is one
+            **({} if any(st.name == "generate" for st in stages) else spent),
         },
         error=error,
     )
@@ -341,6 +441,7 @@ def build_trace(
             span_type = SpanType.LLM
             inputs = {**text_in, "context_chunk_ids": [d["id"] for d in docs]}
             outputs = {"answer": answer}
+            attrs.update(spent)
         span, _ = factory.make(
             st.name, span_type, s0, s1, parent=root_id, inputs=inputs, outputs=outputs, attributes=attrs
         )
@@ -356,10 +457,10 @@ def build_trace(
         meta = {
             AssessmentMetadataKey.SOURCE_RUN_ID: run_id,
             "direction": "lower_is_better" if lower_is_better(name) else "higher_is_better",
+            "metric": name,
         }
-        assessments.append(
-            Feedback(name=name, value=float(v), source=source, trace_id=trace_id, metadata=meta)
-        )
+        sent, value = feedback(name, float(v))
+        assessments.append(Feedback(name=sent, value=value, source=source, trace_id=trace_id, metadata=meta))
     if query is not None and query.relevant:
         gold = sorted(query.relevant, key=lambda d: (-query.relevant[d], d))
         assessments.append(
@@ -385,8 +486,15 @@ def build_trace(
             TraceMetadataKey.SOURCE_RUN: run_id,
             TraceMetadataKey.INPUTS: _dump(root_inputs),
             TraceMetadataKey.OUTPUTS: _dump(root_outputs),
+            **({TraceMetadataKey.TOKEN_USAGE: json.dumps(tokens)} if tokens else {}),
+            **({TraceMetadataKey.COST: json.dumps(money)} if money else {}),
+            **({VARIANT_KEY: variant} if variant is not None else {}),
         },
-        tags={TraceTagKey.TRACE_NAME: TRACE_NAME, "rag_ablate.split": str(rec.get("split"))},
+        tags={
+            TraceTagKey.TRACE_NAME: TRACE_NAME,
+            "rag_ablate.split": str(rec.get("split")),
+            **({VARIANT_KEY: variant} if variant is not None else {}),
+        },
         assessments=assessments,
     )
     return info, spans
@@ -450,53 +558,117 @@ def log_traces(
     start_ns: int,
     seed: int = 0,
     privacy: Privacy | None = None,
+    usd: Usd | None = None,
+    model: str | None = None,
+    per_split_runs: bool = True,
 ) -> int:
-    """Log one trace per selected query under ``run_id``; the number of traces logged.
+    """Log one trace per selected query (:func:`select`); the number of traces logged.
+
+    With ``per_split_runs`` (a sweep's job, which has a baseline to compare with; else the traces
+    are the run's own), the traces of each split belong to an evaluation run of their own under
+    ``run_id`` (the variant's run; :func:`split_run`), named after the variant, the split and which queries it
+    holds, so MLflow's Evaluation runs view compares a split of two variants over the same queries
+    and its means are that split's; every trace is also linked to ``run_id``.
 
     ``records`` are the stored records; ``privacy`` says what of the passages may be stored
-    (:meth:`rag_ablate.core.privacy.Privacy.text`; None: as they are).
-
-    ``per_split``: queries per split (None: all, 0: none). ``start_ns``: when the
-    evaluation of the first record began (Unix epoch, nanoseconds). Also logs the
-    query set as the run's dataset input when any trace is logged.
+    (:meth:`rag_ablate.core.privacy.Privacy.text`; None: as they are); ``usd``: a query's money
+    (None: not priced), billed at ``model``. ``per_split``: queries per split (None: all, 0:
+    none). ``start_ns``: when the evaluation of the first record began (Unix epoch, nanoseconds).
+    Also logs the query set as the dataset input of each run that holds traces.
     """
-    chosen = select(records, per_split)
+    chosen = select(records, per_split, seed)
     if not chosen:
         return 0
     from mlflow.tracing.client import TracingClient
+    from mlflow.tracking import MlflowClient
 
     names = list(dict.fromkeys(metrics))
     by_id = {q.query_id: q for q in dataset.queries}
     starts = query_starts_ns(records, start_ns)
     rng = random.Random(f"{seed}:{run_id}")
     client = TracingClient(uri)
+    runs = MlflowClient(tracking_uri=uri)
+    variant = runs.get_run(run_id).info.run_name
     # a resumed run (resume=) logs its traces again: one trace per query, never two
     old = _run_trace_ids(client, experiment_id, run_id)
     if old:
         client.delete_traces(experiment_id, trace_ids=old)
-    for i in range(0, len(chosen), BATCH):
-        batch = chosen[i : i + BATCH]
-        built = [
-            build_trace(
-                rec,
-                by_id.get(rec["query_id"]),
-                dataset,
-                experiment_id=experiment_id,
-                run_id=run_id,
-                start_ns=starts[pos],
-                metrics=names,
-                rng=rng,
-                privacy=privacy,
-            )
-            for pos, rec in batch
-        ]
-        # the trace first (one insert with its assessments), then the spans of the whole batch;
-        # the other order makes every start_trace merge into a row log_spans created
-        for info, _ in built:
-            client.start_trace(info)
-        client.log_spans(experiment_id, [s for _, spans in built for s in spans])
+    for sample in samples(records, chosen):
+        target = split_run(uri, experiment_id, run_id, variant, sample) if per_split_runs else run_id
+        mine = [(pos, rec) for pos, rec in chosen if str(rec.get("split")) == sample.split]
+        for i in range(0, len(mine), BATCH):
+            batch = mine[i : i + BATCH]
+            built = [
+                build_trace(
+                    rec,
+                    by_id.get(rec["query_id"]),
+                    dataset,
+                    experiment_id=experiment_id,
+                    run_id=target,
+                    start_ns=starts[pos],
+                    metrics=names,
+                    rng=rng,
+                    privacy=privacy,
+                    variant=variant,
+                    usd=usd,
+                    model=model,
+                )
+                for pos, rec in batch
+            ]
+            # the trace first (one insert with its assessments), then the spans of the whole batch;
+            # the other order makes every start_trace merge into a row log_spans created
+            for info, _ in built:
+                client.start_trace(info)
+            client.log_spans(experiment_id, [s for _, spans in built for s in spans])
+            if target != run_id:
+                runs.link_traces_to_run([info.trace_id for info, _ in built], run_id)
+        if target != run_id:
+            log_dataset_input(uri, target, dataset, privacy)
+            runs.set_terminated(target, status="FINISHED")
     log_dataset_input(uri, run_id, dataset, privacy)
     return len(chosen)
+
+
+TRACES_KIND = "traces"  # rag_ablate.kind of a split's evaluation run
+
+
+def split_run(uri: str, experiment_id: str, run_id: str, variant: str, sample: SplitSample) -> str:
+    """The evaluation run holding the traces of one split of the variant run ``run_id`` (a child of
+    it, ``rag_ablate.kind=traces``); the one a resumed run made before, else a new one. Its name
+    says which queries: ``chunk=256 · dev · all 234 queries``."""
+    from mlflow.tracking import MlflowClient
+
+    from rag_ablate.tracking.tags import NOTE_TAG, PARENT_TAG
+
+    client = MlflowClient(tracking_uri=uri)
+    name = f"{variant} · {sample.split} · {sample.describe()}"
+    tags = {
+        "rag_ablate.kind": TRACES_KIND,
+        "rag_ablate.split": sample.split,
+        PARENT_TAG: run_id,
+        NOTE_TAG: f"Per-query traces of {variant} on split {sample.split}: {sample.describe()}. "
+        + DESCRIPTION_NOTE,
+    }
+    found = split_runs(uri, experiment_id, run_id).get(sample.split)
+    if found is None:
+        return str(client.create_run(experiment_id, run_name=name, tags=tags).info.run_id)
+    client.update_run(found, status="RUNNING", name=name)
+    for key, value in tags.items():
+        client.set_tag(found, key, value)
+    return found
+
+
+def split_runs(uri: str, experiment_id: str, run_id: str) -> dict[str, str]:
+    """Split -> the evaluation run holding that split's traces of the variant run ``run_id``."""
+    from mlflow.tracking import MlflowClient
+
+    from rag_ablate.tracking.tags import PARENT_TAG
+
+    found = MlflowClient(tracking_uri=uri).search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{PARENT_TAG}` = '{run_id}' and tags.`rag_ablate.kind` = '{TRACES_KIND}'",
+    )
+    return {str(r.data.tags["rag_ablate.split"]): str(r.info.run_id) for r in found}
 
 
 def read_traces(uri: str, *, run_id: str | None, experiment: str | None) -> list[dict[str, Any]]:
@@ -593,22 +765,31 @@ def sweep_links(
     baseline: str | None,
     base: str,
 ) -> list[str]:
-    """At the end of a sweep with traces: one line per variant with its compare link.
+    """At the end of a sweep with traces: one line per variant and split with its compare link,
+    which compares the variant's evaluation run of that split with the baseline's (the same queries).
 
-    Also appends :data:`DESCRIPTION_NOTE` to the description of every traced
-    variant run (once). ``baseline`` is the baseline's label; without a baseline
-    run that has traces there is nothing to compare against and nothing is returned.
+    Also appends :data:`DESCRIPTION_NOTE` to the description of every traced variant run (once).
+    ``baseline`` is the baseline's label; without a baseline run that has traces there is nothing
+    to compare against and nothing is returned.
     """
+    from mlflow.tracking import MlflowClient
+
     traced = [s for s in summaries if s.get("run_id") and int(s.get("traces") or 0) > 0]
     base_run = next((str(s["run_id"]) for s in traced if s.get("label") == baseline), None)
     if base_run is None:
         return []
+    client = MlflowClient(tracking_uri=uri)
+    base_splits = split_runs(uri, experiment_id, base_run)
     lines = []
     for s in traced:
         run_id = str(s["run_id"])
         if run_id == base_run:
             continue
         append_description(uri, run_id, DESCRIPTION_NOTE)
-        link = compare_link(base, experiment_id, run_id, base_run)
-        lines.append(f"per-query {s['label']} vs {baseline} ({int(s['traces'])} traces): {link}")
+        for split, split_run_id in sorted(split_runs(uri, experiment_id, run_id).items()):
+            if split not in base_splits:
+                continue
+            which = str(client.get_run(split_run_id).info.run_name).rsplit(" · ", 1)[-1]
+            link = compare_link(base, experiment_id, split_run_id, base_splits[split])
+            lines.append(f"per-query {s['label']} vs {baseline}, {split} ({which}): {link}")
     return lines
