@@ -591,7 +591,7 @@ def test_per_query_view_of_the_default_sweep_says_which_queries_and_agrees(
     out = default_sweep["out"]
     lines = [ln for ln in default_sweep["proc"].stdout.splitlines() if ln.startswith("per-query ")]
     line = next(ln for ln in lines if ", dev (" in ln)
-    assert re.search(r"dev \(50 of \d+ queries, a sample stratified by kind\): http", line), lines
+    assert re.search(r"dev \(20 of \d+ queries, a sample stratified by kind\): http", line), lines
     url = line.split(": ", 1)[1]
     variant_split = re.search(r"selectedRunUuid=(\w+)", url)[1]  # type: ignore[index]
     uri = f"sqlite:///{out / 'mlflow.db'}"
@@ -599,7 +599,7 @@ def test_per_query_view_of_the_default_sweep_says_which_queries_and_agrees(
         locations=["1"], run_id=variant_split, max_results=500, include_spans=False
     )
     ids = {json.loads(t.info.request_preview)["query_id"] for t in traced}
-    assert len(ids) == 50
+    assert len(ids) == 20
     job = next(
         p.parent
         for p in default_sweep["dir"].glob("*/summary.json")
@@ -618,7 +618,7 @@ def test_per_query_view_of_the_default_sweep_says_which_queries_and_agrees(
                 window="1600,1100",
                 budget_ms=30000,
             )
-    assert "chunk=256 · dev · 50 of " in dom and "baseline (chunk=512) · dev · 50 of " in dom
+    assert "chunk=256 · dev · 20 of " in dom and "baseline (chunk=512) · dev · 20 of " in dom
     badges = _header_badges(dom)
     assert badges, dom[-2000:]
     for name, (avg, _) in badges.items():

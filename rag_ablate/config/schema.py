@@ -272,7 +272,7 @@ class TrackingConfig:
     artifact_root: str | None = None  # null = <paths.output_root>/mlartifacts (a server: its own root)
     # per-query MLflow traces: none | all | N (a split of at most N queries whole, else N of it,
     # stratified by kind)
-    traces: str = "50"
+    traces: str = "20"
     timeout_s: Positive = 60.0  # the longest one MLflow call may take, retries included, seconds
     # the port `rag-ablate ui` serves on and printed links point to (README "Look at results in MLflow")
     ui_port: Annotated[int, Range(1, 65535)] = 5000
