@@ -457,6 +457,27 @@ def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {**run, "dir": sweep_dir}
 
 
+def _sweep_labels(sweep_dir: Path) -> dict[str, Path]:
+    """A sweep's job folders by their variant label (``summary.json``'s ``label``)."""
+    jobs = sorted(p.parent for p in sweep_dir.glob("*/summary.json"))
+    return {json.loads((j / "summary.json").read_text(encoding="utf-8"))["label"]: j for j in jobs}
+
+
+@pytest.fixture(scope="session")
+def sample_answers_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The embedded sample with the extractive generator and with the access-control filter, one
+    factor at a time (jobs: baseline, ``generator=extractive``, ``retrieval.acl_filter=true``), run
+    once per session for test_answers.py and test_acl.py; ``dir`` is its sweep folder and ``jobs``
+    its job folders by label. Read it, never write to it."""
+    args = ["-m", "generator=none,extractive", "retrieval.acl_filter=false,true"]
+    run = shared_run(
+        tmp_path_factory, "sample-answers", [*args, "tracking=none", "progress=false", "compare.B=1000"]
+    )
+    assert run["proc"].returncode == 0, run["proc"].stderr[-3000:]
+    (sweep_dir,) = (run["out"] / "multirun").iterdir()
+    return {**run, "dir": sweep_dir, "jobs": _sweep_labels(sweep_dir)}
+
+
 # --------------------------------------------------------------------------- scheduling and the slow mark
 
 #: With this set to a number of seconds, a test not marked ``slow`` whose setup or call takes longer
