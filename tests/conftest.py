@@ -457,6 +457,33 @@ def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {**run, "dir": sweep_dir}
 
 
+def copy_shared(run: dict[str, Any], dest: Path) -> dict[str, Any]:
+    """A copy of a shared run's folder at ``dest``, for a test that writes where it reads: the paths
+    the run recorded (its files, the MLflow store's artifact locations) name the copy, so nothing
+    the test does reaches the shared folder. Returns ``run`` with ``cwd``, ``out`` (and ``dir``) moved."""
+    import shutil
+    import sqlite3
+
+    shutil.copytree(run["cwd"], dest, ignore=shutil.ignore_patterns("*.lock"))
+    old, new = str(Path(run["cwd"]).resolve()), str(dest.resolve())
+    for path in dest.rglob("*"):
+        if path.suffix in (".json", ".yaml") and path.is_file():
+            text = path.read_text(encoding="utf-8")
+            if old in text:
+                path.write_text(text.replace(old, new), encoding="utf-8")
+    db = dest / "outputs" / "mlflow.db"
+    if db.is_file():
+        with contextlib.closing(sqlite3.connect(db)) as con, con:
+            con.execute(
+                "UPDATE experiments SET artifact_location = replace(artifact_location, ?, ?)", (old, new)
+            )
+            con.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)", (old, new))
+    moved = {"cwd": dest, "out": dest / "outputs"}
+    if "dir" in run:
+        moved["dir"] = dest / Path(run["dir"]).relative_to(run["cwd"])
+    return {**run, **moved}
+
+
 def _sweep_labels(sweep_dir: Path) -> dict[str, Path]:
     """A sweep's job folders by their variant label (``summary.json``'s ``label``)."""
     jobs = sorted(p.parent for p in sweep_dir.glob("*/summary.json"))
