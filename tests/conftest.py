@@ -457,6 +457,54 @@ def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {**run, "dir": sweep_dir}
 
 
+def copy_shared(run: dict[str, Any], dest: Path) -> dict[str, Any]:
+    """A copy of a shared run's folder at ``dest``, for a test that writes where it reads: the paths
+    the run recorded (its files, the MLflow store's artifact locations) name the copy, so nothing
+    the test does reaches the shared folder. Returns ``run`` with ``cwd``, ``out`` (and ``dir``) moved."""
+    import shutil
+    import sqlite3
+
+    shutil.copytree(run["cwd"], dest, ignore=shutil.ignore_patterns("*.lock"))
+    old, new = str(Path(run["cwd"]).resolve()), str(dest.resolve())
+    for path in dest.rglob("*"):
+        if path.suffix in (".json", ".yaml") and path.is_file():
+            text = path.read_text(encoding="utf-8")
+            if old in text:
+                path.write_text(text.replace(old, new), encoding="utf-8")
+    db = dest / "outputs" / "mlflow.db"
+    if db.is_file():
+        with contextlib.closing(sqlite3.connect(db)) as con, con:
+            con.execute(
+                "UPDATE experiments SET artifact_location = replace(artifact_location, ?, ?)", (old, new)
+            )
+            con.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)", (old, new))
+    moved = {"cwd": dest, "out": dest / "outputs"}
+    if "dir" in run:
+        moved["dir"] = dest / Path(run["dir"]).relative_to(run["cwd"])
+    return {**run, **moved}
+
+
+def _sweep_labels(sweep_dir: Path) -> dict[str, Path]:
+    """A sweep's job folders by their variant label (``summary.json``'s ``label``)."""
+    jobs = sorted(p.parent for p in sweep_dir.glob("*/summary.json"))
+    return {json.loads((j / "summary.json").read_text(encoding="utf-8"))["label"]: j for j in jobs}
+
+
+@pytest.fixture(scope="session")
+def sample_answers_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The embedded sample with the extractive generator and with the access-control filter, one
+    factor at a time (jobs: baseline, ``generator=extractive``, ``retrieval.acl_filter=true``), run
+    once per session for test_answers.py and test_acl.py; ``dir`` is its sweep folder and ``jobs``
+    its job folders by label. Read it, never write to it."""
+    args = ["-m", "generator=none,extractive", "retrieval.acl_filter=false,true"]
+    run = shared_run(
+        tmp_path_factory, "sample-answers", [*args, "tracking=none", "progress=false", "compare.B=1000"]
+    )
+    assert run["proc"].returncode == 0, run["proc"].stderr[-3000:]
+    (sweep_dir,) = (run["out"] / "multirun").iterdir()
+    return {**run, "dir": sweep_dir, "jobs": _sweep_labels(sweep_dir)}
+
+
 # --------------------------------------------------------------------------- scheduling and the slow mark
 
 #: With this set to a number of seconds, a test not marked ``slow`` whose setup or call takes longer

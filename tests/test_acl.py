@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +35,7 @@ from rag_ablate.run.runner import evaluate
 from rag_ablate.run.summary import summary_rows
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.local import LocalSystem
-from tests.conftest import DOCS, QUERIES, run_module, write_dataset
+from tests.conftest import DOCS, QUERIES, write_dataset
 
 KS = [1, 3, 5, 10]
 
@@ -380,31 +379,26 @@ def test_system_http_sends_each_users_groups_and_the_reference_service_filters_b
 # --------------------------------------------------------------------------- the embedded sample
 
 
-@pytest.fixture(scope="module")
-def sample_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cwd = tmp_path_factory.mktemp("acl_sweep")
-    proc = run_module("rag_ablate", ["-m", "retrieval.acl_filter=false,true", "progress=false"], cwd)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (cwd / "stdout.txt").write_text(proc.stdout, encoding="utf-8")
-    return cwd
-
-
 @pytest.mark.slow
-def test_the_sample_leaks_in_the_baseline_and_not_with_the_filter(sample_sweep: Path) -> None:
+def test_the_sample_leaks_in_the_baseline_and_not_with_the_filter(
+    sample_answers_sweep: dict[str, Any],
+) -> None:
+    """The sample's sweep with retrieval.acl_filter=true beside the baseline, shared by the session
+    (tests/conftest.py; its third job, generator=extractive, is test_answers.py's): read only."""
     ds = load_dataset(None)
     assert has_restrictions(ds.documents)
     assert {q.user_groups for q in ds.queries} >= {None, ("customer",), ("staff",)}
-    sweep = next((sample_sweep / "outputs" / "multirun").iterdir())
-    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
-    by_label = {s["label"]: s["metrics"] for s in summaries}
+    sweep, jobs = sample_answers_sweep["dir"], sample_answers_sweep["jobs"]
+    by_label = {label: json.loads((j / "summary.json").read_text())["metrics"] for label, j in jobs.items()}
     base, filt = by_label["baseline"], by_label["retrieval.acl_filter=true"]
     for split in ("dev", "holdout"):
         assert base[f"{split}/acl_leak_rate_at_10"] > 0 and base[f"{split}/acl_leak_at_10"] > 0
         assert filt[f"{split}/acl_leak_rate_at_10"] == 0.0 and filt[f"{split}/acl_leak_at_10"] == 0.0
-    stdout = (sample_sweep / "stdout.txt").read_text(encoding="utf-8")
-    assert "acl_leak_rate@10" in stdout  # the end-of-run table shows the leak beside recall
+    # the end-of-run table shows the leak beside recall
+    assert "acl_leak_rate@10" in sample_answers_sweep["proc"].stdout
     comparison = json.loads((sweep / "comparison.json").read_text())
-    rows = {(r["split"], r["metric"]): r for r in comparison["rows"]}
+    filtered = [r for r in comparison["rows"] if r["variant"] == "retrieval.acl_filter=true"]
+    rows = {(r["split"], r["metric"]): r for r in filtered}
     row = rows[("holdout", "acl_leak_rate_at_10")]
     assert row["direction"] == "lower" and row["variant_mean"] == 0.0 and row["baseline_mean"] > 0
     assert row["effect"] < 0 and row["ci_low"] <= row["effect"] <= row["ci_high"]

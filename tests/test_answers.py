@@ -28,7 +28,6 @@ from rag_ablate.metrics.answers import (
 from rag_ablate.metrics.refusals import PhraseRule
 from rag_ablate.metrics.registry import REGISTRY
 from rag_ablate.text.count import count_tokens
-from tests.conftest import run_module
 
 # --------------------------------------------------------------------------- exact match and token F1
 
@@ -219,31 +218,29 @@ def test_every_answer_metric_is_registered() -> None:
 # --------------------------------------------------------------------------- on the sample, end to end
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cwd = tmp_path_factory.mktemp("answers")
-    args = ["-m", "generator=none,extractive", "tracking=none", "progress=false", "compare.B=200"]
-    proc = run_module("rag_ablate", args, cwd)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (folder,) = (cwd / "outputs" / "multirun").iterdir()
-    return folder
+@pytest.fixture
+def sweep(sample_answers_sweep: dict[str, Any]) -> dict[str, Any]:
+    """The sample with generator=extractive beside the baseline (generator=none), shared by the
+    session (tests/conftest.py): read only."""
+    return sample_answers_sweep
 
 
 @pytest.mark.slow
-def test_extractive_scores_on_the_sample_and_refuses_most_unanswerable(sweep: Path) -> None:
-    metrics = json.loads((sweep / "1" / "summary.json").read_text(encoding="utf-8"))["metrics"]
+def test_extractive_scores_on_the_sample_and_refuses_most_unanswerable(sweep: dict[str, Any]) -> None:
+    extractive, baseline = sweep["jobs"]["generator=extractive"], sweep["jobs"]["baseline"]
+    metrics = json.loads((extractive / "summary.json").read_text(encoding="utf-8"))["metrics"]
     assert metrics["all/token_f1"] > 0.0
     assert metrics["all/correct_refusal"] > 0.5
-    base = json.loads((sweep / "0" / "summary.json").read_text(encoding="utf-8"))["metrics"]
+    base = json.loads((baseline / "summary.json").read_text(encoding="utf-8"))["metrics"]
     assert not any("refusal" in k or "token_f1" in k for k in base)  # generator=none: no answers
-    rec = json.loads((sweep / "1" / "records.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    rec = json.loads((extractive / "records.jsonl").read_text(encoding="utf-8").splitlines()[0])
     assert rec["answer"] and rec["usage_count"] == "local" and "generate" in rec["timings_ms"]
 
 
 @pytest.mark.slow
-def test_the_comparison_has_a_correct_refusal_row(sweep: Path) -> None:
-    rows = json.loads((sweep / "comparison.json").read_text(encoding="utf-8"))["rows"]
-    refusal = [r for r in rows if r["metric"] == "correct_refusal"]
+def test_the_comparison_has_a_correct_refusal_row(sweep: dict[str, Any]) -> None:
+    rows = json.loads((sweep["dir"] / "comparison.json").read_text(encoding="utf-8"))["rows"]
+    refusal = [r for r in rows if r["metric"] == "correct_refusal" and r["variant"] == "generator=extractive"]
     assert {r["split"] for r in refusal} == {"dev", "holdout"}
     # generator=none has no answers: the row says why it is untested instead of inventing a 0
     assert all(r["note"] == "no value in baseline" and r["effect"] is None for r in refusal)

@@ -550,6 +550,7 @@ def _race(root: str, who: int, barrier: Any, results: Any) -> None:
     )
 
 
+@pytest.mark.slow  # two spawned interpreters
 def test_two_processes_building_one_entry_leave_one_valid_entry(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(2), ctx.Queue()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ from rag_ablate.compare.model import Comparison, VariantData
 from rag_ablate.compare.render import format_markdown, format_terminal, write_outputs
 from rag_ablate.compare.run import load_comparison, run_comparison
 from rag_ablate.core.errors import ComparisonError, UnknownNameError
-from tests.conftest import REPO
+from tests.conftest import rag_ablate_cli
 
 
 def _records(values: dict[str, list[float]], splits: list[str], groups: list[str]) -> list[dict[str, Any]]:
@@ -663,17 +661,9 @@ def test_every_query_is_accounted_for(fates: list[str]) -> None:
 
 
 def _compare_cli(folder: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rag_ablate.cli.main", "compare", str(folder)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        check=False,
-        timeout=300,
-    )
+    return rag_ablate_cli(["compare", str(folder)], folder.parent)  # in process: what it says and exits with
 
 
-@pytest.mark.slow
 def test_compare_refuses_bad_input_with_one_line_and_a_nonzero_exit(tmp_path: Path) -> None:
     variants, _, _ = _sweep(n=20)
     base, better, _ = variants

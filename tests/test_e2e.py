@@ -12,7 +12,7 @@ import pytest
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.records.jsonl import read_records
 from rag_ablate.records.scoring import aggregate, rescore
-from tests.conftest import free_port, rag_ablate_cli, run_module, write_dataset
+from tests.conftest import copy_shared, free_port, rag_ablate_cli, run_module, write_dataset
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -26,12 +26,10 @@ def sweep(default_sweep: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def own_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """README's sweep in a folder of this module's own, for a test that rewrites its comparison."""
-    cwd = tmp_path_factory.mktemp("sweep")
-    proc = run_cli(["-m", "chunk=256,512", "progress=false"], cwd)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"cwd": cwd, "out": cwd / "outputs", "proc": proc}
+def own_sweep(default_sweep: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """README's sweep copied to a folder of this module's own, for a test that rewrites its comparison
+    (and, by the parent run's id, logs it to the copy's MLflow store)."""
+    return copy_shared(default_sweep, tmp_path_factory.mktemp("sweep") / "copy")
 
 
 @pytest.mark.slow
@@ -229,6 +227,8 @@ def test_compare_cli_on_sweep_folder_and_parent_run(own_sweep: dict[str, Any], t
     assert proc.returncode == 0, proc.stderr
     by_id = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
     assert by_id["rows"] == before["rows"]
+    # what the comparison logged went to the copy's store, not to the session's shared sweep
+    assert parent.info.artifact_uri.startswith((own_sweep["out"] / "mlartifacts").resolve().as_uri())
 
 
 # --- sweeps that fail: every failure is reported, what succeeded is kept -------------

@@ -537,18 +537,19 @@ def test_a_judged_run_writes_and_logs_the_calibration(fake_llm: FakeLLM, tmp_pat
 
 @pytest.mark.slow
 def test_a_calibration_that_fails_ends_the_run_non_zero_after_logging(
-    fake_llm: FakeLLM, tmp_path: Path
+    fake_llm: FakeLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The calibration step itself breaking (not a judge error, which is recorded per item) must not
     pass silently: everything else is written and logged, the run is FAILED, the exit code 2."""
-    import os
-    import subprocess
-    import sys
-
     from mlflow.tracking import MlflowClient
 
-    from tests.conftest import REPO
+    import rag_ablate.judges.calibration as calibration
+    from tests.conftest import run_in_process
 
+    def boom(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("calibration exploded")
+
+    monkeypatch.setattr(calibration, "calibrate", boom)
     fake_llm.respond = fake_judge_reply
     out = tmp_path / "outputs"
     args = [
@@ -560,24 +561,7 @@ def test_a_calibration_that_fails_ends_the_run_non_zero_after_logging(
         f"paths.output_root={out}",
         "progress=false",
     ]
-    script = (
-        "import runpy, sys\n"
-        "import rag_ablate.judges.calibration as c\n"
-        "def boom(*a, **k):\n"
-        "    raise RuntimeError('calibration exploded')\n"
-        "c.calibrate = boom\n"
-        f"sys.argv = ['rag_ablate', *{args!r}]\n"
-        "runpy.run_module('rag_ablate', run_name='__main__')\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    proc = run_in_process(args, tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("rag_ablate: error:")]
     assert "judge calibration" in line and "RuntimeError: calibration exploded" in line

@@ -28,7 +28,7 @@ from rag_ablate.generators.openai import (
 )
 from rag_ablate.records.trace import Citation
 from rag_ablate.text.count import count_tokens
-from tests.conftest import REPO, run_module
+from tests.conftest import REPO, run_module, write_dataset
 from tests.fake_llm import FakeLLM, serve
 
 PIECE_DELAY_S = 0.03  # between two streamed chunks
@@ -250,10 +250,11 @@ def test_run_logs_money_and_never_the_key(
     llm: tuple[FakeLLM, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, url = llm
-    state.first_delay_s = state.piece_delay_s = 0.0  # one call per sample query: keep the runs short
+    state.first_delay_s = state.piece_delay_s = 0.0  # one call per query: keep the runs short
     monkeypatch.setenv("RAG_ABLATE_TEST_KEY", CANARY)
     out = tmp_path / "outputs"
     args = [
+        f"dataset.path={write_dataset(tmp_path / 'tiny')}",  # eight queries: what is logged is the point
         "generator=openai",
         f"generator.base_url={url}",
         "generator.model=test-model",

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import re
 import time
-from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import run_module, write_dataset
 from mlflow.tracking import MlflowClient
 
 from rag_ablate.core import profiling
@@ -151,16 +150,10 @@ def test_process_age_is_the_time_since_the_interpreter_started() -> None:
 
 
 @pytest.mark.slow
-def test_sweep_and_jobs_write_profiles_and_log_them(tmp_path: Path) -> None:
-    write_dataset(tmp_path / "tiny")
-    proc = run_module(
-        "rag_ablate",
-        ["-m", "chunk=256,512", "dataset=custom", "dataset.path=tiny", "progress=false", "compare.B=200"],
-        tmp_path,
-        process=True,  # the interpreter's start-up and imports are a stage of their own
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (sweep,) = sorted((tmp_path / "outputs" / "multirun").iterdir())
+def test_sweep_and_jobs_write_profiles_and_log_them(default_sweep: dict[str, Any]) -> None:
+    """README's sweep (tests/conftest.py, a real process: the interpreter's start-up and imports
+    are a stage of their own), read only."""
+    proc, sweep = default_sweep["proc"], default_sweep["dir"]
     data = json.loads((sweep / PROFILE_FILE).read_text(encoding="utf-8"))
     stages = ["imports", "plan", "store", "jobs", "summary", "timing", "compare", "report", "log"]
     assert list(data["stages"]) == stages
@@ -181,7 +174,7 @@ def test_sweep_and_jobs_write_profiles_and_log_them(tmp_path: Path) -> None:
     lines = [ln for ln in proc.stdout.splitlines() if ln.endswith(f"{sweep.name}/{PROFILE_FILE})")]
     assert len(lines) == 1 and re.fullmatch(r"time [\d.]+s: .+; peak \d+ MB \(.+\)", lines[0]), lines
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{default_sweep['out'] / 'mlflow.db'}")
     parent = client.get_run(json.loads((sweep / SWEEP_FILE).read_text(encoding="utf-8"))["parent_run_id"])
     assert parent.data.metrics["time/compare_s"] == pytest.approx(data["stages"]["compare"]["seconds"])
     assert parent.data.metrics["memory/peak_mb"] > 10

@@ -639,11 +639,13 @@ def test_how_to_add_a_comparison_or_report_section(tmp_path: Path) -> None:
     )
     assert _touched(root) == _expected("comparison or report section", section="regressions")
 
-    # a real sweep of the embedded sample in the copy, MLflow on (a sqlite store in the copy)
+    # a real sweep of the embedded sample in the copy, MLflow on (a sqlite store in the copy); the
+    # section reads the jobs' records, so the timing pass after them is off
     sweep = tmp_path / "sweep"
     out = _python(
         root, "-m", "rag_ablate", "-m", "chunk=256,512", "progress=false", "compare.B=200", "router=none",
-        "tracking.traces=none", f"paths.output_root={root / 'outputs'}", f"hydra.sweep.dir={sweep}",
+        "tracking.traces=none", "timing.interleave=false", f"paths.output_root={root / 'outputs'}",
+        f"hydra.sweep.dir={sweep}",
     )  # fmt: skip
 
     # what the section must hold, worked out here from the jobs' records

@@ -192,6 +192,7 @@ def _sample_records(fake_llm: FakeLLM, tmp_path: Path) -> list[Record]:
     return read_records(path)
 
 
+@pytest.mark.slow  # the whole sample through the pipeline, answered and judged: about 10 s
 def test_a_run_of_the_sample_writes_exactly_the_declared_record(fake_llm: FakeLLM, tmp_path: Path) -> None:
     records = _sample_records(fake_llm, tmp_path)
     assert len(records) == len(load_dataset().queries)
