@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import multiprocessing
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,6 +36,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench_stats import module_at  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
 
 from rag_ablate.core import cache as current  # noqa: E402
 
@@ -66,18 +66,8 @@ def value(i: int) -> dict[str, Any]:
 
 
 def load_ref(rev: str) -> ModuleType:
-    source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{rev}:rag_ablate/core/cache.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    spec = importlib.util.spec_from_loader(f"cache_at_{rev}", loader=None)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    exec(compile(source, f"{rev}:rag_ablate/core/cache.py", "exec"), module.__dict__)
-    return module
+    """``rag_ablate/core/cache.py`` as of git revision ``rev``, as a stand-alone module."""
+    return module_at(rev, "rag_ablate/core/cache.py")
 
 
 def write(mod: ModuleType, root: Path, indices: range) -> None:

@@ -88,22 +88,29 @@ def interleaved(fns: list[Callable[[], object]], repeats: int) -> list[tuple[flo
     return [(statistics.median(w for w, _ in r), statistics.median(c for _, c in r)) for r in runs]
 
 
-def load_ref(rev: str) -> ModuleType:
-    """``rag_ablate/compare/stats.py`` as of git revision ``rev``, as a stand-alone module."""
+def module_at(rev: str, rel: str) -> ModuleType:
+    """The module file ``rel`` (e.g. ``rag_ablate/compare/stats.py``) as of git revision ``rev``, as a
+    stand-alone module: the reference side of a before/after benchmark run in one process."""
     src = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{rev}:rag_ablate/compare/stats.py"],
+        ["git", "-C", str(REPO), "show", f"{rev}:{rel}"],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
-    path = Path(tempfile.mkdtemp()) / "stats_ref.py"
+    name = f"{Path(rel).stem}_at_{rev}".replace("-", "_").replace(".", "_")
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(src, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("stats_ref", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["stats_ref"] = module
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def load_ref(rev: str) -> ModuleType:
+    """``rag_ablate/compare/stats.py`` as of git revision ``rev``, as a stand-alone module."""
+    return module_at(rev, "rag_ablate/compare/stats.py")
 
 
 def cpu_model() -> str:
