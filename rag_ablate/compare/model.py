@@ -330,6 +330,8 @@ class Comparison:
     # auto rule applied once by tradeoff.choose_metrics): every view's verdict, plot and ranking use them
     quality_metric: str = ""
     cost_metric: str = ""
+    # judged metrics corrected by the dataset's human_judgements (rag_ablate.compare.ppi); None: no labels
+    ppi: PPISection | None = None
 
     def row(self, split: str, variant: str, metric: str) -> Row | None:
         for r in self.rows:
@@ -381,6 +383,7 @@ class Comparison:
             "stages": None if self.stages is None else self.stages.to_dict(),
             "quality_metric": self.quality_metric,
             "cost_metric": self.cost_metric,
+            "ppi": None if self.ppi is None else self.ppi.to_dict(),
         }
 
     @classmethod
@@ -574,4 +577,77 @@ class PairwiseReport:
             "outcome": "+1 variant wins, -1 baseline wins, 0 tie or inconsistent orders; errors not in n",
             "interval": "paired group bootstrap, percentile",
             "results": [_finite(asdict(r)) for r in self.results],
+        }
+
+
+# --------------------------------------------------------------------------- prediction-powered inference
+
+
+@dataclass
+class PPIRow:
+    """One split x variant x judged metric (:mod:`rag_ablate.compare.ppi`): the judge's plain means
+    of both sides and of the paired effect (variant minus baseline), each beside its
+    prediction-powered estimate (the judge's mean plus the mean human-minus-judge difference over
+    the human-labelled answers); every interval is the percentile group bootstrap at 1 - alpha.
+
+    ``n_queries``/``n_groups``: the queries both sides have a judged value for (a failed query
+    scores 0 on both scales). ``n_labelled_*``: of those, the answered ones whose answer a person
+    scored (``human_judgements``, mean over raters); ``judge_bias_*``: the judge's mean minus the
+    people's over them. ``note`` (and NaN estimates) when a side has fewer than the minimum labels.
+    """
+
+    split: str
+    variant: str
+    metric: str
+    n_queries: int
+    n_groups: int
+    n_labelled_baseline: int
+    n_labelled_variant: int
+    n_labelled_both: int
+    judge_bias_baseline: float = math.nan
+    judge_bias_variant: float = math.nan
+    baseline_plain: float = math.nan
+    baseline_plain_low: float = math.nan
+    baseline_plain_high: float = math.nan
+    baseline_ppi: float = math.nan
+    baseline_ppi_low: float = math.nan
+    baseline_ppi_high: float = math.nan
+    variant_plain: float = math.nan
+    variant_plain_low: float = math.nan
+    variant_plain_high: float = math.nan
+    variant_ppi: float = math.nan
+    variant_ppi_low: float = math.nan
+    variant_ppi_high: float = math.nan
+    effect_plain: float = math.nan
+    effect_plain_low: float = math.nan
+    effect_plain_high: float = math.nan
+    effect_ppi: float = math.nan
+    effect_ppi_low: float = math.nan
+    effect_ppi_high: float = math.nan
+    note: str = ""
+
+
+@dataclass
+class PPISection:
+    """The prediction-powered estimates of a comparison (``Comparison.ppi``)."""
+
+    labels: str  # where the human labels came from (the baseline's dataset folder)
+    min_labels: int  # labelled answers a side needs for its estimates
+    B: int
+    seed: int
+    alpha: float
+    rows: list[PPIRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "labels": self.labels,
+            "min_labels": self.min_labels,
+            "B": self.B,
+            "seed": self.seed,
+            "alpha": self.alpha,
+            "estimator": "judge mean over the queries + mean (human - judge) over the labelled answers",
+            "interval": "percentile group bootstrap",
+            "rows": [_finite(asdict(r)) for r in self.rows],
+            "notes": self.notes,
         }

@@ -11,6 +11,8 @@ from rag_ablate.compare import tradeoff
 from rag_ablate.compare.gate import result_line
 from rag_ablate.compare.mix import mix_markdown, mix_terminal
 from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, Pair, Row, SliceRow, StageShare
+from rag_ablate.compare.ppi import markdown_lines as ppi_markdown_lines
+from rag_ablate.compare.ppi import terminal_lines as ppi_terminal_lines
 from rag_ablate.core.fsio import write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import COMPARISON_JSON, COMPARISON_MD
 from rag_ablate.metrics.registry import display_name
@@ -219,6 +221,7 @@ def format_terminal(c: Comparison) -> str:
         from rag_ablate.compare.pairwise import format_terminal as pairwise_terminal
 
         lines.append(pairwise_terminal(c.pairwise))
+    lines += ppi_terminal_lines(c.ppi)
     with_failures = [p for p in c.pairs if p.n_left_out or p.n_failed_baseline or p.n_failed_variant]
     if with_failures:
         lines.append(f"failed and left-out queries ({WHICH_QUERIES}):")
@@ -450,6 +453,7 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
         *mix_markdown(c.mix, c.variants, c.metrics, c.splits, c.mix_weights, c.B),
         *judge_spread_lines(c),
         *pairwise_markdown_lines(c),
+        *ppi_markdown_lines(c.ppi),
         *tradeoff_markdown_lines(c),
         "## Queries compared",
         "",

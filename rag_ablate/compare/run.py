@@ -30,6 +30,7 @@ from rag_ablate.compare.load import (
 )
 from rag_ablate.compare.model import Comparison, VariantData
 from rag_ablate.compare.pairwise import pairwise_section
+from rag_ablate.compare.ppi import ppi_section
 from rag_ablate.compare.render import format_terminal, write_outputs
 from rag_ablate.compare.slices import compare_slices, resolve_metrics
 from rag_ablate.compare.stages import stage_section
@@ -183,6 +184,8 @@ def run_comparison(
     # judge.mode=pairwise (in the baseline's config): the judge compares each variant's answers with
     # the baseline's, both orders; a pairwise step that cannot run leaves a note, not a failed comparison
     c.pairwise = pairwise_section(src.variants, c)
+    # judged metrics corrected by the dataset's human_judgements of these answers (prediction-powered)
+    c.ppi = ppi_section(src.variants, c)
     c.no_op = [label for label in no_ops(src.variants, c.baseline) if label in c.variants]
     if guard:
         c.confounded = {label: f.differences for label, f in findings.items() if f.confounded}

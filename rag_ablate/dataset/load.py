@@ -784,3 +784,28 @@ def load_dataset(
         splits_assigned=assigned,
         labels=labels,
     )
+
+
+def read_human_judgements(
+    path: str | Path | None = None, *, human_metrics: Collection[str] | None = None
+) -> dict[str, tuple[HumanJudgement, ...]]:
+    """The ``human_judgements`` of a dataset folder's queries (``None``: the embedded sample), by
+    query id, read from ``queries.jsonl`` alone (no corpus, no grouping): what the comparison's
+    prediction-powered estimates need (:mod:`rag_ablate.compare.ppi`). Queries without any are
+    left out. A malformed judgement raises :class:`DatasetValidationError` naming its line and
+    field, as :func:`load_dataset` would; ``human_metrics`` as there."""
+    folder = sample_dataset_path() if path is None else Path(path).expanduser()
+    file = folder / QUERIES_FILE
+    if not file.is_file():
+        raise DatasetError("not found (the human_judgements are read from it)", file=str(file))
+    errors: list[DatasetError] = []
+    chk = _Checker(file.name, errors)
+    out: dict[str, tuple[HumanJudgement, ...]] = {}
+    for line, obj in _read_jsonl(file, errors):
+        qid = obj.get("query_id")
+        found = _human_judgements(chk, line, obj.get("human_judgements"), human_metrics)
+        if found and isinstance(qid, str):
+            out[qid] = found
+    if errors:
+        raise DatasetValidationError(errors)
+    return out

@@ -45,7 +45,7 @@ from typing import Any
 
 import jinja2
 
-from rag_ablate.compare import headline, tradeoff
+from rag_ablate.compare import headline, ppi, tradeoff
 from rag_ablate.compare.model import Comparison, Flip, VariantData
 from rag_ablate.compare.render import STAGES_HOW, no_op_text, ok_only_line, ok_only_rows, share_text
 from rag_ablate.core.fsio import write_text_atomic
@@ -68,6 +68,7 @@ SECTIONS = (
     ("gate", "Regression gate", "gate.html.j2", "gate"),
     ("hurts", "Where it hurts", "hurts.html.j2", ""),
     ("stages", "Failure stages", "stages.html.j2", ""),
+    ("ppi", "Judge corrected by human labels", "ppi.html.j2", "ppi"),
     ("intents", "Per-intent accuracy", "intents.html.j2", ""),
     ("recall", "Recall@k", "recall.html.j2", ""),
     ("flips", "Flipped queries", "flips.html.j2", ""),
@@ -381,6 +382,9 @@ def render(
             stage_shares=[] if c.stages is None else [(x, share_text(x)) for x in c.stages.shares],
             stage_rows=_stage_rows(c),
             stages_how=STAGES_HOW,
+            ppi_rows=[] if c.ppi is None else [(r, ppi.cells(r)) for r in c.ppi.rows],
+            ppi_headers=ppi.HEADERS,
+            ppi_explain=ppi.EXPLAIN,
             intents=_intents(variants),
             recall_png=png_data(recall_png),
             flips=_flips(c, quality, titles),
