@@ -154,6 +154,10 @@ def test_the_section_in_every_view(tmp_path: Path) -> None:
     assert (r.n_labelled_baseline, r.n_labelled_variant, r.n_labelled_both) == (40, 40, 40)
     assert r.judge_bias_baseline > 0.5 and r.baseline_ppi < r.baseline_plain  # the judge overrates
     assert r.effect_ppi_low <= r.effect_ppi <= r.effect_ppi_high
+    # what sweep/publish.py logs on the variant's MLflow run
+    logged = ppi.delta_metrics(c.ppi, "var")
+    assert logged[f"ppi/dev/{METRIC}/effect"] == r.effect_ppi and logged[f"ppi/dev/{METRIC}/n_labelled"] == 40
+    assert ppi.delta_metrics(c.ppi, "base") == {}
     # comparison.json holds it and reads back into the same type
     data = json.loads((out / "comparison.json").read_text(encoding="utf-8"))
     assert data["ppi"]["rows"][0]["n_labelled_variant"] == 40 and data["ppi"]["min_labels"] == ppi.MIN_LABELS

@@ -4,8 +4,9 @@ The comparison (:mod:`rag_ablate.compare.run`) and the report (:mod:`rag_ablate.
 return values and files; they log nothing. This module logs them:
 
 * :func:`publish_comparison`: the comparison's files to the sweep's parent run and each variant's
-  effects (``delta/<split>/<metric>``, ``p_adj/...``, pairwise win rates) to its child run. Used by
-  the sweep's end and by ``rag-ablate compare RUN_ID``.
+  effects (``delta/<split>/<metric>``, ``p_adj/...``, pairwise win rates, judged effects corrected
+  by human labels ``ppi/...``) to its child run. Used by the sweep's end and by
+  ``rag-ablate compare RUN_ID``.
 * :func:`publish_sweep`: the rest of a sweep's end: the summary files and counts, the report's
   files, what the MLflow UI shows without setup (descriptions, headline effects, the saved runs
   view; :mod:`rag_ablate.report.mlflow_ui`), the profile, and the parent run's end status.
@@ -22,6 +23,7 @@ from typing import Any
 from rag_ablate.compare.analysis import delta_metrics
 from rag_ablate.compare.model import Comparison, VariantData
 from rag_ablate.compare.pairwise import delta_metrics as pairwise_metrics
+from rag_ablate.compare.ppi import delta_metrics as ppi_metrics
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import profiling
 from rag_ablate.core.layout import PLAN_FILE
@@ -41,6 +43,8 @@ def publish_comparison(
             tracking.log_metrics(uri, v.run_id, delta_metrics(c, v.label))
             if c.pairwise is not None:
                 tracking.log_metrics(uri, v.run_id, pairwise_metrics(c.pairwise, v.label))
+            if c.ppi is not None:  # judged effects corrected by human labels: ppi/<split>/<metric>/effect
+                tracking.log_metrics(uri, v.run_id, ppi_metrics(c.ppi, v.label))
 
 
 @dataclass
