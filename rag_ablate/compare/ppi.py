@@ -253,9 +253,7 @@ def ppi_section(
     ``c``, never a failed comparison."""
     metrics = [m for m in c.metrics if spec_of(m).judged and spec_of(m).human]
     base = next((v for v in variants if v.label == c.baseline), None)
-    if base is None or not any(
-        (r.get("metrics") or {}).get(m) is not None for r in base.records for m in metrics
-    ):
+    if base is None or not any(r.tested and r.metric in metrics for r in c.rows):
         return None
     try:
         labels, source = labels_factory(base)
