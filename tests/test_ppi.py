@@ -44,7 +44,7 @@ def record(
         "kind": "answerable",
         "status": "ok" if ok else "failed",
         "answer": answer if ok else None,
-        "metrics": {METRIC: score},
+        "metrics": {METRIC: score, "relevance": score},  # people score faithfulness only
     }
 
 
@@ -102,8 +102,7 @@ def test_labels_that_match_no_answer_say_so() -> None:
     vs, _ = small()
     c = compare(vs, baseline="base", metrics=[METRIC], splits=["dev"], B=200)
     section = ppi.compute(vs, c, {"q1": label("someone else's answer", 5)}, "labels", [METRIC])
-    assert "score none of these runs' answers" in section.notes[0]
-    assert section.rows[0].n_labelled_baseline == 0 and "too few" in section.rows[0].note
+    assert "score none of these runs' answers" in section.notes[0] and section.rows == []
 
 
 def judged_sweep(tmp_path: Path, n: int = 60, labelled: int = 40) -> list[VariantData]:
@@ -144,13 +143,13 @@ def test_the_section_in_every_view(tmp_path: Path) -> None:
     lines: list[str] = []
     res = run_comparison(
         Source(vs, out),
-        CompareConfig(metrics=[METRIC], splits=["dev"], B=500),
+        CompareConfig(metrics=[METRIC, "relevance"], splits=["dev"], B=500),
         guard=False,
         echo=lines.append,
     )
     c = res.comparison
     assert c.ppi is not None and c.ppi.labels == str(tmp_path / "ds")
-    (r,) = c.ppi.rows
+    (r,) = c.ppi.rows  # relevance: no person scored it, no row
     assert (r.n_labelled_baseline, r.n_labelled_variant, r.n_labelled_both) == (40, 40, 40)
     assert r.judge_bias_baseline > 0.5 and r.baseline_ppi < r.baseline_plain  # the judge overrates
     assert r.effect_ppi_low <= r.effect_ppi <= r.effect_ppi_high

@@ -232,8 +232,11 @@ def compute(
                 if p is not None:
                     planned.append(p)
     shared.run()
-    section.rows = [_fill(p, c.alpha) for p in planned]
-    if not any(r.n_labelled_baseline or r.n_labelled_variant for r in section.rows):
+    # a metric no person scored on either side of a split has no row
+    section.rows = [
+        _fill(p, c.alpha) for p in planned if p.row.n_labelled_baseline or p.row.n_labelled_variant
+    ]
+    if not section.rows:
         section.notes.append(
             f"the dataset's human_judgements ({sum(len(v) for v in labels.values())}) score none of these "
             "runs' answers: prediction-powered estimates need people's scores of the answers the runs "
@@ -275,9 +278,11 @@ def _num(v: float, signed: bool = False) -> str:
 
 
 def estimate_text(v: float, lo: float, hi: float, signed: bool = False) -> str:
-    """``2.600 [2.43, 2.77]``, or ``-``."""
+    """``2.600 [2.430, 2.770]``; the value alone without an interval; ``-`` without a value."""
     if not math.isfinite(v):
         return "-"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return _num(v, signed)
     return f"{_num(v, signed)} [{_num(lo, signed)}, {_num(hi, signed)}]"
 
 
