@@ -304,7 +304,7 @@ def cells(r: PPIRow) -> dict[str, str]:
 
 HEADERS = {
     "labels": "human labels (baseline / variant)",
-    "bias": "judge minus human",
+    "bias": "judge minus human (baseline / variant)",
     "effect_plain": "effect, judge only [95% CI]",
     "effect_ppi": "effect, prediction-powered [95% CI]",
     "baseline": "baseline: judge -> corrected",
@@ -336,11 +336,12 @@ def terminal_lines(section: PPISection | None) -> list[str]:
 def markdown_lines(section: PPISection | None) -> list[str]:
     if section is None:
         return []
-    out = ["## Judged metrics corrected by human labels", "", EXPLAIN, "", *(f"- {n}" for n in section.notes)]
+    out = ["## Judged metrics corrected by human labels", "", EXPLAIN, ""]
+    if section.notes:
+        out += [*(f"- {n}" for n in section.notes), ""]
     if section.rows:
         keys = list(HEADERS)
         out += [
-            "",
             "| split | variant | metric | " + " | ".join(HEADERS[k] for k in keys) + " |",
             "|---|---|---|" + "---|" * len(keys),
         ]
@@ -350,7 +351,8 @@ def markdown_lines(section: PPISection | None) -> list[str]:
             out.append(
                 f"| {r.split} | {label} | {display_name(r.metric)} | " + " | ".join(c[k] for k in keys) + " |"
             )
-    return [*out, ""]
+        out.append("")
+    return out
 
 
 def delta_metrics(section: PPISection, variant: str) -> dict[str, float]:
