@@ -79,6 +79,10 @@ def test_the_estimates_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     (r,) = section.rows
     assert (r.n_queries, r.n_groups) == (6, 4)  # the failed q4 is in, scoring 0 (the miss) on both scales
     assert (r.n_labelled_baseline, r.n_labelled_variant, r.n_labelled_both) == (4, 3, 3)
+    (note,) = section.notes  # 3 of 4: the variant's labelled queries are those where its answer was scored
+    assert note.startswith(
+        f"dev, var, {METRIC}: people scored 4 of the baseline's answers and 3 of the variant's"
+    )
     # baseline: judge 23/6; human - judge over q1, q3, q4, q6: -0.5, -1, 0, -1 -> mean -0.625, 6 answered
     assert r.baseline_plain == pytest.approx(23 / 6) and r.judge_bias_baseline == pytest.approx(0.625)
     assert r.baseline_ppi == pytest.approx((23 + 6 * -0.625) / 6)

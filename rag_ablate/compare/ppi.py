@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -146,11 +147,13 @@ def read_labels(variant: VariantData) -> tuple[Labels, str]:
 # --------------------------------------------------------------------------- the section
 
 
+@dataclass
 class _Planned:
     """One row's inputs, waiting for its split's bootstrap draw."""
 
-    def __init__(self, row: PPIRow, totals: FloatArray, draws: Collector | None) -> None:
-        self.row, self.totals, self.draws = row, totals, draws
+    row: PPIRow
+    totals: FloatArray
+    draws: Collector | None
 
 
 def _plan(
@@ -214,6 +217,26 @@ def _fill(p: _Planned, alpha: float) -> PPIRow:
     return row
 
 
+#: a side with fewer labels than this share of the other side's is flagged (:func:`uneven_note`)
+UNEVEN = 0.8
+
+
+def uneven(r: PPIRow) -> bool:
+    lb, lv = r.n_labelled_baseline, r.n_labelled_variant
+    return min(lb, lv) < UNEVEN * max(lb, lv)
+
+
+def uneven_note(r: PPIRow) -> str:
+    """Why a row whose sides have unlike numbers of labels needs care."""
+    fewer = "variant" if r.n_labelled_variant < r.n_labelled_baseline else "baseline"
+    return (
+        f"{r.split}, {r.variant}, {display_name(r.metric)}: people scored {r.n_labelled_baseline} of the "
+        f"baseline's answers and {r.n_labelled_variant} of the variant's; where the {fewer}'s answers differ "
+        "from the scored ones they have no label, so its labelled queries may not be a random sample and "
+        "its correction may be biased: have its answers to the same queries scored (docs/statistics.md)"
+    )
+
+
 def compute(
     variants: Sequence[VariantData], c: Comparison, labels: Labels, source: str, metrics: Sequence[str]
 ) -> PPISection:
@@ -236,6 +259,7 @@ def compute(
     section.rows = [
         _fill(p, c.alpha) for p in planned if p.row.n_labelled_baseline or p.row.n_labelled_variant
     ]
+    section.notes += [uneven_note(r) for r in section.rows if not r.note and uneven(r)]
     if not section.rows:
         section.notes.append(
             f"the dataset's human_judgements ({sum(len(v) for v in labels.values())}) score none of these "
