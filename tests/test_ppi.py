@@ -225,3 +225,25 @@ def test_coverage_of_a_biased_judge() -> None:
     assert abs(r.covered["baseline_ppi"] - 0.95) <= 0.015 and abs(r.covered["effect_ppi"] - 0.95) <= 0.015
     assert r.mean["effect_ppi"] == pytest.approx(r.truth["effect"], abs=0.005)
     assert r.mean["baseline_ppi"] == pytest.approx(r.truth["level"], abs=0.005)
+
+
+@pytest.mark.slow  # an MLflow sqlite store
+def test_the_corrected_effects_reach_the_variant_s_mlflow_run(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from rag_ablate.sweep.publish import publish_comparison
+    from rag_ablate.tracking import store as tracking
+
+    vs = judged_sweep(tmp_path)
+    c = compare(vs, baseline="base", metrics=[METRIC], splits=["dev"], B=200)
+    c.ppi = ppi.ppi_section(vs, c)
+    assert c.ppi is not None
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    experiment = tracking.open_store(uri, "ppi", tmp_path / "artifacts")
+    parent = tracking.start_parent(uri, experiment, "sweep", {})
+    vs[1].run_id = tracking.start_run(uri, experiment, "var", parent)
+    publish_comparison(uri, parent, vs, c, [])
+    logged = MlflowClient(tracking_uri=uri).get_run(vs[1].run_id).data.metrics
+    (r,) = c.ppi.rows
+    assert logged[f"ppi/dev/{METRIC}/effect"] == pytest.approx(r.effect_ppi)
+    assert logged[f"ppi/dev/{METRIC}/n_labelled"] == 40 and f"delta/dev/{METRIC}" in logged
