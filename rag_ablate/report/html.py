@@ -46,8 +46,16 @@ from typing import Any
 import jinja2
 
 from rag_ablate.compare import headline, tradeoff
-from rag_ablate.compare.model import Comparison, Flip, VariantData
-from rag_ablate.compare.render import STAGES_HOW, no_op_text, ok_only_line, ok_only_rows, share_text
+from rag_ablate.compare.model import Comparison, FlakyQuery, Flip, VariantData
+from rag_ablate.compare.render import (
+    REPEATS_HOW,
+    STAGES_HOW,
+    no_op_text,
+    ok_only_line,
+    ok_only_rows,
+    share_text,
+    verdicts_text,
+)
 from rag_ablate.core.fsio import write_text_atomic
 from rag_ablate.core.layout import FAILURES_FILE, PLAN_FILE
 from rag_ablate.metrics.intent import intent_report
@@ -68,6 +76,7 @@ SECTIONS = (
     ("gate", "Regression gate", "gate.html.j2", "gate"),
     ("hurts", "Where it hurts", "hurts.html.j2", ""),
     ("stages", "Failure stages", "stages.html.j2", ""),
+    ("repeats", "Flaky queries", "repeats.html.j2", "repeats"),
     ("intents", "Per-intent accuracy", "intents.html.j2", ""),
     ("recall", "Recall@k", "recall.html.j2", ""),
     ("flips", "Flipped queries", "flips.html.j2", ""),
@@ -381,12 +390,19 @@ def render(
             stage_shares=[] if c.stages is None else [(x, share_text(x)) for x in c.stages.shares],
             stage_rows=_stage_rows(c),
             stages_how=STAGES_HOW,
+            repeats_how=REPEATS_HOW,
+            flaky=[(r, [(f, _verdict_cells(f)) for f in r.flaky]) for r in c.repeats],
             intents=_intents(variants),
             recall_png=png_data(recall_png),
             flips=_flips(c, quality, titles),
             top_flips=TOP_FLIPS,
         )
     )
+
+
+def _verdict_cells(f: FlakyQuery) -> str:
+    """A flaky query's metrics and verdicts per repeat, as one cell."""
+    return "; ".join(f"{display_name(m)}: {verdicts_text(v)}" for m, v in f.verdicts.items())
 
 
 def _failure_lines(out_dir: Path) -> list[str]:

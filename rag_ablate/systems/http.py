@@ -95,7 +95,8 @@ T = TypeVar("T")
 
 def request_values(query: Query, top_k: int, model: str | None = None) -> dict[str, Any]:
     """What a body template can insert: ``{query}``, ``{query_id}``, ``{top_k}``, ``{user_groups}``,
-    ``{model}`` (``system.model``)."""
+    ``{model}`` (``system.model``), ``{repeat}`` (0..system.repeats-1: a service that caches answers
+    can key on it)."""
     groups = None if query.user_groups is None else list(query.user_groups)
     return {
         "query": query.query,
@@ -103,6 +104,7 @@ def request_values(query: Query, top_k: int, model: str | None = None) -> dict[s
         "top_k": top_k,
         "user_groups": groups,
         "model": model,
+        "repeat": query.repeat or 0,
     }
 
 
