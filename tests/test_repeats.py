@@ -285,6 +285,7 @@ def test_a_sweep_against_a_random_service_shows_flaky_queries_and_a_wider_interv
         # 3 runs of each query in the baseline's job, 1 in the sweep's interleaved timing pass
         assert sum(a.requests[q.query_id] for q in ds.queries) == 4 * len(ds.queries)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "repeated runs (system.repeats" in out.stdout and "3 runs per query, flaky queries" in out.stdout
     sweep = next((tmp_path / "outputs" / "multirun").iterdir())
     c = Comparison.from_dict(json.loads((sweep / "comparison.json").read_text()))
     flaky = c.repeats[0].flaky
