@@ -27,6 +27,7 @@ from rag_ablate.records.repeats import first_runs, mean_record, query_spreads, r
 from rag_ablate.records.trace import RetrievedChunk, Trace
 from rag_ablate.report import html as html_report
 from rag_ablate.run.runner import evaluate, repeated
+from rag_ablate.systems.http import render_body, request_values
 from rag_ablate.systems.local import LocalSystem
 from tests.conftest import QUERIES as TINY_QUERIES
 from tests.conftest import REPO, run_in_process, write_dataset
@@ -124,6 +125,17 @@ def test_each_repeat_of_the_local_generator_is_its_own_model_call(fake_llm: Fake
             system.close()
     assert len(fake_llm.requests) == 2  # one call per repeat, none for the rerun
     assert [t.cached for t in traces] == [False, False, True, True]
+
+
+def test_a_service_body_template_can_send_the_repeat_index(tmp_path: Path) -> None:
+    q = load_dataset(write_dataset(tmp_path / "tiny")).queries[0]
+    template = {"q": "{query}", "sample": "{repeat}", "tag": "run {repeat}"}
+    assert render_body(template, request_values(dataclasses.replace(q, repeat=2), 5)) == {
+        "q": q.query,
+        "sample": 2,
+        "tag": "run 2",
+    }
+    assert render_body({}, request_values(q, 5)) == {"query": q.query, "query_id": q.query_id, "top_k": 5}
 
 
 # --------------------------------------------------------------------------- the spread

@@ -83,7 +83,7 @@ from rag_ablate.systems.base import OnDone
 if TYPE_CHECKING:  # httpx is imported when a run talks HTTP, not when the registry lists this system
     import httpx
 
-PLACEHOLDERS = ("query", "query_id", "top_k", "user_groups", "model")
+PLACEHOLDERS = ("query", "query_id", "top_k", "user_groups", "model", "repeat")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 _MISSING: Any = object()
 WARMUP_ID = "rag-ablate-warm-up"  # the query id of the untimed requests that open the connections
