@@ -26,6 +26,7 @@ from rag_ablate.dataset.model import Dataset, Query
 from rag_ablate.records.repeats import first_runs, mean_record, query_spreads, repeat_metrics
 from rag_ablate.records.trace import RetrievedChunk, Trace
 from rag_ablate.report import html as html_report
+from rag_ablate.run.budget import estimate_calls
 from rag_ablate.run.runner import evaluate, repeated
 from rag_ablate.systems.http import render_body, request_values
 from rag_ablate.systems.local import LocalSystem
@@ -136,6 +137,18 @@ def test_a_service_body_template_can_send_the_repeat_index(tmp_path: Path) -> No
         "tag": "run 2",
     }
     assert render_body({}, request_values(q, 5)) == {"query": q.query, "query_id": q.query_id, "top_k": 5}
+
+
+def test_the_plan_counts_k_times_the_model_calls() -> None:
+    s = RunConfig()
+    s.generator.name, s.judge.name, s.judge.repeats = "openai", "openai", 2
+    once = {e.who: e for e in estimate_calls(s, ["a question", "another"], "v", baseline=True)}
+    s.system.repeats = 3
+    three = {e.who: e for e in estimate_calls(s, ["a question", "another"], "v", baseline=True)}
+    assert (once["generator"].calls, once["judge"].calls) == (2, 4)
+    assert (three["generator"].calls, three["judge"].calls) == (6, 12)
+    assert three["generator"].prompt_tokens == 3 * once["generator"].prompt_tokens
+    assert three["judge"].completion_tokens == 3 * once["judge"].completion_tokens
 
 
 # --------------------------------------------------------------------------- the spread
