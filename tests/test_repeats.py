@@ -23,11 +23,13 @@ from rag_ablate.config.schema import RunConfig
 from rag_ablate.core.cache import Cache
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Dataset, Query
+from rag_ablate.records.jsonl import write_records
 from rag_ablate.records.repeats import first_runs, mean_record, query_spreads, repeat_metrics
 from rag_ablate.records.trace import RetrievedChunk, Trace
 from rag_ablate.report import html as html_report
 from rag_ablate.run.budget import estimate_calls
-from rag_ablate.run.runner import evaluate, repeated
+from rag_ablate.run.resume import kept_records
+from rag_ablate.run.runner import evaluate, query_key, repeated
 from rag_ablate.systems.http import render_body, request_values
 from rag_ablate.systems.local import LocalSystem
 from tests.conftest import QUERIES as TINY_QUERIES
@@ -106,6 +108,16 @@ def test_a_repeated_job_records_every_query_and_repeat_a_failed_repeat_failed(tm
     assert repeated(ds.queries, 1) == list(ds.queries)
     once = evaluate(_CoinSystem(0, ("", 0)), ds, [1], queries=ds.queries)  # type: ignore[arg-type]
     assert all("repeat" not in r for r in once)
+
+
+def test_resume_keeps_each_ok_repeat_and_reruns_the_failed_ones(tmp_path: Path) -> None:
+    records = _runs({"a": [1, None, 0], "b": [1, 1, 1]})
+    records.append({**records[0], "status": "failed"})  # a later attempt of a#0 failed: it is rerun
+    write_records(tmp_path / "records.jsonl", records)  # type: ignore[arg-type]
+    kept = kept_records(tmp_path, {"a", "b"})
+    assert sorted(kept) == ["a#2", "b#0", "b#1", "b#2"]
+    runs = repeated(load_dataset(write_dataset(tmp_path / "tiny")).queries[:1], 3)
+    assert [query_key(q) for q in runs] == ["q1#0", "q1#1", "q1#2"]
 
 
 def test_each_repeat_of_the_local_generator_is_its_own_model_call(fake_llm: FakeLLM, tmp_path: Path) -> None:
