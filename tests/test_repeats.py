@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ from rag_ablate.systems.local import LocalSystem
 from tests.conftest import QUERIES as TINY_QUERIES
 from tests.conftest import REPO, run_in_process, write_dataset
 from tests.fake_llm import FakeLLM
-from tests.stub_rag_service import stub_service
+from tests.stub_rag_service import StubServer, in_thread
 
 
 def _rec(qid: str, repeat: int, hit: float | None, *, split: str = "dev", ok: bool = True) -> dict[str, Any]:
@@ -286,11 +288,30 @@ def test_nested_interval_covers_at_95_and_an_aa_test_rejects_at_5_percent() -> N
 # --------------------------------------------------------------------------- the issue's done-when
 
 
+class _FlakyService(StubServer):
+    """The stub service (tests/stub_rag_service.py) with each query's own chance, drawn once per
+    query from ``seed``, that its relevant documents land at a random rank: two deployments are
+    flaky on different queries, so the change's effect varies from query to query."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        super().__init__(dataset, rank_noise=0.0, first_delay_s=0.0, seed=seed)
+        pick = random.Random(seed)
+        self.noise = {q: pick.random() for q in sorted(self.queries)}
+        self.lock = threading.RLock()  # type: ignore[assignment]  # answer() holds it around the stub's
+
+    def answer(self, query_id: str) -> dict[str, Any]:
+        with self.lock:
+            self.rank_noise = self.noise.get(query_id, 0.0)
+            return super().answer(query_id)
+
+
+
 @pytest.mark.slow  # one sweep of two jobs against two stub services: about 20 s
 def test_a_sweep_against_a_random_service_shows_flaky_queries_and_a_wider_interval(tmp_path: Path) -> None:
     """system.repeats=3 against two deployments of a service that ranks at random (the stub on
-    127.0.0.1): the report lists the flaky queries with their text, and the comparison's interval is
-    wider than the naive one that counts each repeat as a query of its own."""
+    127.0.0.1), each flaky on its own queries: the report lists the flaky queries with their text,
+    and the comparison's interval is wider than the naive one that counts each repeat as a query of
+    its own (which divides the query-to-query spread of the effect by 3 x the queries)."""
     queries = [
         {
             **q,
@@ -303,7 +324,7 @@ def test_a_sweep_against_a_random_service_shows_flaky_queries_and_a_wider_interv
     ]
     path = write_dataset(tmp_path / "tiny", queries=queries)
     ds = load_dataset(path)
-    with stub_service(ds, rank_noise=0.5, seed=1) as a, stub_service(ds, rank_noise=0.5, seed=2) as b:
+    with in_thread(_FlakyService(ds, 1)) as a, in_thread(_FlakyService(ds, 2)) as b:
         out = run_in_process(
             [
                 "-m",
