@@ -305,7 +305,6 @@ class _FlakyService(StubServer):
             return super().answer(query_id)
 
 
-
 @pytest.mark.slow  # one sweep of two jobs against two stub services: about 20 s
 def test_a_sweep_against_a_random_service_shows_flaky_queries_and_a_wider_interval(tmp_path: Path) -> None:
     """system.repeats=3 against two deployments of a service that ranks at random (the stub on

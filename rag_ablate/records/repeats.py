@@ -38,6 +38,7 @@ __all__ = [
     "query_spreads",
     "repeat_metrics",
     "runs_by_query",
+    "spreads_json",
 ]
 
 
