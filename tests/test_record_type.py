@@ -172,6 +172,8 @@ def _sample_records(fake_llm: FakeLLM, tmp_path: Path) -> list[Record]:
                 target,
                 ds,
                 s.metrics.ks,
+                # the last query as the second run of system.repeats: its record has a repeat index
+                queries=[*ds.queries[:-1], dataclasses.replace(ds.queries[-1], repeat=1)],
                 on_record=lambda rec: writer.write(guard.record(rec)),
                 answers=AnswerScoring.from_config(s.metrics),
             )

@@ -89,9 +89,10 @@ def failed(rec: Record) -> bool:
 def value(rec: Record, metric: str) -> float | None:
     """A record's value of ``metric`` as the comparison uses it (None: no value): failure-aware,
     so a failed record that names the metric (it applied) scores its ``MetricSpec.miss``."""
-    if metric == ERROR_RATE:
-        return 1.0 if failed(rec) else 0.0
     values = rec.get("metrics") or {}
+    if metric == ERROR_RATE:  # a query's repeats stand as one record with their share of failures
+        share = values.get(ERROR_RATE)
+        return float(share) if share is not None else (1.0 if failed(rec) else 0.0)
     v = values.get(metric)
     if metric == LATENCY and v is None:
         v = (rec.get("timings_ms") or {}).get("total")

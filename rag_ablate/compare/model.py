@@ -303,6 +303,28 @@ class StageSection:
 
 
 @dataclass
+class FlakyQuery:
+    """A query whose repeats (``system.repeats``) gave both verdicts of a binary metric."""
+
+    split: str
+    query_id: str
+    query: str | None  # its text (None: not stored)
+    verdicts: dict[str, list[float | None]]  # each flaky metric's verdict per repeat (None: failed)
+
+
+@dataclass
+class RepeatSummary:
+    """One variant's repeated runs (rag_ablate.compare.repeats): how many per query, and its flaky
+    queries (the first ``FLAKY_SHOWN`` of ``n_flaky``, by split and query id)."""
+
+    variant: str
+    repeats: int  # the most runs of a query
+    n_queries: int
+    n_flaky: int
+    flaky: list[FlakyQuery] = field(default_factory=list)
+
+
+@dataclass
 class Comparison:
     baseline: str
     variants: list[str]
@@ -332,6 +354,8 @@ class Comparison:
     cost_metric: str = ""
     # judged metrics corrected by the dataset's human_judgements (rag_ablate.compare.ppi); None: no labels
     ppi: PPISection | None = None
+    # system.repeats > 1: each repeated variant's runs per query and flaky queries (compare.repeats)
+    repeats: list[RepeatSummary] = field(default_factory=list)
 
     def row(self, split: str, variant: str, metric: str) -> Row | None:
         for r in self.rows:
@@ -384,6 +408,7 @@ class Comparison:
             "quality_metric": self.quality_metric,
             "cost_metric": self.cost_metric,
             "ppi": None if self.ppi is None else self.ppi.to_dict(),
+            "repeats": [asdict(r) for r in self.repeats],
         }
 
     @classmethod

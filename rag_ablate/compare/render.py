@@ -4,13 +4,22 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.gate import result_line
 from rag_ablate.compare.mix import mix_markdown, mix_terminal
-from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, Pair, Row, SliceRow, StageShare
+from rag_ablate.compare.model import (
+    SLICE_VERDICTS,
+    Comparison,
+    FlakyQuery,
+    Pair,
+    Row,
+    SliceRow,
+    StageShare,
+)
 from rag_ablate.compare.ppi import markdown_lines as ppi_markdown_lines
 from rag_ablate.compare.ppi import terminal_lines as ppi_terminal_lines
 from rag_ablate.core.fsio import write_json_atomic, write_text_atomic
@@ -214,6 +223,7 @@ def format_terminal(c: Comparison) -> str:
                 lines.append(
                     f"per-query flips of {v} on {display_name(first)}: {'; '.join(parts)} (comparison.md)"
                 )
+    lines += repeat_terminal_lines(c)
     lines += slice_terminal_lines(c)
     lines += stage_terminal_lines(c)
     lines += tradeoff_terminal_lines(c)
@@ -282,6 +292,51 @@ def judge_spread_lines(c: Comparison) -> list[str]:
             f"{_num(r.judge_noise_se)} |"
         )
     return [*out, ""]
+
+
+REPEATS_HOW = (
+    "Each query ran several times (system.repeats): its value is the mean over its repeats, and the "
+    "interval resamples groups of queries, each with its repeats' mean, so the repeats' noise is counted "
+    "once (docs/statistics.md \"Repeated runs\")"
+)
+
+
+def verdicts_text(verdicts: Sequence[float | None]) -> str:
+    """A flaky query's verdicts per repeat: ``1 0 1`` (``failed`` for a repeat that failed)."""
+    return " ".join("failed" if v is None else f"{v:g}" for v in verdicts)
+
+
+def flaky_line(f: FlakyQuery) -> str:
+    """``dev `q7` reference_in_answer 1 0 1: <query text>``."""
+    parts = "; ".join(f"{display_name(m)} {verdicts_text(v)}" for m, v in f.verdicts.items())
+    return f"{f.split} `{f.query_id}` {parts}: {f.query or '(text not stored)'}"
+
+
+def repeat_terminal_lines(c: Comparison) -> list[str]:
+    """One line per repeated variant: runs per query and flaky queries."""
+    return [
+        f"repeats of {r.variant}: {r.repeats} runs per query; {r.n_flaky} of {r.n_queries} queries flaky "
+        "(both verdicts of a binary metric; comparison.md lists them)"
+        for r in c.repeats
+    ]
+
+
+def repeat_markdown_lines(c: Comparison) -> list[str]:
+    """``comparison.md``'s section on repeated runs: how they enter the interval, the flaky queries."""
+    if not c.repeats:
+        return []
+    out = ["## Repeated runs and flaky queries", "", REPEATS_HOW + ".", ""]
+    for r in c.repeats:
+        out += [
+            f"### {_md_cell(r.variant)}: {r.repeats} runs per query, "
+            f"{r.n_flaky} of {r.n_queries} queries flaky",
+            "",
+        ]
+        out += [f"- {_md_cell(flaky_line(f))}" for f in r.flaky]
+        if r.n_flaky > len(r.flaky):
+            out.append(f"- ... {r.n_flaky - len(r.flaky)} more (the job's repeats.json has every query)")
+        out.append("")
+    return out
 
 
 SLICES_HOW = (
@@ -452,6 +507,7 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
         *gate_markdown_lines(c),
         *mix_markdown(c.mix, c.variants, c.metrics, c.splits, c.mix_weights, c.B),
         *judge_spread_lines(c),
+        *repeat_markdown_lines(c),
         *pairwise_markdown_lines(c),
         *ppi_markdown_lines(c.ppi),
         *tradeoff_markdown_lines(c),

@@ -32,6 +32,7 @@ from rag_ablate.compare.model import Comparison, VariantData
 from rag_ablate.compare.pairwise import pairwise_section
 from rag_ablate.compare.ppi import ppi_section
 from rag_ablate.compare.render import format_terminal, write_outputs
+from rag_ablate.compare.repeats import repeat_means
 from rag_ablate.compare.slices import compare_slices, resolve_metrics
 from rag_ablate.compare.stages import stage_section
 from rag_ablate.compare.timing import apply_timing
@@ -159,6 +160,9 @@ def run_comparison(
                 f"{source}: variants ran over another query set than the baseline ({listed}); their "
                 "queries cannot be paired. Rerun them on the baseline's dataset (--no-guard compares anyway)"
             )
+    # system.repeats > 1: one record per query, the mean over its repeats (the nested resampling)
+    means, repeated = repeat_means(src.variants)
+    src = replace(src, variants=means)
     run_seed = _default_seed(src.variants) if seed is None else seed
     latency_method = apply_timing(src.variants, src.timing)  # the interleaved times, when measured
     c = compare(
@@ -172,6 +176,7 @@ def run_comparison(
         flip_threshold=settings.flip_threshold,
     )
     c.latency_method = latency_method
+    c.repeats = repeated
     # where it helps and hurts: the same test within each slice (exploratory, BH across slices)
     c.slices = compare_slices(
         src.variants,

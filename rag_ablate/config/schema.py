@@ -101,6 +101,9 @@ class SystemConfig:
     retries: Count0 = 3  # http: resends on connect errors, 5xx and 429 (exponential backoff with jitter)
     backoff_s: NonNeg = 0.5  # http: first backoff delay, seconds; doubles per retry (Retry-After wins)
     backoff_max_s: NonNeg = 30.0  # http: the longest wait between two tries, Retry-After included
+    # every system: runs of each query, each on its own model-call cache key (the generator's; system=http
+    # sends {repeat} to a body template that uses it): the per-query spread, nested in the comparison
+    repeats: Count = 1
     max_error_rate: Share = 0.05  # the error budget: a run whose share of failed queries is above it
     # fails (exit 1), local and http alike; queries failed by the generator or reranker count here
     # replay: score recorded traffic without calling anything (rag_ablate/systems/replay.py)

@@ -18,6 +18,7 @@ INTENTS_MD = "intents.md"  # per-intent accuracy, worst first
 INTENTS_JSON = "intents.json"
 SLICES_JSON = "slices.json"  # every metric per tag and per intent (rag_ablate.run.slices)
 SLICES_MD = "slices.md"  # the slice table, worst slices first
+REPEATS_JSON = "repeats.json"  # system.repeats > 1: each query's mean and SD per metric (records.repeats)
 PROFILE_FILE = "profile.json"  # seconds and peak MB per stage (core.profiling); a sweep has one too
 RUN_FILE = "run.json"  # written when the job starts: its MLflow run id and config, for resume=
 JUDGE_CALIBRATION_JSON = "judge_calibration.json"  # the judge's agreement with human judgements

@@ -188,6 +188,9 @@ class Query:
     applicable_version: str | None = None  # the version (of product, policy, corpus) the query is about
     expected_behavior: ExpectedBehavior | None = None  # what the system should do; None: from the gold
     nonrelevant: tuple[str, ...] = ()  # doc ids judged not relevant (judged_at_k, bpref)
+    # which of ``system.repeats`` runs of the query this is (set by the runner, never read from the
+    # dataset); None: the query runs once (system.repeats=1)
+    repeat: int | None = None
 
     @property
     def behavior(self) -> ExpectedBehavior | None:

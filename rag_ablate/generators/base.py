@@ -59,7 +59,10 @@ class Generation:
 class Generator(Protocol):
     """Answers one query from its contexts."""
 
-    def generate(self, query_text: str, contexts: list[Context]) -> Generation: ...
+    def generate(self, query_text: str, contexts: list[Context], *, repeat: int = 0) -> Generation:
+        """Answer one query; ``repeat`` (system.repeats) selects an independent sample: a model
+        call's own cache entry (a deterministic generator answers the same)."""
+        ...
 
 
 # How a registered generator is built: ``GENERATORS.get(name)(settings, cache)``; None = no answers.

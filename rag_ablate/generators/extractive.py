@@ -106,7 +106,7 @@ class ExtractiveGenerator:
                 best, best_share = text, share
         return best
 
-    def generate(self, query_text: str, contexts: list[Context]) -> Generation:
+    def generate(self, query_text: str, contexts: list[Context], *, repeat: int = 0) -> Generation:
         read = contexts[: self.max_chunks]
         cjk = is_cjk_text(query_text) or any(is_cjk_text(c.text[:500]) for c in read[:1])
         wanted = overlap_terms(query_text, cjk)

@@ -15,7 +15,7 @@ from typing import cast
 from rag_ablate.core.errors import EXIT_INVALID, RagAblateError, WriteError
 from rag_ablate.core.fsio import replacing
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
-from rag_ablate.records.trace import Record
+from rag_ablate.records.trace import Record, record_key
 
 FSYNC_SECONDS = 1.0  # RecordWriter: at most this long between fsyncs (each record is flushed at once)
 
@@ -94,11 +94,13 @@ def read_records(path: Path, project: Callable[[Record], Record] | None = None) 
 
 
 def final_records(records: Iterable[Record]) -> dict[str, Record]:
-    """The last record of each query id (a later attempt supersedes an earlier one)."""
+    """The last record of each query id, or of each (query, repeat) with ``system.repeats`` > 1
+    (:func:`~rag_ablate.records.trace.record_key`; a later attempt supersedes an earlier one)."""
     out: dict[str, Record] = {}
     for rec in records:
-        out.pop(rec["query_id"], None)  # keep completion order of the final attempts
-        out[rec["query_id"]] = rec
+        key = record_key(rec)
+        out.pop(key, None)  # keep completion order of the final attempts
+        out[key] = rec
     return out
 
 

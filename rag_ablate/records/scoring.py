@@ -81,6 +81,8 @@ def make_record(query: Query, trace: Trace) -> Record:
         "failure_stage": None,  # filled by scored()
         "metrics": {},  # filled by scored()
     }
+    if query.repeat is not None:  # system.repeats > 1: one record per (query, repeat)
+        rec["repeat"] = query.repeat
     # the stages the system reported, each key only when reported
     if trace.rewritten_query is not None:
         rec["rewritten_query"] = trace.rewritten_query

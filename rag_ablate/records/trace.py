@@ -312,6 +312,7 @@ class Record(TypedDict):
     """
 
     query_id: str  # the query's id in the dataset
+    repeat: NotRequired[int]  # which of system.repeats runs of the query (only when system.repeats > 1)
     query: NotRequired[str]  # the query's text (absent with privacy.store_text=false)
     split: str  # "dev" or "holdout"
     group: str  # the query's group (the bootstrap resamples whole groups)
@@ -346,3 +347,14 @@ class Record(TypedDict):
     metrics: dict[str, float | None]  # per-query metric values by name (recall_at_5, latency_ms, ...)
     judge: NotRequired[Judgement]  # the LLM judge's verdicts (only when a judge judged the answer)
     redacted: NotRequired[dict[str, int]]  # privacy.redact=true: replacements per kind (email, ...)
+
+
+def repeat_key(query_id: str, repeat: int | None) -> str:
+    """What identifies a record in its run: the query id, with ``#<repeat>`` when the run repeats
+    each query (``system.repeats`` > 1)."""
+    return query_id if repeat is None else f"{query_id}#{repeat}"
+
+
+def record_key(rec: Record) -> str:
+    """A record's :func:`repeat_key`."""
+    return repeat_key(rec["query_id"], rec.get("repeat"))

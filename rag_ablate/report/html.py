@@ -46,8 +46,16 @@ from typing import Any
 import jinja2
 
 from rag_ablate.compare import headline, ppi, tradeoff
-from rag_ablate.compare.model import Comparison, Flip, VariantData
-from rag_ablate.compare.render import STAGES_HOW, no_op_text, ok_only_line, ok_only_rows, share_text
+from rag_ablate.compare.model import Comparison, FlakyQuery, Flip, VariantData
+from rag_ablate.compare.render import (
+    REPEATS_HOW,
+    STAGES_HOW,
+    no_op_text,
+    ok_only_line,
+    ok_only_rows,
+    share_text,
+    verdicts_text,
+)
 from rag_ablate.core.fsio import write_text_atomic
 from rag_ablate.core.layout import FAILURES_FILE, PLAN_FILE
 from rag_ablate.metrics.intent import intent_report
@@ -69,6 +77,7 @@ SECTIONS = (
     ("hurts", "Where it hurts", "hurts.html.j2", ""),
     ("stages", "Failure stages", "stages.html.j2", ""),
     ("ppi", "Judge corrected by human labels", "ppi.html.j2", "ppi"),
+    ("repeats", "Flaky queries", "repeats.html.j2", "repeats"),
     ("intents", "Per-intent accuracy", "intents.html.j2", ""),
     ("recall", "Recall@k", "recall.html.j2", ""),
     ("flips", "Flipped queries", "flips.html.j2", ""),
@@ -385,12 +394,19 @@ def render(
             ppi_rows=[] if c.ppi is None else [(r, ppi.cells(r)) for r in c.ppi.rows],
             ppi_headers=ppi.HEADERS,
             ppi_explain=ppi.EXPLAIN,
+            repeats_how=REPEATS_HOW,
+            flaky=[(r, [(f, _verdict_cells(f)) for f in r.flaky]) for r in c.repeats],
             intents=_intents(variants),
             recall_png=png_data(recall_png),
             flips=_flips(c, quality, titles),
             top_flips=TOP_FLIPS,
         )
     )
+
+
+def _verdict_cells(f: FlakyQuery) -> str:
+    """A flaky query's metrics and verdicts per repeat, as one cell."""
+    return "; ".join(f"{display_name(m)}: {verdicts_text(v)}" for m, v in f.verdicts.items())
 
 
 def _failure_lines(out_dir: Path) -> list[str]:

@@ -145,23 +145,26 @@ def calls_a_model(s: RunConfig) -> bool:
 
 
 def estimate_calls(s: RunConfig, queries: Sequence[str], label: str, *, baseline: bool) -> list[CallEstimate]:
-    """The model calls one job makes over ``queries`` (their texts): one generator call per query
-    with ``generator=openai``; ``judge.repeats`` judge calls per answered query with a pointwise
-    ``judge=openai``, two per query for a variant with a pairwise one (both orders against the
-    baseline). Prompt tokens count the prompt template, the question and each context at its
-    chunk's full size (:func:`rag_ablate.text.count.count_tokens` units): an upper estimate."""
+    """The model calls one job makes over ``queries`` (their texts), each run ``system.repeats``
+    times: one generator call per run with ``generator=openai``; ``judge.repeats`` judge calls per
+    answered run with a pointwise ``judge=openai``, two per query for a variant with a pairwise
+    one (both orders against the baseline). Prompt tokens count the prompt template, the question
+    and each context at its chunk's full size (:func:`rag_ablate.text.count.count_tokens` units):
+    an upper estimate."""
     out: list[CallEstimate] = []
+    k = s.system.repeats  # each query runs k times: k generator calls, each answer judged
     n = len(queries)
     question = sum(count_tokens(q) for q in queries)
     final_k = s.rerank.top_k if s.rerank.method != "none" else s.retrieval.top_k
     if s.generator.name == "openai":
         template = max(count_tokens(s.generator.prompt_en), count_tokens(s.generator.prompt_zh))
         price = s.cost.prices.get(s.cost.model) if s.cost.model else None
-        prompt = n * (template + final_k * s.chunk.size) + question
-        out.append(CallEstimate(label, "generator", n, prompt, n * s.generator.max_tokens, price))
+        prompt = k * (n * (template + final_k * s.chunk.size) + question)
+        out.append(CallEstimate(label, "generator", k * n, prompt, k * n * s.generator.max_tokens, price))
     if s.judge.name == "openai":
         pointwise = s.judge.mode == "pointwise"
-        per_query = s.judge.repeats if pointwise else (0 if baseline else 2)
+        # pointwise: every run's answer; pairwise: each query's first run against the baseline's
+        per_query = k * s.judge.repeats if pointwise else (0 if baseline else 2)
         template = max(count_tokens(s.judge.prompt_en), count_tokens(s.judge.prompt_zh))
         contexts = min(final_k, s.judge.max_contexts) * s.chunk.size
         answers = s.generator.max_tokens * (1 if pointwise else 2)

@@ -321,12 +321,15 @@ def load_job(job_dir: Path, s: RunConfig, env: Mapping[str, str] | None = None) 
 
 
 def kept_records(job_dir: Path, query_ids: set[str]) -> dict[str, Record]:
-    """The ok records an earlier attempt left (the last record of each query of the dataset)."""
+    """The ok records an earlier attempt left (the last record of each query of the dataset, or of
+    each (query, repeat), by :func:`~rag_ablate.records.trace.record_key`)."""
     path = job_dir / RECORDS_FILE
     if not path.is_file():
         return {}
     latest = final_records(read_records(path))
-    return {qid: r for qid, r in latest.items() if qid in query_ids and r.get("status") == "ok"}
+    return {
+        key: r for key, r in latest.items() if r["query_id"] in query_ids and r.get("status") == "ok"
+    }
 
 
 def _comparable(jobs: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:

@@ -12,6 +12,7 @@ finish an interrupted job in the same folder and run (:mod:`rag_ablate.run.resum
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -43,6 +44,7 @@ from rag_ablate.core.layout import (
     PLAN_FILE,
     PROFILE_FILE,
     RECORDS_FILE,
+    REPEATS_JSON,
     SUMMARY_FILE,
     SWEEP_FILE,
     VARIANT_FILE,
@@ -58,8 +60,9 @@ from rag_ablate.metrics.answers import AnswerScoring
 from rag_ablate.metrics.intent import intent_report
 from rag_ablate.metrics.registry import human_metrics, judged_metrics
 from rag_ablate.records.jsonl import RecordWriter, write_records
+from rag_ablate.records.repeats import first_runs, has_repeats, repeat_metrics, spreads_json
 from rag_ablate.records.scoring import TokenCounts, aggregate, make_record, scored
-from rag_ablate.records.trace import Record, Trace
+from rag_ablate.records.trace import Record, Trace, record_key, repeat_key
 from rag_ablate.run import cost, resume, slices
 from rag_ablate.run.budget import SpendMeter
 from rag_ablate.run.export import write_trec
@@ -149,7 +152,7 @@ def evaluate(
     ``meter`` (``cost.max_usd``) is charged with each record's spend and checked before each query.
     """
     todo = dataset.queries if queries is None else queries
-    done: dict[str, Record] = {}
+    done: dict[str, Record] = {}  # by record key: the query id, with its repeat (system.repeats > 1)
     bar = RunProgress(target, len(todo), label, enabled=progress)
     # each retrieved chunk is tokenised once per run (context_tokens_at_k); a local system's
     # counts cached with its chunks are used as they are
@@ -159,7 +162,8 @@ def evaluate(
 
     def finish(q: Query, trace: Trace) -> None:
         """One query is final: score it, hand it on, count it (a repeat report is ignored)."""
-        if q.query_id in done:
+        key = query_key(q)
+        if key in done:
             return
         t_score = time.perf_counter()
         rec = scored(
@@ -172,7 +176,7 @@ def evaluate(
             tokens=tokens,
             answered=answered,
         )
-        done[q.query_id] = rec
+        done[key] = rec
         if on_record is not None:
             on_record(rec)
         if timings is not None:
@@ -195,7 +199,7 @@ def evaluate(
                 error = f"{type(exc).__name__}: {exc}"
                 total = {"total": (time.perf_counter() - t_batch) * 1000}
                 for q in todo:
-                    if q.query_id not in done:
+                    if query_key(q) not in done:
                         finish(q, Trace(q.query_id, status="failed", error=error, timings_ms=dict(total)))
         else:
             for q in todo:
@@ -213,7 +217,20 @@ def evaluate(
                 finish(q, trace)
     finally:
         bar.close()
-    return [done[q.query_id] for q in todo if q.query_id in done]  # in dataset order
+    return [done[k] for q in todo if (k := query_key(q)) in done]  # in dataset order
+
+
+def repeated(queries: Sequence[Query], repeats: int) -> list[Query]:
+    """The runs of a job: each query once, or ``repeats`` times in a row (``system.repeats`` > 1),
+    each run carrying its repeat index (its record's ``repeat``, its own model-call cache key)."""
+    if repeats <= 1:
+        return list(queries)
+    return [dataclasses.replace(q, repeat=r) for q in queries for r in range(repeats)]
+
+
+def query_key(q: Query) -> str:
+    """A run's record key (:func:`~rag_ablate.records.trace.record_key` of the record it makes)."""
+    return repeat_key(q.query_id, q.repeat)
 
 
 class RunProgress:
@@ -521,7 +538,8 @@ def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profi
                 make_dirs(job.job_dir)
                 write_files(job.job_dir)
             with prof.stage("query"), RecordWriter(job.job_dir / RECORDS_FILE) as writer:
-                todo = [q for q in dataset.queries if q.query_id not in inputs.kept]
+                runs = repeated(dataset.queries, s.system.repeats)
+                todo = [q for q in runs if query_key(q) not in inputs.kept]
                 new = evaluate(
                     target,
                     dataset,
@@ -539,8 +557,8 @@ def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profi
         # each query is scored as it completes: that time is scoring's, not querying's
         prof.move("query", "score", timings.get("score", 0.0))
         # one final record per query, in dataset order (the write stage rewrites the file so)
-        latest = {**inputs.kept, **{r["query_id"]: r for r in new}}
-        records = [latest[q.query_id] for q in dataset.queries]
+        latest = {**inputs.kept, **{record_key(r): r for r in new}}
+        records = [latest[query_key(q)] for q in runs]
         if judge is not None and judge.mode == "pointwise":
             # the judge phase: every answer without a judgement (resume= kept the earlier ones) is
             # judged and scored again, appended as it completes (rag_ablate.run.judging)
@@ -572,7 +590,7 @@ def _write_records(job: _Job, dataset: Dataset, out: _Outcome) -> None:
     """records.jsonl rewritten with exactly one record per query, and the TREC run and qrels."""
     make_dirs(job.job_dir)
     write_records(job.job_dir / RECORDS_FILE, out.stored)
-    write_trec(out.stored, dataset, job.job_dir, job.label)
+    write_trec(first_runs(out.stored), dataset, job.job_dir, job.label)  # a TREC run ranks each query once
 
 
 def _score_run(
@@ -613,6 +631,10 @@ def _score_run(
     metrics.update(inputs.guard.run_metrics(out.stored))  # privacy/redacted_<kind>: what redaction hid
     quality = tracking_ui.quality_metric(s.metrics.summary)
     metrics.update(tracking_ui.headline_metrics(metrics, quality))
+    # system.repeats > 1: the spread over each query's repeats (repeats.json) and the run's (repeats/)
+    metrics.update(repeat_metrics(records))
+    if has_repeats(records):
+        write_json_atomic(job.job_dir / REPEATS_JSON, spreads_json(records))
     _write_intents(job, dataset, out)
     # every metric per tag and per gold intent (slices.json/.md); MLflow gets a bounded few of them
     slice_table = slices.slice_metrics(records)
@@ -688,7 +710,8 @@ def _log_job(
             judge_prompt_hash=inputs.judge.prompt_hash if inputs.judge is not None else None,
             env_values=job.env_values,
         )
-        n_traces = _log_traces(store, run_id, s, out.stored, inputs.dataset, started_ns)
+        # one trace per query: its first run (system.repeats > 1: repeats.json has the spread)
+        n_traces = _log_traces(store, run_id, s, first_runs(out.stored), inputs.dataset, started_ns)
     prof.write(job.job_dir)
     # time/<stage>_s and memory/peak_mb, profile.json; then the run ends
     tracking.finish_run(store.uri, run_id, prof.metrics(), [job.job_dir / PROFILE_FILE], status=final_status)

@@ -88,6 +88,8 @@ def print_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) 
     print("(metric cells: dev / holdout)")
     for line in stage_lines(summaries):
         print(line)
+    for line in repeat_lines(summaries, columns[:1]):
+        print(line)
     if any(s["metrics"].get("all/n_failed") for s in summaries):
         print(
             "(metric cells are failure-aware: a failed query counts as a miss; metrics.json has "
@@ -108,6 +110,33 @@ def stage_lines(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
     if not lines:
         return []
     return ["failure stages, queries per stage (dev / holdout; failed queries are not diagnosed):", *lines]
+
+
+def repeat_lines(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[str]:
+    """Each repeated variant's runs per query, flaky queries and, for each of ``columns``, the
+    within-query share of variance (``dev / holdout``; rag_ablate.records.repeats); empty when no
+    variant repeated its queries (``system.repeats`` = 1)."""
+    lines = []
+    for s in summaries:
+        m = s["metrics"]
+        if "run/repeats" not in m:
+            continue
+        parts = [f"{int(m['run/repeats'])} runs per query"]
+        parts.append(
+            "flaky queries " + " / ".join(str(int(m.get(f"{sp}/repeats/flaky_queries", 0))) for sp in SPLITS)
+        )
+        parts += [
+            f"within-query share of {display_name(c)}'s variance "
+            + " / ".join(_fmt(m.get(f"{sp}/repeats/{c}/within_share")) for sp in SPLITS)
+            for c in columns
+        ]
+        lines.append(f"  {s['label']}: {', '.join(parts)}")
+    if not lines:
+        return []
+    return [
+        "repeated runs (system.repeats; dev / holdout; each job's repeats.json has every query's spread):",
+        *lines,
+    ]
 
 
 def markdown_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:

@@ -141,7 +141,7 @@ def timing_pass(
         )
     datasets = {job.label: get_dataset(job.settings) for job in jobs}
     finals = [final_records(read_records(job.records)) for job in jobs]
-    ok = [{q for q, r in recs.items() if r["status"] == "ok"} for recs in finals]
+    ok = [{r["query_id"] for r in recs.values() if r["status"] == "ok"} for recs in finals]  # any repeat
     common = set.intersection(*ok, *({q.query_id for q in ds.queries} for ds in datasets.values()))
     queries = [q for q in datasets[jobs[0].label].queries if q.query_id in common]
     if not queries:

@@ -83,7 +83,7 @@ from rag_ablate.systems.base import OnDone
 if TYPE_CHECKING:  # httpx is imported when a run talks HTTP, not when the registry lists this system
     import httpx
 
-PLACEHOLDERS = ("query", "query_id", "top_k", "user_groups", "model")
+PLACEHOLDERS = ("query", "query_id", "top_k", "user_groups", "model", "repeat")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 _MISSING: Any = object()
 WARMUP_ID = "rag-ablate-warm-up"  # the query id of the untimed requests that open the connections
@@ -95,7 +95,8 @@ T = TypeVar("T")
 
 def request_values(query: Query, top_k: int, model: str | None = None) -> dict[str, Any]:
     """What a body template can insert: ``{query}``, ``{query_id}``, ``{top_k}``, ``{user_groups}``,
-    ``{model}`` (``system.model``)."""
+    ``{model}`` (``system.model``), ``{repeat}`` (0..system.repeats-1: a service that caches answers
+    can key on it)."""
     groups = None if query.user_groups is None else list(query.user_groups)
     return {
         "query": query.query,
@@ -103,6 +104,7 @@ def request_values(query: Query, top_k: int, model: str | None = None) -> dict[s
         "top_k": top_k,
         "user_groups": groups,
         "model": model,
+        "repeat": query.repeat or 0,
     }
 
 

@@ -407,7 +407,7 @@ class LocalSystem:
             given = [ContextChunk.of(r, c.text) for r, c in zip(retrieved, contexts, strict=True)]
             trace.context = given
             try:
-                gen = self.generator.generate(query.query, contexts)
+                gen = self.generator.generate(query.query, contexts, repeat=query.repeat or 0)
             except GenerationError as exc:  # the model endpoint failed: keep the retrieval, say what
                 trace.status, trace.error, trace.http_status = exc.status, f"generate: {exc}", exc.http_status
                 timings["generate"] = (time.perf_counter() - t) * 1000

@@ -50,7 +50,8 @@ def mlflow_metrics(metrics: Mapping[str, float], keep: Iterable[str]) -> dict[st
     ``privacy/`` (what redaction replaced) and ``judge/`` (the LLM judge's run metrics,
     rag_ablate.run.judging); per split the failure stages' shares and counts (``stage_<stage>``,
     ``n_stage_<stage>``: rag_ablate.metrics.stages); ``<split>/prod/`` and
-    ``<split>/edge/`` (rag_ablate.dataset.weights) of the ``keep`` metrics."""
+    ``<split>/edge/`` (rag_ablate.dataset.weights) and ``<split>/repeats/`` (rag_ablate.records.repeats)
+    of the ``keep`` metrics."""
     names = {*keep, *COUNTS}
     out = {}
     for key, v in metrics.items():
@@ -62,6 +63,8 @@ def mlflow_metrics(metrics: Mapping[str, float], keep: Iterable[str]) -> dict[st
                 rest in names
                 or rest.startswith(("cost/", "error_rate_", "n_status_", "ttft_ms_", "judge_error_"))
                 or rest.startswith((STAGE_PREFIX, "n_" + STAGE_PREFIX))  # the failure stages
+                # system.repeats > 1: the spread over repeats of the same metrics, and the flaky queries
+                or (rest.startswith("repeats/") and rest.split("/")[1] in (*names, "flaky_queries"))
                 # the production mix: weighted means and edge cases' means of the same metrics
                 or (rest.startswith(("prod/", "edge/")) and rest.partition("/")[2] in names)
             )
