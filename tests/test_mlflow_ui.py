@@ -465,6 +465,28 @@ def test_the_ranked_view_shows_effect_interval_verdict_and_cost_per_split() -> N
         assert widths[f"tags.`{key}`"] >= 5.6 * max(map(len, texts)), key
 
 
+def test_other_effects_list_the_worse_first_and_those_on_both_splits_before_one() -> None:
+    """A cell too narrow for all of them (MLflow cuts it with an ellipsis) cuts the least telling."""
+    from dataclasses import replace
+
+    from rag_ablate.report.mlflow_ui import other_effects
+
+    c = _comparison()
+    c = replace(
+        c,
+        rows=[
+            _r("dev", "v", "ndcg_at_10", 0.05, 0.01, 0.09, "better"),
+            _r("dev", "v", "bpref", -0.05, -0.09, -0.01, "worse"),
+            _r("holdout", "v", "evidence_recall_at_5", -0.05, -0.09, -0.01, "worse"),
+            _r("dev", "v", "evidence_recall_at_5", -0.05, -0.09, -0.01, "worse"),
+            _r("holdout", "v", "recall_at_5", -0.05, -0.09, -0.01, "worse"),  # the quality axis: left out
+        ],
+    )
+    assert other_effects(c, "v", "recall_at_5") == (
+        "evidence_recall@5 worse (holdout, dev); bpref worse (dev); ndcg@10 better (dev)"
+    )
+
+
 def test_the_summary_table_has_a_row_per_variant_and_split() -> None:
     from rag_ablate.report.mlflow_ui import summary_table
 
