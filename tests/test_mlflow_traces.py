@@ -28,7 +28,7 @@ import pytest
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.records.jsonl import read_records
 from rag_ablate.tracking import traces as mt
-from tests.conftest import DOCS, QUERIES, chromium, mlflow_ui, require_chromium, run_module, write_dataset
+from tests.conftest import DOCS, QUERIES, mlflow_ui, require_chromium, run_module, write_dataset
 
 COMPARED = ["recall_at_5", "ndcg_at_10", "mrr_at_10", "evidence_recall_at_5", "intent_top1", "latency_ms"]
 
@@ -64,6 +64,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "-m",
             f"dataset.path={data}",
             "chunk=256,512",
+            "generator=extractive",  # answers: the per-query view shows their text
             "progress=false",
             "compare.B=500",
             "tracking.traces=all",
@@ -165,9 +166,10 @@ def test_span_times_replay_the_recorded_stage_timings(sweep: dict[str, Any]) -> 
             children = sorted(
                 (s for s in spans if s.parent_id == root.span_id), key=lambda s: s.start_time_ns
             )
-            assert [s.name for s in children] == ["route", "retrieve"]  # no reranker, no answers
-            retrieval_ms = sum(t for k, t in timings.items() if k not in ("route", "total"))
-            expected = {"route": timings["route"], "retrieve": retrieval_ms}
+            # no reranker; the extractive generator answers
+            assert [s.name for s in children] == ["route", "retrieve", "generate"]
+            retrieval_ms = sum(t for k, t in timings.items() if k not in ("route", "generate", "total"))
+            expected = {"route": timings["route"], "retrieve": retrieval_ms, "generate": timings["generate"]}
             t = root.start_time_ns
             for s in children:  # stage durations laid out one after another from the query's start
                 assert s.start_time_ns == t
@@ -183,13 +185,13 @@ def test_feedback_equals_the_records_metric_values(sweep: dict[str, Any]) -> Non
         by_q = _by_query(v["traces"])
         for rec in v["records"]:
             feedback = {a.name: a for a in by_q[rec["query_id"]].info.assessments if isinstance(a, Feedback)}
-            expected = dict(
-                mt.feedback(m, rec["metrics"][m]) for m in COMPARED if rec["metrics"].get(m) is not None
-            )
+            first, values = mt.shown_first(), rec["metrics"]
+            expected = dict(mt.feedback(m, values[m], first) for m in COMPARED if values.get(m) is not None)
             assert {n: a.value for n, a in feedback.items()} == expected
             # lower-is-better latency goes negated, under a name that says so
             assert "latency_ms" not in feedback and expected["latency_ms (negated, up = better)"] <= 0
-            assert "recall_at_5" in expected or rec["kind"] != "answerable"
+            # the quality axis first: '#3 recall_at_5' sorts before every other name
+            assert "#3 recall_at_5" in expected or rec["kind"] != "answerable"
             for a in feedback.values():
                 assert a.source.source_type == AssessmentSourceType.CODE
                 assert a.metadata["direction"] == (
@@ -198,20 +200,22 @@ def test_feedback_equals_the_records_metric_values(sweep: dict[str, Any]) -> Non
 
 
 @pytest.mark.slow
-def test_expectation_holds_the_gold_documents(sweep: dict[str, Any]) -> None:
+def test_metadata_holds_the_gold_documents(sweep: dict[str, Any]) -> None:
+    """The gold documents are trace metadata, not an Expectation (MLflow's per-query view puts every
+    expectation column before the feedback: at 1600 px it pushed the headline metric out of view)."""
     from mlflow.entities import Expectation
 
     for v in sweep["variants"].values():
         by_q = _by_query(v["traces"])
         for q in QUERIES:
-            gold = [a for a in by_q[q["query_id"]].info.assessments if isinstance(a, Expectation)]
+            info = by_q[q["query_id"]].info
+            assert not [a for a in info.assessments if isinstance(a, Expectation)]
             relevant = q.get("relevant") or {}
+            gold = info.trace_metadata.get("gold_doc_ids")
             if not relevant:
-                assert gold == []
+                assert gold is None
                 continue
-            assert [(a.name, a.value) for a in gold] == [
-                ("gold_doc_ids", sorted(relevant, key=lambda d: (-relevant[d], d)))
-            ]
+            assert json.loads(gold) == sorted(relevant, key=lambda d: (-relevant[d], d))
 
 
 @pytest.mark.slow
@@ -238,7 +242,7 @@ def test_sweep_prints_the_compare_link_and_notes_arrows(sweep: dict[str, Any]) -
     for split in ours:
         n = sum(1 for r in v["chunk=256"]["records"] if r["split"] == split)
         link = (
-            f"http://127.0.0.1:5000/#/experiments/{exp_id}/evaluation-runs"
+            f"http://[::1]:5000/#/experiments/{exp_id}/evaluation-runs"
             f"?selectedRunUuid={ours[split]}&compareToRunUuid={theirs[split]}"
         )
         assert f"per-query chunk=256 vs baseline, {split} (all {n} queries): {link}" in sweep["proc"].stdout
@@ -321,6 +325,22 @@ def test_lower_is_better_feedback_is_negated_under_a_name_that_says_so() -> None
     assert mt.feedback("recall_at_5", 0.5) == ("recall_at_5", 0.5)
     assert mt.feedback("acl_leak_at_10", 1.0) == ("acl_leak_at_10 (negated, up = better)", -1.0)
     assert mt.feedback("latency_ms", 12.5) == ("latency_ms (negated, up = better)", -12.5)
+
+
+def test_the_quality_axis_goes_first_under_a_name_mlflow_shows_as_the_metric() -> None:
+    """MLflow 3.17 picks and lays out the first 4 or 5 feedback columns by name: the configured
+    quality axis, then the automatic ones by rank, go as ``#<place> <name>``, which sorts before
+    every metric name, whatever job logs them."""
+    first = mt.shown_first()
+    assert first == ["token_f1", "exact_match", "recall_at_5"]
+    assert mt.feedback("token_f1", 0.5, first) == ("#1 token_f1", 0.5)
+    assert mt.feedback("recall_at_5", 0.5, first) == ("#3 recall_at_5", 0.5)
+    assert mt.feedback("ndcg_at_10", 0.5, first) == ("ndcg_at_10", 0.5)
+    first = mt.shown_first("latency_ms")  # compare.quality_metric=latency_ms
+    assert mt.feedback("latency_ms", 2.0, first) == ("#1 latency_ms (negated, up = better)", -2.0)
+    names = [mt.feedback(m, 1.0, first)[0] for m in ("acl_leak_at_10", "bpref", "recall_at_5", "latency_ms")]
+    assert sorted(names)[:2] == ["#1 latency_ms (negated, up = better)", "#4 recall_at_5"]
+    assert [mt.metric_of(n) for n in names] == ["acl_leak_at_10", "bpref", "recall_at_5", "latency_ms"]
 
 
 def test_token_usage_and_cost_in_mlflows_keys() -> None:
@@ -491,7 +511,6 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
         for name in ("recall_at_5", "latency_ms"):
             sent, value = mt.feedback(name, rec["metrics"][name])
             mlflow.log_feedback(trace_id=root.trace_id, name=sent, value=value, source=code)
-        mlflow.log_expectation(trace_id=root.trace_id, name=mt.GOLD_NAME, value=["FEES", "RET"], source=code)
     mlflow.set_tracking_uri(None)
 
     # batched, as rag_ablate logs
@@ -511,7 +530,7 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
     # logged again (a resumed run): still one trace per query
     mt.log_traces(uri, exp, run_b, [rec], dataset, per_split=None, metrics=["recall_at_5"], start_ns=start)
     (again,) = _traces(uri, exp, run_b)
-    assert [a.name for a in again.info.assessments if a.name != mt.GOLD_NAME] == ["recall_at_5"]
+    assert [a.name for a in again.info.assessments] == ["recall_at_5"]
     # in the same evaluation run of its split, not a second one
     held = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{run_b}'")
     assert [r.info.run_id for r in held] == [mt.split_runs(uri, exp, run_b)[q.split]]
@@ -525,12 +544,16 @@ def test_compare_link() -> None:
 
 @pytest.mark.slow
 def test_compare_link_opens_the_query_by_query_view(sweep: dict[str, Any], tmp_path: Path) -> None:
-    """As a person would: serve the store, open the printed link of a split in headless Chromium.
-    Traced whole (``tracking.traces=all``), the split's column averages and their differences are
-    comparison.json's means and effects of that split."""
+    """As a person would: serve the store, open the printed link of a split in headless Chromium at
+    1600x1100 with a fresh profile. Traced whole (``tracking.traces=all``), the split's column averages
+    and their differences are comparison.json's means and effects of that split; without a click,
+    no assistant panel covers the page (the link's host is ``[::1]``), and the headline metric's
+    column (recall_at_5, the first feedback) and an answer's text are whole in the window."""
+    from tests.cdp import ASSISTANT_PANEL, open_page, visible
+
     require_chromium()
     link = re.search(
-        r"per-query chunk=256 vs baseline, (\w+) \(all \d+ queries\): (http://127\.0\.0\.1:5000/\S+)",
+        r"per-query chunk=256 vs baseline, (\w+) \(all \d+ queries\): (http://\[::1\]:5000/\S+)",
         sweep["proc"].stdout,
     )
     assert link, sweep["proc"].stdout
@@ -541,9 +564,26 @@ def test_compare_link_opens_the_query_by_query_view(sweep: dict[str, Any], tmp_p
         for r in json.loads(comparison.read_text(encoding="utf-8"))["rows"]
         if r["split"] == split and r["variant"] == "chunk=256"
     }
+    records = sweep["variants"]["chunk=256"]["records"]
+    answered = [r for r in records if r["split"] == split and r.get("answer")]
+    assert answered
+    header = "[...document.querySelectorAll('[role=columnheader]')].find(e => e.innerText.startsWith({}))"
     with mlflow_ui(tmp_path / "ui.log", cwd=sweep["cwd"]) as port:
         url = link[2].replace(":5000/", f":{port}/")
-        dom = chromium(url, tmp_path / "profile", "--dump-dom", window="2800,1100", budget_ms=30000)
+        with open_page(url, tmp_path / "profile") as page:
+            headline = header.format(json.dumps("#3 recall_at_5"))
+            page.wait_for(headline)
+            page.wait_for(f"document.body.innerText.includes({json.dumps(answered[0]['query_id'])})")
+            time.sleep(2)  # the panel, when MLflow opens it, comes with the page's first data
+            assert page.evaluate(ASSISTANT_PANEL) == 0, "MLflow's assistant panel is open"
+            assert page.evaluate(visible(headline)), "the headline column is cut"
+            shown = [json.dumps(a["answer"], ensure_ascii=False)[1:13] for a in answered]
+            cell = (
+                "[...document.querySelectorAll('[role=cell]')].find(e => "
+                f"{json.dumps(shown)}.some(a => e.innerText.includes(a)))"
+            )
+            assert page.evaluate(visible(cell)), "no answer text in view"
+            dom = page.evaluate("document.documentElement.outerHTML")
     # both runs of the split named in the comparison header, every query's row of the split
     assert f"chunk=256 · {split} · all " in dom and f"baseline (chunk=512) · {split} · all " in dom
     in_split = {r["query_id"] for r in sweep["variants"]["chunk=256"]["records"] if r["split"] == split}
@@ -553,13 +593,12 @@ def test_compare_link_opens_the_query_by_query_view(sweep: dict[str, Any], tmp_p
             or f'"query_id": "{q["query_id"]}"' in dom
         )
         assert shown == (q["query_id"] in in_split), q["query_id"]
-    assert "gold_doc_ids" in dom
     badges = _header_badges(dom)
     assert badges, dom[-2000:]
     for name, (avg, diff) in badges.items():
         if name.startswith("latency_ms"):
             continue  # each job's own times: the comparison's latency is the interleaved timing pass's
-        row = rows[name.removesuffix(mt.NEGATED)]
+        row = rows[mt.metric_of(name)]
         sign = -1 if name.endswith(mt.NEGATED) else 1
         assert avg == pytest.approx(sign * row["variant_mean"], abs=0.006), name
         assert float(diff) == pytest.approx(sign * row["effect"], abs=0.006), name
@@ -583,9 +622,13 @@ def test_per_query_view_of_the_default_sweep_says_which_queries_and_agrees(
 ) -> None:
     """As a person would, at 1600x1100 with a fresh profile: the printed link of a split opens a
     view named after the queries it holds, whose column averages are those queries' means in
-    records.jsonl (the split's means in comparison.json when the split is traced whole), and where
-    a lower-is-better metric that improved (fewer context tokens) shows as an increase, in green."""
+    records.jsonl (the split's means in comparison.json when the split is traced whole), where
+    a lower-is-better metric that improved (fewer context tokens) shows as an increase, in green, and
+    where the headline metric's column comes first and is whole in the window, no assistant panel
+    over it."""
     from mlflow.tracing.client import TracingClient
+
+    from tests.cdp import ASSISTANT_PANEL, open_page, visible
 
     require_chromium()
     out = default_sweep["out"]
@@ -606,23 +649,26 @@ def test_per_query_view_of_the_default_sweep_says_which_queries_and_agrees(
         if json.loads(p.read_text(encoding="utf-8"))["label"] == "chunk=256"
     )
     records = [r for r in read_records(job / "records.jsonl") if r["query_id"] in ids]
+    headers = "[...document.querySelectorAll('[role=columnheader]')]"
+    headline = headers + ".find(e => e.innerText.startsWith('#3 recall_at_5'))"
     with mlflow_ui(tmp_path / "ui.log", cwd=default_sweep["cwd"]) as port:
         url = url.replace(":5000/", f":{port}/")
-        dom = chromium(url, tmp_path / "profile", "--dump-dom", window="1600,1100", budget_ms=30000)
-        shots = os.environ.get("RAG_ABLATE_SCREENSHOT_DIR")
-        if shots:
-            chromium(
-                url,
-                tmp_path / "profile-shot",
-                f"--screenshot={Path(shots) / 'mlflow-eval-compare.png'}",
-                window="1600,1100",
-                budget_ms=30000,
-            )
+        with open_page(url, tmp_path / "profile") as page:
+            page.wait_for(headline)
+            page.wait_for("document.body.innerText.includes('20 of ')")
+            time.sleep(2)  # the panel, when MLflow opens it, comes with the page's first data
+            assert page.evaluate(ASSISTANT_PANEL) == 0, "MLflow's assistant panel is open"
+            assert page.evaluate(visible(headline)), "the headline column is cut"
+            dom = page.evaluate("document.documentElement.outerHTML")
+            shots = os.environ.get("RAG_ABLATE_SCREENSHOT_DIR")
+            if shots:
+                page.screenshot(Path(shots).resolve() / "mlflow-eval-compare.png")
     assert "chunk=256 · dev · 20 of " in dom and "baseline (chunk=512) · dev · 20 of " in dom
     badges = _header_badges(dom)
     assert badges, dom[-2000:]
+    assert next(iter(badges)) == "#3 recall_at_5"  # the headline metric is the first feedback column
     for name, (avg, _) in badges.items():
-        metric = name.removesuffix(mt.NEGATED)
+        metric = mt.metric_of(name)
         values = [
             mt.feedback(metric, r["metrics"][metric])[1]
             for r in records

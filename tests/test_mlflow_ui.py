@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +156,7 @@ def test_summary_table_and_saved_view_on_the_sweep_run(sweep: dict[str, Any]) ->
     assert parent.info.run_id in state["searchFilter"]
     assert state["orderByKey"] == "metrics.`headline/holdout_recall_at_5`" and state["orderByAsc"] is False
     assert state["chartsSearchFilter"] == "headline/"
-    link = f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?viewStateShareKey={key}"
+    link = f"http://[::1]:5000/#/experiments/{exp.experiment_id}/runs?viewStateShareKey={key}"
     assert link in sweep["proc"].stdout  # tracking.ui_port's default, kept for rag-ablate ui
     assert parent.data.tags["rag_ablate.ui_port"] == "5000"
 
@@ -212,12 +213,13 @@ def test_ui_serves_on_the_port_the_sweep_links_use(
     assert key is not None and key[2] == 5123
     assert main(["ui", "--uri", uri, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert f"http://127.0.0.1:5123/#/experiments/{exp}/runs?viewStateShareKey={key[1]}" in out
-    assert "uvicorn on 127.0.0.1:5123, 1 worker, in this process" in out
+    # links at [::1], where MLflow 3.17 does not open its assistant panel; served there and at 127.0.0.1
+    assert f"http://[::1]:5123/#/experiments/{exp}/runs?viewStateShareKey={key[1]}" in out
+    assert "uvicorn on 127.0.0.1:5123 and [::1]:5123, 1 worker, in this process" in out
     assert "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in out
     assert main(["ui", "--uri", uri, "--port", "5999", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "http://127.0.0.1:5999/#/experiments/" in out and "127.0.0.1:5123/#" not in out
+    assert "http://[::1]:5999/#/experiments/" in out and ":5123/#" not in out
     assert "printed its links for port 5123" in out
     from mlflow.tracking import MlflowClient
 
@@ -229,28 +231,55 @@ def test_printed_hints_name_the_ui_port() -> None:
     from rag_ablate.run.summary import ui_hint
 
     uri = f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
-    assert ui_hint(uri) == "MLflow UI: rag-ablate ui   (serves http://127.0.0.1:5000)"
-    hint = ui_hint(uri, "http://127.0.0.1:5001/#/x", 5001)
-    assert hint.startswith("MLflow UI: rag-ablate ui --port 5001   (serves http://127.0.0.1:5001)")
+    assert ui_hint(uri) == "MLflow UI: rag-ablate ui   (serves http://[::1]:5000)"
+    hint = ui_hint(uri, "http://[::1]:5001/#/x", 5001)
+    assert hint.startswith("MLflow UI: rag-ablate ui --port 5001   (serves http://[::1]:5001)")
+
+
+def test_links_avoid_the_hostnames_where_mlflow_opens_its_assistant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow 3.17 opens its assistant panel on a first visit when ``location.hostname`` is localhost,
+    127.0.0.1 or ::1 (``[::1]`` for the IPv6 loopback in a URL); the links use ``[::1]``, and
+    127.0.0.1 only where this machine has no IPv6 loopback."""
+    from rag_ablate.tracking import ui
+
+    assert ui.ui_base("sqlite:///x.db", 5001) == "http://[::1]:5001"
+    assert ui.ui_base("http://tracking:5000/", 5001) == "http://tracking:5000"  # a server: its own URL
+    monkeypatch.setattr(ui, "ipv6_loopback", lambda: False)
+    assert ui.ui_base("sqlite:///x.db", 5001) == "http://127.0.0.1:5001"
 
 
 @pytest.mark.slow
 def test_the_printed_link_opens_the_ranked_runs_view(sweep: dict[str, Any], tmp_path: Path) -> None:
     """In Chromium at 1600x1100 with a fresh profile, as a first visit: the printed link's ranked view
-    shows each variant's interval and verdict per split beside its cost, and the sweep run's page
-    shows the verdict in the description's first paragraph (what MLflow shows before "Show more").
-    With ``RAG_ABLATE_SCREENSHOT_DIR`` set, both pages are saved there (docs/img/mlflow-ui.png,
-    docs/img/mlflow-sweep-run.png)."""
+    shows each variant's interval and verdict per split beside its cost, every column whole inside
+    the window and no assistant panel over it (the link's host is ``[::1]``, where MLflow does not
+    open it); the sweep run's page shows the verdict in the description's first paragraph (what
+    MLflow shows before "Show more"). With ``RAG_ABLATE_SCREENSHOT_DIR`` set, both pages are saved
+    there (docs/img/mlflow-ui.png, docs/img/mlflow-sweep-run.png)."""
     from rag_ablate.report.mlflow_ui import VISIBLE_CHARS
+    from rag_ablate.tracking.ui import rank_columns
+    from tests.cdp import ASSISTANT_PANEL, open_page, visible
 
     require_chromium()
     shots = os.environ.get("RAG_ABLATE_SCREENSHOT_DIR")
     # the default store: outputs/mlflow.db under the folder the sweep ran in
     with mlflow_ui(tmp_path / "ui.log", cwd=sweep["cwd"]):
         printed = (tmp_path / "ui.log").read_text()
-        match = re.search(r"(http://127\.0\.0\.1:\d+/#/experiments/\S+/runs\?viewStateShareKey=\S+)", printed)
+        match = re.search(r"(http://\[::1\]:\d+/#/experiments/\S+/runs\?viewStateShareKey=\S+)", printed)
         assert match, printed
-        dom = chromium(match[1], tmp_path / "profile", "--dump-dom", window="1600,1100")
+        with open_page(match[1], tmp_path / "profile") as page:
+            page.wait_for("document.body.innerText.includes('holdout recall_at_5')")
+            page.wait_for("document.body.innerText.includes('chunk=256')")
+            time.sleep(2)  # the panel, when MLflow opens it, comes with the page's first data
+            assert page.evaluate(ASSISTANT_PANEL) == 0, "MLflow's assistant panel is open"
+            tags = rank_columns("recall_at_5", "latency_p95_ms").values()
+            cols = ["attributes.`Run Name`", *(f"tags.`{k}`" for k in tags)]
+            for col in cols:  # each column's header and first cell whole in the window, nothing over it
+                for sel in (f".ag-header-cell[col-id='{col}']", f".ag-row .ag-cell[col-id='{col}']"):
+                    assert page.evaluate(visible(f'document.querySelector("{sel}")')), f"{sel} not in view"
+            dom = page.evaluate("document.documentElement.outerHTML")
+            if shots:  # docs/img: RAG_ABLATE_SCREENSHOT_DIR=docs/img
+                page.screenshot(Path(shots).resolve() / "mlflow-ui.png")
         for text in ("baseline (chunk=512)", "chunk=256", "holdout recall_at_5", "holdout latency_p95_ms"):
             assert text in dom, f"{text!r} not on the page"
         for split in ("holdout", "dev"):
@@ -265,12 +294,10 @@ def test_the_printed_link_opens_the_ranked_runs_view(sweep: dict[str, Any], tmp_
         best, other = sorted(m, key=lambda n: -m[n])
         if m[best] != m[other]:
             assert dom.index(f">{best}<") < dom.index(f">{other}<")
-        port = re.search(r"127\.0\.0\.1:(\d+)/", match[1])
+        port = re.search(r"\]:(\d+)/", match[1])
         assert port is not None
         parent = sweep["parent"].info.run_id
-        run_page = (
-            f"http://127.0.0.1:{port[1]}/#/experiments/{sweep['experiment'].experiment_id}/runs/{parent}"
-        )
+        run_page = f"http://[::1]:{port[1]}/#/experiments/{sweep['experiment'].experiment_id}/runs/{parent}"
         page = chromium(run_page, tmp_path / "profile-run", "--dump-dom", window="1600,1100")
         shown = re.search(r'data-testid="note-editor-preview-content"><p>(.*?)</p>', page)
         assert shown, "no description on the sweep run's page"
@@ -279,10 +306,9 @@ def test_the_printed_link_opens_the_ranked_runs_view(sweep: dict[str, Any], tmp_
         assert first.startswith("Verdict on recall@5 vs baseline (chunk=512)"), first
         assert f"holdout {effect['effect']:+.3f} [{effect['ci_low']:+.3f}, {effect['ci_high']:+.3f}]" in first
         assert "latency p95 ms" in first and len(first) <= VISIBLE_CHARS
-        if shots:  # docs/img: RAG_ABLATE_SCREENSHOT_DIR=docs/img
-            for url, name in ((match[1], "mlflow-ui.png"), (run_page, "mlflow-sweep-run.png")):
-                out = Path(shots).resolve() / name
-                chromium(url, tmp_path / f"shot-{name}", f"--screenshot={out}", window="1600,1100")
+        if shots:
+            out = Path(shots).resolve() / "mlflow-sweep-run.png"
+            chromium(run_page, tmp_path / "shot-run", f"--screenshot={out}", window="1600,1100")
 
 
 # --------------------------------------------------------------------------- hostile text in descriptions
@@ -405,34 +431,60 @@ def _comparison() -> Any:
 
 def test_the_ranked_view_shows_effect_interval_verdict_and_cost_per_split() -> None:
     from rag_ablate.report.mlflow_ui import axes, ranked_tags
-    from rag_ablate.tracking.ui import view_state
+    from rag_ablate.tracking.ui import TABLE_PX, view_state
 
     c = _comparison()
     quality, cost = axes(c, "mrr_at_10")  # the comparison's axes, not the end table's first column
     assert (quality, cost) == ("recall_at_5", "usd_per_1k")
     same = ranked_tags(c, "same", quality, cost)
-    assert same["holdout recall_at_5"] == "0.824 Δ -0.026 [-0.070, +0.018] no evidence, MDE ±0.05"
-    assert same["dev recall_at_5"] == "0.834 Δ -0.028 [-0.060, +0.004] no evidence, MDE ±0.05"
+    assert same["holdout recall_at_5"] == "Δ -0.026 [-0.070, +0.018] no evidence, MDE ±0.05"
+    assert same["dev recall_at_5"] == "Δ -0.028 [-0.060, +0.004] no evidence, MDE ±0.05"
     assert same["holdout usd_per_1k"] == "0.41 [0.39, 0.43]"  # the trade-off's number, per split
     assert same["other significant effects"] == "acl_leak_rate@10 worse (holdout)"
     better = ranked_tags(c, "better", quality, cost)
-    assert better["holdout recall_at_5"] == "0.890 Δ +0.040 [+0.010, +0.070] better*"
+    assert better["holdout recall_at_5"] == "Δ +0.040 [+0.010, +0.070] better*"
     assert better["other significant effects"] == "latency_p95_ms worse (holdout)"
     assert ranked_tags(c, "baseline", quality, cost)["holdout recall_at_5"] == "0.850 (baseline)"
-    state = view_state("RUN", quality, cost)
+    cells = {key: [tags[key] for tags in (same, better)] for key in same}
+    state = view_state("RUN", quality, cost, cells, ["baseline (chunk=512)", "same", "better"])
     assert state["orderByKey"] == "metrics.`headline/holdout_recall_at_5`"
     assert state["columnOrder"] == [
         "attributes.`Run Name`",
+        "runDateAndNestInfo",  # MLflow's created column, narrowed to its status icon
         "tags.`holdout recall_at_5`",
         "tags.`holdout usd_per_1k`",
         "tags.`dev recall_at_5`",
         "tags.`dev usd_per_1k`",
         "tags.`other significant effects`",
     ]
-    # at 1600 px the holdout verdict and cost fit beside MLflow's sidebar (200 px), run name and start
-    # time (about 380 px) and its assistant panel (about 410 px) on a first visit
-    widths = [state["columnWidths"][col] for col in state["columnOrder"][1:]]
-    assert sum(widths[:2]) <= 1600 - 200 - 380 - 410
+    # at 1600 px every column fits beside MLflow's sidebar and checkbox column (TABLE_PX), each
+    # wide enough for its longest text at 5.6 px a character (Chromium's 13 px font: about 5.5)
+    widths = state["columnWidths"]
+    assert sum(widths.values()) <= TABLE_PX
+    for key, texts in cells.items():
+        assert widths[f"tags.`{key}`"] >= 5.6 * max(map(len, texts)), key
+
+
+def test_other_effects_list_the_worse_first_and_those_on_both_splits_before_one() -> None:
+    """A cell too narrow for all of them (MLflow cuts it with an ellipsis) cuts the least telling."""
+    from dataclasses import replace
+
+    from rag_ablate.report.mlflow_ui import other_effects
+
+    c = _comparison()
+    c = replace(
+        c,
+        rows=[
+            _r("dev", "v", "ndcg_at_10", 0.05, 0.01, 0.09, "better"),
+            _r("dev", "v", "bpref", -0.05, -0.09, -0.01, "worse"),
+            _r("holdout", "v", "evidence_recall_at_5", -0.05, -0.09, -0.01, "worse"),
+            _r("dev", "v", "evidence_recall_at_5", -0.05, -0.09, -0.01, "worse"),
+            _r("holdout", "v", "recall_at_5", -0.05, -0.09, -0.01, "worse"),  # the quality axis: left out
+        ],
+    )
+    assert other_effects(c, "v", "recall_at_5") == (
+        "evidence_recall@5 worse (holdout, dev); bpref worse (dev); ndcg@10 better (dev)"
+    )
 
 
 def test_the_summary_table_has_a_row_per_variant_and_split() -> None:

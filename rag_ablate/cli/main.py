@@ -187,17 +187,18 @@ def cmd_ui(args: argparse.Namespace) -> int:
     found = _latest_sweep(uri, args.experiment)
     # the port the latest sweep's printed links use (tracking.ui_port), unless --port says otherwise
     port = args.port or (found[2] if found and found[2] else tracking_ui.DEFAULT_UI_PORT)
-    print(f"MLflow UI on http://127.0.0.1:{port}  (store: {uri}; Ctrl-C stops it)")
+    base = tracking_ui.ui_base("", port)
+    print(f"MLflow UI on {base}  (also http://127.0.0.1:{port}; store: {uri}; Ctrl-C stops it)")
     if found is not None and found[1]:
-        link = tracking_ui.runs_link(tracking_ui.ui_base(uri, port), found[0], found[1])
+        link = tracking_ui.runs_link(base, found[0], found[1])
         print(f"latest sweep, its variants ranked with their verdicts: {link}")
         if found[2] and found[2] != port:
             print(f"(that sweep printed its links for port {found[2]}: on this port, use the one above)")
     if args.dry_run:
         env = tracking_ui.server_env(uri)
         print(
-            "would serve " + tracking_ui.UI_APP + f" with uvicorn on 127.0.0.1:{port}, 1 worker, in this "
-            "process; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=" + env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"]
+            f"would serve {tracking_ui.UI_APP} with uvicorn on 127.0.0.1:{port} and [::1]:{port}, 1 worker, "
+            "in this process; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=" + env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"]
         )
         return 0
     # MLflow's own app, imported once in this process (`mlflow ui` takes three processes to get there)

@@ -61,8 +61,10 @@ def _name(metric: str) -> str:
 
 
 def quality_cell(c: Comparison, split: str, variant: str, quality: str) -> str:
-    """``0.839 Δ -0.032 [-0.070, +0.010] no evidence; could detect ±0.05``: the split's quality level
-    (report.html's number) and, for a variant, its effect against the baseline with the verdict."""
+    """``Δ -0.032 [-0.070, +0.010] no evidence, MDE ±0.05``: a variant's effect against the baseline
+    with the verdict; the baseline's quality level (report.html's number): ``0.871 (baseline)``; a
+    variant's level when the metric was not tested. (A variant's level is left out for width: with
+    it the view no longer fits 1600 px, :func:`rag_ablate.tracking.ui.column_widths`.)"""
     p = _point(c, split, variant)
     level = _num(p.quality) if p is not None else "-"
     if variant == c.baseline:
@@ -70,7 +72,7 @@ def quality_cell(c: Comparison, split: str, variant: str, quality: str) -> str:
     r = c.row(split, variant, quality)
     if r is None or not r.tested:
         return level
-    return f"{level} Δ {_signed(r.effect)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}] {_verdict(r)}"
+    return f"Δ {_signed(r.effect)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}] {_verdict(r)}"
 
 
 def cost_cell(c: Comparison, split: str, variant: str) -> str:
@@ -102,14 +104,17 @@ def _verdict(r: Row) -> str:
 
 def other_effects(c: Comparison, variant: str, quality: str) -> str:
     """The metrics other than ``quality`` whose effect is significant after adjustment, by name:
-    ``evidence_recall@5 worse (holdout, dev); acl_leak_rate@10 worse (holdout)``; ``none``."""
+    ``evidence_recall@5 worse (holdout, dev); acl_leak_rate@10 worse (holdout)``; ``none``. Worse
+    before better, then those on more splits first, so that a cell too narrow for all of them cuts
+    the improvements on one split."""
     found: dict[tuple[str, str], list[str]] = {}
     for r in c.rows:
         if r.variant == variant and r.significant and r.metric != quality:
             found.setdefault((_name(r.metric), r.verdict), []).append(r.split)
     if not found:
         return "none"
-    return "; ".join(f"{m} {v} ({', '.join(sorted(sp, reverse=True))})" for (m, v), sp in found.items())
+    ranked = sorted(found.items(), key=lambda kv: (kv[0][1] != "worse", -len(kv[1])))
+    return "; ".join(f"{m} {v} ({', '.join(sorted(sp, reverse=True))})" for (m, v), sp in ranked)
 
 
 def ranked_tags(c: Comparison, variant: str, quality: str, cost: str) -> dict[str, str]:

@@ -800,6 +800,7 @@ def _log_traces(
             usd=None if price is None else functools.partial(cost.query_usd_parts, price=price),
             model=s.cost.model,
             per_split_runs=store.parent_run_id is not None,  # a sweep's job: compared with its baseline
+            first=mlflow_traces.shown_first(s.compare.quality_metric),  # the quality axis first in MLflow
         )
     except Exception as exc:
         print(f"per-query MLflow traces not logged: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ from rag_ablate.core.fmt import format_table
 from rag_ablate.dataset.model import SPLITS
 from rag_ablate.metrics.registry import display_name, measured_summary_metrics
 from rag_ablate.metrics.stages import STAGES, stage_metric
+from rag_ablate.tracking import ui as tracking_ui
 
 
 def _fmt(v: float | None) -> str:
@@ -156,7 +157,7 @@ def ui_hint(uri: str, link: str | None = None, port: int = 5000) -> str:
         default = f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
         cmd = "rag-ablate ui" if uri == default else f"rag-ablate ui --uri {shlex.quote(uri)}"
         cmd += f" --port {port}" if port != 5000 else ""
-        hint = f"MLflow UI: {cmd}   (serves http://127.0.0.1:{port})"
+        hint = f"MLflow UI: {cmd}   (serves {tracking_ui.ui_base('', port)})"
     if link:
         hint += f"\nthis sweep's variants, ranked, with their verdicts and cost per split: {link}"
     return hint

@@ -119,11 +119,17 @@ def _publish_ui(
     tracking.set_description(uri, run_id, description)
     table = mlflow_ui.summary_table(comparison, summaries, quality, cost)
     tracking.log_table(uri, run_id, table, "verdict.json")
+    cells: dict[str, list[str]] = {}  # the ranked view's texts per column, to fit its widths
+    names = []
     for summ in summaries:
         child, label = summ.get("run_id"), str(summ["label"])
         if not child or comparison is None or label not in (comparison.baseline, *comparison.variants):
             continue
-        tracking.set_tags(uri, child, mlflow_ui.ranked_tags(comparison, label, quality, cost))
+        ranked = mlflow_ui.ranked_tags(comparison, label, quality, cost)
+        for key, text in ranked.items():
+            cells.setdefault(key, []).append(text)
+        names.append(baseline_name if label == comparison.baseline else label)
+        tracking.set_tags(uri, child, ranked)
         tracking.log_metrics(uri, child, mlflow_ui.rank_metric(comparison, summ, quality))
         if label == comparison.baseline:
             tracking.set_description(uri, child, tracking_ui.BASELINE_DESCRIPTION)
@@ -131,6 +137,6 @@ def _publish_ui(
             tracking.log_metrics(uri, child, mlflow_ui.headline_deltas(comparison, label, quality))
             tracking.set_description(uri, child, mlflow_ui.child_description(comparison, label, quality))
     port = s.tracking.ui_port
-    state = tracking_ui.view_state(run_id, quality, cost)
+    state = tracking_ui.view_state(run_id, quality, cost, cells, names)
     key = tracking.save_view(uri, experiment_id, run_id, state, port)
     return tracking_ui.runs_link(tracking_ui.ui_base(uri, port), experiment_id, key)

@@ -17,8 +17,10 @@ passages, no answer); with ``privacy.redact=true`` every text in them is redacte
 (:mod:`rag_ablate.core.privacy`).
 
 Every per-query metric of the record that the comparison tests
-(``compare.metrics``) is attached as a Feedback assessment from a CODE source,
-the gold documents as an Expectation, and the query set is the run's dataset input.
+(``compare.metrics``) is attached as a Feedback assessment from a CODE source (the
+quality axes named so that MLflow shows them first: :func:`shown_first`), the gold
+documents are the trace's metadata ``gold_doc_ids``, and the query set is the run's
+dataset input.
 
 Everything comes from ``records.jsonl`` (the primary data), after it is on disk.
 Writing goes straight to the tracking store in batches: the spans of up to
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rag_ablate.core.errors import ConfigError
-from rag_ablate.metrics.registry import direction_of
+from rag_ablate.metrics.registry import direction_of, quality_axes
 
 if TYPE_CHECKING:
     from mlflow.entities import Assessment, Span, TraceInfo
@@ -49,9 +51,9 @@ if TYPE_CHECKING:
     from rag_ablate.records.trace import Record
 
 TRACE_NAME = "query"
-SOURCE_ID = "rag_ablate"  # the CODE source of every feedback and expectation
+SOURCE_ID = "rag_ablate"  # the CODE source of every feedback
 VARIANT_KEY = "variant"  # the trace tag and metadata naming the variant (a column of MLflow's trace list)
-GOLD_NAME = "gold_doc_ids"  # the expectation: relevant documents, most relevant first
+GOLD_NAME = "gold_doc_ids"  # trace metadata: the relevant documents, most relevant first (a JSON list)
 BATCH = 100  # traces whose spans are written in one call
 STAGES = ("route", "retrieve", "rerank", "generate")  # child spans, in the order they ran
 # the stage of a timing key; any other key without a dot is first-stage retrieval (encode,
@@ -78,15 +80,44 @@ def lower_is_better(metric: str) -> bool:
     return direction_of(metric) == "lower"
 
 
-def feedback(metric: str, value: float) -> tuple[str, float]:
+FIRST = "#"  # ``#1 token_f1``: a feedback MLflow shows first (its place among the quality axes)
+
+
+def shown_first(quality_metric: str = "auto") -> list[str]:
+    """The metrics whose feedback MLflow's per-query view shows first, in this order: the configured
+    quality axis (``compare.quality_metric``), then the automatic quality axes by rank
+    (``MetricSpec.quality_axis``: token_f1, exact_match, recall_at_5), so that among the metrics a
+    pair of runs carries the sweep's quality axis comes first.
+
+    MLflow 3.17 picks at most 10 default columns in that view, its own 5 or 6, then the feedback in
+    the order of their names, and lays the feedback out in that order too (``localeCompare``): so
+    these go as ``#1 <metric>``, ``#2 <metric>``... (their place here), which sort before any
+    letter, the same in every job of a sweep."""
+    configured = [] if quality_metric in ("", "auto") else [quality_metric]
+    return list(dict.fromkeys([*configured, *quality_axes()]))
+
+
+def feedback(metric: str, value: float, first: Sequence[str] = ()) -> tuple[str, float]:
     """The name and value a per-query metric is sent to MLflow as.
 
     MLflow's evaluation views colour every increase green and every decrease red, and cannot be
     told a metric's direction; so a lower-is-better metric (``MetricSpec.direction``) is sent
-    negated, under a name that says so: its improvement is an increase there too."""
+    negated, under a name that says so: its improvement is an increase there too. A metric among
+    ``first`` (:func:`shown_first`) is prefixed with :data:`FIRST` and its place there."""
+    name = metric
     if lower_is_better(metric):
-        return f"{metric}{NEGATED}", -value
-    return metric, value
+        name, value = f"{metric}{NEGATED}", -value
+    if metric in first:
+        name = f"{FIRST}{list(first).index(metric) + 1} {name}"
+    return name, value
+
+
+def metric_of(name: str) -> str:
+    """The metric a feedback name stands for (:func:`feedback`): ``#3 recall_at_5`` -> recall_at_5,
+    ``latency_ms (negated, up = better)`` -> latency_ms."""
+    if name.startswith(FIRST):
+        name = name.partition(" ")[2]
+    return name.removesuffix(NEGATED)
 
 
 def description_note() -> str:
@@ -345,19 +376,24 @@ def build_trace(
     variant: str | None = None,
     usd: Usd | None = None,
     model: str | None = None,
+    first: Sequence[str] = (),
 ) -> tuple[TraceInfo, list[Span]]:
-    """One query's trace: its info (with feedback and expectation) and its finished spans.
+    """One query's trace: its info (with feedback and the gold documents) and its finished spans.
 
     ``rec`` is the stored record (:mod:`rag_ablate.core.privacy`): without a ``query`` (text not
     stored) the inputs are ``{query_id}`` only and the passages are left empty. ``variant`` (the
     variant's label) goes to the trace's tags and metadata; the tokens the system reported and,
     with ``usd`` (the query's input and output cost), its money go where MLflow's overview and
     trace list read them (:func:`usage_and_cost`); ``model`` (the ``cost.model`` it is billed at)
-    is the span's ``mlflow.llm.model``, by which MLflow's overview breaks the cost down."""
+    is the span's ``mlflow.llm.model``, by which MLflow's overview breaks the cost down; ``first``:
+    the metrics whose feedback goes first (:func:`feedback`).
+
+    The gold documents are trace metadata, not an Expectation: MLflow 3.17's per-query view shows
+    every expectation before the feedback, and at 1600 px that column pushed the first feedback
+    (the headline metric) out of the window."""
     from mlflow.entities import (
         AssessmentSource,
         AssessmentSourceType,
-        Expectation,
         Feedback,
         SpanType,
         TraceInfo,
@@ -459,19 +495,10 @@ def build_trace(
             "direction": "lower_is_better" if lower_is_better(name) else "higher_is_better",
             "metric": name,
         }
-        sent, value = feedback(name, float(v))
+        sent, value = feedback(name, float(v), first)
         assessments.append(Feedback(name=sent, value=value, source=source, trace_id=trace_id, metadata=meta))
-    if query is not None and query.relevant:
-        gold = sorted(query.relevant, key=lambda d: (-query.relevant[d], d))
-        assessments.append(
-            Expectation(
-                name=GOLD_NAME,
-                value=gold,
-                source=source,
-                trace_id=trace_id,
-                metadata={AssessmentMetadataKey.SOURCE_RUN_ID: run_id},
-            )
-        )
+    relevant = (query.relevant if query is not None else None) or {}
+    gold = sorted(relevant, key=lambda d: (-relevant[d], d))
 
     info = TraceInfo(
         trace_id=trace_id,
@@ -489,6 +516,7 @@ def build_trace(
             **({TraceMetadataKey.TOKEN_USAGE: json.dumps(tokens)} if tokens else {}),
             **({TraceMetadataKey.COST: json.dumps(money)} if money else {}),
             **({VARIANT_KEY: variant} if variant is not None else {}),
+            **({GOLD_NAME: json.dumps(gold)} if gold else {}),
         },
         tags={
             TraceTagKey.TRACE_NAME: TRACE_NAME,
@@ -561,6 +589,7 @@ def log_traces(
     usd: Usd | None = None,
     model: str | None = None,
     per_split_runs: bool = True,
+    first: Sequence[str] = (),
 ) -> int:
     """Log one trace per selected query (:func:`select`); the number of traces logged.
 
@@ -574,6 +603,7 @@ def log_traces(
     (:meth:`rag_ablate.core.privacy.Privacy.text`; None: as they are); ``usd``: a query's money
     (None: not priced), billed at ``model``. ``per_split``: queries per split (None: all, 0:
     none). ``start_ns``: when the evaluation of the first record began (Unix epoch, nanoseconds).
+    ``first``: the metrics whose feedback MLflow shows first (:func:`shown_first`).
     Also logs the query set as the dataset input of each run that holds traces.
     """
     chosen = select(records, per_split, seed)
@@ -612,6 +642,7 @@ def log_traces(
                     variant=variant,
                     usd=usd,
                     model=model,
+                    first=first,
                 )
                 for pos, rec in batch
             ]

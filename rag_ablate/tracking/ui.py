@@ -89,11 +89,26 @@ BASELINE_DESCRIPTION = "The baseline: every other variant of this sweep is compa
 
 OTHER_EFFECTS = "other significant effects"
 
-#: pixels per column of the ranked view (MLflow's 13 px font: about 5.5 px a character): a quality
-#: cell (``0.839 Δ -0.032 [-0.070, +0.010] no evidence, MDE ±0.05``), a cost cell
-#: (``22.9 [17.6, 29.5]``), the other effects. At 1600 px, beside MLflow's sidebar, run name and
-#: start time, the holdout columns show whole even with MLflow's assistant panel open.
-RANK_WIDTHS = {"quality": 340, "cost": 170, "other": 300}
+#: The ranked view's column widths are fitted to their text so that every column ends within a
+#: 1600 px window: MLflow 3.17 draws tag cells in a 13 px font (about 5.5 px a character in
+#: Chromium) with 11 px of padding each side, and at 1600 px leaves :data:`TABLE_PX` for the run
+#: name, created and tag columns beside its sidebar and the checkbox column. The created column
+#: keeps only its status icon (:data:`CREATED_PX`); a header longer than its cells is cut at
+#: :data:`HEADER_PX` (its tooltip has it whole); the other significant effects take what is left
+#: (at least :data:`MIN_OTHER_PX`; the cell's tooltip has the whole text).
+CHAR_PX = 5.6
+PAD_PX = 24
+TABLE_PX = 1270
+CREATED_PX = 44
+CREATED_COL = "runDateAndNestInfo"  # MLflow's id of the created column
+NAME_PX = (110, 220)  # the run-name column (its colour dot and link), fitted within these bounds
+HEADER_PX = 130
+MIN_OTHER_PX = 150
+
+
+def text_px(texts: Iterable[str], extra: int = PAD_PX) -> int:
+    """The width a column needs to show the longest of ``texts`` whole."""
+    return int(max((len(t) for t in texts), default=0) * CHAR_PX) + extra
 
 
 def rank_columns(quality: str, cost: str) -> dict[str, str]:
@@ -107,24 +122,52 @@ def rank_columns(quality: str, cost: str) -> dict[str, str]:
     return {**cols, "other": OTHER_EFFECTS}
 
 
-def view_state(parent_run_id: str, quality: str, cost: str) -> dict[str, Any]:
+def view_state(
+    parent_run_id: str,
+    quality: str,
+    cost: str,
+    cells: Mapping[str, Iterable[str]] | None = None,
+    names: Iterable[str] = (),
+) -> dict[str, Any]:
     """The runs-table view of one sweep: its variant runs, best holdout quality first, each with its
-    verdict per split (:func:`rank_columns`) right after its name."""
+    verdict per split (:func:`rank_columns`) right after its name.
+
+    ``cells``: each tag column's texts (tag key -> the runs' values) and ``names`` the run names, to
+    fit the columns to them (:func:`column_widths`)."""
     order = f"metrics.`{HEADLINE}holdout_{quality}`"
     tags = rank_columns(quality, cost)
     columns = [f"tags.`{key}`" for key in tags.values()]
-    widths = {f"tags.`{key}`": RANK_WIDTHS[name.rpartition(" ")[2]] for name, key in tags.items()}
     return {
         "searchFilter": f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
         "orderByKey": order,
         "orderByAsc": False,
         "selectedColumns": columns,
         # in this order, right after the run name, wide enough to read the verdicts
-        "columnOrder": ["attributes.`Run Name`", *columns],
-        "columnWidths": widths,
+        "columnOrder": [RUN_NAME_COL, CREATED_COL, *columns],
+        "columnWidths": column_widths(tags, cells or {}, names),
         # the charts view (its tab, or &compareRunsMode=CHART) shows the headline charts; clear to see all
         "chartsSearchFilter": HEADLINE,
     }
+
+
+RUN_NAME_COL = "attributes.`Run Name`"
+
+
+def column_widths(
+    tags: Mapping[str, str], cells: Mapping[str, Iterable[str]], names: Iterable[str]
+) -> dict[str, int]:
+    """Pixel widths of the ranked view's columns (``tags``: :func:`rank_columns`): each fitted to its
+    header and texts, the other significant effects given what is left of :data:`TABLE_PX` (at least
+    :data:`MIN_OTHER_PX`), so that at 1600 px every column ends inside the window."""
+    lo, hi = NAME_PX
+    widths = {RUN_NAME_COL: min(hi, max(lo, text_px(names, 48))), CREATED_COL: CREATED_PX}
+    for name, key in tags.items():
+        if name != "other":
+            widths[f"tags.`{key}`"] = max(text_px(cells.get(key, ())), min(HEADER_PX, text_px([key])))
+    other = tags["other"]
+    left = TABLE_PX - sum(widths.values())
+    widths[f"tags.`{other}`"] = max(MIN_OTHER_PX, min(left, text_px([other, *cells.get(other, ())])))
+    return widths
 
 
 def view_key(state: Mapping[str, Any]) -> str:
@@ -133,12 +176,37 @@ def view_key(state: Mapping[str, Any]) -> str:
 
 DEFAULT_UI_PORT = 5000  # tracking.ui_port's default: where ``rag-ablate ui`` serves and links point
 
+# MLflow 3.17's UI opens its assistant panel on a first visit whenever the page's hostname is
+# exactly ``localhost``, ``127.0.0.1`` or ``::1`` (its bundle compares ``window.location.hostname``,
+# which is ``[::1]``, brackets included, for the IPv6 loopback; no setting, URL parameter or server
+# flag turns it off): the panel covers a quarter of the width. The links point at ``[::1]``, the same
+# machine, which MLflow's host and origin checks accept as local, so the panel stays closed.
+LINK_HOST = "[::1]"
+FALLBACK_HOST = "127.0.0.1"  # where IPv6 is off: the links work, MLflow opens its panel once
+
+
+def ipv6_loopback() -> bool:
+    """True when this machine can listen on the IPv6 loopback ``::1``."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+def link_host() -> str:
+    """The host of the links to ``rag-ablate ui``: ``[::1]`` (see :data:`LINK_HOST`), else 127.0.0.1."""
+    return LINK_HOST if ipv6_loopback() else FALLBACK_HOST
+
 
 def ui_base(uri: str, port: int = DEFAULT_UI_PORT) -> str:
-    """Where the UI of a store is served: the server itself, or ``rag-ablate ui`` on 127.0.0.1."""
+    """Where the UI of a store is served: the server itself, or ``rag-ablate ui`` on this machine."""
     if uri.startswith(("http://", "https://")):
         return uri.rstrip("/")
-    return f"http://127.0.0.1:{port}"
+    return f"http://{link_host()}:{port}"
 
 
 def runs_link(base: str, experiment_id: str, key: str | None) -> str:
@@ -177,15 +245,16 @@ def server_env(uri: str) -> dict[str, str]:
     return env
 
 
-def serve(uri: str, port: int, host: str = "127.0.0.1") -> None:
-    """MLflow's UI and API for the store at ``uri`` on ``host:port``, in this process, until a signal
-    stops it.
+def serve(uri: str, port: int) -> None:
+    """MLflow's UI and API for the store at ``uri`` on ``port`` of 127.0.0.1 and of ``::1`` (where the
+    links point, :data:`LINK_HOST`), in this process, until a signal stops it.
 
     ``mlflow ui`` takes three processes to get there (its CLI, then uvicorn, then the app), each
     importing MLflow (about 3.5 s of CPU each); this sets the environment its CLI would set, opens
     the store once as the CLI does (creating or upgrading its tables) and runs MLflow's own FastAPI
     app under uvicorn with one worker, importing MLflow once."""
     import os
+    import socket
     from pathlib import Path
 
     os.environ.update(server_env(uri))
@@ -195,4 +264,13 @@ def serve(uri: str, port: int, host: str = "127.0.0.1") -> None:
 
     initialize_backend_stores(uri, uri, "mlflow-artifacts:/")
     log_config = Path(constants.__file__).parent / "uvicorn_log_config.yaml"
-    uvicorn.run(UI_APP, host=host, port=port, workers=1, log_config=str(log_config))
+    config = uvicorn.Config(UI_APP, host=FALLBACK_HOST, port=port, workers=1, log_config=str(log_config))
+    sockets = []
+    for family, host in ((socket.AF_INET, FALLBACK_HOST), (socket.AF_INET6, "::1")):
+        if family == socket.AF_INET6 and not ipv6_loopback():
+            continue
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sockets.append(sock)
+    uvicorn.Server(config).run(sockets=sockets)
