@@ -24,8 +24,9 @@ Everything comes from ``records.jsonl`` (the primary data), after it is on disk.
 Writing goes straight to the tracking store in batches: the spans of up to
 :data:`BATCH` traces in one ``log_spans`` call and each trace with its assessments
 in one ``start_trace`` call, instead of one database round trip per span and per
-assessment (MLflow's span-by-span export). See the MLflow section of README.md
-for what it costs.
+assessment (MLflow's span-by-span export); on a sqlite store each batch is one transaction
+(:func:`rag_ablate.tracking.store.in_one_transaction`), one commit instead of one per trace.
+See the MLflow section of README.md for what it costs.
 """
 
 from __future__ import annotations
