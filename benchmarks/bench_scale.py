@@ -208,6 +208,7 @@ Frame = tuple[str, str]  # (qualified function name, file)
 class Stage:
     seconds: float = 0.0
     peak_mb: float = 0.0
+    cpu_s: float = 0.0  # profile.json's CPU time (user + sys) of the stage, when it has one
 
 
 def _rule_stage(frames: Sequence[Frame]) -> str:
@@ -295,25 +296,26 @@ def profile_stages(job_dirs: Sequence[Path], multirun: bool = False) -> dict[str
         name = "profile.json"
     out: dict[str, Stage] = {}
 
-    def add(stage: str, seconds: float, peak: float) -> None:
+    def add(stage: str, v: dict[str, Any]) -> None:
         st = out.setdefault(stage, Stage())
-        st.seconds += seconds
-        st.peak_mb = max(st.peak_mb, peak)
+        st.seconds += float(v.get("seconds", 0.0))
+        st.cpu_s += float(v.get("cpu_s", 0.0))
+        st.peak_mb = max(st.peak_mb, float(v.get("peak_mb", 0.0)))
 
     spent = 0.0
     for d in job_dirs:
         p = d / name
         if p.is_file():
             for stage, v in json.loads(p.read_text()).get("stages", {}).items():
-                add(stage, float(v.get("seconds", 0.0)), float(v.get("peak_mb", 0.0)))
+                add(stage, v)
                 spent += float(v.get("seconds", 0.0))
     if multirun and job_dirs and (job_dirs[0].parent / name).is_file():
         stages = json.loads((job_dirs[0].parent / name).read_text()).get("stages", {})
         jobs = stages.pop("jobs", None)
         for stage, v in stages.items():
-            add(stage, float(v.get("seconds", 0.0)), float(v.get("peak_mb", 0.0)))
+            add(stage, v)
         if jobs is not None and float(jobs.get("seconds", 0.0)) > spent:
-            add("launch", float(jobs["seconds"]) - spent, float(jobs.get("peak_mb", 0.0)))
+            add("launch", {"seconds": float(jobs["seconds"]) - spent, "peak_mb": jobs.get("peak_mb", 0.0)})
     return out
 
 

@@ -71,6 +71,16 @@ def test_move_hands_seconds_from_one_stage_to_another() -> None:
     assert prof.stages["score"]["cpu_s"] == 2.0 and prof.stages["query"]["cpu_s"] == 0.0
 
 
+def test_move_hands_the_cpu_time_measured_not_the_wall_time() -> None:
+    """On a busy machine scoring waits for a core: 0.5 s of wall time may be 0.1 s of CPU, and the
+    query stage keeps the rest of its CPU time (moving wall time emptied it: "query 0.00 s CPU")."""
+    prof = profiling.Profile("job", sample=False)
+    prof.add("query", 2.0, 100.0, 0.8)
+    prof.move("query", "score", 0.5, 0.1)
+    assert prof.seconds("query") == 1.5 and prof.seconds("score") == 0.5
+    assert prof.stages["score"]["cpu_s"] == 0.1 and prof.stages["query"]["cpu_s"] == 0.7
+
+
 def test_peak_memory_of_the_stage_that_allocated() -> None:
     prof = profiling.Profile("job")
     with prof.stage("small"):

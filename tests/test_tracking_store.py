@@ -155,3 +155,59 @@ def test_mlflow_s_database_errors_are_logged_without_a_traceback(tmp_path: Path)
         "SQLAlchemy database error. The following exception is caught. "
         "(OperationalError: database or disk is full)"
     )
+
+
+def _commits(uri: str) -> list[int]:
+    """A list that grows by one at each commit of the store's database (MLflow's engine for ``uri``)."""
+    from mlflow.tracing.client import TracingClient
+    from sqlalchemy import event
+
+    seen: list[int] = []
+    event.listen(TracingClient(uri).store.engine, "commit", lambda _conn: seen.append(1))
+    return seen
+
+
+def test_a_run_is_logged_in_one_commit(tmp_path: Path) -> None:
+    """Params, metrics, tags, artifacts and the end of a run: one transaction, so one wait for the
+    disk (MLflow alone commits each call: create, each log_batch, the end), and all of it stored."""
+    uri, experiment_id, _ = _open(tmp_path / "out")
+    files = tmp_path / "job"
+    files.mkdir()
+    (files / "metrics.json").write_text("{}", encoding="utf-8")
+    commits = _commits(uri)
+    params = {f"p{i:03d}": i for i in range(150)}  # two log_batch calls of params
+    run_id = tracking.log_run(
+        uri, experiment_id, "v", params=params, metrics={"m": 0.5}, tags={"t": "x"}, artifacts_dir=files
+    )
+    assert len(commits) == 1
+    run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {k: str(v) for k, v in params.items()}
+    assert run.data.metrics == {"m": 0.5}
+    assert run.data.tags["t"] == "x"
+    assert [a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(run_id)] == ["metrics.json"]
+
+
+def test_a_transaction_that_fails_part_way_stores_nothing_and_is_redone_call_by_call(tmp_path: Path) -> None:
+    uri, experiment_id, _ = _open(tmp_path / "out")
+    client = MlflowClient(tracking_uri=uri)
+    attempts: list[str] = []
+
+    def write() -> None:
+        run = client.create_run(experiment_id, run_name="v")
+        attempts.append(run.info.run_id)
+        if len(attempts) == 1:  # the first attempt fails after its first write
+            raise RuntimeError("conflict")
+        client.log_param(run.info.run_id, "p", "1")
+
+    tracking.in_one_transaction(uri, write)
+    runs = client.search_runs([experiment_id])
+    assert len(attempts) == 2
+    assert [r.info.run_id for r in runs] == [attempts[1]]  # the first attempt's run was rolled back
+    assert runs[0].data.params == {"p": "1"}
+    with pytest.raises(RuntimeError, match="always"):  # an error that is not a conflict is raised
+
+        def broken() -> None:
+            raise RuntimeError("always")
+
+        tracking.in_one_transaction(uri, broken)

@@ -31,14 +31,16 @@ against the code)::
     ├── _Retry                          llm/client.py: a GenerationError worth sending again
     ├── _Failure                        systems/http.py: a query's call ended with a failure status
     ├── _Retry                          systems/http.py: a _Failure worth sending again
+    ├── _RolledBack                     tracking/store.py: a block of MLflow writes in one transaction failed
     └── RequestError                    cli/serve.py: a request body the service cannot use
 
-The four classes under ``Exception`` itself are internal control flow, drawn so the tree is
+The five classes under ``Exception`` itself are internal control flow, drawn so the tree is
 complete and so nobody mistakes them for user errors: each is caught in the module that raises
 it and never reaches a caller. ``_Retry`` and ``_Failure`` become a retry or a query's status
 (``timeout``, ``http_error``, ...; a ``_Retry`` that runs out of tries becomes its
-``GenerationError`` or ``_Failure``), and ``RequestError`` becomes the service's HTTP 400 or 422
-answer. A new error a user can see subclasses :class:`RagAblateError`.
+``GenerationError`` or ``_Failure``), ``_RolledBack`` makes its block of MLflow writes run again
+call by call, and ``RequestError`` becomes the service's HTTP 400 or 422 answer. A new error a
+user can see subclasses :class:`RagAblateError`.
 
 Exit codes. Every command exits with one of four codes (README "Exit codes"): ``EXIT_OK`` 0,
 ``EXIT_FAILED`` 1 (something failed: a query budget, a judge, an endpoint, a job, a step),

@@ -166,17 +166,19 @@ class Profile:
         peak = rss_mb() if peak_mb is None else peak_mb
         entry["peak_mb"] = round(max(entry["peak_mb"], peak), 1)
 
-    def move(self, source: str, target: str, seconds: float) -> None:
-        """Take ``seconds`` out of stage ``source`` and give them to ``target`` (same peak).
+    def move(self, source: str, target: str, seconds: float, cpu_s: float | None = None) -> None:
+        """Take ``seconds`` (and ``cpu_s`` of CPU time) out of stage ``source`` and give them to
+        ``target`` (same peak).
 
         The querying loop scores each query as it completes: the scoring time, measured
-        inside the loop, moves from ``query`` to ``score``.
+        inside the loop, moves from ``query`` to ``score``. Without ``cpu_s`` the CPU time moved
+        is the wall time (on a busy machine that overstates it: waiting for a core is not CPU).
         """
         entry = self.stages.get(source)
         if entry is None:
             return
         seconds = min(max(0.0, seconds), entry["seconds"])
-        cpu = min(seconds, entry["cpu_s"])  # scoring is computation: its CPU time is its wall time
+        cpu = min(seconds if cpu_s is None else max(0.0, cpu_s), entry["cpu_s"])
         entry["seconds"] = round(entry["seconds"] - seconds, 4)
         entry["cpu_s"] = round(entry["cpu_s"] - cpu, 4)
         self.add(target, seconds, entry["peak_mb"], cpu)

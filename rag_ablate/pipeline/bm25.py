@@ -1,7 +1,7 @@
 """BM25 retrieval over chunks: bm25s's scores from the cached token ids, deterministic tie-breaking.
 
 The index is built from the ``tokens`` stage (:mod:`rag_ablate.pipeline.tokens`) with bm25s's
-own scoring functions applied to whole arrays, so its scores equal those of a bm25s index
+scoring formulas applied to whole arrays, so its scores equal those of a bm25s index
 over the same tokens bit for bit; queries sum the matrix columns of their tokens in float32,
 in order, as bm25s does. docs/architecture.md ("Tokens") describes the stages.
 """
@@ -9,7 +9,8 @@ in order, as bm25s does. docs/architecture.md ("Tokens") describes the stages.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,39 @@ _EMPTY = ""  # the token of a chunk without any (bm25s's convention: every chunk
 _BLOCK = 1 << 22  # (token, chunk) pairs scored per numpy step: bounds the float64 temporaries
 
 
+# The BM25 variants' idf and term-frequency components (Kamphuis et al., ECIR 2020), written as
+# bm25s 0.3.16 evaluates them (the same operations in the same order, so the same floats); kept
+# here so that building an index does not import bm25s, which imports numba and scipy (about
+# 0.3 s of CPU). tests/test_bm25_tokens.py checks the scores against bm25s's own index.
+def _idf_robertson(df: int, n: int) -> float:
+    inner = (n - df + 0.5) / (df + 0.5)
+    return math.log(max(inner, 1))  # bm25s's default: no negative idf
+
+
+_IDF: dict[str, Callable[[int, int], float]] = {
+    "robertson": _idf_robertson,
+    "lucene": lambda df, n: math.log(1 + (n - df + 0.5) / (df + 0.5)),
+    "atire": lambda df, n: math.log(n / df),
+    "bm25l": lambda df, n: math.log((n + 1) / (df + 0.5)),
+    "bm25+": lambda df, n: math.log((n + 1) / df),
+}
+
+
+def _tfc(method: str, tf: Any, l_d: Any, l_avg: Any, k1: float, b: float, delta: float) -> Any:
+    """The term-frequency component of ``method`` for arrays (or scalars) of term frequencies
+    ``tf`` and chunk lengths ``l_d``."""
+    if method in ("robertson", "lucene"):
+        return tf / (k1 * ((1 - b) + b * l_d / l_avg) + tf)
+    if method == "atire":
+        return (tf * (k1 + 1)) / (tf + k1 * (1 - b + b * l_d / l_avg))
+    if method == "bm25l":
+        c = tf / (1 - b + b * l_d / l_avg)
+        return ((k1 + 1) * (c + delta)) / (k1 + c + delta)
+    if method == "bm25+":
+        return (((k1 + 1) * tf) / (k1 * (1 - b + b * l_d / l_avg) + tf)) + delta
+    raise ValueError(f"unknown BM25 method {method!r}")
+
+
 @dataclass
 class ScoreMatrix:
     """bm25s's eager index: each (token, chunk) pair's BM25 contribution, token-major.
@@ -76,25 +110,22 @@ class ScoreMatrix:
     def from_tokens(cls, tokens: TokenMatrix, *, k1: float, b: float, method: str) -> ScoreMatrix:
         """The scores bm25s 0.3.16 computes from the same tokens, bit for bit.
 
-        bm25s's own idf and term-frequency functions are applied to whole arrays with the
-        dtypes it uses per document (float32 counts, float64 arithmetic, float32 result);
+        bm25s's idf and term-frequency formulas (:data:`_IDF`, :func:`_tfc`) are applied to whole
+        arrays with the dtypes it uses per document (float32 counts, float64 arithmetic, float32 result);
         tests/test_bm25_tokens.py compares against an index bm25s builds from token lists.
         """
-        from bm25s.scoring import _select_idf_scorer, _select_tfc_scorer
-
         delta = 0.5  # bm25s's default, used by bm25l and bm25+
         vocab, indptr, docs, tf, lengths = _with_empty_token(tokens)
         n_docs = tokens.n_chunks
         avg = lengths.astype(np.int64).mean() if n_docs else np.float64(0.0)
         df = np.diff(indptr)
-        idf_of = _select_idf_scorer(method)
-        tfc_of = _select_tfc_scorer(method)
+        idf_of = _IDF[method]
         dfs, inverse = np.unique(df, return_inverse=True)
-        idf64 = np.array([idf_of(int(d), N=n_docs) for d in dfs], dtype=np.float64)[inverse]
+        idf64 = np.array([idf_of(int(d), n_docs) for d in dfs], dtype=np.float64)[inverse]
         idf = idf64.astype(np.float32)
         nonocc = None
         if method in ("bm25l", "bm25+"):
-            zero_tf = tfc_of(tf_array=0, l_d=avg, l_avg=avg, k1=k1, b=b, delta=delta)
+            zero_tf = _tfc(method, 0, avg, avg, k1, b, delta)
             nonocc = (idf64 * zero_tf).astype(np.float32)
         data = np.empty(docs.shape[0], dtype=np.float32)
         term_starts = np.searchsorted(indptr, np.arange(0, docs.shape[0], _BLOCK), side="right") - 1
@@ -105,7 +136,7 @@ class ScoreMatrix:
                 continue
             terms = np.repeat(np.arange(t0, t1), df[t0:t1])
             l_d = lengths[docs[s:e]].astype(np.int64)
-            tfc = tfc_of(tf_array=tf[s:e].astype(np.float32), l_d=l_d, l_avg=avg, k1=k1, b=b, delta=delta)
+            tfc = _tfc(method, tf[s:e].astype(np.float32), l_d, avg, k1, b, delta)
             scores = idf[terms] * tfc
             if nonocc is not None:
                 scores -= nonocc[terms]

@@ -148,7 +148,8 @@ def evaluate(
 
     ``on_record`` gets each scored record as soon as its query completes (the job's
     :class:`~rag_ablate.records.jsonl.RecordWriter` appends it to ``records.jsonl``).
-    ``timings["score"]`` (when given) gets the seconds spent scoring and handing on the records.
+    ``timings["score"]`` (when given) gets the seconds spent scoring and handing on the records,
+    ``timings["score_cpu"]`` the CPU seconds of that (the scoring thread's own).
     ``meter`` (``cost.max_usd``) is charged with each record's spend and checked before each query.
     """
     todo = dataset.queries if queries is None else queries
@@ -165,7 +166,7 @@ def evaluate(
         key = query_key(q)
         if key in done:
             return
-        t_score = time.perf_counter()
+        t_score, cpu_score = time.perf_counter(), time.thread_time()
         rec = scored(
             make_record(q, trace),
             q,
@@ -181,6 +182,7 @@ def evaluate(
             on_record(rec)
         if timings is not None:
             timings["score"] = timings.get("score", 0.0) + time.perf_counter() - t_score
+            timings["score_cpu"] = timings.get("score_cpu", 0.0) + time.thread_time() - cpu_score
         bar.update(rec["status"])
         if meter is not None:  # a system that runs its queries itself stops starting new ones
             meter.charge_record(rec)
@@ -555,7 +557,7 @@ def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profi
         finally:
             target.close()
         # each query is scored as it completes: that time is scoring's, not querying's
-        prof.move("query", "score", timings.get("score", 0.0))
+        prof.move("query", "score", timings.get("score", 0.0), timings.get("score_cpu"))
         # one final record per query, in dataset order (the write stage rewrites the file so)
         latest = {**inputs.kept, **{record_key(r): r for r in new}}
         records = [latest[query_key(q)] for q in runs]

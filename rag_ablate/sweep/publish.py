@@ -80,23 +80,30 @@ def publish_sweep(
     become the run's ``time/<stage>_s``; ``status``: how the run ends.
     """
     uri, run_id, experiment_id = info["tracking_uri"], info["parent_run_id"], info["experiment_id"]
-    if comparison is not None:
-        publish_comparison(uri, run_id, variants, comparison, comparison_files)
-    tracking.log_artifacts(uri, run_id, list(files))
-    tracking.log_metrics(
-        uri,
-        run_id,
-        {"sweep/n_variants": float(len(summaries)), "sweep/n_failed_jobs": float(n_failed_jobs)},
-    )
-    link = _publish_ui(s, sweep_dir, info, summaries, comparison, failed)
-    baseline = comparison.baseline if comparison is not None else None
-    trace_links = mlflow_traces.sweep_links(  # per-query compare views, when traces exist
-        uri, experiment_id, summaries, baseline, tracking_ui.ui_base(uri, s.tracking.ui_port)
-    )
+    done: list[Published] = []
+
+    def write() -> None:
+        done.clear()
+        if comparison is not None:
+            publish_comparison(uri, run_id, variants, comparison, comparison_files)
+        tracking.log_artifacts(uri, run_id, list(files))
+        tracking.log_metrics(
+            uri,
+            run_id,
+            {"sweep/n_variants": float(len(summaries)), "sweep/n_failed_jobs": float(n_failed_jobs)},
+        )
+        link = _publish_ui(s, sweep_dir, info, summaries, comparison, failed)
+        baseline = comparison.baseline if comparison is not None else None
+        trace_links = mlflow_traces.sweep_links(  # per-query compare views, when traces exist
+            uri, experiment_id, summaries, baseline, tracking_ui.ui_base(uri, s.tracking.ui_port)
+        )
+        done.append(Published(link, trace_links))
+
+    tracking.in_one_transaction(uri, write)  # a sqlite store: one commit, not one per call
     profile = write_profile()
     metrics = profiling.Profile.metrics_of(profiling.read_profile(sweep_dir) or {})
     tracking.finish_run(uri, run_id, metrics, [profile], status)
-    return Published(link, trace_links)
+    return done[0]
 
 
 def _publish_ui(

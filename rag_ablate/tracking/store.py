@@ -17,7 +17,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -413,6 +413,78 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
+class _RolledBack(Exception):
+    """Something in a block of :func:`in_one_transaction` failed or rolled back (MLflow resolves
+    some conflicts that way): nothing of the block is stored."""
+
+
+@contextlib.contextmanager
+def _shared_session(store: Any) -> Iterator[None]:
+    """Every ``store.ManagedSessionMaker`` session this thread opens in the block is one session,
+    committed once at the end. Any error in the block (even one MLflow catches), a rollback or a
+    failed commit rolls the whole block back and raises :class:`_RolledBack`."""
+    import threading
+
+    from sqlalchemy import event
+
+    own = store.ManagedSessionMaker
+    me = threading.get_ident()
+    failed: list[bool] = []
+
+    @contextlib.contextmanager
+    def shared(read_only: bool = True) -> Iterator[Any]:
+        if threading.get_ident() != me:  # another thread of this process: its own session
+            with own(read_only=read_only) as other:
+                yield other
+            return
+        if failed:
+            raise _RolledBack
+        try:
+            yield session
+            session.flush()
+        except BaseException:
+            failed.append(True)
+            raise
+
+    try:
+        with own(read_only=False) as session:  # MLflow's: commits at the end, rolls back on an error
+            event.listen(session, "after_rollback", lambda _s: failed.append(True))
+            commit = session.commit
+            session.commit = session.flush  # MLflow commits inside some calls (log_batch): not yet
+            store.ManagedSessionMaker = shared
+            try:
+                yield
+            finally:
+                store.ManagedSessionMaker = own
+                session.commit = commit
+            if failed:
+                raise _RolledBack
+    except Exception as exc:  # redone call by call, which raises it again if it is not a conflict
+        raise _RolledBack from exc
+
+
+def in_one_transaction(uri: str, write: Callable[[], None]) -> None:
+    """``write()`` (MLflow calls on ``uri``) with every database write of it in one transaction:
+    on a sqlite store one commit, so one wait for the disk, instead of one per call (a trace, a
+    run's params, its end: each commits on its own). When anything in it fails or is rolled back
+    (MLflow resolves some conflicts that way), nothing of it is stored and ``write()`` runs again
+    call by call, as MLflow does it, raising what it raises. Other stores: ``write()`` as it is."""
+    if sqlite_path(uri) is None:
+        write()
+        return
+    from mlflow.tracing.client import TracingClient
+
+    store = TracingClient(uri).store  # the process's one store object for uri (MlflowClient's too)
+    if not callable(getattr(store, "ManagedSessionMaker", None)):
+        write()
+        return
+    try:
+        with _shared_session(store):
+            write()
+    except _RolledBack:
+        write()
+
+
 class _NoTraceback(logging.Filter):
     """MLflow logs a sqlite error (a full disk, a read-only or locked database) with its whole
     traceback, then raises it as an MlflowException that rag_ablate reports in its own one line (a
@@ -524,37 +596,49 @@ def log_run(
     all_tags = {"rag_ablate.kind": "variant", **tags, OWNER_TAG: owner_tag()}
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id
-    have: set[str] = set()
-    if run_id is None:
-        run_id = str(client.create_run(experiment_id, run_name=name, tags=all_tags).info.run_id)
-    else:
-        have = set(client.get_run(run_id).data.params)
-        tlist = [RunTag(k, v) for k, v in sorted(all_tags.items())]
-        for i in range(0, len(tlist), _BATCH):
-            client.log_batch(run_id, tags=tlist[i : i + _BATCH])
-    try:
-        plist = [Param(k, _param_value(v)) for k, v in sorted(params.items()) if k not in have]
-        for i in range(0, len(plist), _BATCH):
-            client.log_batch(run_id, params=plist[i : i + _BATCH])
-        ts = _now_ms()
-        mlist = [Metric(k, float(v), ts, 0) for k, v in sorted(metrics.items())]
-        for i in range(0, len(mlist), 1000):
-            client.log_batch(run_id, metrics=mlist[i : i + 1000])
-        if artifacts_dir is not None:
-            client.log_artifacts(run_id, str(artifacts_dir))
-    except Exception:
-        client.set_terminated(run_id, status="FAILED")
-        raise
-    if final_status is not None:
-        client.set_terminated(run_id, status=final_status)
-    return run_id
+    logged: list[str] = []
+
+    def write() -> None:  # one transaction (in_one_transaction): redone whole if MLflow rolls back
+        logged.clear()
+        have: set[str] = set()
+        if run_id is None:
+            rid = str(client.create_run(experiment_id, run_name=name, tags=all_tags).info.run_id)
+        else:
+            rid = run_id
+            have = set(client.get_run(rid).data.params)
+            tlist = [RunTag(k, v) for k, v in sorted(all_tags.items())]
+            for i in range(0, len(tlist), _BATCH):
+                client.log_batch(rid, tags=tlist[i : i + _BATCH])
+        logged.append(rid)
+        try:
+            plist = [Param(k, _param_value(v)) for k, v in sorted(params.items()) if k not in have]
+            for i in range(0, len(plist), _BATCH):
+                client.log_batch(rid, params=plist[i : i + _BATCH])
+            ts = _now_ms()
+            mlist = [Metric(k, float(v), ts, 0) for k, v in sorted(metrics.items())]
+            for i in range(0, len(mlist), 1000):
+                client.log_batch(rid, metrics=mlist[i : i + 1000])
+            if artifacts_dir is not None:
+                client.log_artifacts(rid, str(artifacts_dir))
+        except Exception:
+            client.set_terminated(rid, status="FAILED")
+            raise
+        if final_status is not None:
+            client.set_terminated(rid, status=final_status)
+
+    in_one_transaction(uri, write)
+    return logged[0]
 
 
 def finish_run(uri: str, run_id: str, metrics: Mapping[str, float], paths: list[Path], status: str) -> None:
-    """Log the last metrics and files of a run (its profile) and end it ``status``."""
-    log_metrics(uri, run_id, metrics)
-    log_artifacts(uri, run_id, paths)
-    end_run(uri, run_id, status)
+    """Log the last metrics and files of a run (its profile) and end it ``status`` (one transaction)."""
+
+    def write() -> None:
+        log_metrics(uri, run_id, metrics)
+        log_artifacts(uri, run_id, paths)
+        end_run(uri, run_id, status)
+
+    in_one_transaction(uri, write)
 
 
 def start_run(uri: str, experiment_id: str, name: str, parent_run_id: str | None = None) -> str:

@@ -26,8 +26,9 @@ Everything comes from ``records.jsonl`` (the primary data), after it is on disk.
 Writing goes straight to the tracking store in batches: the spans of up to
 :data:`BATCH` traces in one ``log_spans`` call and each trace with its assessments
 in one ``start_trace`` call, instead of one database round trip per span and per
-assessment (MLflow's span-by-span export). See the MLflow section of README.md
-for what it costs.
+assessment (MLflow's span-by-span export); on a sqlite store each batch is one transaction
+(:func:`rag_ablate.tracking.store.in_one_transaction`), one commit instead of one per trace.
+See the MLflow section of README.md for what it costs.
 """
 
 from __future__ import annotations
@@ -612,6 +613,8 @@ def log_traces(
     from mlflow.tracing.client import TracingClient
     from mlflow.tracking import MlflowClient
 
+    from rag_ablate.tracking.store import in_one_transaction
+
     names = list(dict.fromkeys(metrics))
     by_id = {q.query_id: q for q in dataset.queries}
     starts = query_starts_ns(records, start_ns)
@@ -646,13 +649,17 @@ def log_traces(
                 )
                 for pos, rec in batch
             ]
-            # the trace first (one insert with its assessments), then the spans of the whole batch;
-            # the other order makes every start_trace merge into a row log_spans created
-            for info, _ in built:
-                client.start_trace(info)
-            client.log_spans(experiment_id, [s for _, spans in built for s in spans])
-            if target != run_id:
-                runs.link_traces_to_run([info.trace_id for info, _ in built], run_id)
+
+            def write(built: list[tuple[TraceInfo, list[Span]]] = built, target: str = target) -> None:
+                # the trace first (one insert with its assessments), then the spans of the whole batch;
+                # the other order makes every start_trace merge into a row log_spans created
+                for info, _ in built:
+                    client.start_trace(info)
+                client.log_spans(experiment_id, [s for _, spans in built for s in spans])
+                if target != run_id:
+                    runs.link_traces_to_run([info.trace_id for info, _ in built], run_id)
+
+            in_one_transaction(uri, write)  # a sqlite store: one commit per batch, not one per trace
         if target != run_id:
             log_dataset_input(uri, target, dataset, privacy)
             runs.set_terminated(target, status="FINISHED")
