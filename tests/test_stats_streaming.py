@@ -46,7 +46,7 @@ def test_windowed_quantile_effects_equal_the_full_computation(
     """Small windows force many resamples' percentiles outside the window (the fallback), large
     ones keep them all inside; either way the effects equal those over every position."""
     monkeypatch.setattr(stats, "QUANTILE_WINDOW_MIN", window)
-    monkeypatch.setattr(stats, "QUANTILE_WINDOW_SQRT", 0.0)
+    monkeypatch.setattr(stats, "QUANTILE_WINDOW_SD", 0.0)
     rng = np.random.default_rng(3)
     n, n_groups = 400, 120
     groups = rng.integers(0, n_groups, n)

@@ -46,6 +46,7 @@ on the other columns.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -936,10 +937,12 @@ def weighted_percentiles_many(
 
 
 #: half-width of the window of sorted positions searched first for a bootstrap percentile:
-#: ``max(QUANTILE_WINDOW_MIN, QUANTILE_WINDOW_SQRT * sqrt(n))`` (rows whose percentile falls
-#: outside it are computed over all n positions; the result is the same either way)
-QUANTILE_WINDOW_MIN = 1024
-QUANTILE_WINDOW_SQRT = 16.0
+#: ``max(QUANTILE_WINDOW_MIN, QUANTILE_WINDOW_SD * sd)``, with ``sd`` the standard deviation over
+#: resamples of the queries drawn before the percentile's position minus its share of every query
+#: drawn (rows whose percentile falls outside the window are computed over all n positions; the
+#: result is the same either way, only the time differs)
+QUANTILE_WINDOW_MIN = 64
+QUANTILE_WINDOW_SD = 8.0
 
 
 @dataclass(frozen=True)
@@ -954,10 +957,16 @@ class _QuantileSide:
 
 def _quantile_side(x: FloatArray, codes: IntArray, n_groups: int, qs: Sequence[float]) -> _QuantileSide:
     n = x.shape[0]
-    half = max(QUANTILE_WINDOW_MIN, int(QUANTILE_WINDOW_SQRT * np.sqrt(n)))
+    sizes = np.bincount(codes, minlength=n_groups).astype(np.float64)
     windows = []
     for q in qs:
         pos = int((n - 1) * q / 100.0)
+        # a resample's count before ``pos`` less q% of its queries is a sum over its drawn groups of
+        # ``x_g = (group g's queries before pos) - q% of m_g``; its SD over resamples is about
+        # sqrt(sum_g (x_g - mean x)^2) (G draws of one group each)
+        dev = np.bincount(codes[:pos], minlength=n_groups) - (q / 100.0) * sizes
+        sd = float(np.sqrt(np.sum((dev - dev.mean()) ** 2)))
+        half = max(QUANTILE_WINDOW_MIN, int(math.ceil(QUANTILE_WINDOW_SD * sd)) + 2)
         start, end = max(0, pos - half), min(n, pos + half + 1)
         before = np.bincount(codes[:start], minlength=n_groups).astype(np.float64)
         windows.append((start, end, before))
