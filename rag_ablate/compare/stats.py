@@ -63,6 +63,7 @@ __all__ = [
     "TIE_RTOL",
     "Direction",
     "PairedResult",
+    "PercentileSetup",
     "QuantileResult",
     "QuantileSetup",
     "benjamini_hochberg",
@@ -78,6 +79,8 @@ __all__ = [
     "paired_quantile_test",
     "paired_quantile_tests",
     "paired_test",
+    "percentile_setup",
+    "resample_percentiles",
     "quantile_effects",
     "quantile_setup",
     "signflip_pvalue",
@@ -1071,6 +1074,47 @@ def quantile_effects(
         - _side_percentiles(setup.base, c, total, sums[:, 1 : 1 + k], setup.qs),
         dtype=np.float64,
     )
+
+
+@dataclass(frozen=True)
+class PercentileSetup:
+    """One set of values (sorted, each with its group code) for :func:`resample_percentiles`, and the
+    (G, 2) matrix whose product with a chunk's counts gives each resample's number of values and
+    its running sum before the percentile's window."""
+
+    side: _QuantileSide
+    q: float
+    cols: FloatArray
+
+
+def percentile_setup(values: npt.ArrayLike, codes: npt.ArrayLike, n_groups: int, q: float) -> PercentileSetup:
+    """``values`` (n,) with group codes 0..``n_groups``-1 (groups without a value allowed), for the
+    q-th percentile of every resample (:func:`resample_percentiles`)."""
+    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    c = np.asarray(codes, dtype=np.int64).reshape(-1)
+    order = np.argsort(x, kind="stable")
+    side = _quantile_side(x[order], c[order], n_groups, (q,))
+    sizes = np.bincount(c, minlength=n_groups).astype(np.float64)
+    return PercentileSetup(side, float(q), np.column_stack([sizes, side.windows[0][2]]))
+
+
+def resample_percentiles(
+    counts: npt.NDArray[np.generic], setup: PercentileSetup, counts_f64: FloatArray | None = None
+) -> FloatArray:
+    """The q-th percentile (numpy's linear) of the values repeated by their group's count, per row
+    of ``counts`` (c, G); NaN for a row that draws no value. Equal to
+    :func:`weighted_percentiles` over every position, found mostly in a window of positions."""
+    c = np.asarray(counts)
+    cf = c.astype(np.float64) if counts_f64 is None else counts_f64
+    sums = np.rint(cf @ setup.cols).astype(np.int64)
+    total = sums[:, 0]
+    out = np.full(c.shape[0], np.nan)
+    ok = total > 0
+    if np.all(ok):
+        out[:] = _side_percentiles(setup.side, c, total, sums[:, 1:], (setup.q,))[:, 0]
+    elif np.any(ok):
+        out[ok] = _side_percentiles(setup.side, c[ok], total[ok], sums[ok, 1:], (setup.q,))[:, 0]
+    return out
 
 
 def paired_quantile_test(
