@@ -80,9 +80,9 @@ __all__ = [
     "paired_quantile_tests",
     "paired_test",
     "percentile_setup",
-    "resample_percentiles",
     "quantile_effects",
     "quantile_setup",
+    "resample_percentiles",
     "signflip_pvalue",
     "weighted_percentiles",
     "weighted_percentiles_many",
@@ -969,7 +969,7 @@ def _quantile_side(x: FloatArray, codes: IntArray, n_groups: int, qs: Sequence[f
         # sqrt(sum_g (x_g - mean x)^2) (G draws of one group each)
         dev = np.bincount(codes[:pos], minlength=n_groups) - (q / 100.0) * sizes
         sd = float(np.sqrt(np.sum((dev - dev.mean()) ** 2)))
-        half = max(QUANTILE_WINDOW_MIN, int(math.ceil(QUANTILE_WINDOW_SD * sd)) + 2)
+        half = max(QUANTILE_WINDOW_MIN, math.ceil(QUANTILE_WINDOW_SD * sd) + 2)
         start, end = max(0, pos - half), min(n, pos + half + 1)
         before = np.bincount(codes[:start], minlength=n_groups).astype(np.float64)
         windows.append((start, end, before))
