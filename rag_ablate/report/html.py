@@ -214,7 +214,8 @@ def recall_curves(
         for v in variants:
             sums = by_variant[v.label][split]
             if sums:
-                out.setdefault(split, {})[v.label] = [(k, sum(xs) / len(xs)) for k, xs in sorted(sums.items())]
+                means = [(k, sum(xs) / len(xs)) for k, xs in sorted(sums.items())]
+                out.setdefault(split, {})[v.label] = means
     return out
 
 
