@@ -163,3 +163,17 @@ def test_records_read_alike_whichever_parser_reads_them(tmp_path: Path) -> None:
     _write_job(tmp_path / "t" / "0", [lines[0], '{"query_id": "x", "metrics": {1.5}}', lines[1]], "bad")
     with pytest.raises(RecordsError, match=r"records.jsonl:2: not a JSON record"):
         read_records(tmp_path / "t" / "0" / RECORDS_FILE)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"sort_keys": True}, {"indent": None}])
+def test_json_written_piece_by_piece_is_the_text_json_dumps_gives(
+    kwargs: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag_ablate.core import fsio
+
+    monkeypatch.setattr(fsio, "_JSON_PIECES", 3)  # many writes
+    data = {"a": [1, 2.5, math.nan, "名"], "b": {"c": None, "d": [{"x": True}] * 5}}
+    fsio.write_json_atomic(tmp_path / "c.json", data, **kwargs)
+    want = json.dumps(data, ensure_ascii=False, **({"indent": 1} | kwargs))
+    assert (tmp_path / "c.json").read_text(encoding="utf-8") == want
+    assert [p.name for p in tmp_path.iterdir()] == ["c.json"]  # no temporary file left
