@@ -83,35 +83,33 @@ def scan_records(path: Path, project: Callable[[Record], Record] | None = None) 
     line that is not a JSON object raises :class:`RecordsError` naming file and line.
     ``project``: applied to each record as it is read (the comparison keeps less of each).
     """
-    data = path.read_bytes()
     records: list[Record] = []
     pos, lineno = 0, 0
     torn = False
-    while pos < len(data):
-        lineno += 1
-        end = data.find(b"\n", pos)
-        last = end < 0
-        raw = data[pos:] if last else data[pos:end]
-        nxt = len(data) if last else end + 1
-        if raw.strip():
-            try:
-                rec = loads_line(raw)
-            except (UnicodeDecodeError, ValueError) as exc:
-                if last:
-                    torn = True
-                    break
-                excerpt = raw[:80].decode("utf-8", errors="replace")
-                raise RecordsError(f"{path}:{lineno}: not a JSON record ({exc}): {excerpt!r}") from exc
-            if not isinstance(rec, dict) or "query_id" not in rec:
-                if last:
-                    torn = True
-                    break
-                raise RecordsError(f"{path}:{lineno}: not a record (a JSON object with a query_id)")
-            # the boundary: a JSON object with a query_id is taken to be a Record (written by
-            # make_record/scored; an older one may lack fields added since, see Record)
-            record = cast(Record, rec)
-            records.append(record if project is None else project(record))
-        pos = nxt
+    with path.open("rb") as f:  # line by line: the file is never held whole (250 MB at 100,000 queries)
+        for line in f:
+            lineno += 1
+            last = not line.endswith(b"\n")
+            raw = line if last else line[:-1]
+            if raw.strip():
+                try:
+                    rec = loads_line(raw)
+                except (UnicodeDecodeError, ValueError) as exc:
+                    if last:
+                        torn = True
+                        break
+                    excerpt = raw[:80].decode("utf-8", errors="replace")
+                    raise RecordsError(f"{path}:{lineno}: not a JSON record ({exc}): {excerpt!r}") from exc
+                if not isinstance(rec, dict) or "query_id" not in rec:
+                    if last:
+                        torn = True
+                        break
+                    raise RecordsError(f"{path}:{lineno}: not a record (a JSON object with a query_id)")
+                # the boundary: a JSON object with a query_id is taken to be a Record (written by
+                # make_record/scored; an older one may lack fields added since, see Record)
+                record = cast(Record, rec)
+                records.append(record if project is None else project(record))
+            pos += len(line)
     return RecordsScan(records, pos, torn)
 
 
