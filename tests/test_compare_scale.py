@@ -26,6 +26,7 @@ from rag_ablate.compare.model import VariantData
 from rag_ablate.config.schema import CompareConfig
 from rag_ablate.core.layout import RECORDS_FILE, VARIANT_FILE
 from rag_ablate.records.jsonl import RecordsError, read_records
+from tests.test_compare import _records
 
 N, B, SEED = 20_000, 120, 3
 
@@ -39,18 +40,7 @@ def _variants() -> list[VariantData]:
     for job, (label, gain, ms) in enumerate((("baseline", 0.0, 40.0), ("faster", 0.02, 30.0))):
         hit = (rng.random(N) < np.clip(quality + gain, 0, 1)).astype(float)
         latency = rng.lognormal(math.log(ms), 0.4, N).round(1)  # ties included
-        records = [
-            {
-                "query_id": f"q{i}",
-                "query": f"question {i}",
-                "split": splits[i],
-                "group": groups[i],
-                "kind": "answerable",
-                "status": "ok",
-                "metrics": {"hit_at_5": float(hit[i]), "latency_ms": float(latency[i])},
-            }
-            for i in range(N)
-        ]
+        records = _records({"hit_at_5": hit.tolist(), "latency_ms": latency.tolist()}, splits, groups)
         out.append(VariantData(label, records, info={"role": "baseline"} if job == 0 else {}))
     return out
 
