@@ -46,7 +46,7 @@ def test_windowed_quantile_effects_equal_the_full_computation(
     """Small windows force many resamples' percentiles outside the window (the fallback), large
     ones keep them all inside; either way the effects equal those over every position."""
     monkeypatch.setattr(stats, "QUANTILE_WINDOW_MIN", window)
-    monkeypatch.setattr(stats, "QUANTILE_WINDOW_SQRT", 0.0)
+    monkeypatch.setattr(stats, "QUANTILE_WINDOW_SD", 0.0)
     rng = np.random.default_rng(3)
     n, n_groups = 400, 120
     groups = rng.integers(0, n_groups, n)
@@ -120,3 +120,27 @@ def test_bootstrap_counts_in_small_blocks_equal_one_draw(monkeypatch: pytest.Mon
         c.copy() for c in stats.bootstrap_counts(9, 503, np.random.default_rng(1), chunk=100, reuse=True)
     ]
     np.testing.assert_array_equal(np.concatenate(reused), expected)
+
+
+@pytest.mark.parametrize("window", [1, 64])
+def test_resample_percentiles_equal_the_written_out_percentile(
+    window: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trade-off's cost percentile per resample, found in a window of sorted positions, equals
+    the percentile over every position (tradeoff.weighted_stat), NaN where a resample draws no value."""
+    from rag_ablate.compare.tradeoff import weighted_stat
+
+    monkeypatch.setattr(stats, "QUANTILE_WINDOW_MIN", window)
+    monkeypatch.setattr(stats, "QUANTILE_WINDOW_SD", 0.0 if window == 1 else 8.0)
+    rng = np.random.default_rng(4)
+    n_groups = 40
+    codes = rng.integers(0, 3, 30)  # values in 3 of the 40 groups: about 4% of resamples draw none
+    values = np.round(rng.gamma(2.0, 50.0, codes.size), 0)  # ties included
+    for q in (50.0, 95.0):
+        setup = stats.percentile_setup(values, codes, n_groups, q)
+        got, want = [], []
+        for counts in stats.bootstrap_counts(n_groups, 1000, np.random.default_rng(1)):
+            got.append(stats.resample_percentiles(counts, setup))
+            want.append(weighted_stat(values, counts[:, codes], q))
+        assert 0 < np.isnan(np.concatenate(got)).sum() < 100
+        np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))

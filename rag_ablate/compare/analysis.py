@@ -703,10 +703,11 @@ def _add_flips(
         changed = np.abs(d) > threshold
     improved: list[Flip] = []
     regressed: list[Flip] = []
-    for i in np.flatnonzero(changed):
-        q = qids[int(i)]
-        f = Flip(q, str(base_by_id[q].get("query", "")), float(b[i]), float(v[i]))
-        (improved if (d[i] < 0) == lower else regressed).append(f)
+    bl, vl, dl = b.tolist(), v.tolist(), d.tolist()  # Python floats: no numpy scalar per flip
+    for i in np.flatnonzero(changed).tolist():
+        q = qids[i]
+        f = Flip(q, str(base_by_id[q].get("query", "")), bl[i], vl[i])
+        (improved if (dl[i] < 0) == lower else regressed).append(f)
     flips.setdefault(variant, {}).setdefault(metric, {})[split] = {
         "improved": improved,
         "regressed": regressed,

@@ -20,7 +20,7 @@ from rag_ablate.compare.guard import FINGERPRINTS
 from rag_ablate.compare.model import VariantData
 from rag_ablate.core.errors import ComparisonError
 from rag_ablate.core.layout import CONFIG_FILE, RECORDS_FILE, SUMMARY_FILE, VARIANT_FILE
-from rag_ablate.records.jsonl import read_records
+from rag_ablate.records.jsonl import dumps_sorted, read_records
 from rag_ablate.records.trace import Record
 
 
@@ -49,8 +49,7 @@ def _outputs(rec: Record) -> bytes:
     answer, intents and citations (timings, scores and metrics left out)."""
     retrieved = [(e.get("doc_id"), e.get("chunk_id")) for e in rec.get("retrieved") or []]
     kept = [rec.get("status"), retrieved, rec.get("answer"), rec.get("intent_pred"), rec.get("intents")]
-    text = json.dumps([*kept, rec.get("citations")], ensure_ascii=False, sort_keys=True, default=str)
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+    return hashlib.blake2b(dumps_sorted([*kept, rec.get("citations")]), digest_size=16).digest()
 
 
 class _Slimmer:
@@ -59,6 +58,7 @@ class _Slimmer:
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {}
+        self.key_sets: dict[tuple[str, ...], tuple[str, ...]] = {}  # a dict's keys -> the shared names
         self.digests: dict[str, bytes] = {}
 
     def outputs(self) -> str:
@@ -68,16 +68,25 @@ class _Slimmer:
             h.update(query_id.encode("utf-8") + b"\0" + digest)
         return h.hexdigest()
 
+    def _shared(self, d: Mapping[str, Any]) -> dict[str, Any]:
+        """``d`` with its keys replaced by the shared names (records repeat the same key sets, so
+        each set is looked up once as a tuple)."""
+        keys = tuple(d)
+        shared = self.key_sets.get(keys)
+        if shared is None:
+            shared = self.key_sets[keys] = tuple(self.names.setdefault(k, k) for k in keys)
+        return dict(zip(shared, d.values(), strict=True))
+
     def __call__(self, rec: Record) -> Record:
         self.digests[str(rec.get("query_id"))] = _outputs(rec)
-        names = self.names
-        out: dict[str, Any] = {}
-        for k, v in rec.items():
-            if k == "retrieved" and isinstance(v, list):
-                v = (NO_ENTRY,) * len(v)
-            elif isinstance(v, dict) and k in ("metrics", "timings_ms"):
-                v = {names.setdefault(mk, mk): mv for mk, mv in v.items()}
-            out[names.setdefault(k, k)] = v
+        out = self._shared(rec)
+        retrieved = out.get("retrieved")
+        if isinstance(retrieved, list):
+            out["retrieved"] = (NO_ENTRY,) * len(retrieved)
+        for k in ("metrics", "timings_ms"):
+            v = out.get(k)
+            if isinstance(v, dict):
+                out[k] = self._shared(v)
         # typed as a Record although ``retrieved`` now holds empty entries: the comparison reads
         # its length only (see slim_record)
         return cast(Record, out)

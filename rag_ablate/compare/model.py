@@ -175,7 +175,7 @@ class Pair:
         return f"{self.n_left_out} ({why})" if why else "0"
 
 
-@dataclass
+@dataclass(slots=True)  # a comparison of 100,000 queries holds about a million of them
 class Flip:
     query_id: str
     query: str
@@ -393,7 +393,7 @@ class Comparison:
             "rows": [_finite(asdict(r)) for r in self.rows],
             "flips": {
                 v: {
-                    m: {s: {k: [asdict(f) for f in fl] for k, fl in d.items()} for s, d in bys.items()}
+                    m: {s: {k: [_flip_dict(f) for f in fl] for k, fl in d.items()} for s, d in bys.items()}
                     for m, bys in bym.items()
                 }
                 for v, bym in self.flips.items()
@@ -529,6 +529,15 @@ class Tradeoff:
 
 def _json_value(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+_FLIP_FIELDS = tuple(f.name for f in fields(Flip))
+
+
+def _flip_dict(f: Flip) -> dict[str, Any]:
+    """``asdict(f)`` for a Flip's plain fields, built directly (a fifth of the time; a comparison of
+    100,000 queries can hold a million flips)."""
+    return {name: getattr(f, name) for name in _FLIP_FIELDS}
 
 
 def _finite(d: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from rag_ablate.compare import stats
 from rag_ablate.compare.analysis import LATENCY, value
+from rag_ablate.compare.draws import CHUNK
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import Comparison, Point, SplitTradeoff, Tradeoff, VariantData
 from rag_ablate.config.schema import CompareConfig, ModelPrice
@@ -295,32 +296,35 @@ def bootstrap_distribution(
 ) -> FloatArray:
     """The statistic over every resample of ``counts`` (chunks of (c, G) group counts)."""
     stat = _chunk_statistic(values, groups, group_index, q)
-    parts = [stat(ch) for ch in counts]
+    parts = [stat(ch, np.asarray(ch, dtype=np.float64)) for ch in counts]
     return np.concatenate(parts) if parts else np.array([], dtype=np.float64)
 
 
 def _chunk_statistic(
     values: Sequence[float], groups: Sequence[str], group_index: Mapping[str, int], q: float | None
-) -> Callable[[npt.NDArray[Any]], FloatArray]:
-    """The statistic of one chunk of (c, G) group counts, (c,): :func:`bootstrap_distribution` per chunk."""
+) -> Callable[[npt.NDArray[Any], FloatArray], FloatArray]:
+    """The statistic of one chunk of (c, G) group counts and the same counts as float64, (c,):
+    :func:`bootstrap_distribution` per chunk (:func:`weighted_stat`'s numbers)."""
     vals = np.asarray(values, dtype=np.float64)
     codes = np.asarray([group_index[g] for g in groups], dtype=np.int64)
+    n_groups = len(group_index)
     if q is None:  # the mean needs only group sums and sizes: (c, G) @ (G, 2) per chunk
-        n_groups = len(group_index)
         sm = np.stack(
             [np.bincount(codes, weights=vals, minlength=n_groups), np.bincount(codes, minlength=n_groups)],
             axis=1,
         ).astype(np.float64)
 
-        def mean(ch: npt.NDArray[Any]) -> FloatArray:
-            num_den = np.dot(np.asarray(ch, dtype=np.float64), sm)
+        def mean(ch: npt.NDArray[Any], f64: FloatArray) -> FloatArray:
+            num_den = np.dot(f64, sm)
             with np.errstate(invalid="ignore", divide="ignore"):
                 return np.asarray(np.where(num_den[:, 1] > 0, num_den[:, 0] / num_den[:, 1], np.nan))
 
         return mean
-    order = np.argsort(vals, kind="stable")
-    vals, codes = vals[order], codes[order]
-    return lambda ch: weighted_stat(vals, np.asarray(ch)[:, codes], q, presorted=True)
+    if not vals.size:
+        return lambda ch, f64: np.full(ch.shape[0], np.nan)
+    # a percentile: searched in a window of sorted positions (stats.resample_percentiles), exactly
+    setup = stats.percentile_setup(vals, codes, n_groups, q)
+    return lambda ch, f64: stats.resample_percentiles(ch, setup, f64)
 
 
 def _interval(boot: FloatArray, alpha: float) -> tuple[float, float]:
@@ -420,10 +424,13 @@ def compute(
             for _, cm, qv, qg, cv, cg in per_variant
         ]
         drawn: list[tuple[list[FloatArray], list[FloatArray]]] = [([], []) for _ in per_variant]
-        for ch in stats.bootstrap_counts(len(index), settings.B, rng, reuse=True):
+        f64 = np.empty((min(settings.B, CHUNK), len(index)))
+        for ch in stats.bootstrap_counts(len(index), settings.B, rng, CHUNK, reuse=True):
+            as_float = f64[: ch.shape[0]]
+            as_float[...] = ch  # converted once per chunk, shared by every statistic
             for (of_q, of_c), (parts_q, parts_c) in zip(stats_of, drawn, strict=True):
-                parts_q.append(of_q(ch))
-                parts_c.append(of_c(ch))
+                parts_q.append(of_q(ch, as_float))
+                parts_c.append(of_c(ch, as_float))
         points, effects = [], []
         base_i = next(i for i, pv in enumerate(per_variant) if pv[0] is base)
         base_cost = np.concatenate(drawn[base_i][1])

@@ -68,6 +68,22 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+#: encoded JSON pieces joined per write by :func:`write_json_atomic`
+_JSON_PIECES = 1 << 16
+
+
 def write_json_atomic(path: Path, data: Any, *, indent: int | None = 1, **kwargs: Any) -> None:
-    """``data`` as JSON (non-ASCII kept), written whole or not at all."""
-    write_text_atomic(path, json.dumps(data, ensure_ascii=False, indent=indent, **kwargs))
+    """``data`` as JSON (non-ASCII kept), written whole or not at all. The text is the one
+    ``json.dumps`` gives, encoded and written piece by piece: a comparison.json of 100 MB is never
+    held whole (with an indent, the json module encodes in many small strings)."""
+    encoder = json.JSONEncoder(ensure_ascii=False, indent=indent, **kwargs)
+    with replacing(path) as tmp, tmp.open("wb") as f:
+        pieces: list[str] = []
+        for piece in encoder.iterencode(data):
+            pieces.append(piece)
+            if len(pieces) >= _JSON_PIECES:
+                f.write("".join(pieces).encode("utf-8"))
+                pieces.clear()
+        f.write("".join(pieces).encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())

@@ -10,12 +10,19 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from types import ModuleType
+from typing import Any, cast
 
 from rag_ablate.core.errors import EXIT_INVALID, RagAblateError, WriteError
 from rag_ablate.core.fsio import replacing
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
 from rag_ablate.records.trace import Record, record_key
+
+_orjson: ModuleType | None
+try:
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - a pinned dependency; the json module reads the same records
+    _orjson = None
 
 FSYNC_SECONDS = 1.0  # RecordWriter: at most this long between fsyncs (each record is flushed at once)
 
@@ -44,6 +51,28 @@ class RecordsScan:
     torn_tail: bool  # the last line was half-written (no newline, not a complete record): ignored
 
 
+def loads_line(raw: bytes) -> Any:
+    """One JSON line: orjson's parser (about twice as fast on a record), else the json module's, which
+    also reads what orjson refuses (NaN and Infinity as json.dumps writes them) and names the error."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(raw)
+        except _orjson.JSONDecodeError:
+            pass
+    return json.loads(raw.decode("utf-8"))
+
+
+def dumps_sorted(data: Any) -> bytes:
+    """``data`` as JSON bytes with sorted keys (a digest's input; anything JSON lacks as its str):
+    orjson's encoder, else the json module's (the bytes can differ between the two; a digest is
+    only ever compared with one made in the same process)."""
+    if _orjson is not None:
+        with contextlib.suppress(TypeError):  # a key that is not a str, an int beyond 64 bits
+            encoded: bytes = _orjson.dumps(data, default=str, option=_orjson.OPT_SORT_KEYS)
+            return encoded
+    return json.dumps(data, ensure_ascii=False, sort_keys=True, default=str).encode("utf-8")
+
+
 def scan_records(path: Path, project: Callable[[Record], Record] | None = None) -> RecordsScan:
     """Read a records file written by :class:`RecordWriter` (or :func:`write_records`).
 
@@ -54,35 +83,33 @@ def scan_records(path: Path, project: Callable[[Record], Record] | None = None) 
     line that is not a JSON object raises :class:`RecordsError` naming file and line.
     ``project``: applied to each record as it is read (the comparison keeps less of each).
     """
-    data = path.read_bytes()
     records: list[Record] = []
     pos, lineno = 0, 0
     torn = False
-    while pos < len(data):
-        lineno += 1
-        end = data.find(b"\n", pos)
-        last = end < 0
-        raw = data[pos:] if last else data[pos:end]
-        nxt = len(data) if last else end + 1
-        if raw.strip():
-            try:
-                rec = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as exc:
-                if last:
-                    torn = True
-                    break
-                excerpt = raw[:80].decode("utf-8", errors="replace")
-                raise RecordsError(f"{path}:{lineno}: not a JSON record ({exc}): {excerpt!r}") from exc
-            if not isinstance(rec, dict) or "query_id" not in rec:
-                if last:
-                    torn = True
-                    break
-                raise RecordsError(f"{path}:{lineno}: not a record (a JSON object with a query_id)")
-            # the boundary: a JSON object with a query_id is taken to be a Record (written by
-            # make_record/scored; an older one may lack fields added since, see Record)
-            record = cast(Record, rec)
-            records.append(record if project is None else project(record))
-        pos = nxt
+    with path.open("rb") as f:  # line by line: the file is never held whole (250 MB at 100,000 queries)
+        for line in f:
+            lineno += 1
+            last = not line.endswith(b"\n")
+            raw = line if last else line[:-1]
+            if raw.strip():
+                try:
+                    rec = loads_line(raw)
+                except (UnicodeDecodeError, ValueError) as exc:
+                    if last:
+                        torn = True
+                        break
+                    excerpt = raw[:80].decode("utf-8", errors="replace")
+                    raise RecordsError(f"{path}:{lineno}: not a JSON record ({exc}): {excerpt!r}") from exc
+                if not isinstance(rec, dict) or "query_id" not in rec:
+                    if last:
+                        torn = True
+                        break
+                    raise RecordsError(f"{path}:{lineno}: not a record (a JSON object with a query_id)")
+                # the boundary: a JSON object with a query_id is taken to be a Record (written by
+                # make_record/scored; an older one may lack fields added since, see Record)
+                record = cast(Record, rec)
+                records.append(record if project is None else project(record))
+            pos += len(line)
     return RecordsScan(records, pos, torn)
 
 

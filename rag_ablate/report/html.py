@@ -203,21 +203,29 @@ def recall_curves(
     variants: Sequence[VariantData], splits: Sequence[str]
 ) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """split -> variant -> [(k, mean recall@k)] over the queries with a value, k ascending."""
+    k_of: dict[str, int | None] = {}  # metric name -> its k when it is recall@k (each name matched once)
+    by_variant: dict[str, dict[str, dict[int, list[float]]]] = {}  # variant -> split -> k -> values
+    for v in variants:
+        per_split: dict[str, dict[int, list[float]]] = {s: {} for s in splits}
+        for r in v.records:
+            sums = per_split.get(r.get("split", ""))
+            if sums is None or r.get("status", "ok") != "ok":
+                continue
+            for name, x in (r.get("metrics") or {}).items():
+                if name not in k_of:
+                    m = _RECALL_RE.match(name)
+                    k_of[name] = int(m.group(1)) if m else None
+                k = k_of[name]
+                if k is not None and x is not None:
+                    sums.setdefault(k, []).append(float(x))
+        by_variant[v.label] = per_split
     out: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for split in splits:
         for v in variants:
-            sums: dict[int, list[float]] = {}
-            for r in v.records:
-                if r.get("split") != split or r.get("status", "ok") != "ok":
-                    continue
-                for name, x in (r.get("metrics") or {}).items():
-                    m = _RECALL_RE.match(name)
-                    if m and x is not None:
-                        sums.setdefault(int(m.group(1)), []).append(float(x))
+            sums = by_variant[v.label][split]
             if sums:
-                out.setdefault(split, {})[v.label] = [
-                    (k, sum(xs) / len(xs)) for k, xs in sorted(sums.items())
-                ]
+                means = [(k, sum(xs) / len(xs)) for k, xs in sorted(sums.items())]
+                out.setdefault(split, {})[v.label] = means
     return out
 
 

@@ -1,0 +1,169 @@
+"""The comparison at scale (issue 28): a large comparison gives the numbers of the direct computation,
+and records are read the same whichever JSON parser reads them.
+
+The comparison streams each bootstrap draw chunk by chunk, finds latency percentiles in a window of
+sorted positions and the trade-off's cost percentile the same way; here, on 20,000 queries, every
+number is checked against the tests run one by one on the whole draw, written out
+(``stats.paired_test(counts=...)`` and percentiles over every position). Speed is measured by
+``benchmarks/bench_compare_scale.py``, never asserted here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rag_ablate.compare import stats, tradeoff
+from rag_ablate.compare.analysis import compare
+from rag_ablate.compare.load import load_sweep_dir
+from rag_ablate.compare.model import VariantData
+from rag_ablate.config.schema import CompareConfig
+from rag_ablate.core.layout import RECORDS_FILE, VARIANT_FILE
+from rag_ablate.records.jsonl import RecordsError, read_records
+from tests.test_compare import _records
+
+N, B, SEED = 20_000, 120, 3
+
+
+def _variants() -> list[VariantData]:
+    rng = np.random.default_rng(0)
+    groups = [f"g{i // 3 if i % 5 else i}" for i in range(N)]  # some near-duplicate triples
+    splits = ["holdout" if hashlib.md5(g.encode()).digest()[0] < 77 else "dev" for g in groups]
+    quality = rng.beta(4, 2, N)
+    out = []
+    for job, (label, gain, ms) in enumerate((("baseline", 0.0, 40.0), ("faster", 0.02, 30.0))):
+        hit = (rng.random(N) < np.clip(quality + gain, 0, 1)).astype(float)
+        latency = rng.lognormal(math.log(ms), 0.4, N).round(1)  # ties included
+        records = _records({"hit_at_5": hit.tolist(), "latency_ms": latency.tolist()}, splits, groups)
+        out.append(VariantData(label, records, info={"role": "baseline"} if job == 0 else {}))
+    return out
+
+
+def _column(v: VariantData, split: str, metric: str) -> tuple[np.ndarray, list[str]]:
+    recs = [r for r in v.records if r["split"] == split]
+    return np.array([r["metrics"][metric] for r in recs]), [str(r["group"]) for r in recs]
+
+
+def _draw(split: str, groups: list[str]) -> list[np.ndarray]:
+    """The split's whole draw, written out (the comparison streams it and keeps none)."""
+    uniq = sorted(set(groups))
+    digest = hashlib.sha256("\x1f".join(uniq).encode("utf-8")).hexdigest()[:16]
+    rng = np.random.default_rng(stats.derive_seed(SEED, split, digest))
+    return [c.copy() for c in stats.bootstrap_counts(len(uniq), B, rng)]
+
+
+@pytest.mark.slow
+def test_a_large_comparison_gives_the_numbers_of_the_tests_run_on_the_whole_draw() -> None:
+    variants = _variants()
+    c = compare(variants, metrics=["hit_at_5", "latency_p95_ms", "latency_p50_ms"], B=B, seed=SEED)
+    for split in ("dev", "holdout"):
+        b, groups = _column(variants[0], split, "hit_at_5")
+        v, _ = _column(variants[1], split, "hit_at_5")
+        counts = _draw(split, groups)
+        want = stats.paired_test(
+            b,
+            v,
+            np.array(groups),
+            B=B,
+            alpha=c.alpha,
+            counts=counts,
+            signflip_seeds=[stats.derive_seed(SEED, split, "faster", "hit_at_5")],
+        )
+        row = c.row(split, "faster", "hit_at_5")
+        assert row is not None and row.n_queries == b.size > 5_000
+        got = (row.effect, row.se, row.ci_low, row.ci_high, row.p_value, row.boot_ci_low, row.boot_ci_high)
+        assert got == (
+            want.effect[0],
+            want.se[0],
+            want.ci_low[0],
+            want.ci_high[0],
+            want.p_value[0],
+            want.boot_ci_low[0],
+            want.boot_ci_high[0],
+        )
+        # the latency percentiles: every resample's percentile over every sorted position
+        lb, _ = _column(variants[0], split, "latency_ms")
+        lv, _ = _column(variants[1], split, "latency_ms")
+        codes = np.unique(np.array(groups), return_inverse=True)[1]
+        ob, ov = np.argsort(lb, kind="stable"), np.argsort(lv, kind="stable")
+        for metric, q in (("latency_p95_ms", 95.0), ("latency_p50_ms", 50.0)):
+            eff = np.concatenate(
+                [
+                    stats.weighted_percentiles(lv[ov], ch[:, codes[ov]], q)
+                    - stats.weighted_percentiles(lb[ob], ch[:, codes[ob]], q)
+                    for ch in counts
+                ]
+            )
+            row = c.row(split, "faster", metric)
+            assert row is not None
+            assert row.effect == np.percentile(lv, q) - np.percentile(lb, q)
+            assert [row.ci_low, row.ci_high] == list(np.percentile(eff, [2.5, 97.5]))
+            assert row.se == np.std(eff, ddof=1)
+
+
+@pytest.mark.slow
+def test_the_trade_off_cost_percentile_at_scale_equals_the_percentile_over_every_position() -> None:
+    variants = _variants()
+    settings = CompareConfig(B=B, quality_metric="hit_at_5", cost_metric="latency_p95_ms")
+    t = tradeoff.compute(variants, settings, seed=SEED)
+    for st in t.splits:
+        recs = [[r for r in v.records if r["split"] == st.split] for v in variants]
+        index = {g: i for i, g in enumerate(sorted({str(r["group"]) for rs in recs for r in rs}))}
+        rng = np.random.default_rng(stats.derive_seed(SEED, "tradeoff", st.split))
+        counts = [ch.copy() for ch in stats.bootstrap_counts(len(index), B, rng)]
+        for v, rs, point in zip(variants, recs, st.points, strict=True):
+            assert point.variant == v.label
+            codes = np.array([index[str(r["group"])] for r in rs])
+            lat = np.array([r["metrics"]["latency_ms"] for r in rs])
+            boot = np.concatenate([tradeoff.weighted_stat(lat, ch[:, codes], 95.0) for ch in counts])
+            assert (point.cost_low, point.cost_high) == tuple(np.percentile(boot, [2.5, 97.5]))
+
+
+def _write_job(folder: Path, lines: list[str], label: str) -> None:
+    folder.mkdir(parents=True)
+    (folder / VARIANT_FILE).write_text(json.dumps({"label": label, "job_num": int(folder.name)}))
+    (folder / RECORDS_FILE).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def test_records_read_alike_whichever_parser_reads_them(tmp_path: Path) -> None:
+    """orjson reads most lines; what it refuses (NaN as json.dumps writes it, a number beyond 64
+    bits) the json module reads, so no record is lost; a broken line still names file and line."""
+    recs: list[dict[str, Any]] = [
+        {"query_id": "a", "split": "dev", "group": "g", "status": "ok", "metrics": {"x": 1.5}},
+        {"query_id": "b", "split": "dev", "group": "g", "status": "ok", "metrics": {"x": math.nan}},
+        {"query_id": "c", "split": "dev", "group": "g", "status": "ok", "metrics": {"x": 2**70}},
+        {"query_id": "d", "split": "dev", "group": "g", "status": "ok", "metrics": {"名": "值"}},
+    ]
+    lines = [json.dumps(r, ensure_ascii=False) for r in recs]
+    _write_job(tmp_path / "s" / "0", lines, "baseline")
+    _write_job(tmp_path / "s" / "1", list(reversed(lines)), "same outputs")
+    got = read_records(tmp_path / "s" / "0" / RECORDS_FILE)
+    assert [r["query_id"] for r in got] == ["a", "b", "c", "d"]
+    assert math.isnan(got[1]["metrics"]["x"]) and got[2]["metrics"]["x"] == 2**70
+    assert got[3]["metrics"] == {"名": "值"} and got[0] == recs[0]
+    # the outputs' fingerprint does not depend on the order the queries were written in
+    base, other = load_sweep_dir(tmp_path / "s")
+    assert base.outputs == other.outputs
+    _write_job(tmp_path / "t" / "0", [lines[0], '{"query_id": "x", "metrics": {1.5}}', lines[1]], "bad")
+    with pytest.raises(RecordsError, match=r"records.jsonl:2: not a JSON record"):
+        read_records(tmp_path / "t" / "0" / RECORDS_FILE)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"sort_keys": True}, {"indent": None}])
+def test_json_written_piece_by_piece_is_the_text_json_dumps_gives(
+    kwargs: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag_ablate.core import fsio
+
+    monkeypatch.setattr(fsio, "_JSON_PIECES", 3)  # many writes
+    data = {"a": [1, 2.5, math.nan, "名"], "b": {"c": None, "d": [{"x": True}] * 5}}
+    fsio.write_json_atomic(tmp_path / "c.json", data, **kwargs)
+    want = json.dumps(data, ensure_ascii=False, **({"indent": 1} | kwargs))
+    assert (tmp_path / "c.json").read_text(encoding="utf-8") == want
+    assert [p.name for p in tmp_path.iterdir()] == ["c.json"]  # no temporary file left
