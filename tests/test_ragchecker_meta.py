@@ -6,6 +6,7 @@ benchmarks/bench_judge_agreement.py. Synthetic instances written here, then the 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -195,3 +196,54 @@ def test_real_ragchecker_meta(tmp_path: Path) -> None:
         assert dict(p.preference) == {a: e[f"{a}_label"] for a in ("correctness", "completeness", "overall")}
     assert Counter(q.tags[1] for q in ds.queries) == {d: 14 for d in {e["dataset"] for e in raw}}
     assert ds.summary()["human_preferences"] == 280
+
+
+# --------------------------------------------------------------------------- the agreement benchmark
+
+
+def test_agreement_figures_follow_upstreams_normalisation() -> None:
+    from benchmarks import bench_judge_agreement as bja
+
+    assert bja.votes(["b", "b"]) == 2 and bja.votes(["a", "tie"]) == -1 and bja.votes(["a", "b"]) == 0
+    assert math.isnan(bja.votes(["b", None])) and math.isnan(bja.votes([]))
+    # NaN -> median, then linear onto [-2, 2]
+    assert bja.normalise([0, 1, math.nan, 2, 2]).tolist() == [-2.0, 0.0, 1.0, 2.0, 2.0]  # median 1.5
+    assert bja.normalise([1, 1]).tolist() == [1.0, 1.0]
+    judge = [2, 1, 0, -1, -2, 0]
+    human = {"overall": [[2, 1], [1, 2], [0, 0], [-1, -2], [-2, -1], [1]]}
+    got = bja.agreement(judge, human)["overall"]
+    assert got["annotator1"] == {
+        "pearson": 96.1,
+        "spearman": 95.6,
+        "n": 6,
+    }
+    assert got["annotator2"]["n"] == 5 and got["pooled"]["n"] == 11
+    assert got["human_human"] == {"pearson": 80.0, "spearman": 80.0, "n": 5}
+    assert math.isnan(bja.correlation([0, 0, 0], [1, 2, 3])["pearson"])  # a judge that always ties
+    assert bja.pick(list(range(140)), 20)[:3] == [0, 7, 14] and len(bja.pick(list(range(140)), 0)) == 140
+
+
+def test_agreement_benchmark_judges_both_orders_against_a_real_server(tmp_path: Path, fake_llm: Any) -> None:
+    """A judge that always picks the answer shown first: every asked instance flips with the order."""
+    from benchmarks import bench_judge_agreement as bja
+
+    import_dataset("ragchecker-meta", ragchecker_source(tmp_path / "src"), tmp_path / "ds")
+    ds = load_dataset(tmp_path / "ds")
+    fake_llm.respond = lambda body, call: '{"winner": "1"}'
+    settings = bja._settings([f"judge.base_url={fake_llm.url}", "judge.model=m"])
+    rows, prompt_hash = bja.judge_all(settings, tmp_path / "cache", ds, ds.queries)
+    assert [r["identical"] for r in rows] == [False, False, True, False]  # rcm-4: the same text twice
+    asked = [r for r in rows if not r["identical"]]
+    assert [r["verdicts"] for r in asked] == [["a", "b"]] * 3 and [r["score"] for r in rows] == [0.0] * 4
+    prompts = [b["messages"][-1]["content"] for b in fake_llm.bodies()]
+    assert len(prompts) == 6 and all("bm25_llama3_8b" not in p and "e5_mistral" not in p for p in prompts)
+    assert prompts[0].index("It counts (0).") < prompts[0].index("By counting things (0).")  # model1 first
+    assert prompts[1].index("By counting things (0).") < prompts[1].index("It counts (0).")  # then swapped
+    bias = bja.position_bias(rows)
+    assert (bias["inconsistent"], bias["identical"], bias["first_position_share"]) == (3, 1, 1.0)
+    assert bias["inconsistent_share_of_asked"] == 1.0 and prompt_hash
+    assert math.isnan(
+        bja.agreement([r["score"] for r in rows], bja.human_labels(ds.queries))["overall"]["pooled"][
+            "pearson"
+        ]
+    )
