@@ -283,17 +283,24 @@ class _RawQuery:
 _METRIC_KEY_RE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
 
 
+def _item_fields(chk: _Checker, line: int, where: str, item: dict[str, Any], fields: set[str]) -> bool:
+    """Report a ``human_judgements`` item's unknown fields and a ``rater`` that is not a string;
+    whether it had neither."""
+    n_err = len(chk.errors)
+    for key in item:
+        if key not in fields:
+            chk.err(line, f"{where}.{key}", f"unknown field; valid fields: {', '.join(sorted(fields))}")
+    rater = item.get("rater")
+    if rater is not None and not isinstance(rater, str):
+        chk.err(line, f"{where}.rater", f"must be a string, got {type(rater).__name__}")
+    return len(chk.errors) == n_err
+
+
 def _human_preference(chk: _Checker, line: int, where: str, item: dict[str, Any]) -> HumanPreference | None:
     """A pairwise item of ``human_judgements``: ``{answers: [first, second], preference: {aspect:
     -2..2}, rater}``; None (with each problem reported) when it is not valid."""
     n_err = len(chk.errors)
-    for key in item:
-        if key not in _PREFERENCE_FIELDS:
-            chk.err(
-                line,
-                f"{where}.{key}",
-                f"unknown field; valid fields: {', '.join(sorted(_PREFERENCE_FIELDS))}",
-            )
+    _item_fields(chk, line, where, item, _PREFERENCE_FIELDS)
     answers = item.get("answers")
     if not (isinstance(answers, list) and len(answers) == 2 and all(isinstance(a, str) for a in answers)):
         chk.err(
@@ -301,9 +308,6 @@ def _human_preference(chk: _Checker, line: int, where: str, item: dict[str, Any]
             f"{where}.answers",
             'must be the two compared answers, a list of 2 strings ("": that system answered nothing)',
         )
-    rater = item.get("rater")
-    if rater is not None and not isinstance(rater, str):
-        chk.err(line, f"{where}.rater", f"must be a string, got {type(rater).__name__}")
     top = HUMAN_PREFERENCE_MAX
     prefs = item.get("preference")
     valid: dict[str, int] = {}
@@ -324,7 +328,7 @@ def _human_preference(chk: _Checker, line: int, where: str, item: dict[str, Any]
                 valid[aspect] = int(score)
     if len(chk.errors) > n_err or not isinstance(answers, list):
         return None
-    return HumanPreference((answers[0], answers[1]), valid, rater)
+    return HumanPreference((answers[0], answers[1]), valid, item.get("rater"))
 
 
 def _human_judgements(
@@ -356,24 +360,13 @@ def _human_judgements(
             if pair is not None:
                 pairs.append(pair)
             continue
-        ok = True
-        for key in item:
-            if key not in _JUDGEMENT_FIELDS:
-                chk.err(
-                    line,
-                    f"{where}.{key}",
-                    f"unknown field; valid fields: {', '.join(sorted(_JUDGEMENT_FIELDS))}",
-                )
-                ok = False
+        ok = _item_fields(chk, line, where, item, _JUDGEMENT_FIELDS)
         answer = item.get("answer")
         if not isinstance(answer, str) or not answer.strip():
             got = "missing" if answer is None else f"got {answer!r}"
             chk.err(line, f"{where}.answer", f"must be the judged answer, a non-empty string ({got})")
             ok = False
         rater = item.get("rater")
-        if rater is not None and not isinstance(rater, str):
-            chk.err(line, f"{where}.rater", f"must be a string, got {type(rater).__name__}")
-            ok = False
         scores = item.get("scores")
         valid: dict[str, int] = {}
         if not isinstance(scores, dict) or not scores:
