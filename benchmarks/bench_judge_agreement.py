@@ -321,6 +321,12 @@ def main() -> None:
             log.close()
     wall = time.perf_counter() - t0
     cpu1 = os.times()
+    server: dict[str, float] = {}
+    if args.local:  # llama.cpp's own prompt evaluation and decoding speed, from the server log
+        sys.path.insert(0, str(Path(__file__).parent))
+        from bench_local_llm import server_rates
+
+        server = server_rates(out / "server.log", 0)
     result: dict[str, Any] = {
         "model": settings.judge.model,
         "base_url": settings.judge.base_url,
@@ -333,6 +339,7 @@ def main() -> None:
         "published": PUBLISHED,
         "position_bias": position_bias(rows),
         "speed": speed(rows),
+        "server": server,
         "wall_s": round(wall, 1),
         "server_cpu_s": round(
             cpu1.children_user + cpu1.children_system - cpu0.children_user - cpu0.children_system, 1
