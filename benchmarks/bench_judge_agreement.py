@@ -128,6 +128,15 @@ def human_labels(queries: Sequence[Any]) -> dict[str, list[list[int]]]:
     }
 
 
+def length_preference(queries: Sequence[Any]) -> list[float]:
+    """A judge-free reference point: +1 when model2's answer is longer, -1 when shorter."""
+    out = []
+    for q in queries:
+        first, second = q.human_preferences[0].answers
+        out.append(float(np.sign(len(second.strip()) - len(first.strip()))))
+    return out
+
+
 def pick(queries: Sequence[Any], limit: int | None) -> list[Any]:
     """``limit`` queries spread evenly over the file (every k-th), all when ``limit`` is None."""
     if not limit or limit >= len(queries):
@@ -252,10 +261,12 @@ def speed(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def table(result: dict[str, Any]) -> str:
+    """The figures as a Markdown table: Pearson / Spearman x100."""
     lines = [
-        "| aspect | judge vs annotator 1 (P / S) | vs annotator 2 | vs both (pooled) | human-human, subset "
-        "| human-human, all 140 | published RAGChecker vs humans (P, 280) | published human-human (P, 280) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| aspect | judge vs annotator 1 | judge vs annotator 2 | judge vs both (pooled) "
+        "| longer answer wins (pooled) | human-human, subset | human-human, all "
+        "| published: RAGChecker vs humans (P, 280) | published: human-human (P, 280) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
 
     def ps(c: dict[str, float]) -> str:
@@ -264,8 +275,9 @@ def table(result: dict[str, Any]) -> str:
     for a in ASPECTS:
         g, h = result["agreement"][a], result["human_all"][a]
         lines.append(
-            f"| {a} | {ps(g['annotator1'])} | {ps(g['annotator2'])} | {ps(g['pooled'])} | {ps(g['human_human'])} "
-            f"| {ps(h['human_human'])} | {PUBLISHED['ragchecker_vs_humans'][a]} | {PUBLISHED['human_vs_human'][a]} |"
+            f"| {a} | {ps(g['annotator1'])} | {ps(g['annotator2'])} | {ps(g['pooled'])} "
+            f"| {ps(result['longer_answer_wins'][a]['pooled'])} | {ps(g['human_human'])} | {ps(h['human_human'])} "
+            f"| {PUBLISHED['ragchecker_vs_humans'][a]} | {PUBLISHED['human_vs_human'][a]} |"
         )
     return "\n".join(lines)
 
@@ -335,6 +347,7 @@ def main() -> None:
         "of": len(queries),
         "judge_errors": sum(1 for r in rows if r.get("error")),
         "agreement": agreement([r["score"] for r in rows], human_labels(picked)),
+        "longer_answer_wins": agreement(length_preference(picked), human_labels(picked)),
         "human_all": {a: human_human(ls) for a, ls in human_labels(queries).items()},
         "published": PUBLISHED,
         "position_bias": position_bias(rows),
@@ -354,7 +367,12 @@ def main() -> None:
     (out / "result.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(
         json.dumps(
-            {k: v for k, v in result.items() if k not in ("agreement", "human_all", "published")}, indent=1
+            {
+                k: v
+                for k, v in result.items()
+                if k not in ("agreement", "longer_answer_wins", "human_all", "published")
+            },
+            indent=1,
         )
     )
     print(table(result))
