@@ -40,6 +40,7 @@ from rag_ablate.dataset.importers.squad import (
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Dataset
 from tests.conftest import shared_path
+from tests.test_ragchecker_meta import ragchecker_source
 
 # --------------------------------------------------------------------------- helpers
 
@@ -736,7 +737,7 @@ def test_a_new_format_is_one_registered_class(
 
     src = tmp_path / "questions.txt"
     src.write_text("what is in the corpus\nwhere is the corpus kept\n", encoding="utf-8")
-    assert IMPORTERS.names() == ("squad", "beir", "clapnq", "lines")
+    assert IMPORTERS.names() == ("squad", "beir", "clapnq", "ragchecker-meta", "lines")
     assert main(["import", "lines", str(src), str(tmp_path / "out")]) == 0
     assert "2 queries (2 answerable, 0 unanswerable)" in capsys.readouterr().out
     assert sorted(_queries(tmp_path / "out")) == ["L0", "L1"]
@@ -986,6 +987,7 @@ _SOURCES: dict[str, Callable[[Path], Path]] = {
     "squad": lambda root: _write_json(root / "squad.json", _squad_source()),
     "beir": _beir_source,
     "clapnq": _clapnq_source,
+    "ragchecker-meta": ragchecker_source,
 }
 
 
@@ -1004,7 +1006,7 @@ def test_unknown_format_and_bad_options(tmp_path: Path) -> None:
     src = _SOURCES["squad"](tmp_path / "src")
     with pytest.raises(UnknownNameError) as info:
         import_dataset("msmarco", src, tmp_path / "out")
-    assert str(info.value) == "unknown importer 'msmarco'; valid: beir, clapnq, squad"
+    assert str(info.value) == "unknown importer 'msmarco'; valid: beir, clapnq, ragchecker-meta, squad"
     with pytest.raises(UnknownNameError):
         import_dataset("squad", src, tmp_path / "out", doc_unit="sentence")
     with pytest.raises(ConfigError):

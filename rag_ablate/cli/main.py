@@ -85,6 +85,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
                 "(judge calibration with judge=openai)",
             )
         )
+    if summary.get("human_preferences"):
+        rows.append(("human preferences", f"{summary['human_preferences']} between two answers (pairwise)"))
     width = max(display_width(k) for k, _ in rows)
     for k, v in rows:
         _say(f"{pad(k, width)}  {v}")

@@ -30,6 +30,7 @@ from rag_ablate.dataset.labels import locate_quote
 from rag_ablate.dataset.model import (
     CORPUS_FILE,
     EXPECTED_BEHAVIORS,
+    HUMAN_PREFERENCE_MAX,
     HUMAN_SCORE_MAX,
     INTENTS_FILE,
     QUERIES_FILE,
@@ -39,6 +40,7 @@ from rag_ablate.dataset.model import (
     Document,
     ExpectedBehavior,
     HumanJudgement,
+    HumanPreference,
     Intent,
     LabelCheck,
     LabelReport,
@@ -74,6 +76,7 @@ _QUERY_FIELDS = {
 _EVIDENCE_FIELDS = {"doc_id", "start", "end", "quote"}
 _INTENT_FIELDS = {"intent_l2", "intent_l1", "description", "examples", "requires_rag"}
 _JUDGEMENT_FIELDS = {"answer", "scores", "rater"}
+_PREFERENCE_FIELDS = {"answers", "preference", "rater"}
 
 
 # --------------------------------------------------------------------------- reading
@@ -266,6 +269,7 @@ class _RawQuery:
     tags: tuple[str, ...]
     user_groups: tuple[str, ...] | None
     judgements: tuple[HumanJudgement, ...]
+    preferences: tuple[HumanPreference, ...] = ()
     relevant_sets: tuple[tuple[str, ...], ...] = ()
     relevant_chunks: dict[str, int] | None = None
     metadata: dict[str, Any] | None = None
@@ -279,42 +283,90 @@ class _RawQuery:
 _METRIC_KEY_RE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
 
 
+def _item_fields(chk: _Checker, line: int, where: str, item: dict[str, Any], fields: set[str]) -> bool:
+    """Report a ``human_judgements`` item's unknown fields and a ``rater`` that is not a string;
+    whether it had neither."""
+    n_err = len(chk.errors)
+    for key in item:
+        if key not in fields:
+            chk.err(line, f"{where}.{key}", f"unknown field; valid fields: {', '.join(sorted(fields))}")
+    rater = item.get("rater")
+    if rater is not None and not isinstance(rater, str):
+        chk.err(line, f"{where}.rater", f"must be a string, got {type(rater).__name__}")
+    return len(chk.errors) == n_err
+
+
+def _human_preference(chk: _Checker, line: int, where: str, item: dict[str, Any]) -> HumanPreference | None:
+    """A pairwise item of ``human_judgements``: ``{answers: [first, second], preference: {aspect:
+    -2..2}, rater}``; None (with each problem reported) when it is not valid."""
+    n_err = len(chk.errors)
+    _item_fields(chk, line, where, item, _PREFERENCE_FIELDS)
+    answers = item.get("answers")
+    if not (isinstance(answers, list) and len(answers) == 2 and all(isinstance(a, str) for a in answers)):
+        chk.err(
+            line,
+            f"{where}.answers",
+            'must be the two compared answers, a list of 2 strings ("": that system answered nothing)',
+        )
+    top = HUMAN_PREFERENCE_MAX
+    prefs = item.get("preference")
+    valid: dict[str, int] = {}
+    if not isinstance(prefs, dict) or not prefs:
+        chk.err(line, f"{where}.preference", f"must be a non-empty object {{aspect: -{top}..{top}}}")
+    else:
+        for aspect, score in prefs.items():
+            at = f"{where}.preference.{aspect}"
+            if not _METRIC_KEY_RE.fullmatch(aspect):
+                chk.err(line, at, "not an aspect name (lower snake case)")
+            elif not _is_int(score) or not -top <= score <= top:
+                chk.err(
+                    line,
+                    at,
+                    f"must be an integer -{top}..{top} (> 0: the second answer is better), got {score!r}",
+                )
+            else:
+                valid[aspect] = int(score)
+    if len(chk.errors) > n_err or not isinstance(answers, list):
+        return None
+    return HumanPreference((answers[0], answers[1]), valid, item.get("rater"))
+
+
 def _human_judgements(
     chk: _Checker, line: int, value: object, metrics: Collection[str] | None
-) -> tuple[HumanJudgement, ...]:
-    """The optional ``human_judgements`` list of a query; each problem is reported with its field path.
+) -> tuple[tuple[HumanJudgement, ...], tuple[HumanPreference, ...]]:
+    """The optional ``human_judgements`` list of a query: its scored answers and its pairwise
+    preferences (items with ``answers``); each problem is reported with its field path.
 
     ``metrics``: the metric names a score may have (``None``: any lower snake case name)."""
     over = ", ".join(metrics) if metrics is not None else "metric names"
     if value is None:
-        return ()
+        return (), ()
     if not isinstance(value, list):
-        chk.err(line, "human_judgements", "must be a list of {answer, scores, rater}")
-        return ()
+        chk.err(
+            line,
+            "human_judgements",
+            "must be a list of {answer, scores, rater} or {answers, preference, rater}",
+        )
+        return (), ()
     out: list[HumanJudgement] = []
+    pairs: list[HumanPreference] = []
     for i, item in enumerate(value):
         where = f"human_judgements[{i}]"
         if not isinstance(item, dict):
-            chk.err(line, where, "must be an object {answer, scores, rater}")
+            chk.err(line, where, "must be an object {answer, scores, rater} or {answers, preference, rater}")
             continue
-        ok = True
-        for key in item:
-            if key not in _JUDGEMENT_FIELDS:
-                chk.err(
-                    line,
-                    f"{where}.{key}",
-                    f"unknown field; valid fields: {', '.join(sorted(_JUDGEMENT_FIELDS))}",
-                )
-                ok = False
+        if "answers" in item or "preference" in item:
+            pair = _human_preference(chk, line, where, item)
+            if pair is not None:
+                pairs.append(pair)
+            continue
+        ok = _item_fields(chk, line, where, item, _JUDGEMENT_FIELDS)
         answer = item.get("answer")
         if not isinstance(answer, str) or not answer.strip():
             got = "missing" if answer is None else f"got {answer!r}"
             chk.err(line, f"{where}.answer", f"must be the judged answer, a non-empty string ({got})")
             ok = False
         rater = item.get("rater")
-        if rater is not None and not isinstance(rater, str):
-            chk.err(line, f"{where}.rater", f"must be a string, got {type(rater).__name__}")
-            ok = False
         scores = item.get("scores")
         valid: dict[str, int] = {}
         if not isinstance(scores, dict) or not scores:
@@ -343,7 +395,7 @@ def _human_judgements(
                     valid[str(metric)] = int(score)
         if ok and isinstance(answer, str):
             out.append(HumanJudgement(answer, valid, rater))
-    return tuple(out)
+    return tuple(out), tuple(pairs)
 
 
 def _evidence(
@@ -634,7 +686,7 @@ def _load_queries(
         group = chk.string(line, obj, "group", required=False)
         tags = chk.str_list(line, obj, "tags") or ()
         user_groups = chk.str_list(line, obj, "user_groups")
-        judgements = _human_judgements(chk, line, obj.get("human_judgements"), human_metrics)
+        judgements, preferences = _human_judgements(chk, line, obj.get("human_judgements"), human_metrics)
 
         if len(errors) > n_err or qid is None or text is None:
             continue
@@ -655,6 +707,7 @@ def _load_queries(
                 tags,
                 user_groups,
                 judgements,
+                preferences,
                 relevant_sets=relevant_sets,
                 relevant_chunks=relevant_chunks,
                 metadata=metadata,
@@ -769,6 +822,7 @@ def load_dataset(
             applicable_version=q.applicable_version,
             expected_behavior=q.expected_behavior,
             nonrelevant=q.nonrelevant,
+            human_preferences=q.preferences,
         )
         for q, g, s in zip(raw, groups, splits, strict=True)
     )

@@ -36,6 +36,7 @@ INTENTS_FILE = "intents.jsonl"
 #: a human judgement scores metrics (the registry's ``MetricSpec.human`` ones, which
 #: ``load_dataset(human_metrics=...)`` is given) each an integer 0 to this
 HUMAN_SCORE_MAX = 5
+HUMAN_PREFERENCE_MAX = 2  # a human preference between two answers: -2..+2 (RAGChecker's scale)
 
 
 class DatasetValidationError(DatasetError):
@@ -166,6 +167,16 @@ class HumanJudgement:
 
 
 @dataclass(frozen=True)
+class HumanPreference:
+    """A person's preference between two answers to a query, per aspect (``correctness``,
+    ``overall``, ...): -2 (the first answer much better) to +2 (the second much better), 0 equal."""
+
+    answers: tuple[str, str]
+    preference: Mapping[str, int]
+    rater: str | None = None
+
+
+@dataclass(frozen=True)
 class Query:
     query_id: str
     query: str
@@ -191,6 +202,7 @@ class Query:
     # which of ``system.repeats`` runs of the query this is (set by the runner, never read from the
     # dataset); None: the query runs once (system.repeats=1)
     repeat: int | None = None
+    human_preferences: tuple[HumanPreference, ...] = ()  # the pairwise items of human_judgements
 
     @property
     def behavior(self) -> ExpectedBehavior | None:
@@ -257,6 +269,7 @@ class Dataset:
             },
             "human_judgements": sum(len(q.human_judgements) for q in self.queries),
             "human_judged_queries": sum(1 for q in self.queries if q.human_judgements),
+            "human_preferences": sum(len(q.human_preferences) for q in self.queries),
             "labels_checked": self.labels.checked,
             "labels_relocated": self.labels.relocated,
             "labels_stale": self.labels.stale,

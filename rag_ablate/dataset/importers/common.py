@@ -105,6 +105,8 @@ class Case:
     tags: list[str]
     fixed_split: str | None = None
     nonrelevant: tuple[str, ...] = ()  # doc ids judged not relevant (qrels grade <= 0)
+    human_judgements: list[dict[str, Any]] = field(default_factory=list)  # written as given
+    metadata: dict[str, Any] = field(default_factory=dict)  # the query's free metadata object
 
     @property
     def answerable(self) -> bool:
@@ -185,6 +187,7 @@ IMPORTERS: Registry[type[Importer]] = Registry(
         "rag_ablate.dataset.importers.squad",
         "rag_ablate.dataset.importers.beir",
         "rag_ablate.dataset.importers.clapnq",
+        "rag_ablate.dataset.importers.ragchecker_meta",
     ),
 )
 
@@ -347,6 +350,10 @@ def _query_record(case: Case, group: str | None, split: str, texts: dict[str, st
     if group is not None:
         rec["group"] = group
     rec["tags"] = case.tags
+    if case.metadata:
+        rec["metadata"] = case.metadata
+    if case.human_judgements:
+        rec["human_judgements"] = case.human_judgements
     return rec
 
 
