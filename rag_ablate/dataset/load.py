@@ -857,7 +857,7 @@ def read_human_judgements(
     out: dict[str, tuple[HumanJudgement, ...]] = {}
     for line, obj in _read_jsonl(file, errors):
         qid = obj.get("query_id")
-        found = _human_judgements(chk, line, obj.get("human_judgements"), human_metrics)
+        found, _ = _human_judgements(chk, line, obj.get("human_judgements"), human_metrics)  # scores only
         if found and isinstance(qid, str):
             out[qid] = found
     if errors:
