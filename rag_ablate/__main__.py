@@ -8,16 +8,21 @@ becomes the folder's own command line (:mod:`rag_ablate.run.resume`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from rag_ablate.config.keys import hydra_error_line, redact_override
 from rag_ablate.config.overrides import check_override_keys, normalize_overrides
 from rag_ablate.core.errors import EXIT_INVALID, ConfigError
 from rag_ablate.core.secrets import MASK, looks_like_key
 from rag_ablate.run.resume import rewrite_argv
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 def check_override_syntax(args: list[str]) -> None:
@@ -89,6 +94,65 @@ def _multirun_first(argv: list[str]) -> list[str]:
     return argv[:first] + late + [a for a in argv[first:] if a not in late]
 
 
+@contextlib.contextmanager
+def _mode_composition_reused(multirun: bool) -> Iterator[None]:
+    """Hydra composes a sweep's whole config twice (0.2-0.3 s each): once to read ``hydra.mode``
+    (``Hydra.get_mode``), then again with ``hydra.mode=MULTIRUN`` added. While the command runs,
+    the second is the first's config with that one setting applied as Hydra applies an override
+    after composing (its own ``_apply_overrides_to_config``, then recorded among
+    ``hydra.overrides.hydra`` as Hydra records it), the sweep overrides checked as Hydra checks them.
+    Only the first composition is kept, and only in multirun mode (a single run composes in run
+    mode, where a missing config group is an error rather than skipped); any other composition is
+    Hydra's own."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    if not multirun:
+        yield
+        return
+
+    compose = ConfigLoaderImpl.load_configuration
+    first: list[tuple[Any, list[str], DictConfig]] = []  # (loader and mode, overrides, config)
+    calls = [0]
+
+    def load_configuration(
+        self: ConfigLoaderImpl,
+        config_name: str | None,
+        overrides: list[str],
+        run_mode: RunMode,
+        from_shell: bool = True,
+        validate_sweep_overrides: bool = True,
+    ) -> DictConfig:
+        calls[0] += 1
+        key = (id(self), config_name, run_mode, from_shell)
+        if first and first[0][0] == key:
+            _, before, cfg = first.pop()
+            extra = overrides[len(before) :]
+            if overrides[: len(before)] == before and all(o.startswith("hydra.mode=") for o in extra):
+                parser = OverridesParser.create()
+                if validate_sweep_overrides:
+                    parsed = parser.parse_overrides(overrides=overrides)
+                    self.validate_sweep_overrides_legal(parsed, run_mode=run_mode, from_shell=from_shell)
+                added = parser.parse_overrides(overrides=extra)
+                ConfigLoaderImpl._apply_overrides_to_config(added, cfg)
+                for o in added:
+                    cfg.hydra.overrides.hydra.append(o.input_line)
+                return cfg
+        cfg = compose(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
+        if calls[0] == 1 and run_mode == RunMode.MULTIRUN:
+            first.append((key, list(overrides), copy.deepcopy(cfg)))
+        return cfg
+
+    ConfigLoaderImpl.load_configuration = load_configuration  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ConfigLoaderImpl.load_configuration = compose  # type: ignore[method-assign]
+
+
 def main(argv: list[str]) -> None:
     """Run (or sweep) with the command line ``argv``; exits as the command does (``sys.exit``)."""
     try:
@@ -103,7 +167,8 @@ def main(argv: list[str]) -> None:
     try:
         from rag_ablate.cli.hydra_app import main as hydra_main
 
-        hydra_main()
+        with _mode_composition_reused(any(a in ("-m", "--multirun") for a in args)):
+            hydra_main()
     except SystemExit as exc:
         # Hydra reports an override it cannot parse or a config it cannot compose (retrieval=nope,
         # retrieval.top_k=abc) with exit 1; nothing ran then, so exit 2 as every config error does
