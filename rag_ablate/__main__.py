@@ -8,16 +8,21 @@ becomes the folder's own command line (:mod:`rag_ablate.run.resume`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from rag_ablate.config.keys import hydra_error_line, redact_override
 from rag_ablate.config.overrides import check_override_keys, normalize_overrides
 from rag_ablate.core.errors import EXIT_INVALID, ConfigError
 from rag_ablate.core.secrets import MASK, looks_like_key
 from rag_ablate.run.resume import rewrite_argv
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 def check_override_syntax(args: list[str]) -> None:
@@ -89,6 +94,78 @@ def _multirun_first(argv: list[str]) -> list[str]:
     return argv[:first] + late + [a for a in argv[first:] if a not in late]
 
 
+@contextlib.contextmanager
+def _mode_composition_reused() -> Iterator[None]:
+    """Hydra composes a command's whole config twice (0.2-0.3 s each): once, in multirun mode, to
+    read ``hydra.mode`` (``Hydra.get_mode``), then again for the run or sweep with
+    ``hydra.mode=RUN`` or ``MULTIRUN`` added. While the command runs, the second is the first's
+    config with that one setting applied as Hydra applies an override after composing (its own
+    ``_apply_overrides_to_config``, then recorded among ``hydra.overrides.hydra`` as Hydra records
+    it), its overrides checked as Hydra checks them for that mode. A run-mode composition differs
+    from a multirun one only where a config group has no option chosen (``???``: skipped in
+    multirun mode, an error in run mode): such a config is composed again by Hydra. Only the first
+    composition is kept; every other one is Hydra's own."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    compose = ConfigLoaderImpl.load_configuration
+    first: list[tuple[Any, RunMode, list[str], DictConfig]] = []  # the first composition
+    calls = [0]
+
+    def reusable(key: Any, run_mode: RunMode, overrides: list[str]) -> tuple[DictConfig, list[str]] | None:
+        """The first composition's config and the ``hydra.mode`` overrides added since, if this
+        composition may be derived from it (the first is spent then)."""
+        if not first:
+            return None
+        first_key, first_mode, before, cfg = first.pop()
+        if first_key != key or overrides[: len(before)] != before:
+            return None
+        extra = overrides[len(before) :]
+        if not all(o.startswith("hydra.mode=") for o in extra):
+            return None
+        choices = cfg.hydra.runtime.choices
+        if run_mode != first_mode and any(OmegaConf.is_missing(choices, k) for k in choices):
+            return None
+        return cfg, extra
+
+    def load_configuration(
+        self: ConfigLoaderImpl,
+        config_name: str | None,
+        overrides: list[str],
+        run_mode: RunMode,
+        from_shell: bool = True,
+        validate_sweep_overrides: bool = True,
+    ) -> DictConfig:
+        calls[0] += 1
+        key = (id(self), config_name, from_shell)
+        reuse = reusable(key, run_mode, overrides)
+        if reuse is None:
+            cfg = compose(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
+            if calls[0] == 1 and run_mode == RunMode.MULTIRUN:  # Hydra.get_mode's composition
+                first.append((key, run_mode, list(overrides), copy.deepcopy(cfg)))
+            return cfg
+        cfg, extra = reuse
+        parser = OverridesParser.create()
+        if validate_sweep_overrides:
+            parsed = parser.parse_overrides(overrides=overrides)
+            self.validate_sweep_overrides_legal(parsed, run_mode=run_mode, from_shell=from_shell)
+        added = parser.parse_overrides(overrides=extra)
+        ConfigLoaderImpl._apply_overrides_to_config(added, cfg)
+        for o in added:
+            cfg.hydra.overrides.hydra.append(o.input_line)
+        return cfg
+
+    ConfigLoaderImpl.load_configuration = load_configuration  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ConfigLoaderImpl.load_configuration = compose  # type: ignore[method-assign]
+
+
 def main(argv: list[str]) -> None:
     """Run (or sweep) with the command line ``argv``; exits as the command does (``sys.exit``)."""
     try:
@@ -103,7 +180,8 @@ def main(argv: list[str]) -> None:
     try:
         from rag_ablate.cli.hydra_app import main as hydra_main
 
-        hydra_main()
+        with _mode_composition_reused():
+            hydra_main()
     except SystemExit as exc:
         # Hydra reports an override it cannot parse or a config it cannot compose (retrieval=nope,
         # retrieval.top_k=abc) with exit 1; nothing ran then, so exit 2 as every config error does

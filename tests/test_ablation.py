@@ -7,11 +7,14 @@ import json
 import subprocess
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from rag_ablate.config.overrides import CONF_DIR, normalize_overrides
 from rag_ablate.config.schema import RunConfig, register_configs
@@ -374,20 +377,32 @@ def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path: Path) -> None:
 def test_grid_sweep_tags_and_guard(tiny_dataset: Path, tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
-    proc = _run(
-        [
-            "-m",
-            f"dataset.path={tiny_dataset}",
-            "chunk=128,512",
-            "router=centroid,nearest",
-            "ablation.mode=grid",
-            "progress=false",
-            "compare.B=500",
-        ],
-        tmp_path,
-    )
+    load = ConfigLoaderImpl.load_configuration
+    with mock.patch.object(ConfigLoaderImpl, "load_configuration", autospec=True, side_effect=load) as spy:
+        proc = _run(
+            [
+                "-m",
+                f"dataset.path={tiny_dataset}",
+                "chunk=128,512",
+                "router=centroid,nearest",
+                "ablation.mode=grid",
+                "progress=false",
+                "compare.B=500",
+            ],
+            tmp_path,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep_dir = next((tmp_path / "outputs" / "multirun").iterdir())
+    # Hydra composes the sweep's config once (not again for hydra.mode) and each job's config once
+    # (the plan check's config goes to the launcher, not composed again)
+    assert spy.call_count == 1 + 4
+    # and each job ran with the config Hydra composes for its overrides
+    for job in sorted(p.parent.parent for p in sweep_dir.glob("*/.hydra/config.yaml")):
+        overrides = OmegaConf.to_container(OmegaConf.load(job / ".hydra" / "overrides.yaml"))
+        assert isinstance(overrides, list)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            want = compose("config", overrides=[str(o) for o in overrides])
+        assert OmegaConf.load(job / ".hydra" / "config.yaml") == want, job.name
     data = json.loads((sweep_dir / "comparison.json").read_text())
     assert data["confounded"] == {"chunk=128,router=nearest": ["chunk", "router"]}
     assert "CONFOUNDED" in proc.stdout and "CONFOUNDED" in (sweep_dir / "comparison.md").read_text()

@@ -6,9 +6,14 @@ import json
 import subprocess
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from omegaconf import OmegaConf
 
+from rag_ablate.config.overrides import CONF_DIR
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.records.jsonl import read_records
 from rag_ablate.records.scoring import aggregate, rescore
@@ -114,12 +119,22 @@ def test_records_recompute_every_logged_number(sweep: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_single_run_on_own_dataset_without_mlflow(tiny_dataset: Path, tmp_path: Path) -> None:
-    proc = run_cli(
-        [f"dataset.path={tiny_dataset}", "tracking=none", "progress=false", "retrieval.top_k=10"], tmp_path
-    )
+    load = ConfigLoaderImpl.load_configuration
+    with mock.patch.object(ConfigLoaderImpl, "load_configuration", autospec=True, side_effect=load) as spy:
+        args = [f"dataset.path={tiny_dataset}", "tracking=none", "progress=false", "retrieval.top_k=10"]
+        proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = list((tmp_path / "outputs" / "runs").iterdir())
     assert len(runs) == 1
+    # Hydra composed the config once (not again after reading hydra.mode), as Hydra composes it
+    assert spy.call_count == 1
+    overrides = OmegaConf.to_container(OmegaConf.load(runs[0] / ".hydra" / "overrides.yaml"))
+    assert isinstance(overrides, list)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        want = compose("config", overrides=[str(o) for o in overrides])
+    hydra_yaml = OmegaConf.load(runs[0] / ".hydra" / "hydra.yaml").hydra
+    assert OmegaConf.load(runs[0] / ".hydra" / "config.yaml") == want
+    assert hydra_yaml.mode == "RUN" and list(hydra_yaml.overrides.hydra) == ["hydra.mode=RUN"]
     summary = json.loads((runs[0] / "summary.json").read_text())
     m = summary["metrics"]
     assert m["all/n_queries"] == 8 and m["all/n_unanswerable"] == 1 and m["all/n_no_rag"] == 1

@@ -42,6 +42,33 @@ ConfigStore.instance().store(
 )
 
 
+class _Composed:
+    """Each job's config as the plan check composed it, handed to the launcher as a copy instead of
+    composed again (a composition takes 0.2-0.3 s a job; the copy, milliseconds). Installed on the
+    sweep's config loader as ``load_sweep_config`` while the jobs launch: a launcher asks the loader
+    for each job's config, and one composed with other overrides (or another master config) is
+    composed by Hydra as before. An object, not a closure, so a launcher that pickles itself (and
+    the loader) to its workers takes it along."""
+
+    def __init__(self, loader: Any, master: DictConfig) -> None:
+        self.loader, self.master = loader, master
+        self.configs: dict[tuple[str, ...], DictConfig] = {}
+
+    def compose(self, overrides: list[str]) -> DictConfig:
+        """The job's config, composed by Hydra, kept for the launcher; the caller gets a copy."""
+        import copy
+
+        key = tuple(overrides)
+        if key not in self.configs:
+            self.configs[key] = type(self.loader).load_sweep_config(self.loader, self.master, list(overrides))
+        return copy.deepcopy(self.configs[key])
+
+    def __call__(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        if master_config is self.master:
+            return self.compose(sweep_overrides)
+        return type(self.loader).load_sweep_config(self.loader, master_config, sweep_overrides)  # type: ignore[no-any-return]
+
+
 def _stop(exc: BaseException, code: int) -> NoReturn:
     from rag_ablate.core.errors import one_line
 
@@ -102,11 +129,9 @@ class AblationSweeper(Sweeper):
         try:
             prof.start("plan")
             plan = build_plan(config, arguments, parser)
-            job_settings = check_plan(
-                plan,
-                lambda overrides: loader.load_sweep_config(config, overrides),
-                lambda group: list(loader.get_group_options(group)),
-            )
+            composed = _Composed(loader, config)
+            options = lambda group: list(loader.get_group_options(group))  # noqa: E731
+            job_settings = check_plan(plan, composed.compose, options)
             spend = spend_lines(plan, job_settings)  # model calls, tokens and money, before any is spent
         except (RagAblateError, HydraException) as exc:
             _stop(exc, EXIT_INVALID)
@@ -125,10 +150,13 @@ class AblationSweeper(Sweeper):
         try:
             try:
                 # the launcher logs each job's overrides: secrets are shown as plan.json stores them
+                loader.load_sweep_config = composed  # type: ignore[method-assign]
                 with prof.stage("jobs"), hidden_in_logs(plan.secret_swaps()):
                     returns = self.launcher.launch([job.overrides for job in plan.jobs], initial_job_idx=0)
             except Exception as exc:  # a launcher's own failure: still finish what ran
                 launch_error = exc
+            finally:
+                vars(loader).pop("load_sweep_config", None)
             code = finish_sweep(config, plan, returns, launch_error, job_settings)
         except KeyboardInterrupt:
             self._interrupted(plan)
