@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -454,11 +455,41 @@ def shared_run(factory: pytest.TempPathFactory, name: str, args: list[str]) -> d
     return {"cwd": cwd, "out": cwd / "outputs", "proc": proc}
 
 
+DEFAULT_SWEEP = ("default-sweep", ["-m", "chunk=256,512", "progress=false"])
+_early: list[threading.Thread] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The whole suite under pytest-xdist (README's ``python -m pytest``): the controller starts
+    README's sweep (:func:`default_sweep`) at once, in a thread, while the workers start and collect,
+    instead of the first test that needs it starting it later while other workers wait on its lock.
+    Whatever happens to it, a worker that finds no result runs it itself (:func:`shared_run`)."""
+    config = session.config
+    whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("numprocesses", 0) or not whole:
+        return
+    if config.getoption("markexpr") or config.getoption("keyword"):
+        return
+    factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            shared_run(factory, *DEFAULT_SWEEP)
+
+    _early.append(threading.Thread(target=run, name="default-sweep", daemon=True))
+    _early[-1].start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for thread in _early:
+        thread.join(timeout=900)
+
+
 @pytest.fixture(scope="session")
 def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """README's main command, ``python -m rag_ablate -m chunk=256,512`` on the embedded sample, run
     once per session; ``dir`` is its sweep folder. Read it, never write to it."""
-    run = shared_run(tmp_path_factory, "default-sweep", ["-m", "chunk=256,512", "progress=false"])
+    run = shared_run(tmp_path_factory, *DEFAULT_SWEEP)
     assert run["proc"].returncode == 0, run["proc"].stderr[-3000:]
     (sweep_dir,) = (run["out"] / "multirun").iterdir()
     return {**run, "dir": sweep_dir}

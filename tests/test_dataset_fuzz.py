@@ -77,7 +77,9 @@ def mutations(draw: st.DrawFn) -> tuple[str, str, Any]:
         key = draw(st.sampled_from(sorted(rows[index])))
         return file, kind, (index, key)
     if kind == "garbage_line":
-        return file, kind, (index, draw(st.text(min_size=1, max_size=40)))
+        # a line of whitespace only is a blank line, which the format allows, not garbage
+        garbage = st.text(min_size=1, max_size=40).filter(lambda t: t.replace("\n", " ").strip())
+        return file, kind, (index, draw(garbage))
     if kind == "truncate_line":
         return file, kind, (index, draw(st.integers(1, 30)))
     if kind == "bad_bytes":
