@@ -48,24 +48,29 @@ class _Composed:
     sweep's config loader as ``load_sweep_config`` while the jobs launch: a launcher asks the loader
     for each job's config, and one composed with other overrides (or another master config) is
     composed by Hydra as before. An object, not a closure, so a launcher that pickles itself (and
-    the loader) to its workers takes it along."""
+    the loader) to its workers takes it along. At most :attr:`KEEP` configs are kept (a plan of
+    thousands of config-group levels composes the rest again rather than holding them all), and
+    each is let go once the launcher has taken it."""
+
+    KEEP = 256
 
     def __init__(self, loader: Any, master: DictConfig) -> None:
         self.loader, self.master = loader, master
         self.configs: dict[tuple[str, ...], DictConfig] = {}
 
     def compose(self, overrides: list[str]) -> DictConfig:
-        """The job's config, composed by Hydra, kept for the launcher; the caller gets a copy."""
+        """The job's config, composed by Hydra; a copy is kept for the launcher."""
         import copy
 
-        key = tuple(overrides)
-        if key not in self.configs:
-            self.configs[key] = type(self.loader).load_sweep_config(self.loader, self.master, list(overrides))
-        return copy.deepcopy(self.configs[key])
+        cfg = type(self.loader).load_sweep_config(self.loader, self.master, list(overrides))
+        if len(self.configs) < self.KEEP:
+            self.configs[tuple(overrides)] = copy.deepcopy(cfg)
+        return cfg  # type: ignore[no-any-return]
 
     def __call__(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
-        if master_config is self.master:
-            return self.compose(sweep_overrides)
+        kept = self.configs.pop(tuple(sweep_overrides), None) if master_config is self.master else None
+        if kept is not None:
+            return kept
         return type(self.loader).load_sweep_config(self.loader, master_config, sweep_overrides)  # type: ignore[no-any-return]
 
 
