@@ -22,9 +22,22 @@ Two measurements, each in this one process:
    local system caches with its chunks). A digest of every metric value shows that two versions
    of the code agree.
 
+3. **A run's score stage, before and after** (issue 28, ``--part stage``): the records of one run
+   of the default config (made once, by ``python -m rag_ablate tracking=none`` with this code) on
+   the embedded sample and on each ``--dataset`` (a real set in the dataset format, e.g. COVID-QA
+   imported by ``rag-ablate import squad``), scored as the runner's score stage does: every record
+   scored (:func:`~rag_ablate.records.scoring.scored`, chunk token counts seeded as a local system
+   seeds them) and appended by a :class:`~rag_ablate.records.jsonl.RecordWriter`, then
+   ``aggregate``, the cost metrics, the judge and repeat metrics, the slices and their files. Each
+   side is a child process whose ``rag_ablate`` is this checkout or ``--code DIR`` (default
+   ``/work/main``: the code before a change); the two alternate, best CPU time (user + sys) of
+   ``--rounds`` per child. A digest of every value (each record's metrics and stage, the
+   aggregates, the cost and slice metrics) shows the two sides agree.
+
 Run it on the current code, and on an older checkout to compare (``PYTHONPATH=<old tree>``)::
 
     python benchmarks/bench_scoring.py [--rounds 7]
+    python benchmarks/bench_scoring.py --part stage [--code /work/main] [--dataset DIR ...]
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -52,6 +66,7 @@ from rag_ablate.metrics.retrieval import retrieval_metrics
 from rag_ablate.records import scoring as records_mod
 from rag_ablate.text.count import count_tokens
 
+REPO = Path(__file__).resolve().parents[1]
 N_QUERIES, N_RETRIEVED, KS = 5_000, 100, (10, 100)
 RECORD_QUERIES, RECORD_DOCS, CHUNK, OVERLAP, TOP_K = 6_000, 1_000, 256, 32, 10
 RECORD_KS = [1, 3, 5, 10]
@@ -267,11 +282,146 @@ def bench_records(rounds: int) -> list[str]:
     return lines
 
 
+STAGE_PARTS = ("scored", "writer", "aggregate", "cost", "judge_repeats", "slices", "slice_files")
+
+
+def stage_records(dataset: str, folder: Path) -> Path:
+    """records.jsonl of one default run on ``dataset`` ("sample" or a folder), made once in ``folder``."""
+    out = folder / "run"
+    found = sorted(out.glob("**/records.jsonl"))
+    if not found:
+        cmd = [sys.executable, "-m", "rag_ablate", "tracking=none", "progress=false", f"hydra.run.dir={out}"]
+        if dataset != "sample":
+            cmd.append(f"dataset.path={Path(dataset).resolve()}")
+        subprocess.run(cmd, check=True, cwd=folder, capture_output=True)
+        found = sorted(out.glob("**/records.jsonl"))
+    return found[0]
+
+
+def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
+    """One side of part 3 (this process's rag_ablate): best CPU seconds of each part, as JSON."""
+    import tempfile
+
+    from rag_ablate.dataset.load import load_dataset
+    from rag_ablate.records.jsonl import RecordWriter, dumps_sorted, read_records
+    from rag_ablate.records.repeats import repeat_metrics
+    from rag_ablate.run import cost, slices
+    from rag_ablate.run.judging import judge_run_metrics
+
+    ds = load_dataset(None if dataset == "sample" else dataset)
+    recs = read_records(records_path)
+    by_id = {q.query_id: q for q in ds.queries}
+    blank = [{**r, "metrics": {}, "failure_stage": None} for r in recs]
+    routed = any(r.get("intent_pred") is not None for r in recs)
+    seed = records_mod.TokenCounts()  # what a local system hands over: every chunk's count
+    for r in recs:
+        for e in r.get("retrieved") or []:
+            if e["doc_id"] in ds.documents:
+                seed.count(e["doc_id"], e["start"], e["end"], ds.documents)
+    counts = {k: seed.count(*k, ds.documents) for k in list(seed._memo)}
+    folder = Path(tempfile.mkdtemp())
+
+    def once() -> tuple[dict[str, float], bytes]:
+        t: dict[str, float] = {}
+        clock = time.process_time
+        c = clock()
+        tokens = records_mod.TokenCounts(counts)
+        out = [
+            records_mod.scored(r, by_id[r["query_id"]], ds.documents, RECORD_KS, routed=routed, tokens=tokens)
+            for r in blank
+        ]
+        c, t["scored"] = clock(), clock() - c
+        (folder / "records.jsonl").unlink(missing_ok=True)
+        with RecordWriter(folder / "records.jsonl") as w:
+            for rec in out:
+                w.write(rec)
+        c, t["writer"] = clock(), clock() - c
+        metrics = records_mod.aggregate(out)
+        c, t["aggregate"] = clock(), clock() - c
+        costs = cost.run_cost_metrics(out, ("dev", "holdout"))
+        c, t["cost"] = clock(), clock() - c
+        judged = {**judge_run_metrics(out, price=None), **repeat_metrics(out)}
+        c, t["judge_repeats"] = clock(), clock() - c
+        table = slices.slice_metrics(out)
+        c, t["slices"] = clock(), clock() - c
+        slices.write_slices(table, folder, ["recall_at_5", "ndcg_at_10"])
+        t["slice_files"] = clock() - c
+        per_query = [[r["metrics"], r["failure_stage"], r["status"]] for r in out]
+        digest = dumps_sorted([per_query, metrics, costs, judged, table.to_dict()])
+        return t, digest
+
+    once()  # warm-up: imports, caches
+    best: dict[str, float] = {}
+    digest = b""
+    for _ in range(rounds):
+        gc.collect()
+        t, digest = once()
+        if not best or sum(t.values()) < sum(best.values()):
+            best = t
+    print(
+        json.dumps(
+            {
+                "n": len(recs),
+                "ms": {k: 1000 * v for k, v in best.items()},
+                "digest": hashlib.sha256(digest).hexdigest()[:16],
+            }
+        )
+    )
+
+
+def bench_stage(datasets: list[str], code: Path, rounds: int, pairs: int) -> list[str]:
+    """Part 3: the score stage on each dataset, ``code`` (before) and this checkout (after), alternating."""
+    import tempfile
+
+    here = Path(__file__).resolve()
+    work = Path(tempfile.mkdtemp(prefix="bench_scoring_"))
+    lines = [
+        f"Score stage, CPU ms (best of {rounds} rounds x {pairs} alternating children per side); "
+        f"before: {code}, after: {REPO}",
+        "",
+        "| dataset | queries | part | before (ms) | after (ms) | before / after |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for dataset in datasets:
+        folder = work / (Path(dataset).name or "set")
+        folder.mkdir(parents=True, exist_ok=True)
+        records_path = stage_records(dataset, folder)
+        results: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+        for _ in range(pairs):
+            for side, tree in (("before", code), ("after", REPO)):
+                env = {**os.environ, "PYTHONPATH": str(tree)}
+                cmd = [sys.executable, str(here), "--stage-child", dataset, str(records_path), "--rounds", str(rounds)]
+                done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+                results[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        best = {side: min(rs, key=lambda r: sum(r["ms"].values())) for side, rs in results.items()}
+        digests = {side: {r["digest"] for r in rs} for side, rs in results.items()}
+        n = best["after"]["n"]
+        name = Path(dataset).name if dataset != "sample" else "embedded sample"
+        for part in (*STAGE_PARTS, "total"):
+            b, a = (
+                sum(best[side]["ms"].values()) if part == "total" else best[side]["ms"][part]
+                for side in ("before", "after")
+            )
+            label = f"**total** ({a / n:.3f} ms a query after)" if part == "total" else part
+            lines.append(f"| {name} | {n:,} | {label} | {b:.1f} | {a:.1f} | {b / a:.2f}x |")
+        same = digests["before"] == digests["after"] and len(digests["after"]) == 1
+        lines.append(f"| {name} | | values | digest {sorted(digests['before'])} | {sorted(digests['after'])} | "
+                     f"{'equal' if same else '**DIFFER**'} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds per side (default 7)")
-    ap.add_argument("--part", choices=["all", "pytrec", "records"], default="all")
+    ap.add_argument("--part", choices=["all", "pytrec", "records", "stage"], default="all")
+    ap.add_argument("--code", type=Path, default=Path("/work/main"), help="--part stage: the code before")
+    ap.add_argument("--dataset", action="append", default=[], help="--part stage: a real set (repeatable)")
+    ap.add_argument("--pairs", type=int, default=2, help="--part stage: children per side, alternating")
+    ap.add_argument("--stage-child", nargs=2, metavar=("DATASET", "RECORDS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.stage_child:
+        stage_child(args.stage_child[0], Path(args.stage_child[1]), args.rounds)
+        return
     print(f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(f"- code: {Path(rag_ablate.__file__).parent}")
     print(f"- command: `python benchmarks/bench_scoring.py {' '.join(sys.argv[1:])}`".rstrip() + "\n")
@@ -279,6 +429,10 @@ def main() -> None:
         print("\n".join(bench_pytrec(args.rounds)) + "\n")
     if args.part in ("all", "records"):
         print("\n".join(bench_records(max(2, args.rounds))))
+    if args.part == "stage":
+        print(f"- load average at the start: {os.getloadavg()[0]:.1f}\n")
+        print("\n".join(bench_stage(["sample", *args.dataset], args.code, args.rounds, args.pairs)))
+        print(f"\n- load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

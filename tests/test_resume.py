@@ -32,7 +32,9 @@ from rag_ablate.core.layout import METRICS_FILE, PLAN_FILE, RECORDS_FILE, RUN_FI
 from rag_ablate.records.jsonl import (
     RecordsError,
     RecordWriter,
+    dumps_line,
     final_records,
+    loads_line,
     read_records,
     scan_records,
     write_records,
@@ -134,6 +136,28 @@ def test_final_records_keeps_the_last_attempt_of_each_query() -> None:
     assert final == {"q2": _rec(2), "q1": _rec(1, "ok", attempt=2), "q3": _rec(3, "http_error")}
 
 
+_JSON_LEAVES = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6)
+_RECORD_VALUES = st.recursive(
+    _JSON_LEAVES,
+    lambda inner: st.lists(inner, max_size=4)
+    | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rec=st.dictionaries(st.text(max_size=6), _RECORD_VALUES, max_size=6))
+def test_a_written_line_reads_back_as_the_json_module_would_write_it(rec: dict[str, Any]) -> None:
+    """The writer's line (orjson's, or the json module's for NaN, an infinity or a 64-bit overflow) reads
+    back as the json module's line does: NaN stays NaN, never null; every other value is kept."""
+    line = dumps_line(rec)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    expected = loads_line((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
+    # NaN != NaN: compare the json module's text of both (it writes NaN as NaN)
+    assert json.dumps(loads_line(line)) == json.dumps(expected)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     recs=st.lists(
@@ -159,7 +183,7 @@ def test_a_file_cut_anywhere_reads_as_the_records_written_before_the_cut(
     ends = []
     pos = 0
     for r in recs:
-        pos += len((json.dumps(r, ensure_ascii=False) + "\n").encode("utf-8"))
+        pos += len(dumps_line(r))  # the line the writer appends
         ends.append(pos - 1)  # its closing brace ends one byte before the newline
     expected = [r for r, end in zip(recs, ends, strict=True) if end <= at]
     assert read_records(path) == expected

@@ -15,8 +15,7 @@ atomically with exactly one final record per query, in dataset order.
 
 from __future__ import annotations
 
-import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
 
@@ -401,51 +400,117 @@ def aggregate(records: Sequence[Record], weights: TagWeights | None = None) -> d
     ``<split>/prod/<metric>`` (weighted means) and ``<split>/edge/<metric>`` (the edge cases'
     own means) from the records' ``tags`` (see :func:`rag_ablate.dataset.weights.run_metrics`).
     """
+    return aggregate_counted(records, weights)[0]
+
+
+MetricItems = tuple[list[tuple[str, float]], list[str]]
+"""A record's metric values (name, value; None and NaN left out) and the names whose value is None."""
+
+
+def metric_items(rec: Record) -> MetricItems:
+    """The :data:`MetricItems` of one record, in its metrics' order."""
+    values: list[tuple[str, float]] = []
+    nones: list[str] = []
+    for name, v in (rec.get("metrics") or {}).items():
+        if v is None:
+            nones.append(name)
+        elif v == v:  # not NaN
+            values.append((name, float(v)))
+    return values, nones
+
+
+class _SplitValues:
+    """One split's records in one pass: counts by kind, status and stage, and every metric's values."""
+
+    __slots__ = ("kinds", "misses", "n", "stages", "statuses", "ttft", "values")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.kinds: Counter[str] = Counter()
+        self.statuses: Counter[str] = Counter()
+        self.stages: Counter[str | None] = Counter()
+        self.ttft: list[float] = []
+        self.values: defaultdict[str, list[float]] = defaultdict(list)  # ok queries' values, NaN left out
+        self.misses: Counter[str] = Counter()  # failed queries a failure-aware metric applies to
+
+
+def _split_values(records: Sequence[Record], items: Sequence[MetricItems]) -> dict[str, _SplitValues]:
+    """Every split's (and ``all``'s) :class:`_SplitValues`, each record read once, values in record order."""
+    out = {split: _SplitValues() for split in (*SPLITS, "all")}
+    everything = out["all"]
+    for r, (values, nones) in zip(records, items, strict=True):
+        own = out.get(r["split"])
+        parts = (everything,) if own is None or own is everything else (own, everything)
+        status = str(r["status"])
+        stage = r.get("failure_stage")
+        ttft = r.get("ttft_ms")
+        for part in parts:
+            part.n += 1
+            part.kinds[r["kind"]] += 1
+            part.statuses[status] += 1
+            part.stages[stage] += 1
+            if ttft is not None:
+                part.ttft.append(float(ttft))
+            by_name = part.values
+            for name, v in values:
+                by_name[name].append(v)
+            if nones and status != "ok":
+                part.misses.update(nones)
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    """``float(np.mean(values))``, bit for bit (numpy's pairwise sum, then one division), without
+    np.mean's own overhead (a run's slices take thousands of means)."""
+    return float(np.add.reduce(np.array(values, dtype=np.float64))) / len(values)
+
+
+def aggregate_counted(
+    records: Sequence[Record], weights: TagWeights | None = None, items: Sequence[MetricItems] | None = None
+) -> tuple[dict[str, float], dict[str, dict[str, int]]]:
+    """:func:`aggregate`'s metrics, and split -> metric -> how many queries have a value (the values
+    its means run over; metrics sorted by name), from one pass over the records. ``items``: each
+    record's :func:`metric_items`, when the caller has them (a run's slices read each record often)."""
     out: dict[str, float] = {}
+    counts: dict[str, dict[str, int]] = {}
     failure_statuses = sorted({str(r["status"]) for r in records if r["status"] != "ok"})
     diagnosed = any(r.get("failure_stage") is not None for r in records)
-    for split in (*SPLITS, "all"):
-        rows = [r for r in records if split == "all" or r["split"] == split]
+    if items is None:
+        items = [metric_items(r) for r in records]
+    for split, part in _split_values(records, items).items():
         p = f"{split}/"
-        out[p + "n_queries"] = float(len(rows))
+        n = part.n
+        out[p + "n_queries"] = float(n)
         for kind in ("answerable", "unanswerable", "no_rag"):
-            out[p + f"n_{kind}"] = float(sum(1 for r in rows if r["kind"] == kind))
-        failed = sum(1 for r in rows if r["status"] != "ok")
+            out[p + f"n_{kind}"] = float(part.kinds[kind])
+        failed = n - part.statuses["ok"]
         out[p + "n_failed"] = float(failed)
-        out[p + "error_rate"] = failed / len(rows) if rows else 0.0
+        out[p + "error_rate"] = failed / n if n else 0.0
         for status in failure_statuses:
-            n_status = sum(1 for r in rows if r["status"] == status)
+            n_status = part.statuses[status]
             out[p + f"n_status_{status}"] = float(n_status)
-            out[p + f"error_rate_{status}"] = n_status / len(rows) if rows else 0.0
+            out[p + f"error_rate_{status}"] = n_status / n if n else 0.0
         if diagnosed:
-            found = Counter(r.get("failure_stage") for r in rows)
-            out.update({p + "n_" + stages.stage_metric(st): float(found[st]) for st in stages.STAGES})
-        ttft = [float(t) for r in rows if (t := r.get("ttft_ms")) is not None]
-        if ttft:
-            out[p + "ttft_ms_p50"] = _percentile(ttft, 50)
-            out[p + "ttft_ms_p95"] = _percentile(ttft, 95)
-        values: dict[str, list[float]] = {}
-        misses: dict[str, int] = {}  # failed queries a failure-aware metric applies to
-        for r in rows:
-            for name, v in (r.get("metrics") or {}).items():
-                if v is not None and not (isinstance(v, float) and math.isnan(v)):
-                    values.setdefault(name, []).append(float(v))
-                elif v is None and r["status"] != "ok":
-                    misses[name] = misses.get(name, 0) + 1
+            out.update({p + "n_" + stages.stage_metric(st): float(part.stages[st]) for st in stages.STAGES})
+        if part.ttft:
+            out[p + "ttft_ms_p50"] = _percentile(part.ttft, 50)
+            out[p + "ttft_ms_p95"] = _percentile(part.ttft, 95)
+        values, misses = part.values, part.misses
         for name in sorted({*values, *misses}):
             ok = values.get(name, [])
             miss = spec_of(name).miss if name in misses else None
             if miss is None:
                 if ok:
-                    out[p + name] = float(np.mean(ok))
+                    out[p + name] = _mean(ok)
                 continue
             out[p + name] = (sum(ok) + miss * misses[name]) / (len(ok) + misses[name])
             if ok:
-                out[p + "ok/" + name] = float(np.mean(ok))
+                out[p + "ok/" + name] = _mean(ok)
         lat = values.get("latency_ms")
         if lat:
             out[p + "latency_ms_p50"] = _percentile(lat, 50)
             out[p + "latency_ms_p95"] = _percentile(lat, 95)
+        counts[split] = {name: len(values[name]) for name in sorted(values)}
     if weights is not None:
         out.update(run_metrics(records, weights, (*SPLITS, "all")))
-    return out
+    return out, counts

@@ -71,11 +71,19 @@ def final_context_tokens(rec: Record) -> float | None:
     configured cutoff, the largest cutoff's value is used (an undercount, as no
     larger cutoff was scored). None for queries without retrieval (failed, no_rag).
     """
-    by_k: dict[int, float] = {}
-    for name, v in (rec.get("metrics") or {}).items():
-        m = _CONTEXT_RE.match(name)
-        if m and v is not None:
-            by_k[int(m.group(1))] = float(v)
+    return _final_context(rec, _context_names([rec]))
+
+
+def _context_names(records: Sequence[Record]) -> list[tuple[int, str]]:
+    """(k, name) of every ``context_tokens_at_k`` metric some record has (the names collected in C)."""
+    names: set[str] = set().union(*((r.get("metrics") or {}) for r in records))
+    return [(int(m.group(1)), name) for name in names if (m := _CONTEXT_RE.match(name))]
+
+
+def _final_context(rec: Record, names: Sequence[tuple[int, str]]) -> float | None:
+    """:func:`final_context_tokens`, looking up only ``names`` (:func:`_context_names` of the run)."""
+    metrics = rec.get("metrics") or {}
+    by_k = {k: float(v) for k, name in names if (v := metrics.get(name)) is not None}
     if not by_k:
         return None
     n = len(rec.get("retrieved") or [])
@@ -137,7 +145,8 @@ def cost_metrics(
     ttft = [float(t) for r in rows if (t := r.get("ttft_ms")) is not None]
     _quantiles(out, "ttft", ttft)
 
-    ctx = [v for v in (final_context_tokens(r) for r in rows) if v is not None]
+    names = _context_names(rows)
+    ctx = [v for v in (_final_context(r, names) for r in rows) if v is not None]
     if ctx:
         out["context_tokens"] = float(np.mean(ctx))
     any_usage = False

@@ -37,7 +37,7 @@ from rag_ablate.core.fsio import write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import SLICES_JSON, SLICES_MD
 from rag_ablate.dataset.model import SPLITS
 from rag_ablate.metrics.registry import direction_of, display_name
-from rag_ablate.records.scoring import aggregate
+from rag_ablate.records.scoring import aggregate_counted, metric_items
 from rag_ablate.records.trace import Record
 
 #: the kinds of slice, in the order tables list them (then ``metadata.<key>``, by key)
@@ -50,7 +50,6 @@ MLFLOW_MIN_QUERIES = 20
 #: ... and at most this many slices (the largest first), one metric each: at most 2 x 12 = 24 keys
 MLFLOW_MAX_SLICES = 12
 MLFLOW_PREFIX = "slice/"
-_SPLITS_ALL = (*SPLITS, "all")
 
 
 @dataclass(frozen=True, order=True)
@@ -126,21 +125,6 @@ def members(records: Iterable[Record]) -> dict[SliceKey, list[Record]]:
         for key in slice_keys(rec):
             out.setdefault(key, []).append(rec)
     return sliced(out)
-
-
-def _n_values(rows: Sequence[Record]) -> dict[str, dict[str, int]]:
-    """split -> metric -> queries with a value (the same values :func:`aggregate` averages)."""
-    out: dict[str, dict[str, int]] = {}
-    for split in _SPLITS_ALL:
-        counts: dict[str, int] = {}
-        for r in rows:
-            if split != "all" and r["split"] != split:
-                continue
-            for name, v in (r.get("metrics") or {}).items():
-                if v is not None and not (isinstance(v, float) and math.isnan(v)):
-                    counts[name] = counts.get(name, 0) + 1
-        out[split] = dict(sorted(counts.items()))
-    return out
 
 
 @dataclass
@@ -255,7 +239,11 @@ def _worst_first(s: Slice, split: str, metric: str | None) -> tuple[int, float, 
 
 def slice_metrics(records: Sequence[Record]) -> SliceTable:
     """Every slice of a run's final records, with :func:`aggregate`'s metrics for each."""
-    slices = [Slice(key, aggregate(rows), _n_values(rows)) for key, rows in members(records).items()]
+    items = {id(r): metric_items(r) for r in records}  # each record's values, read once for all its slices
+    slices = [
+        Slice(key, *aggregate_counted(rows, items=[items[id(r)] for r in rows]))
+        for key, rows in members(records).items()
+    ]
     n_without = sum(1 for r in records if record_tags(r) is None)
     kinds = [*KINDS, *dict.fromkeys(s.key.kind for s in slices if s.key.kind not in KINDS)]
     return SliceTable(slices, len(records), n_without, kinds)

@@ -1,0 +1,133 @@
+"""aggregate's one-pass form (issue 28): every number equal, bit for bit, to the plain definition.
+
+The reference below is the definition :func:`rag_ablate.records.scoring.aggregate` documents, written
+the direct way (each split's rows filtered, each metric's values collected, ``np.mean`` of them);
+the code reads each record once for all splits and all of a run's slices, and averages without
+``np.mean``'s overhead. Random records mix splits, kinds, failures (with None for the metrics
+that applied), NaN values, stages and times to first token.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rag_ablate.dataset.model import SPLITS
+from rag_ablate.metrics import stages
+from rag_ablate.metrics.registry import spec_of
+from rag_ablate.records.scoring import _mean, aggregate, aggregate_counted
+from rag_ablate.run.slices import slice_metrics
+
+_NAMES = ("recall_at_5", "ndcg_at_10", "latency_ms", "token_f1", "context_tokens_at_5")
+
+
+def _reference(records: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, dict[str, int]]]:
+    out: dict[str, float] = {}
+    counts: dict[str, dict[str, int]] = {}
+    statuses = sorted({str(r["status"]) for r in records if r["status"] != "ok"})
+    diagnosed = any(r.get("failure_stage") is not None for r in records)
+    for split in (*SPLITS, "all"):
+        rows = [r for r in records if split == "all" or r["split"] == split]
+        p = f"{split}/"
+        out[p + "n_queries"] = float(len(rows))
+        for kind in ("answerable", "unanswerable", "no_rag"):
+            out[p + f"n_{kind}"] = float(sum(1 for r in rows if r["kind"] == kind))
+        failed = sum(1 for r in rows if r["status"] != "ok")
+        out[p + "n_failed"] = float(failed)
+        out[p + "error_rate"] = failed / len(rows) if rows else 0.0
+        for status in statuses:
+            n = sum(1 for r in rows if r["status"] == status)
+            out[p + f"n_status_{status}"] = float(n)
+            out[p + f"error_rate_{status}"] = n / len(rows) if rows else 0.0
+        if diagnosed:
+            for st_ in stages.STAGES:
+                n = sum(1 for r in rows if r.get("failure_stage") == st_)
+                out[p + "n_" + stages.stage_metric(st_)] = float(n)
+        ttft = [float(r["ttft_ms"]) for r in rows if r.get("ttft_ms") is not None]
+        if ttft:
+            out[p + "ttft_ms_p50"] = float(np.percentile(ttft, 50))
+            out[p + "ttft_ms_p95"] = float(np.percentile(ttft, 95))
+        values: dict[str, list[float]] = {}
+        misses: dict[str, int] = {}
+        for r in rows:
+            for name, v in r["metrics"].items():
+                if v is not None and not math.isnan(v):
+                    values.setdefault(name, []).append(float(v))
+                elif v is None and r["status"] != "ok":
+                    misses[name] = misses.get(name, 0) + 1
+        for name in sorted({*values, *misses}):
+            ok = values.get(name, [])
+            miss = spec_of(name).miss if name in misses else None
+            if miss is None:
+                if ok:
+                    out[p + name] = float(np.mean(ok))
+                continue
+            out[p + name] = (sum(ok) + miss * misses[name]) / (len(ok) + misses[name])
+            if ok:
+                out[p + "ok/" + name] = float(np.mean(ok))
+        if values.get("latency_ms"):
+            out[p + "latency_ms_p50"] = float(np.percentile(values["latency_ms"], 50))
+            out[p + "latency_ms_p95"] = float(np.percentile(values["latency_ms"], 95))
+        counts[split] = {name: len(v) for name, v in sorted(values.items())}
+    return out, counts
+
+
+def _bits(d: dict[str, float]) -> list[tuple[str, bytes]]:
+    """Keys in order with each value's exact bits (equal numbers, equal order)."""
+    return [(k, struct.pack("<d", v)) for k, v in d.items()]
+
+
+_VALUE = st.one_of(
+    st.none(),
+    st.just(math.nan),
+    st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
+    st.sampled_from([0.0, 1.0, 0.1, 1 / 3]),
+)
+
+
+@st.composite
+def _records(draw: st.DrawFn) -> list[dict[str, Any]]:
+    out = []
+    for i in range(draw(st.integers(min_value=0, max_value=40))):
+        status = draw(st.sampled_from(["ok", "ok", "ok", "timeout", "failed"]))
+        names = draw(st.lists(st.sampled_from(_NAMES), unique=True, max_size=len(_NAMES)))
+        out.append(
+            {
+                "query_id": str(i),
+                "split": draw(st.sampled_from([*SPLITS, "other"])),
+                "kind": draw(st.sampled_from(["answerable", "unanswerable", "no_rag"])),
+                "status": status,
+                "failure_stage": draw(st.none() | st.sampled_from(stages.STAGES)),
+                "ttft_ms": draw(st.none() | st.floats(min_value=0, max_value=1e4)),
+                "tags": draw(st.lists(st.sampled_from(["a", "b", "c"]), max_size=2)),
+                "intent_gold": None,
+                "intent_gold_l1": None,
+                "metrics": {name: draw(_VALUE) for name in names},
+            }
+        )
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(records=_records())
+def test_aggregate_equals_its_definition_bit_for_bit(records: list[dict[str, Any]]) -> None:
+    expected, counts = _reference(records)
+    got, got_counts = aggregate_counted(records)
+    assert _bits(got) == _bits(expected)
+    assert got_counts == counts
+    assert _bits(aggregate(records)) == _bits(expected)
+    # each slice is the aggregate of its rows (the slices share each record's values)
+    for s in slice_metrics(records).slices:
+        rows = [r for r in records if s.key.value in r["tags"]]
+        assert (_bits(s.metrics), s.n_values) == (lambda e: (_bits(e[0]), e[1]))(_reference(rows))
+
+
+@settings(max_examples=150, deadline=None)
+@given(values=st.lists(st.floats(min_value=-1e300, max_value=1e300), min_size=1, max_size=300))
+def test_the_mean_is_numpys_bit_for_bit(values: list[float]) -> None:
+    assert struct.pack("<d", _mean(values)) == struct.pack("<d", float(np.mean(values)))
