@@ -26,8 +26,9 @@ Two measurements, each in this one process:
    of the default config (made once, by ``python -m rag_ablate tracking=none`` with this code) on
    the embedded sample and on each ``--dataset`` (a real set in the dataset format, e.g. COVID-QA
    imported by ``rag-ablate import squad``), scored as the runner's score stage does: every record
-   scored (:func:`~rag_ablate.records.scoring.scored`, chunk token counts seeded as a local system
-   seeds them) and appended by a :class:`~rag_ablate.records.jsonl.RecordWriter`, then
+   made and scored (``scored(make_record(query, trace))``, the trace read back from the record;
+   chunk token counts seeded as a local system seeds them) and appended by a
+   :class:`~rag_ablate.records.jsonl.RecordWriter`, then
    ``aggregate``, the cost metrics, the judge and repeat metrics, the slices and their files. Each
    side is a child process whose ``rag_ablate`` is this checkout or ``--code DIR`` (default
    ``/work/main``: the code before a change); the two alternate, best CPU time (user + sys) of
@@ -305,13 +306,14 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
     from rag_ablate.dataset.load import load_dataset
     from rag_ablate.records.jsonl import RecordWriter, dumps_sorted, read_records
     from rag_ablate.records.repeats import repeat_metrics
+    from rag_ablate.records.trace import Trace
     from rag_ablate.run import cost, slices
     from rag_ablate.run.judging import judge_run_metrics
 
     ds = load_dataset(None if dataset == "sample" else dataset)
     recs = read_records(records_path)
     by_id = {q.query_id: q for q in ds.queries}
-    blank = [{**r, "metrics": {}, "failure_stage": None} for r in recs]
+    traces = [(by_id[r["query_id"]], Trace.from_dict(r)) for r in recs]  # what the system handed over
     routed = any(r.get("intent_pred") is not None for r in recs)
     seed = records_mod.TokenCounts()  # what a local system hands over: every chunk's count
     for r in recs:
@@ -327,8 +329,10 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
         c = clock()
         tokens = records_mod.TokenCounts(counts)
         out = [
-            records_mod.scored(r, by_id[r["query_id"]], ds.documents, RECORD_KS, routed=routed, tokens=tokens)
-            for r in blank
+            records_mod.scored(
+                records_mod.make_record(q, trace), q, ds.documents, RECORD_KS, routed=routed, tokens=tokens
+            )
+            for q, trace in traces
         ]
         c, t["scored"] = clock(), clock() - c
         (folder / "records.jsonl").unlink(missing_ok=True)
@@ -336,13 +340,15 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
             for rec in out:
                 w.write(rec)
         c, t["writer"] = clock(), clock() - c
-        metrics = records_mod.aggregate(out)
+        # each record's values read once for the run and its slices, as the runner does (where the code has it)
+        items = [records_mod.metric_items(r) for r in out] if hasattr(records_mod, "metric_items") else None
+        metrics = records_mod.aggregate(out) if items is None else records_mod.aggregate(out, None, items)
         c, t["aggregate"] = clock(), clock() - c
         costs = cost.run_cost_metrics(out, ("dev", "holdout"))
         c, t["cost"] = clock(), clock() - c
         judged = {**judge_run_metrics(out, price=None), **repeat_metrics(out)}
         c, t["judge_repeats"] = clock(), clock() - c
-        table = slices.slice_metrics(out)
+        table = slices.slice_metrics(out) if items is None else slices.slice_metrics(out, items)
         c, t["slices"] = clock(), clock() - c
         slices.write_slices(table, folder, ["recall_at_5", "ndcg_at_10"])
         t["slice_files"] = clock() - c

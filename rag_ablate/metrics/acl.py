@@ -75,9 +75,27 @@ def acl_metrics(
     ``ranked_doc_ids``: the document of each retrieved chunk, best first (a document may
     repeat; it counts once). An id that is not in ``docs`` raises ``KeyError``.
     """
+    names = _names(ks)
+    top = ranked_doc_ids[: max(ks, default=0)]
+    hidden = [not may_see(docs[d].allowed_groups, user_groups) for d in top]  # each document once
     out: dict[str, float] = {}
-    for k in ks:
-        leaked = {d for d in ranked_doc_ids[:k] if not may_see(docs[d].allowed_groups, user_groups)}
-        out[metric_name("acl_leak", k)] = float(len(leaked))
-        out[metric_name("acl_leak_rate", k)] = 1.0 if leaked else 0.0
+    for k, leak, rate in names:
+        leaked = {d for d, h in zip(top[:k], hidden, strict=False) if h}
+        out[leak] = float(len(leaked))
+        out[rate] = 1.0 if leaked else 0.0
     return out
+
+
+_NAMES: dict[tuple[int, ...], list[tuple[int, str, str]]] = {}  # ks -> (k, leak name, rate name)
+
+
+def _names(ks: Sequence[int]) -> list[tuple[int, str, str]]:
+    """The metric names for every k, checked by the registry once per distinct ``ks`` of plain ints
+    (a bool or another type is checked, and refused, every time)."""
+    key = tuple(ks)
+    names = _NAMES.get(key) if all(type(k) is int for k in key) else None
+    if names is None:
+        names = [(k, metric_name("acl_leak", k), metric_name("acl_leak_rate", k)) for k in key]
+        if len(_NAMES) < 64:
+            _NAMES[key] = names
+    return names

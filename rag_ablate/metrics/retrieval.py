@@ -400,11 +400,22 @@ def evidence_coverage_at(
             lo, hi = max(s, start), min(e, end)
             if lo < hi:
                 pieces[i].append((pos, lo, hi))
+    # a span no chunk overlaps adds 0.0 (the total, never negative, stays bit for bit the same): skipped;
+    # a span's pieces come in chunk order, so those within the first k are a prefix
+    hit = [
+        (e - s, found, [pos for pos, _, _ in found])
+        for (_, s, e), found in zip(spans, pieces, strict=True)
+        if found
+    ]
     values: list[float] = []
     for k in key:
         total = 0.0
-        for (_, s, e), found in zip(spans, pieces, strict=True):
-            total += _union_length(sorted((lo, hi) for pos, lo, hi in found if pos <= k)) / (e - s)
+        for length, found, positions in hit:
+            within = found[: bisect_right(positions, k)]
+            if len(within) == 1:
+                total += (within[0][2] - within[0][1]) / length
+            elif within:
+                total += _union_length(sorted((lo, hi) for _, lo, hi in within)) / length
         values.append(total / len(spans))
     return values
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
+from typing import cast
 
 import numpy as np
 
@@ -214,16 +215,17 @@ def score_record(
     retrieved = rec.get("retrieved")
     if query.kind == "no_rag" or retrieved is None:  # None: the system reports no evidence
         return out
-    if any(r["doc_id"] is None for r in retrieved):  # chunks named by id only: no document-level metrics
+    ids = [r["doc_id"] for r in retrieved]
+    if None in ids:  # chunks named by id only: no document-level metrics
         return out
+    ranked = cast(list[str], ids)  # every chunk names its document
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
     out.update((TokenCounts() if tokens is None else tokens).context_tokens_at(retrieved, docs, ks))
     if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
-        out.update(acl_metrics([r["doc_id"] or "" for r in retrieved], docs, query.user_groups, ks))
+        out.update(acl_metrics(ranked, docs, query.user_groups, ks))
     if query.kind == "answerable":
-        ranked = [r["doc_id"] or "" for r in retrieved]
         if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
             out.update(retrieval_metrics(ranked, query.relevant, ks))
             labels = {**dict.fromkeys(query.nonrelevant, 0), **query.relevant}  # judged either way
@@ -235,7 +237,7 @@ def score_record(
         if query.relevant_chunks and all(r.get("chunk_id") for r in retrieved):
             out.update(chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, ks))
         if query.evidence:
-            chunks = [(r["doc_id"] or "", r["start"], r["end"]) for r in retrieved]
+            chunks = [(d, r["start"], r["end"]) for d, r in zip(ranked, retrieved, strict=True)]
             spans = [(e.doc_id, e.start, e.end) for e in query.evidence]
             for k, value in zip(ks, evidence_recall_at(chunks, spans, ks), strict=True):
                 out[f"evidence_recall_at_{k}"] = value
@@ -280,8 +282,6 @@ def failure_stage(
     rel_chunks = {c for c, grade in query.relevant_chunks.items() if grade > 0}
     visible = any(d in docs and may_see(docs[d].allowed_groups, query.user_groups) for d in rel_docs)
     candidates, retrieved, context = rec.get("candidates"), rec.get("retrieved"), rec.get("context")
-    entries = [*(candidates or []), *(retrieved or []), *(context or [])]
-    doc_of = {e["chunk_id"]: e["doc_id"] for e in entries}
 
     def relevant(doc_id: str | None, chunk_id: str | None) -> bool:
         in_docs = doc_id is not None and doc_id in rel_docs
@@ -290,8 +290,13 @@ def failure_stage(
     def hits(listed: Sequence[RetrievedEntry] | None) -> list[bool] | None:
         return None if listed is None else [relevant(e["doc_id"], e["chunk_id"]) for e in listed]
 
-    # citation entries are read with get: a hand-written record's citation may name only a chunk
+    # citation entries are read with get: a hand-written record's citation may name only a chunk,
+    # whose document is then the one the listed chunks give it
     citations = rec.get("citations") or []
+    doc_of: dict[str | None, str | None] = {}
+    if any(not c.get("doc_id") for c in citations):
+        entries = [*(candidates or []), *(retrieved or []), *(context or [])]
+        doc_of = {e["chunk_id"]: e["doc_id"] for e in entries}
     cited = [
         relevant(c.get("doc_id") or doc_of.get(c.get("chunk_id") or ""), c.get("chunk_id")) for c in citations
     ]
@@ -372,11 +377,17 @@ def rescore(
     ]
 
 
+MetricItems = tuple[list[tuple[str, float]], list[str]]
+"""A record's metric values (name, value; None and NaN left out) and the names whose value is None."""
+
+
 def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
-def aggregate(records: Sequence[Record], weights: TagWeights | None = None) -> dict[str, float]:
+def aggregate(
+    records: Sequence[Record], weights: TagWeights | None = None, items: Sequence[MetricItems] | None = None
+) -> dict[str, float]:
     """Split-prefixed means and counts: ``dev/recall_at_5``, ``holdout/n_failed``, ``all/...``.
 
     Means run over the queries a metric applies to (answerable ones for retrieval metrics).
@@ -399,23 +410,17 @@ def aggregate(records: Sequence[Record], weights: TagWeights | None = None) -> d
     With ``weights`` (the production mix, :mod:`rag_ablate.dataset.weights`), each split also gets
     ``<split>/prod/<metric>`` (weighted means) and ``<split>/edge/<metric>`` (the edge cases'
     own means) from the records' ``tags`` (see :func:`rag_ablate.dataset.weights.run_metrics`).
+
+    ``items``: each record's :func:`metric_items`, when the caller has them already.
     """
-    return aggregate_counted(records, weights)[0]
-
-
-MetricItems = tuple[list[tuple[str, float]], list[str]]
-"""A record's metric values (name, value; None and NaN left out) and the names whose value is None."""
+    return aggregate_counted(records, weights, items)[0]
 
 
 def metric_items(rec: Record) -> MetricItems:
     """The :data:`MetricItems` of one record, in its metrics' order."""
-    values: list[tuple[str, float]] = []
-    nones: list[str] = []
-    for name, v in (rec.get("metrics") or {}).items():
-        if v is None:
-            nones.append(name)
-        elif v == v:  # not NaN
-            values.append((name, float(v)))
+    metrics = rec.get("metrics") or {}
+    values = [(name, float(v)) for name, v in metrics.items() if v is not None and v == v]  # v != v: NaN
+    nones = [name for name, v in metrics.items() if v is None] if None in metrics.values() else []
     return values, nones
 
 
@@ -460,9 +465,16 @@ def _split_values(records: Sequence[Record], items: Sequence[MetricItems]) -> di
 
 
 def _mean(values: list[float]) -> float:
-    """``float(np.mean(values))``, bit for bit (numpy's pairwise sum, then one division), without
-    np.mean's own overhead (a run's slices take thousands of means)."""
-    return float(np.add.reduce(np.array(values, dtype=np.float64))) / len(values)
+    """``float(np.mean(values))``, bit for bit, without np.mean's own overhead (a run's slices take
+    thousands of means). numpy adds from 0.0, one value after another below 8 values (its pairwise
+    sum's first block), then divides once; a short list is summed so here, a longer one by numpy."""
+    n = len(values)
+    if n < 8:
+        total = 0.0
+        for v in values:
+            total += v
+        return total / n
+    return float(np.add.reduce(np.array(values, dtype=np.float64))) / n
 
 
 def aggregate_counted(

@@ -61,7 +61,7 @@ from rag_ablate.metrics.intent import intent_report
 from rag_ablate.metrics.registry import human_metrics, judged_metrics
 from rag_ablate.records.jsonl import RecordWriter, write_records
 from rag_ablate.records.repeats import first_runs, has_repeats, repeat_metrics, spreads_json
-from rag_ablate.records.scoring import TokenCounts, aggregate, make_record, scored
+from rag_ablate.records.scoring import TokenCounts, aggregate, make_record, metric_items, scored
 from rag_ablate.records.trace import Record, Trace, record_key, repeat_key
 from rag_ablate.run import cost, resume, slices
 from rag_ablate.run.budget import SpendMeter
@@ -603,7 +603,8 @@ def _score_run(
     Returns the metrics, the bounded slice metrics MLflow gets, and why the judge calibration failed
     (None when it did not): everything else is still written and logged, then the run fails."""
     records, dataset = out.records, inputs.dataset
-    metrics = aggregate(records, inputs.tag_weights)  # with <split>/prod/ and <split>/edge/ means
+    items = [metric_items(r) for r in records]  # each record's values, read once for the run and its slices
+    metrics = aggregate(records, inputs.tag_weights, items)  # with <split>/prod/ and <split>/edge/ means
     metrics["run/wall_seconds"] = out.wall
     # whatever numeric facts the system reported (index size, build time, ...) as run/<key>
     metrics.update(
@@ -639,7 +640,7 @@ def _score_run(
         write_json_atomic(job.job_dir / REPEATS_JSON, spreads_json(records))
     _write_intents(job, dataset, out)
     # every metric per tag and per gold intent (slices.json/.md); MLflow gets a bounded few of them
-    slice_table = slices.slice_metrics(records)
+    slice_table = slices.slice_metrics(records, items)
     slices.write_slices(slice_table, job.job_dir, s.metrics.summary)
     return metrics, slices.mlflow_slice_metrics(slice_table, quality), calibration_error
 

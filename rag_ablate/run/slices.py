@@ -37,7 +37,7 @@ from rag_ablate.core.fsio import write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import SLICES_JSON, SLICES_MD
 from rag_ablate.dataset.model import SPLITS
 from rag_ablate.metrics.registry import direction_of, display_name
-from rag_ablate.records.scoring import aggregate_counted, metric_items
+from rag_ablate.records.scoring import MetricItems, aggregate_counted, metric_items
 from rag_ablate.records.trace import Record
 
 #: the kinds of slice, in the order tables list them (then ``metadata.<key>``, by key)
@@ -237,11 +237,13 @@ def _worst_first(s: Slice, split: str, metric: str | None) -> tuple[int, float, 
     return (0, sign * v, s.key.value)
 
 
-def slice_metrics(records: Sequence[Record]) -> SliceTable:
-    """Every slice of a run's final records, with :func:`aggregate`'s metrics for each."""
-    items = {id(r): metric_items(r) for r in records}  # each record's values, read once for all its slices
+def slice_metrics(records: Sequence[Record], items: Sequence[MetricItems] | None = None) -> SliceTable:
+    """Every slice of a run's final records, with :func:`aggregate`'s metrics for each (``items``: the
+    records' :func:`~rag_ablate.records.scoring.metric_items`, when the caller has them already)."""
+    # each record's values, read once for all its slices
+    items_of = dict(zip(map(id, records), items or [metric_items(r) for r in records], strict=True))
     slices = [
-        Slice(key, *aggregate_counted(rows, items=[items[id(r)] for r in rows]))
+        Slice(key, *aggregate_counted(rows, items=[items_of[id(r)] for r in rows]))
         for key, rows in members(records).items()
     ]
     n_without = sum(1 for r in records if record_tags(r) is None)
