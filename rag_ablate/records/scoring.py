@@ -15,9 +15,10 @@ atomically with exactly one final record per query, in dataset order.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
+from operator import itemgetter
 from typing import cast
 
 import numpy as np
@@ -377,12 +378,15 @@ def rescore(
     ]
 
 
-MetricItems = tuple[list[tuple[str, float]], list[str]]
-"""A record's metric values (name, value; None and NaN left out) and the names whose value is None."""
+MetricItems = tuple[dict[str, float], list[str]]
+"""A record's metric values (name -> value; None and NaN left out) and the names whose value is None."""
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+def _p50_p95(values: Sequence[float]) -> tuple[float, float]:
+    """The 50th and 95th percentiles (numpy's linear interpolation), from one call (each value is what
+    its own ``np.percentile`` call gives)."""
+    p50, p95 = np.percentile(np.asarray(values, dtype=np.float64), (50, 95)).tolist()
+    return p50, p95
 
 
 def aggregate(
@@ -419,13 +423,13 @@ def aggregate(
 def metric_items(rec: Record) -> MetricItems:
     """The :data:`MetricItems` of one record, in its metrics' order."""
     metrics = rec.get("metrics") or {}
-    values = [(name, float(v)) for name, v in metrics.items() if v is not None and v == v]  # v != v: NaN
+    values = {name: float(v) for name, v in metrics.items() if v is not None and v == v}  # v != v: NaN
     nones = [name for name, v in metrics.items() if v is None] if None in metrics.values() else []
     return values, nones
 
 
 class _SplitValues:
-    """One split's records in one pass: counts by kind, status and stage, and every metric's values."""
+    """One split's records in one pass: counts by kind, status and stage, and every record's values."""
 
     __slots__ = ("kinds", "misses", "n", "stages", "statuses", "ttft", "values")
 
@@ -435,12 +439,22 @@ class _SplitValues:
         self.statuses: Counter[str] = Counter()
         self.stages: Counter[str | None] = Counter()
         self.ttft: list[float] = []
-        self.values: defaultdict[str, list[float]] = defaultdict(list)  # ok queries' values, NaN left out
+        self.values: list[dict[str, float]] = []  # each record's values (ok queries', NaN left out)
         self.misses: Counter[str] = Counter()  # failed queries a failure-aware metric applies to
+
+    def columns(self) -> dict[str, list[float]]:
+        """metric -> its values in record order (a metric every record has is read in C)."""
+        rows = self.values
+        shapes = [set(shape) for shape in set(map(tuple, rows))]  # the records' distinct sets of names
+        common = set.intersection(*shapes) if shapes else set()
+        out = {name: list(map(itemgetter(name), rows)) for name in common}
+        for name in set().union(*shapes) - common:
+            out[name] = [r[name] for r in rows if name in r]
+        return out
 
 
 def _split_values(records: Sequence[Record], items: Sequence[MetricItems]) -> dict[str, _SplitValues]:
-    """Every split's (and ``all``'s) :class:`_SplitValues`, each record read once, values in record order."""
+    """Every split's (and ``all``'s) :class:`_SplitValues`, each record read once, in record order."""
     out = {split: _SplitValues() for split in (*SPLITS, "all")}
     everything = out["all"]
     for r, (values, nones) in zip(records, items, strict=True):
@@ -456,9 +470,7 @@ def _split_values(records: Sequence[Record], items: Sequence[MetricItems]) -> di
             part.stages[stage] += 1
             if ttft is not None:
                 part.ttft.append(float(ttft))
-            by_name = part.values
-            for name, v in values:
-                by_name[name].append(v)
+            part.values.append(values)
             if nones and status != "ok":
                 part.misses.update(nones)
     return out
@@ -505,9 +517,8 @@ def aggregate_counted(
         if diagnosed:
             out.update({p + "n_" + stages.stage_metric(st): float(part.stages[st]) for st in stages.STAGES})
         if part.ttft:
-            out[p + "ttft_ms_p50"] = _percentile(part.ttft, 50)
-            out[p + "ttft_ms_p95"] = _percentile(part.ttft, 95)
-        values, misses = part.values, part.misses
+            out[p + "ttft_ms_p50"], out[p + "ttft_ms_p95"] = _p50_p95(part.ttft)
+        values, misses = part.columns(), part.misses
         for name in sorted({*values, *misses}):
             ok = values.get(name, [])
             miss = spec_of(name).miss if name in misses else None
@@ -520,8 +531,7 @@ def aggregate_counted(
                 out[p + "ok/" + name] = _mean(ok)
         lat = values.get("latency_ms")
         if lat:
-            out[p + "latency_ms_p50"] = _percentile(lat, 50)
-            out[p + "latency_ms_p95"] = _percentile(lat, 95)
+            out[p + "latency_ms_p50"], out[p + "latency_ms_p95"] = _p50_p95(lat)
         counts[split] = {name: len(values[name]) for name in sorted(values)}
     if weights is not None:
         out.update(run_metrics(records, weights, (*SPLITS, "all")))
