@@ -445,11 +445,15 @@ class _SplitValues:
     def columns(self) -> dict[str, list[float]]:
         """metric -> its values in record order (a metric every record has is read in C)."""
         rows = self.values
-        shapes = [set(shape) for shape in set(map(tuple, rows))]  # the records' distinct sets of names
+        orders = set(map(tuple, rows))  # the records' distinct lists of names
+        if len(orders) == 1:  # every record has the same metrics in the same order: transposed in C
+            columns = map(list, zip(*map(dict.values, rows), strict=True))
+            return dict(zip(next(iter(orders)), columns, strict=True))
+        shapes = [set(shape) for shape in orders]
         common = set.intersection(*shapes) if shapes else set()
         out = {name: list(map(itemgetter(name), rows)) for name in common}
         for name in set().union(*shapes) - common:
-            out[name] = [r[name] for r in rows if name in r]
+            out[name] = [v for r in rows if (v := r.get(name)) is not None]  # a value is never None
         return out
 
 
