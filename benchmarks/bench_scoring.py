@@ -29,7 +29,7 @@ Two measurements, each in this one process:
    made and scored (``scored(make_record(query, trace))``, the trace read back from the record;
    chunk token counts seeded as a local system seeds them) and appended by a
    :class:`~rag_ablate.records.jsonl.RecordWriter`, then
-   ``aggregate``, the cost metrics, the judge and repeat metrics, the slices and their files. Each
+   ``aggregate`` (with the default production mix's weighted means), the cost metrics, the judge and repeat metrics, the slices and their files. Each
    side is a child process whose ``rag_ablate`` is this checkout or ``--code DIR`` (default
    ``/work/main``: the code before a change); the two alternate, best CPU time (user + sys) of
    ``--rounds`` per child. A digest of every value (each record's metrics and stage, the
@@ -304,6 +304,7 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
     import tempfile
 
     from rag_ablate.dataset.load import load_dataset
+    from rag_ablate.dataset.weights import TagWeights
     from rag_ablate.records.jsonl import RecordWriter, dumps_sorted, read_records
     from rag_ablate.records.repeats import repeat_metrics
     from rag_ablate.records.trace import Trace
@@ -322,6 +323,7 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
                 seed.count(e["doc_id"], e["start"], e["end"], ds.documents)
     counts = {k: seed.count(*k, ds.documents) for k in list(seed._memo)}
     folder = Path(tempfile.mkdtemp())
+    weights = TagWeights.from_config({})  # the default config's production mix (edge-tagged queries weigh 0)
 
     def once() -> tuple[dict[str, float], bytes]:
         t: dict[str, float] = {}
@@ -342,7 +344,7 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
         c, t["writer"] = clock(), clock() - c
         # each record's values read once for the run and its slices, as the runner does (where the code has it)
         items = [records_mod.metric_items(r) for r in out] if hasattr(records_mod, "metric_items") else None
-        metrics = records_mod.aggregate(out) if items is None else records_mod.aggregate(out, None, items)
+        metrics = records_mod.aggregate(out, weights) if items is None else records_mod.aggregate(out, weights, items)
         c, t["aggregate"] = clock(), clock() - c
         costs = cost.run_cost_metrics(out, ("dev", "holdout"))
         c, t["cost"] = clock(), clock() - c

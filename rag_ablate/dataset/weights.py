@@ -211,21 +211,35 @@ def run_metrics(
     out: dict[str, float] = {}
     w_all = np.array([tw.weight(t) for t in tag_lists])
     edge_all = np.array([tw.is_edge(t) for t in tag_lists], dtype=bool)
+    # every metric's finite values and the positions of their records, in record order, read once
+    # for all splits (a split takes the values of its records, in the same order)
+    columns: dict[str, tuple[list[float], list[int]]] = {}
+    for i, r in enumerate(records):
+        for name, v in (r.get("metrics") or {}).items():
+            if v is not None and math.isfinite(float(v)):
+                column = columns.get(name)
+                if column is None:
+                    column = columns[name] = ([], [])
+                column[0].append(float(v))
+                column[1].append(i)
+    arrays = {
+        name: (np.array(v, dtype=np.float64), np.array(at, dtype=np.intp))
+        for name, (v, at) in columns.items()
+    }
     for split in splits:
-        idx = [i for i, r in enumerate(records) if split == "all" or r["split"] == split]
+        in_split = np.array([split == "all" or r["split"] == split for r in records], dtype=bool)
+        idx = np.flatnonzero(in_split)
         w, edge = w_all[idx], edge_all[idx]
         out[f"{split}/{PROD}/n_queries"] = float(np.count_nonzero(w > 0))
         out[f"{split}/{PROD}/n_eff"] = effective_n(w)
         out[f"{split}/{EDGE}/n_queries"] = float(np.count_nonzero(edge))
-        values: dict[str, list[tuple[float, float, bool]]] = {}
-        for j, i in enumerate(idx):
-            for name, v in (records[i].get("metrics") or {}).items():
-                if v is not None and math.isfinite(float(v)):
-                    values.setdefault(name, []).append((float(v), float(w[j]), bool(edge[j])))
-        for name in sorted(values):
-            x = np.array([t[0] for t in values[name]])
-            wn = np.array([t[1] for t in values[name]])
-            en = np.array([t[2] for t in values[name]], dtype=bool)
+        for name in sorted(arrays):
+            values, at = arrays[name]
+            keep = in_split[at]
+            if not keep.any():  # no record of this split has a value
+                continue
+            x, rows = values[keep], at[keep]
+            wn, en = w_all[rows].astype(np.float64), edge_all[rows]
             if wn.sum() > 0:
                 out[f"{split}/{PROD}/{name}"] = weighted_mean(x, wn)
             if en.any():
