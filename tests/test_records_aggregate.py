@@ -18,11 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rag_ablate.dataset.model import SPLITS
+from rag_ablate.dataset.weights import TagWeights, effective_n, run_metrics, weighted_mean
 from rag_ablate.metrics import stages
 from rag_ablate.metrics.registry import spec_of
 from rag_ablate.records.scoring import _mean, aggregate, aggregate_counted
 from rag_ablate.run.slices import slice_metrics
 
+_MIX = TagWeights.from_config({"slice_weights": {"a": 0.5}})  # edge cases weigh 0 (the default edge tag)
 _NAMES = ("recall_at_5", "ndcg_at_10", "latency_ms", "token_f1", "context_tokens_at_5")
 
 
@@ -104,7 +106,7 @@ def _records(draw: st.DrawFn) -> list[dict[str, Any]]:
                 "status": status,
                 "failure_stage": draw(st.none() | st.sampled_from(stages.STAGES)),
                 "ttft_ms": draw(st.none() | st.floats(min_value=0, max_value=1e4)),
-                "tags": draw(st.lists(st.sampled_from(["a", "b", "c"]), max_size=2)),
+                "tags": draw(st.lists(st.sampled_from(["a", "b", "edge"]), max_size=2)),
                 "intent_gold": None,
                 "intent_gold_l1": None,
                 "metrics": {name: draw(_VALUE) for name in names},
@@ -127,7 +129,7 @@ def test_aggregate_equals_its_definition_bit_for_bit(records: list[dict[str, Any
         assert (_bits(s.metrics), s.n_values) == (lambda e: (_bits(e[0]), e[1]))(_reference(rows))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     values=st.lists(st.floats(min_value=-1e300, max_value=1e300), min_size=1, max_size=7)
     | st.lists(st.floats(min_value=-1e300, max_value=1e300), min_size=1, max_size=300)
@@ -135,3 +137,40 @@ def test_aggregate_equals_its_definition_bit_for_bit(records: list[dict[str, Any
 )
 def test_the_mean_is_numpys_bit_for_bit(values: list[float]) -> None:
     assert struct.pack("<d", _mean(values)) == struct.pack("<d", float(np.mean(values)))
+
+
+def _reference_mix(records: list[dict[str, Any]]) -> dict[str, float]:
+    """The production mix's weighted and edge means as documented, split by split (no trivial mix here)."""
+    out: dict[str, float] = {}
+    tags = [[str(t) for t in r["tags"]] for r in records]
+    w_all = np.array([_MIX.weight(t) for t in tags])
+    edge_all = np.array([_MIX.is_edge(t) for t in tags], dtype=bool)
+    for split in (*SPLITS, "all"):
+        idx = [i for i, r in enumerate(records) if split == "all" or r["split"] == split]
+        w, edge = w_all[idx], edge_all[idx]
+        out[f"{split}/prod/n_queries"] = float(np.count_nonzero(w > 0))
+        out[f"{split}/prod/n_eff"] = effective_n(w)
+        out[f"{split}/edge/n_queries"] = float(np.count_nonzero(edge))
+        values: dict[str, list[tuple[float, float, bool]]] = {}
+        for j, i in enumerate(idx):
+            for name, v in records[i]["metrics"].items():
+                if v is not None and math.isfinite(v):
+                    values.setdefault(name, []).append((float(v), float(w[j]), bool(edge[j])))
+        for name in sorted(values):
+            x = np.array([t[0] for t in values[name]])
+            wn = np.array([t[1] for t in values[name]])
+            en = np.array([t[2] for t in values[name]], dtype=bool)
+            if wn.sum() > 0:
+                out[f"{split}/prod/{name}"] = weighted_mean(x, wn)
+            if en.any():
+                out[f"{split}/edge/{name}"] = float(x[en].mean())
+    return out
+
+
+@settings(max_examples=15, deadline=None)
+@given(records=_records())
+def test_the_production_mix_equals_its_definition_bit_for_bit(records: list[dict[str, Any]]) -> None:
+    """``<split>/prod/`` and ``<split>/edge/`` means: each metric's values gathered once for all splits."""
+    got = run_metrics(records, _MIX, (*SPLITS, "all"))
+    if got:  # a mix is trivial (nothing returned) when no record has a tag it weighs
+        assert _bits(got) == _bits(_reference_mix(records))
