@@ -51,7 +51,14 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             raise httpcore.WriteError(str(exc) or type(exc).__name__) from exc
 
     async def aclose(self) -> None:
-        self._writer.close()
+        """Closed at once, as anyio closes its streams: a TLS connection does not wait for the
+        server's close_notify, and the socket is let go in the event loop's next rounds (not after
+        a loop that ends first, which would leave it open)."""
+        transport = self._writer.transport
+        transport.close()
+        await asyncio.sleep(0)
+        transport.abort()
+        await asyncio.sleep(0)
 
     async def start_tls(
         self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
@@ -60,10 +67,10 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             async with asyncio.timeout(timeout):
                 await self._writer.start_tls(ssl_context, server_hostname=server_hostname)
         except TimeoutError as exc:
-            self._writer.close()
+            await self.aclose()
             raise httpcore.ConnectTimeout(f"no TLS handshake within {timeout} s") from exc
-        except (OSError, ssl.SSLError) as exc:  # ssl.SSLError is an OSError; named for the reader
-            self._writer.close()
+        except OSError as exc:  # ssl.SSLError (an untrusted certificate) is an OSError
+            await self.aclose()
             raise httpcore.ConnectError(str(exc) or type(exc).__name__) from exc
         return self
 
