@@ -41,10 +41,14 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if not buffer:
             return
+        transport = self._writer.transport
         try:
+            if transport.is_closing():
+                raise ConnectionResetError("the connection is closed")
             self._writer.write(buffer)
-            async with asyncio.timeout(timeout):
-                await self._writer.drain()
+            if transport.get_write_buffer_size():  # not all sent at once: wait for the socket
+                async with asyncio.timeout(timeout):
+                    await self._writer.drain()
         except TimeoutError as exc:
             raise httpcore.WriteTimeout(f"could not send within {timeout} s") from exc
         except (OSError, RuntimeError) as exc:  # RuntimeError: written after the connection closed
