@@ -387,16 +387,28 @@ class PlanServer(ThreadingHTTPServer):
 
 
 @contextmanager
-def fault_server(plan: Plan) -> Iterator[str]:
+def handler_server(
+    handler: type[FaultHandler], plan: Plan, tls: ssl.SSLContext | None = None
+) -> Iterator[str]:
+    """A PlanServer with ``handler`` on 127.0.0.1 (over TLS with ``tls``), its base URL."""
     server = PlanServer(plan)
+    server.RequestHandlerClass = handler
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+@contextmanager
+def fault_server(plan: Plan) -> Iterator[str]:
+    with handler_server(FaultHandler, plan) as url:
+        yield url
 
 
 # --------------------------------------------------------------------------- parity with the local system
@@ -764,29 +776,13 @@ class Redirecting(FaultHandler):
         self._json(200, OK_EVAL, {"Set-Cookie": "sticky=a1; Path=/"} if qid == "q3" else None)
 
 
-@contextmanager
-def _serving(handler: type[FaultHandler], plan: Plan, tls: ssl.SSLContext | None = None) -> Iterator[str]:
-    server = PlanServer(plan)
-    server.RequestHandlerClass = handler
-    if tls is not None:
-        server.socket = tls.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
-
-
 def test_the_eval_request_keeps_basic_auth_follows_redirects_and_returns_cookies(tiny_dataset: Path) -> None:
     """The eval call sends its JSON without going through httpx's per-request client steps, and
     still does what the client does: the URL's user and password as basic auth, a 307 followed with
     its body (auth kept: same origin), a cookie the service set sent back on later requests."""
     ds = load_dataset(tiny_dataset)
     plan = Plan({})
-    with _serving(Redirecting, plan) as url:
+    with handler_server(Redirecting, plan) as url:
         authed = url.replace("http://", "http://alice:s%40me@")
         settings = _http_settings(authed, eval_path="/old/eval", chat_path=None, concurrency=1)
         records, _ = _run(HttpSystem(settings), ds)
@@ -847,7 +843,7 @@ def test_https_uses_the_trusted_certificates_and_refuses_others(
     cert, key = _self_signed(tmp_path)
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(cert, key)
-    with _serving(FaultHandler, Plan({}), tls) as url:
+    with handler_server(FaultHandler, Plan({}), tls) as url:
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))
         records, _ = _run(HttpSystem(_http_settings(url, chat_path=None, concurrency=2)), ds)
         assert [r["status"] for r in records] == ["ok"] * len(ds.queries)
