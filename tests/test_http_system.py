@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
+import base64
+import ipaddress
 import json
 import re
 import socket
+import ssl
 import threading
 import time
 from collections import defaultdict
@@ -384,16 +387,28 @@ class PlanServer(ThreadingHTTPServer):
 
 
 @contextmanager
-def fault_server(plan: Plan) -> Iterator[str]:
+def handler_server(
+    handler: type[FaultHandler], plan: Plan, tls: ssl.SSLContext | None = None
+) -> Iterator[str]:
+    """A PlanServer with ``handler`` on 127.0.0.1 (over TLS with ``tls``), its base URL."""
     server = PlanServer(plan)
+    server.RequestHandlerClass = handler
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+@contextmanager
+def fault_server(plan: Plan) -> Iterator[str]:
+    with handler_server(FaultHandler, plan) as url:
+        yield url
 
 
 # --------------------------------------------------------------------------- parity with the local system
@@ -740,3 +755,99 @@ def test_url_levels_each_call_their_own_service(tiny_dataset: Path, tmp_path: Pa
     data = json.loads((sweep_dir / "comparison.json").read_text())
     assert data["variants"] == [f"system.base_url={b}"] and data["no_op"] == [f"system.base_url={b}"]
     assert f"NO-OP: system.base_url={b} returned the same retrieved chunks" in proc.stdout
+
+
+# --------------------------------------------------------------------------- what the eval request carries
+
+
+class Redirecting(FaultHandler):
+    """``/old/eval`` answers query q1 with a 307 to ``/rag/eval``, the others itself; the answer to
+    query q3 sets a cookie."""
+
+    def do_POST(self) -> None:
+        qid = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["query_id"]
+        if self.path == "/old/eval" and qid == "q1":
+            self.send_response(307)
+            self.send_header("Location", "/rag/eval")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.server.plan.hit(self.path, qid, dict(self.headers))
+        self._json(200, OK_EVAL, {"Set-Cookie": "sticky=a1; Path=/"} if qid == "q3" else None)
+
+
+def test_the_eval_request_keeps_basic_auth_follows_redirects_and_returns_cookies(tiny_dataset: Path) -> None:
+    """The eval call sends its JSON without going through httpx's per-request client steps, and
+    still does what the client does: the URL's user and password as basic auth, a 307 followed with
+    its body (auth kept: same origin), a cookie the service set sent back on later requests."""
+    ds = load_dataset(tiny_dataset)
+    plan = Plan({})
+    with handler_server(Redirecting, plan) as url:
+        authed = url.replace("http://", "http://alice:s%40me@")
+        settings = _http_settings(authed, eval_path="/old/eval", chat_path=None, concurrency=1)
+        records, _ = _run(HttpSystem(settings), ds)
+    assert [r["status"] for r in records] == ["ok"] * len(ds.queries)
+    assert all(r["retrieved"][0]["doc_id"] == "RET" for r in records)
+    sent = {qid: headers for (_path, qid), headers in zip(plan.seen, plan.headers, strict=True)}
+    assert ("/rag/eval", "q1") in plan.seen and ("/old/eval", "q2") in plan.seen
+    basic = "Basic " + base64.b64encode(b"alice:s@me").decode()
+    assert all(h.get("Authorization") == basic for h in sent.values())
+    assert all(h.get("Content-Type") == "application/json" for h in sent.values())
+    order = [q.query_id for q in ds.queries]
+    after = order[order.index("q3") + 1 :]
+    assert after and all(sent[q].get("Cookie") == "sticky=a1" for q in after)
+    assert all("Cookie" not in sent[q] for q in order[: order.index("q3") + 1])
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (PEM files), made with cryptography (an mlflow dependency)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    here = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(here, False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_file, key_file
+
+
+def test_https_uses_the_trusted_certificates_and_refuses_others(
+    tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service over TLS: trusted through SSL_CERT_FILE, every query is ok; a certificate nobody
+    trusts is a connection error on every try, which stops the run."""
+    ds = load_dataset(tiny_dataset)
+    cert, key = _self_signed(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    with handler_server(FaultHandler, Plan({}), tls) as url:
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        records, _ = _run(HttpSystem(_http_settings(url, chat_path=None, concurrency=2)), ds)
+        assert [r["status"] for r in records] == ["ok"] * len(ds.queries)
+        monkeypatch.delenv("SSL_CERT_FILE")  # certifi's authorities only
+        settings = _http_settings(url, chat_path=None, concurrency=1, retries=0)
+        with pytest.raises(EndpointDownError, match="CERTIFICATE_VERIFY_FAILED"):
+            _run(HttpSystem(settings), ds)
