@@ -23,8 +23,8 @@ Phases (run in-process through the same functions as ``rag-ablate compare``):
 ``read records`` (load_source), ``compare`` (rag_ablate.compare.analysis.compare, split
 into the draws of the bootstrap counts, the per-metric paired tests, the latency
 percentiles and the production mix by timing those functions), ``slices``, ``guard +
-pairwise``, ``render`` (comparison.json/.md and the terminal table) and ``report``
-(report.html and the trade-off). Peak RSS per phase: the kernel's high-water mark, reset
+pairwise``, ``render`` (comparison.json/.md and the terminal table), ``trade-off`` and
+``report.html``. Peak RSS per phase: the kernel's high-water mark, reset
 before each phase (``/proc/self/clear_refs``), read from ``/proc/self/status``.
 ``--cli`` also times ``rag-ablate compare <sweep dir>`` as a subprocess (wall and max RSS).
 """
@@ -326,6 +326,7 @@ def run_phases(sweep: Path, B: int, seed: int) -> tuple[Phases, Any]:
             alpha=settings.alpha,
             flip_threshold=settings.flip_threshold,
         )
+        c.cap_flips()  # as the comparison step does (compare/run.py)
     inner_compare = {k: list(v) for k, v in ph.inner.items()}
     with ph.phase("slices"):
         c.slices = slices.compare_slices(
@@ -338,8 +339,9 @@ def run_phases(sweep: Path, B: int, seed: int) -> tuple[Phases, Any]:
     with ph.phase("render (comparison.json/.md, terminal)"):
         render.write_outputs(c, src.out_dir)
         render.format_terminal(c)
-    with ph.phase("report (report.html, trade-off)"):
+    with ph.phase("trade-off (quality against cost, its bootstrap)"):
         c.tradeoff = tradeoff.compute(src.variants, settings, seed=seed, baseline=c.baseline)
+    with ph.phase("report.html (plots, page)"):
         write_report(src.out_dir, c, src.variants)
     ph.inner = {k: v for k, v in inner_compare.items()}
     ph.inner["slices: paired tests"] = [0.0, float(slices_tests)]
@@ -410,6 +412,8 @@ def main() -> None:
         total, cpu_total = sum(r[1] for r in ph.rows), sum(r[3] for r in ph.rows)
         peak = max(r[2] for r in ph.rows)
         print(f"| **comparison step, total** | **{total:.2f}** | **{cpu_total:.2f}** | **{peak:,.0f}** |")
+        files = ("comparison.json", "comparison.md", "report.html")
+        print("\nfiles: " + ", ".join(f"{f} {(sweep / f).stat().st_size / 2**20:,.2f} MB" for f in files))
         res: dict[str, Any] = {
             "grouping (wall, CPU)": (grouping["seconds"], grouping["cpu"]),
             **{f"{r[0]} (wall, peak)": (r[1], r[2]) for r in ph.rows},

@@ -12,6 +12,7 @@ what the comparison step computed.
 
 from __future__ import annotations
 
+import heapq
 import math
 import types
 import typing
@@ -186,6 +187,15 @@ class Flip:
 # variant -> metric -> split -> {"improved": [...], "regressed": [...]}
 Flips = dict[str, dict[str, dict[str, dict[str, list[Flip]]]]]
 
+#: flipped queries a comparison keeps per variant, metric, split and direction: the largest changes
+#: (:meth:`Comparison.cap_flips`; every query's values stay in the jobs' records)
+FLIPS_KEPT = 50
+
+
+def flip_order(f: Flip) -> tuple[float, str]:
+    """Largest change first, then by query id: the order the views list flips in."""
+    return (-abs(f.variant - f.baseline), f.query_id)
+
 #: verdicts of a slice, worst first (:mod:`rag_ablate.compare.slices`)
 SLICE_VERDICTS = ("hurts", "no evidence", "helps", "too small", "untested")
 
@@ -356,6 +366,28 @@ class Comparison:
     ppi: PPISection | None = None
     # system.repeats > 1: each repeated variant's runs per query and flaky queries (compare.repeats)
     repeats: list[RepeatSummary] = field(default_factory=list)
+    # variant -> metric -> split -> direction -> how many queries flipped, for each list of ``flips``
+    # that :meth:`cap_flips` cut to its largest changes (a list not cut holds them all)
+    flip_counts: dict[str, dict[str, dict[str, dict[str, int]]]] = field(default_factory=dict)
+
+    def n_flips(self, variant: str, metric: str, split: str, direction: str) -> int:
+        """How many queries flipped (``flips`` may list only the largest changes of them)."""
+        listed = self.flips.get(variant, {}).get(metric, {}).get(split, {}).get(direction, [])
+        counted = self.flip_counts.get(variant, {}).get(metric, {}).get(split, {})
+        return counted.get(direction, len(listed))
+
+    def cap_flips(self, keep: int = FLIPS_KEPT) -> None:
+        """Keep the ``keep`` largest changes of each list of flips, largest first (:func:`flip_order`),
+        counting the flips of each list cut in ``flip_counts``. At 100,000 queries a comparison has
+        about a million flips: they made most of ``comparison.json`` (148 MB) and of its render time."""
+        for v, by_metric in self.flips.items():
+            for m, by_split in by_metric.items():
+                for s, by_direction in by_split.items():
+                    for direction, fl in by_direction.items():
+                        if len(fl) > keep:
+                            counts = self.flip_counts.setdefault(v, {}).setdefault(m, {}).setdefault(s, {})
+                            counts[direction] = len(fl)
+                            by_direction[direction] = heapq.nsmallest(keep, fl, key=flip_order)
 
     def row(self, split: str, variant: str, metric: str) -> Row | None:
         for r in self.rows:
@@ -409,6 +441,7 @@ class Comparison:
             "cost_metric": self.cost_metric,
             "ppi": None if self.ppi is None else self.ppi.to_dict(),
             "repeats": [asdict(r) for r in self.repeats],
+            "flip_counts": self.flip_counts,
         }
 
     @classmethod

@@ -216,8 +216,9 @@ def format_terminal(c: Comparison) -> str:
         for v in c.variants:
             by_split = c.flips.get(v, {}).get(first, {})
             parts = [
-                f"{s}: {len(k['improved'])} improved, {len(k['regressed'])} regressed"
-                for s, k in by_split.items()
+                f"{s}: {c.n_flips(v, first, s, 'improved')} improved, "
+                f"{c.n_flips(v, first, s, 'regressed')} regressed"
+                for s in by_split
             ]
             if parts:
                 lines.append(
@@ -550,17 +551,24 @@ def format_markdown(c: Comparison, max_flips: int = 10) -> str:
     for v, by_metric in c.flips.items():
         for m, by_split in by_metric.items():
             for s, kinds in by_split.items():
-                imp, reg = kinds["improved"], kinds["regressed"]
-                if not imp and not reg:
+                if not kinds["improved"] and not kinds["regressed"]:
                     continue
-                out.append(f"### {v} · {display_name(m)} · {s}: {len(imp)} improved, {len(reg)} regressed")
+                n = {label: c.n_flips(v, m, s, label) for label in ("improved", "regressed")}
+                counts = f"{n['improved']} improved, {n['regressed']} regressed"
+                out.append(f"### {v} · {display_name(m)} · {s}: {counts}")
                 out.append("")
-                for label, fl in (("improved", imp), ("regressed", reg)):
+                for label in ("improved", "regressed"):
+                    fl = kinds[label]
                     for f in fl[:max_flips]:
                         out.append(
                             f"- {label}: `{f.query_id}` {_num(f.baseline)} -> {_num(f.variant)}  {f.query}"
                         )
-                    if len(fl) > max_flips:
+                    if n[label] > len(fl):  # cut to the largest changes (Comparison.cap_flips)
+                        out.append(
+                            f"- ... {n[label] - min(len(fl), max_flips)} more {label} (comparison.json "
+                            f"has the {len(fl)} largest changes; every query's values: the jobs' records)"
+                        )
+                    elif len(fl) > max_flips:
                         out.append(f"- ... {len(fl) - max_flips} more {label} (comparison.json has all)")
                 out.append("")
     return "\n".join(out)

@@ -177,6 +177,7 @@ def run_comparison(
     )
     c.latency_method = latency_method
     c.repeats = repeated
+    c.cap_flips()  # the largest changes of each list; every query's values stay in the records
     # where it helps and hurts: the same test within each slice (exploratory, BH across slices)
     c.slices = compare_slices(
         src.variants,

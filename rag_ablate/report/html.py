@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import base64
 import functools
+import heapq
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,7 +48,7 @@ from typing import Any
 import jinja2
 
 from rag_ablate.compare import headline, ppi, tradeoff
-from rag_ablate.compare.model import Comparison, FlakyQuery, Flip, VariantData
+from rag_ablate.compare.model import FLIPS_KEPT, Comparison, FlakyQuery, Flip, VariantData, flip_order
 from rag_ablate.compare.render import (
     REPEATS_HOW,
     STAGES_HOW,
@@ -58,7 +60,7 @@ from rag_ablate.compare.render import (
 )
 from rag_ablate.core.fsio import write_text_atomic
 from rag_ablate.core.layout import FAILURES_FILE, PLAN_FILE
-from rag_ablate.metrics.intent import intent_report
+from rag_ablate.metrics.intent import intent_top1
 from rag_ablate.metrics.registry import display_name
 from rag_ablate.report import plots as report_plots
 
@@ -177,21 +179,26 @@ def intent_accuracy(
 ) -> tuple[list[str], dict[str, dict[str, tuple[int, float]]]]:
     """Per leaf intent, per variant: (queries, accuracy) over routed queries that did not fail.
 
-    The same cases the job's ``intents.json`` counts. Intents come worst first
-    (lowest mean accuracy over the variants, then by name).
+    The same cases the job's ``intents.json`` counts (a query is right when its predicted leaf is
+    the gold one, :func:`~rag_ablate.metrics.intent.intent_top1`), counted once per distinct (gold,
+    predicted) pair. Intents come worst first (lowest mean accuracy over the variants, then by name).
     """
     table: dict[str, dict[str, tuple[int, float]]] = {}
     for v in variants:
-        cases = [
-            (r.get("intent_gold_l1"), str(r["intent_gold"]), r.get("intent_pred"))
+        pairs = Counter(
+            (str(r["intent_gold"]), r.get("intent_pred"))
             for r in v.records
             if r.get("intent_gold") is not None and r.get("status", "ok") == "ok"
-        ]
-        if not cases or all(r.get("intent_pred") is None for r in v.records):
+        )
+        if not pairs or all(r.get("intent_pred") is None for r in v.records):
             continue
-        rep = intent_report(cases, top_confusions=0)
-        for row in rep.per_l2:
-            table.setdefault(row.name, {})[v.label] = (row.n, row.accuracy)
+        n: Counter[str] = Counter()
+        right: Counter[str] = Counter()
+        for (gold, predicted), count in pairs.items():
+            n[gold] += count
+            right[gold] += count * int(intent_top1(gold, predicted))
+        for gold, count in n.items():
+            table.setdefault(gold, {})[v.label] = (count, right[gold] / count)
     order = sorted(table, key=lambda k: (sum(a for _, a in table[k].values()) / len(table[k]), k))
     return order, table
 
@@ -202,8 +209,12 @@ _RECALL_RE = re.compile(r"^recall_at_(\d+)$")
 def recall_curves(
     variants: Sequence[VariantData], splits: Sequence[str]
 ) -> dict[str, dict[str, list[tuple[int, float]]]]:
-    """split -> variant -> [(k, mean recall@k)] over the queries with a value, k ascending."""
-    k_of: dict[str, int | None] = {}  # metric name -> its k when it is recall@k (each name matched once)
+    """split -> variant -> [(k, mean recall@k)] over the queries with a value, k ascending.
+
+    One pass over the records; a record's metric names are matched against recall@k only when it
+    has one not seen before (records repeat the same names)."""
+    seen: dict[str, None] = {}  # every metric name matched so far
+    recall: list[tuple[str, int]] = []  # of those, the recall@k names and their k
     by_variant: dict[str, dict[str, dict[int, list[float]]]] = {}  # variant -> split -> k -> values
     for v in variants:
         per_split: dict[str, dict[int, list[float]]] = {s: {} for s in splits}
@@ -211,12 +222,17 @@ def recall_curves(
             sums = per_split.get(r.get("split", ""))
             if sums is None or r.get("status", "ok") != "ok":
                 continue
-            for name, x in (r.get("metrics") or {}).items():
-                if name not in k_of:
-                    m = _RECALL_RE.match(name)
-                    k_of[name] = int(m.group(1)) if m else None
-                k = k_of[name]
-                if k is not None and x is not None:
+            metrics = r.get("metrics") or {}
+            if not metrics.keys() <= seen.keys():
+                for name in metrics:
+                    if name not in seen:
+                        seen[name] = None
+                        m = _RECALL_RE.match(name)
+                        if m:
+                            recall.append((name, int(m.group(1))))
+            for name, k in recall:
+                x = metrics.get(name)
+                if x is not None:
                     sums.setdefault(k, []).append(float(x))
         by_variant[v.label] = per_split
     out: dict[str, dict[str, list[tuple[int, float]]]] = {}
@@ -333,17 +349,17 @@ def _flips(c: Comparison, metric: str, titles: Mapping[str, str]) -> dict[str, A
         for split in c.splits:
             d = by_split.get(split) or {}
             for direction in ("regressed", "improved"):
-                fl: list[Flip] = sorted(
-                    d.get(direction, []), key=lambda f: (-abs(f.variant - f.baseline), f.query_id)
-                )
+                every: list[Flip] = d.get(direction, [])
+                fl = heapq.nsmallest(TOP_FLIPS, every, key=flip_order)
+                n = c.n_flips(variant, metric, split, direction)
                 if fl:
-                    more = f" (top {TOP_FLIPS} of {len(fl)})" if len(fl) > TOP_FLIPS else ""
+                    more = f" (top {TOP_FLIPS} of {n})" if n > TOP_FLIPS else ""
                     groups.append(
                         {
-                            "title": f"{titles.get(variant, variant)}: {split}, {len(fl)} {direction}{more}",
+                            "title": f"{titles.get(variant, variant)}: {split}, {n} {direction}{more}",
                             # records stored without text (privacy.store_text=false): the query ids only
-                            "texts": any(f.query for f in fl),
-                            "flips": fl[:TOP_FLIPS],
+                            "texts": any(f.query for f in every),
+                            "flips": fl,
                         }
                     )
     return {"metric": metric, "groups": groups}
@@ -408,6 +424,7 @@ def render(
             recall_png=png_data(recall_png),
             flips=_flips(c, quality, titles),
             top_flips=TOP_FLIPS,
+            flips_kept=FLIPS_KEPT,
         )
     )
 

@@ -1,0 +1,100 @@
+"""The comparison's views at scale (issue 28), on objects built in memory: no sweep.
+
+A comparison keeps the largest changes of each list of flipped queries and counts them all, and every
+view (terminal, comparison.md, report.html, comparison.json read back) prints the count, not the
+length of what was kept; report.html's recall curves and per-intent accuracy take one pass over the
+records; records read for a comparison share their field names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rag_ablate.compare.load import load_sweep_dir
+from rag_ablate.compare.model import FLIPS_KEPT, Comparison, Flip, VariantData
+from rag_ablate.compare.render import format_markdown, format_terminal
+from rag_ablate.core.layout import RECORDS_FILE, VARIANT_FILE
+from rag_ablate.report import html as html_report
+
+N_REGRESSED = FLIPS_KEPT + 70
+
+
+def _comparison() -> Comparison:
+    # regressed: baseline 1.0, variant falling by query number, so the largest changes are the last ones
+    regressed = [Flip(f"q{i:03d}", f"text {i}", 1.0, 1.0 - (i + 1) / 1000) for i in range(N_REGRESSED)]
+    improved = [Flip("q900", "text 900", 0.0, 1.0), Flip("q901", "text 901", 0.2, 0.5)]
+    return Comparison(
+        baseline="baseline", variants=["v"], metrics=["recall_at_5"], splits=["dev"], B=100, seed=0,
+        alpha=0.05, rows=[],
+        flips={"v": {"recall_at_5": {"dev": {"regressed": regressed, "improved": improved}}}},
+    )  # fmt: skip
+
+
+def test_the_largest_changes_are_kept_and_every_flip_counted() -> None:
+    c = _comparison()
+    c.cap_flips()
+    kept = c.flips["v"]["recall_at_5"]["dev"]
+    assert [f.query_id for f in kept["regressed"]] == [f"q{i:03d}" for i in range(N_REGRESSED - 1, 69, -1)]
+    assert [f.query_id for f in kept["improved"]] == ["q900", "q901"]  # a short list stays as it was
+    assert c.n_flips("v", "recall_at_5", "dev", "regressed") == N_REGRESSED
+    assert c.n_flips("v", "recall_at_5", "dev", "improved") == 2
+    assert c.flip_counts == {"v": {"recall_at_5": {"dev": {"regressed": N_REGRESSED}}}}
+    back = Comparison.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert back.flips == c.flips and back.flip_counts == c.flip_counts
+    assert back.n_flips("v", "recall_at_5", "dev", "regressed") == N_REGRESSED
+
+
+def test_every_view_prints_the_count_of_flips_not_what_was_kept() -> None:
+    c = _comparison()
+    c.cap_flips()
+    assert f"per-query flips of v on recall@5: dev: 2 improved, {N_REGRESSED} regressed" in format_terminal(c)
+    md = format_markdown(c)
+    assert f"### v · recall@5 · dev: 2 improved, {N_REGRESSED} regressed" in md
+    assert f"- ... {N_REGRESSED - 10} more regressed (comparison.json has the {FLIPS_KEPT} largest" in md
+    assert "- regressed: `q119` 1.000 -> 0.880" in md  # the largest change first
+    page = html_report.render(
+        title="t", variants=[VariantData("baseline", []), VariantData("v", [])], comparison=c, plan=None,
+        tradeoff_png=None, recall_png=None,
+    )  # fmt: skip
+    assert f"v: dev, {N_REGRESSED} regressed (top 10 of {N_REGRESSED})" in page
+    assert f"comparison.json: the {FLIPS_KEPT} largest of each" in page
+
+
+def _record(i: int, split: str, metrics: dict[str, float | None], **kw: Any) -> dict[str, Any]:
+    return {"query_id": f"q{i}", "split": split, "group": f"g{i}", "status": "ok", "metrics": metrics, **kw}
+
+
+def test_recall_curves_and_intents_count_what_each_record_has() -> None:
+    """The report's one pass over the records: a recall@k first seen late, a None value, a failed
+    query and another split's are counted as the plain means over the records with a value."""
+    base = [
+        _record(0, "dev", {"recall_at_5": 1.0, "mrr_at_5": 1.0}, intent_gold="a", intent_pred="a"),
+        _record(1, "dev", {"recall_at_5": 0.5, "recall_at_1": None}, intent_gold="a", intent_pred="b"),
+        _record(2, "dev", {"recall_at_1": 1.0, "recall_at_10": 0.25}, intent_gold="b", intent_pred="b"),
+        _record(3, "dev", {"recall_at_5": 0.0}, intent_gold="b", intent_pred=None, status="error"),
+        _record(4, "test", {"recall_at_5": 0.0}, intent_gold="b", intent_pred="c"),
+    ]
+    other = [_record(0, "dev", {"recall_at_10": 0.75}, intent_gold="b", intent_pred="b")]
+    variants = [VariantData("baseline", base), VariantData("v", other)]
+    curves = html_report.recall_curves(variants, ["dev", "holdout"])
+    assert curves == {"dev": {"baseline": [(1, 1.0), (5, 0.75), (10, 0.25)], "v": [(10, 0.75)]}}
+    order, table = html_report.intent_accuracy(variants)
+    assert order == ["a", "b"]  # the worst first: a 0.5 (baseline only), b 0.75 on average
+    assert table == {"a": {"baseline": (2, 0.5)}, "b": {"baseline": (2, 0.5), "v": (1, 1.0)}}
+
+
+def test_records_read_for_a_comparison_share_their_field_names(tmp_path: Path) -> None:
+    """100,000 records hold each field and metric name once, not once per record."""
+    job = tmp_path / "s" / "0"
+    job.mkdir(parents=True)
+    (job / VARIANT_FILE).write_text(json.dumps({"label": "baseline", "job_num": 0}))
+    recs = [_record(i, "dev", {"recall_at_5": 1.0}, retrieved=[{"doc_id": "d"}]) for i in range(3)]
+    lines = [json.dumps(r) for r in recs]
+    (job / RECORDS_FILE).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    (v,) = load_sweep_dir(tmp_path / "s")
+    first, *rest = v.records
+    for r in rest:
+        assert [id(k) for k in r] == [id(k) for k in first]
+        assert [id(k) for k in r["metrics"]] == [id(k) for k in first["metrics"]]
+        assert len(r["retrieved"]) == 1 and r["metrics"] == {"recall_at_5": 1.0}
