@@ -20,6 +20,7 @@ from rag_ablate.config.overrides import check_override_keys, normalize_overrides
 from rag_ablate.core.errors import EXIT_INVALID, ConfigError
 from rag_ablate.core.secrets import MASK, looks_like_key
 from rag_ablate.run.resume import rewrite_argv
+from rag_ablate.tracking import background
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -176,6 +177,8 @@ def main(argv: list[str]) -> None:
         print(f"rag_ablate: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_INVALID)
     sys.argv[1:] = args  # Hydra reads its command line from sys.argv
+    # MLflow imported and written in a second process while the run goes on (before Hydra is imported)
+    background.start(args)
     _report_config_errors_in_one_line()
     try:
         from rag_ablate.cli.hydra_app import main as hydra_main

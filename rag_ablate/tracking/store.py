@@ -143,9 +143,18 @@ def _proc_start(pid: int) -> str:
     return fields[19] if len(fields) > 19 else ""  # field 22 of stat; fields here start at field 3
 
 
+_owner_pid: list[int] = []  # the process a background writer logs for (rag_ablate.tracking.background)
+
+
+def set_owner_pid(pid: int) -> None:
+    """Runs created or reopened in this process are owned by process ``pid`` (the background
+    writer's: the main process it logs for)."""
+    _owner_pid[:] = [pid]
+
+
 def owner_tag() -> str:
-    """This process as an :data:`OWNER_TAG` value."""
-    pid = os.getpid()
+    """This process (or the one it logs for) as an :data:`OWNER_TAG` value."""
+    pid = _owner_pid[0] if _owner_pid else os.getpid()
     return f"{socket.gethostname()}:{pid}:{_proc_start(pid)}"
 
 
@@ -281,16 +290,14 @@ def open_store(uri: str, experiment: str, artifact_root: Path | None, *, create_
     :data:`SERVER_TIMEOUT` seconds.
     """
     db = sqlite_path(uri)
+    check_store(uri, experiment, create_folder=create_folder)
     if db is not None:
-        _check_sqlite(uri, db, create_folder)
         # two processes creating one sqlite store at once race on its tables (the second fails
         # with "table ... already exists"): whoever opens it holds a lock file beside it meanwhile
         with _file_lock(db.with_name(db.name + ".lock")):
             create_sqlite(uri, db)
             experiment_id = ensure_experiment(uri, experiment, artifact_root)
     else:
-        if is_server(uri):
-            _check_server(uri, experiment)
         try:
             experiment_id = ensure_experiment(uri, experiment, artifact_root)
         except TrackingDownError as exc:  # before anything ran: a store error like the check's
@@ -307,6 +314,16 @@ def open_store(uri: str, experiment: str, artifact_root: Path | None, *, create_
             file=sys.stderr,
         )
     return experiment_id
+
+
+def check_store(uri: str, experiment: str, *, create_folder: bool = False) -> None:
+    """The checks of :func:`open_store` that need no MLflow (a sqlite file's folder, a server that
+    answers): TrackingError saying what is wrong."""
+    db = sqlite_path(uri)
+    if db is not None:
+        _check_sqlite(uri, db, create_folder)
+    elif is_server(uri):
+        _check_server(uri, experiment)
 
 
 def _is_new(db: Path) -> bool:
