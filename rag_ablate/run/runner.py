@@ -34,7 +34,13 @@ from rag_ablate.config.overrides import override_key
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import privacy, profiling
 from rag_ablate.core.cache import Cache
-from rag_ablate.core.errors import ConfigError, ErrorRateError, JudgeCalibrationError, RunStopError, TrackingError
+from rag_ablate.core.errors import (
+    ConfigError,
+    ErrorRateError,
+    JudgeCalibrationError,
+    RunStopError,
+    TrackingError,
+)
 from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import (
     CONFIG_FILE,
@@ -434,7 +440,8 @@ def _finish_writer(job: _Job, prof: profiling.Profile) -> None:
     background.forget()
     prof.write(job.job_dir)  # MLflow has the profile as it was when handed over
     if failed:
-        raise TrackingError(f"{job.label}: MLflow logging failed in the background writer: {'; '.join(failed)}")
+        why = "; ".join(failed)
+        raise TrackingError(f"{job.label}: MLflow logging failed in the background writer: {why}")
 
 
 def _most_common(errors: Sequence[str]) -> str:

@@ -67,7 +67,8 @@ from rag_ablate.tracking import store as tracking
 # exit codes of a sweep: those of every command (rag_ablate.core.errors, README "Exit codes"):
 # EXIT_FAILED a job, the comparison or the MLflow logging failed; EXIT_INVALID nothing ran (the plan,
 # a job's config or the MLflow store is unusable)
-EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
+EXIT_INTERRUPTED = 130
+WRITER = "MLflow (background writer)"  # a failure in tracking/background.py's process
 
 
 def _sweep_dir(config: DictConfig) -> Path:
@@ -207,12 +208,13 @@ def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
         if not parent.done():  # sweep.json gets the ids once the writer has them
             write_json_atomic(sweep_dir / SWEEP_FILE, info)
             _sweep_started[sweep_dir] = parent
-            parent.then(
-                lambda pid: write_json_atomic(
-                    sweep_dir / SWEEP_FILE,
-                    {**info, "parent_run_id": pid, "experiment_id": experiment_id.result(), "tracking_uri": uri},
-                )
-            )
+            exp = experiment_id
+
+            def noted(pid: str) -> None:
+                ids = {"parent_run_id": pid, "experiment_id": exp.result(), "tracking_uri": uri}
+                write_json_atomic(sweep_dir / SWEEP_FILE, {**info, **ids})
+
+            parent.then(noted)
             return info
         info.update(parent_run_id=parent.result(), experiment_id=experiment_id.result(), tracking_uri=uri)
     try:
@@ -370,7 +372,7 @@ def _finish_sweep(
     if background.active():  # the jobs' logging done: their trace counts, what failed there
         background.drain()
         summaries = read_summaries(sweep_dir)
-        failures += [Failure("tracking", "MLflow (background writer)", line) for line in background.failures()]
+        failures += [Failure("tracking", WRITER, line) for line in background.failures()]
     n_writer_failures = len(background.failures())
     failures_path = _write_failures(sweep_dir, failures)
     prof.start("log")
@@ -401,7 +403,7 @@ def _finish_sweep(
         else:
             _wait_for_writer(prof, sweep_dir, plan)
             later = background.failures()[n_writer_failures:]
-            failures += [Failure("tracking", "MLflow (background writer)", line) for line in later]
+            failures += [Failure("tracking", WRITER, line) for line in later]
             if later:
                 _write_failures(sweep_dir, failures)
                 with contextlib.suppress(Exception):  # not left RUNNING or FINISHED

@@ -104,7 +104,8 @@ def publish_sweep(
     )
     profile = write_profile()
     metrics = profiling.Profile.metrics_of(profiling.read_profile(sweep_dir) or {})
-    background.call("ending the sweep's run", "log", tracking.finish_run, uri, run_id, metrics, [profile], status)
+    end = tracking.finish_run
+    background.call("ending the sweep's run", "log", end, uri, run_id, metrics, [profile], status)
     return done
 
 

@@ -29,6 +29,7 @@ other processes), or ``RAG_ABLATE_MLFLOW_WRITER=0``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import os
 import pickle
@@ -165,7 +166,7 @@ def _serve(conn: Any, owner_pid: int) -> None:
     for name in WARM:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: S112 - the call that needs it reports the error
+        except Exception:  # the call that needs it reports the error
             continue
     conn.send((-1, True, None, "store", time.perf_counter() - t0, time.process_time() - c0))
     results: dict[int, Any] = {}
@@ -263,10 +264,8 @@ class Writer:
         if self.closed:
             return
         self.closed = True
-        try:
+        with contextlib.suppress(OSError):
             self.conn.send(None)
-        except OSError:
-            pass
         if wait:
             self.proc.join()
             self.reader.join()
