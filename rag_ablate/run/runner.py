@@ -39,7 +39,7 @@ from rag_ablate.core.errors import (
     ErrorRateError,
     JudgeCalibrationError,
     RunStopError,
-    TrackingError,
+    WriterError,
 )
 from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import (
@@ -395,7 +395,7 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     n_failed = sum(1 for r in out.records if r["status"] != "ok")
     summary = {
         "label": job.label,
-        "run_id": background.value(run_id),
+        "run_id": run_id.value_or_none() if run_id is not None else None,
         "traces": n_traces.result() if n_traces.ok() else 0,  # per-query MLflow traces logged
         "metrics": metrics,
         "n_failed": n_failed,
@@ -441,7 +441,7 @@ def _finish_writer(job: _Job, prof: profiling.Profile) -> None:
     prof.write(job.job_dir)  # MLflow has the profile as it was when handed over
     if failed:
         why = "; ".join(failed)
-        raise TrackingError(f"{job.label}: MLflow logging failed in the background writer: {why}")
+        raise WriterError(f"{job.label}: MLflow logging failed in the background writer: {why}")
 
 
 def _most_common(errors: Sequence[str]) -> str:

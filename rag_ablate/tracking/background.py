@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rag_ablate.core.errors import TrackingError, one_line
+from rag_ablate.core.errors import TrackingError, WriterError, one_line
 
 ENV = "RAG_ABLATE_MLFLOW_WRITER"  # "0": never start the writer
 
@@ -91,8 +91,14 @@ class Pending:
         """The value, waiting for the writer if need be; TrackingError naming the call if it failed."""
         self._done.wait()
         if self._error is not None:
-            raise TrackingError(f"MLflow writer: {self.what} failed: {self._error}")
+            raise WriterError(f"MLflow writer: {self.what} failed: {self._error}")
         return self._value
+
+    def value_or_none(self) -> Any:
+        """The value, waiting for the writer if need be; None if the call failed (the failure is
+        among :func:`failures`)."""
+        self._done.wait()
+        return self._value if self._error is None else None
 
     def then(self, fn: Callable[[Any], None]) -> None:
         """``fn(value)`` once the value is known: now when it is (in this thread), else in the
