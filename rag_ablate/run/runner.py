@@ -17,6 +17,7 @@ import functools
 import json
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -770,6 +771,7 @@ def _start_run(
     attempt being resumed; the run id (and the config) go to the job's ``run.json`` (once the
     background writer has created the run, when it creates it)."""
     run_id: background.Pending | None = None
+    chosen: str | None = None
     if store is not None:
         if prior.run_id and prior.tracking_uri not in (None, store.uri):
             raise ConfigError(
@@ -780,6 +782,8 @@ def _start_run(
             tracking.reopen_run(store.uri, prior.run_id)
             run_id = background.Pending.known(prior.run_id)
         else:
+            # the background writer creates it as named here, so run.json has its id before any query
+            chosen = uuid.uuid4().hex if background.active() else None
             run_id = background.call(
                 f"creating the run of {label}",
                 "store",
@@ -788,9 +792,10 @@ def _start_run(
                 store.experiment_id,
                 label,
                 store.parent_run_id,
+                run_id=chosen,
             )
     uri = store.uri if store is not None else prior.tracking_uri
-    known = run_id.result() if run_id is not None and run_id.done() else None
+    known = run_id.result() if run_id is not None and run_id.done() else chosen
     resume.write_run_file(job_dir, s, known or prior.run_id, uri, env_values)
     if run_id is not None and not run_id.done():
         run_id.then(lambda rid: resume.write_run_file(job_dir, s, rid, uri, env_values))

@@ -385,6 +385,8 @@ def open_store(uri: str, experiment: str, artifact_root: Any, *, create_folder: 
     are made here first, so such a store still stops the command before anything runs."""
     from rag_ablate.tracking import store
 
+    if store.sqlite_path(uri) is None:  # a server names runs itself: run.json needs the id at once
+        release()
     if active():
         store.check_store(uri, experiment, create_folder=create_folder)
     return call(

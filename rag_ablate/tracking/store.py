@@ -658,12 +658,44 @@ def finish_run(uri: str, run_id: str, metrics: Mapping[str, float], paths: list[
     in_one_transaction(uri, write)
 
 
-def start_run(uri: str, experiment_id: str, name: str, parent_run_id: str | None = None) -> str:
-    """Create a variant's run when its job starts (status RUNNING); :func:`log_run` completes it."""
+def start_run(
+    uri: str, experiment_id: str, name: str, parent_run_id: str | None = None, *, run_id: str | None = None
+) -> str:
+    """Create a variant's run when its job starts (status RUNNING); :func:`log_run` completes it.
+
+    ``run_id`` (32 hex digits, a sqlite store only): the id the run gets, chosen by the caller (the
+    background writer's main process writes it to ``run.json`` before the run exists)."""
     tags = {"rag_ablate.kind": "variant", OWNER_TAG: owner_tag()}
     if parent_run_id:
         tags[PARENT_TAG] = parent_run_id
-    return str(_client(uri).create_run(experiment_id, run_name=name, tags=tags).info.run_id)
+    with _run_id_chosen(run_id):
+        made = str(_client(uri).create_run(experiment_id, run_name=name, tags=tags).info.run_id)
+    if run_id is not None and made != run_id:
+        raise TrackingError(f"MLflow store {uri}: the run was created as {made}, not as {run_id}")
+    return made
+
+
+@contextlib.contextmanager
+def _run_id_chosen(run_id: str | None) -> Iterator[None]:
+    """MLflow's sqlite store names a new run ``uuid.uuid4().hex`` (MLflow is pinned); in the block it
+    names it ``run_id`` instead."""
+    if run_id is None:
+        yield
+        return
+    import types
+    import uuid
+
+    from mlflow.store.tracking import sqlalchemy_store
+
+    chosen = types.ModuleType("uuid")
+    chosen.__dict__.update(vars(uuid))
+    chosen.uuid4 = lambda: uuid.UUID(hex=run_id)  # type: ignore[attr-defined]
+    real = vars(sqlalchemy_store)["uuid"]
+    setattr(sqlalchemy_store, "uuid", chosen)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(sqlalchemy_store, "uuid", real)  # noqa: B010
 
 
 def run_status(uri: str, run_id: str) -> str:
