@@ -52,18 +52,17 @@ def test_the_default_sweep_logs_everything_through_the_writer(default_sweep: dic
 
 @pytest.mark.slow
 def test_a_failure_in_the_writer_fails_the_command_naming_it(tmp_path: Path) -> None:
-    """The writer cannot make the experiment's artifact folder: the run still runs, then exits 1
-    naming the call that failed and the ones that needed it."""
+    """The writer cannot make the experiment's artifact folder: the run stops before its first query
+    (nothing spent), naming the call that failed, why, and the call that needed it."""
     proc = run_module(
         "rag_ablate",
         ["tracking.artifact_root=/proc/rag_ablate_nope", "progress=false"],
         tmp_path,
         process=True,
     )
-    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.returncode == 2, proc.stderr[-2000:]
     err = proc.stderr
-    assert "MLflow logging failed in the background writer" in err, err[-2000:]
-    assert "opening the MLflow store" in err and "creating the run of baseline" in err
-    assert "which failed" in err
-    (job,) = (tmp_path / "outputs").glob("runs/*/records.jsonl")
-    assert job.stat().st_size > 0  # the run's own work is kept
+    assert "rag_ablate: error: baseline: MLflow: opening the MLflow store" in err, err[-2000:]
+    assert "/proc/rag_ablate_nope" in err  # why: the folder it could not make
+    assert "creating the run of baseline: not done: it needs opening the MLflow store" in err
+    assert not list((tmp_path / "outputs").glob("runs/*/records.jsonl"))  # no query ran

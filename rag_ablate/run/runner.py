@@ -40,6 +40,7 @@ from rag_ablate.core.errors import (
     ErrorRateError,
     JudgeCalibrationError,
     RunStopError,
+    TrackingError,
     WriterError,
 )
 from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
@@ -374,7 +375,7 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     started_ns = time.time_ns()  # wall clock: the per-query traces replay their timings from here
     with prof.stage("load"):
         inputs = _load_inputs(s, job)
-    out = _run_queries(s, job, inputs, prof)
+    out = _run_queries(s, job, inputs, prof, ready=lambda: _run_created(job, run_id, prof))
     out.wall = time.perf_counter() - t_start  # loading, querying and judging
     with prof.stage("write"):
         _write_records(job, inputs.dataset, out)
@@ -552,10 +553,26 @@ def _load_inputs(s: RunConfig, job: _Job) -> _Inputs:
     )
 
 
-def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profile) -> _Outcome:
+def _run_created(job: _Job, run_id: background.Pending | None, prof: profiling.Profile) -> None:
+    """Before the first query: the job's MLflow run exists (the background writer created it while
+    the system was built), so a run killed mid-way is found RUNNING and resumed; a store that turned
+    out unusable stops the job here, before anything is spent (TrackingError naming it)."""
+    if run_id is None or run_id.done():
+        if run_id is not None and not run_id.ok():
+            raise TrackingError(f"{job.label}: MLflow: {'; '.join(background.failures())}")
+        return
+    with prof.stage("store"):
+        if run_id.value_or_none() is None:
+            raise TrackingError(f"{job.label}: MLflow: {'; '.join(background.failures())}")
+
+
+def _run_queries(
+    s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profile, ready: Callable[[], None]
+) -> _Outcome:
     """Build and prepare the system, run every query not kept by resume=, then the pointwise judge.
 
-    Each record is appended to records.jsonl as its query completes (resume= keeps them)."""
+    Each record is appended to records.jsonl as its query completes (resume= keeps them).
+    ``ready()`` is called once the system is prepared, before the first query."""
     dataset, guard, judge = inputs.dataset, inputs.guard, inputs.judge
     timings: dict[str, float] = {}
     try:
@@ -568,6 +585,7 @@ def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profi
             if write_files is not None:
                 make_dirs(job.job_dir)
                 write_files(job.job_dir)
+            ready()
             with prof.stage("query"), RecordWriter(job.job_dir / RECORDS_FILE) as writer:
                 runs = repeated(dataset.queries, s.system.repeats)
                 todo = [q for q in runs if query_key(q) not in inputs.kept]
