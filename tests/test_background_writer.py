@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from rag_ablate.core.errors import WriterError
 from rag_ablate.core.layout import PROFILE_FILE, RUN_FILE, SUMMARY_FILE, SWEEP_FILE
 from rag_ablate.tracking import background
 from tests.conftest import run_module
@@ -18,6 +19,36 @@ def test_without_a_writer_a_call_runs_here_and_raises_as_it_is() -> None:
     assert background.call("adding", "log", sum, [1, 2]).result() == 3
     with pytest.raises(ZeroDivisionError):
         background.call("dividing", "log", divmod, 1, 0)
+
+
+def test_a_writer_does_the_calls_in_order_passes_values_on_and_names_what_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(background, "WARM", ())  # no MLflow to import for these calls
+    monkeypatch.setattr(background, "_writer", background.Writer())
+    try:
+        assert background.active()
+        pair = background.call("dividing", "log", divmod, 7, 2)
+        total = background.call("adding", "log", sum, pair)  # the first call's value, in the writer
+        broken = background.call("dividing by zero", "log", divmod, 1, 0)
+        after = background.call("adding after it", "log", sum, broken)
+        seen: list[int] = []
+        total.then(seen.append)
+        assert total.result() == 4 and pair.result() == (3, 1)
+        assert after.value_or_none() is None and not broken.ok()
+        failed = background.finish()
+        assert seen == [4]
+        assert failed == [
+            "dividing by zero: ZeroDivisionError: integer division or modulo by zero",
+            "adding after it: not done: it needs dividing by zero, which failed",
+        ]
+        with pytest.raises(WriterError, match="MLflow writer: dividing by zero failed"):
+            broken.result()
+        assert set(background.times()) == {"store", "log"}
+    finally:
+        background.finish()
+        background.forget()
+    assert not background.active() and background.failures() == []
 
 
 @pytest.mark.slow

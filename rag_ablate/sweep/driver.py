@@ -204,8 +204,8 @@ def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
         except Exception as exc:
             why = one_line(exc)
             raise TrackingError(f"MLflow store {uri}: cannot create the sweep's run: {why}") from exc
-        background.set_sweep_store(sweep_dir, uri, experiment_id, parent)
         if not parent.done():  # sweep.json gets the ids once the writer has them
+            background.set_sweep_store(sweep_dir, uri, experiment_id, parent)
             write_json_atomic(sweep_dir / SWEEP_FILE, info)
             _sweep_started[sweep_dir] = parent
             exp = experiment_id

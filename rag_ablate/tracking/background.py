@@ -73,10 +73,11 @@ class Pending:
     _error: str | None = None
     _done: threading.Event = field(default_factory=threading.Event)
     _then: list[Callable[[Any], None]] = field(default_factory=list)
+    _settled: bool = False  # the value is in (its hooks may still be running)
 
     @staticmethod
     def known(value: Any, what: str = "") -> Pending:
-        p = Pending(what, _value=value)
+        p = Pending(what, _value=value, _settled=True)
         p._done.set()
         return p
 
@@ -104,7 +105,7 @@ class Pending:
         """``fn(value)`` once the value is known: now when it is (in this thread), else in the
         thread that receives the writer's answers. Never called when the call failed."""
         with _lock:
-            if not self._done.is_set():
+            if not self._settled:
                 self._then.append(fn)
                 return
         if self._error is None:
@@ -113,6 +114,7 @@ class Pending:
     def _settle(self, value: Any, error: str | None) -> None:
         with _lock:
             self._value, self._error = value, error
+            self._settled = True
             hooks, self._then = self._then, []
         if error is None:
             for fn in hooks:
@@ -377,6 +379,7 @@ def forget() -> None:
     global _writer
     _writer = None
     _failed.clear()
+    _sweeps.clear()
 
 
 def open_store(uri: str, experiment: str, artifact_root: Any, *, create_folder: bool = False) -> Pending:
