@@ -205,6 +205,7 @@ def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
             why = one_line(exc)
             raise TrackingError(f"MLflow store {uri}: cannot create the sweep's run: {why}") from exc
         if not parent.done():  # sweep.json gets the ids once the writer has them
+            background.preload(publish_sweep.__module__)  # what the sweep's end runs in the writer
             background.set_sweep_store(sweep_dir, uri, experiment_id, parent)
             write_json_atomic(sweep_dir / SWEEP_FILE, info)
             _sweep_started[sweep_dir] = parent

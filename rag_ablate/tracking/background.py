@@ -344,6 +344,19 @@ def _values(x: Any) -> Any:
     return x
 
 
+def preload(*modules: str) -> None:
+    """Have the writer import ``modules`` now, while it has nothing else to do, rather than when a
+    later call needs them (the sweep's end: ``rag_ablate.sweep.publish``). No writer: nothing."""
+    if active():
+        assert _writer is not None
+        _writer.submit(f"importing {', '.join(modules)}", "store", _import_all, (modules,), {})
+
+
+def _import_all(modules: Sequence[str]) -> None:
+    for name in modules:
+        importlib.import_module(name)
+
+
 def drain() -> None:
     """Wait for every call handed over so far (no-op without a writer)."""
     if _writer is not None:
