@@ -20,10 +20,11 @@ The main process waits for the child at its end (:func:`finish`): every call tha
 is returned, one line each naming what it was doing, and the command exits non-zero. A call
 that depends on a failed one fails too, naming it.
 
-No writer is used (everything is logged in the main process, as before) when MLflow is already
-imported (a run inside another Python program, the test suite's in-process runs), with fewer than
-two cores, ``tracking=none``, ``resume=``, a launcher other than the basic one (its jobs run in
-other processes), or ``RAG_ABLATE_MLFLOW_WRITER=0``.
+No writer is used (everything is logged in the main process, as before) for a run started from
+Python (``rag_ablate.__main__.main``: the test suite's in-process runs) or when MLflow is already
+imported, with fewer than two cores, ``tracking=none``, ``resume=``, a launcher other than the
+basic one (its jobs run in other processes), a tracking server (it names runs itself, and
+``run.json`` needs a run's id before its first query), or ``RAG_ABLATE_MLFLOW_WRITER=0``.
 """
 
 from __future__ import annotations
