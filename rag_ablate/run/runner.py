@@ -316,6 +316,7 @@ class _Job:
     sweep_dir: Path | None
     ablation: dict[str, Any]  # role, factor, level, mode
     env_values: dict[str, str]  # values read from the environment: never stored
+    followed: bool = False  # another job of the sweep's plan comes after this one
 
 
 @dataclass
@@ -505,6 +506,7 @@ def _identify(cfg: DictConfig, s: RunConfig) -> _Job:
     }
     multirun = hc.mode == RunMode.MULTIRUN
     entry = job_entry(Path(hc.sweep.dir), int(hc.job.num)) if multirun else None
+    followed = entry is not None and job_entry(Path(hc.sweep.dir), int(hc.job.num) + 1) is not None
     return _Job(
         label=entry["label"] if entry else variant_label(overrides),
         job_dir=Path(hc.runtime.output_dir),
@@ -522,6 +524,7 @@ def _identify(cfg: DictConfig, s: RunConfig) -> _Job:
             "mode": s.ablation.mode if entry else "none",
         },
         env_values=env_values,
+        followed=followed,
     )
 
 
@@ -742,7 +745,10 @@ def _log_job(
     folder as artifacts, the per-query traces, then the profile (this logging's time included) and
     the run's end status; done by the background writer when there is one. Returns how many traces
     were logged (a :class:`~rag_ablate.tracking.background.Pending` count)."""
-    with prof.stage("log"):  # handed to the background writer when there is one
+    # handed to the background writer when there is one; a job another job follows hands it over after
+    # that job's start, so the next run is created first rather than after this logging
+    hand = background.call_later if job.followed else background.call
+    with prof.stage("log"):
         logged = _log_to_mlflow(
             store,
             job.ablation,
@@ -759,12 +765,13 @@ def _log_job(
             extra_metrics=slice_logged,
             judge_prompt_hash=inputs.judge.prompt_hash if inputs.judge is not None else None,
             env_values=job.env_values,
+            hand=hand,
         )
         # one trace per query: its first run (system.repeats > 1: repeats.json has the spread)
-        n_traces = _log_traces(store, logged, s, first_runs(out.stored), inputs.dataset, started_ns)
+        n_traces = _log_traces(store, logged, s, first_runs(out.stored), inputs.dataset, started_ns, hand)
     prof.write(job.job_dir)
     # time/<stage>_s and memory/peak_mb, profile.json; then the run ends
-    background.call(
+    hand(
         f"ending the run of {job.label}",
         "log",
         tracking.finish_run,
@@ -861,6 +868,7 @@ def _log_traces(
     records: list[Record],
     dataset: Dataset,
     started_ns: int,
+    hand: Callable[..., background.Pending] = background.call,
 ) -> background.Pending:
     """Per-query traces under the run (rag_ablate.tracking.traces), once the scores are on disk.
 
@@ -870,7 +878,7 @@ def _log_traces(
     if per_split == 0:
         return background.Pending.known(0)
     price = s.cost.prices.get(s.cost.model) if s.cost.model else None
-    return background.call(
+    return hand(
         "logging the per-query traces",
         "log",
         mlflow_traces.log_traces_or_warn,
@@ -907,6 +915,7 @@ def _log_to_mlflow(
     judge_prompt_hash: str | None = None,
     extra_metrics: Mapping[str, float] | None = None,
     env_values: Mapping[str, str] | None = None,
+    hand: Callable[..., background.Pending] = background.call,
 ) -> background.Pending:
     # header values (API keys) and values read from the environment never reach MLflow
     params = redact(flatten(asdict(s)), env=env_values)
@@ -946,7 +955,7 @@ def _log_to_mlflow(
         "baseline" if ablation["role"] == "baseline" else str(ablation["factor"] or label)
     )
     tags["ablation.level"] = "baseline" if ablation["role"] == "baseline" else str(ablation["level"] or label)
-    return background.call(
+    return hand(
         f"logging the run of {label}",
         "log",
         tracking.log_run,

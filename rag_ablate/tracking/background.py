@@ -219,6 +219,7 @@ class Writer:
         self.proc.start()
         child_conn.close()
         self.pending: dict[int, Pending] = {}
+        self.held: list[tuple[int, str, str, bytes]] = []  # calls handed over with hold=True, not sent yet
         self.next = 0
         self.times: dict[str, list[float]] = {}  # stage -> [wall s, CPU s] spent in the child
         self.used = False
@@ -227,7 +228,11 @@ class Writer:
         self.reader = threading.Thread(target=self._receive, name="rag_ablate-mlflow-answers", daemon=True)
         self.reader.start()
 
-    def submit(self, what: str, stage: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Pending:
+    def submit(
+        self, what: str, stage: str, fn: Callable[..., Any], args: Any, kwargs: Any, *, hold: bool = False
+    ) -> Pending:
+        """Hand the call over; with ``hold`` it is kept here until the next call not held (which goes
+        first) or :meth:`flush`."""
         with self._send:
             task, self.next = self.next, self.next + 1
             p = Pending(what, task)
@@ -235,12 +240,29 @@ class Writer:
             self.used = True
             try:
                 payload = pickle.dumps((fn, _to_refs(args), _to_refs(kwargs)))
+                if hold:
+                    self.held.append((task, what, stage, payload))
+                    return p
                 self.conn.send((task, what, stage, payload))
             except Exception as exc:
                 self.pending.pop(task, None)
                 _failed.append(f"{what}: {one_line(exc)}")
                 p._settle(None, one_line(exc))
+        self.flush()
         return p
+
+    def flush(self) -> None:
+        """Send the calls held back, in the order they were handed over."""
+        with self._send:
+            held, self.held = self.held, []
+            for msg in held:
+                try:
+                    self.conn.send(msg)
+                except Exception as exc:
+                    p = self.pending.pop(msg[0], None)
+                    _failed.append(f"{msg[1]}: {one_line(exc)}")
+                    if p is not None:
+                        p._settle(None, one_line(exc))
 
     def _receive(self) -> None:
         while True:
@@ -266,12 +288,14 @@ class Writer:
 
     def drain(self) -> None:
         """Wait until every call handed over so far is done."""
+        self.flush()
         for p in list(self.pending.values()):
             p._done.wait()
 
     def close(self, *, wait: bool = True) -> None:
         if self.closed:
             return
+        self.flush()
         self.closed = True
         with contextlib.suppress(OSError):
             self.conn.send(None)
@@ -329,10 +353,21 @@ def call(what: str, stage: str, fn: Callable[..., Any], *args: Any, **kwargs: An
     """``fn(*args, **kwargs)`` (a module-level function of MLflow calls) done by the writer, in the
     order handed over; without a writer here and now (its errors raised as they are). ``what``
     names it in a failure, ``stage`` (store or log) is where its time is counted."""
+    return _call(what, stage, fn, args, kwargs, hold=False)
+
+
+def call_later(what: str, stage: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Pending:
+    """:func:`call`, but the writer gets it only after the next :func:`call` (or at :func:`drain` or
+    :func:`finish`): a job that another job follows hands its logging so, and the next job's run is
+    created first instead of waiting behind it."""
+    return _call(what, stage, fn, args, kwargs, hold=True)
+
+
+def _call(what: str, stage: str, fn: Callable[..., Any], args: Any, kwargs: Any, *, hold: bool) -> Pending:
     if not active():
         return Pending.known(fn(*_values(args), **_values(kwargs)), what)
     assert _writer is not None
-    return _writer.submit(what, stage, fn, args, kwargs)
+    return _writer.submit(what, stage, fn, args, kwargs, hold=hold)
 
 
 def _values(x: Any) -> Any:
