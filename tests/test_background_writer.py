@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,9 @@ def test_a_writer_does_the_calls_in_order_passes_values_on_and_names_what_failed
         after = background.call("adding after it", "log", sum, broken)
         seen: list[int] = []
         total.then(seen.append)
+        later = background.call_later("held back", "log", time.monotonic_ns)
+        sooner = background.call("handed over after it", "log", time.monotonic_ns)
+        assert sooner.result() < later.result()  # the held call went after the next one
         assert total.result() == 4 and pair.result() == (3, 1)
         assert after.value_or_none() is None and not broken.ok()
         failed = background.finish()
