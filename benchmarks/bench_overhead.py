@@ -134,6 +134,21 @@ def _stages_line(r: JobResult) -> str:
     return ", ".join(parts) or "-"
 
 
+def _time_line(r: JobResult) -> tuple[float, float, float]:
+    """(the total its time line printed, the main process's CPU seconds in it, the seconds the
+    background MLflow writer spent alongside) from the run's or sweep's profile.json."""
+    folder = Path(r.job_dirs[0]) if r.job_dirs else None
+    if folder is not None and (folder.parent / "profile.json").is_file() and "-m" in r.command.split()[3:]:  # after "python -m rag_ablate"
+        folder = folder.parent  # a sweep's own profile
+    if folder is None or not (folder / "profile.json").is_file():
+        return float("nan"), float("nan"), 0.0
+    data = json.loads((folder / "profile.json").read_text(encoding="utf-8"))
+    aside = sum(float(v.get("seconds", 0.0)) for v in (data.get("background") or {}).values())
+    stages = data.get("breakdown") or data.get("stages") or {}
+    cpu = sum(float(v.get("cpu_s", 0.0)) for v in stages.values())
+    return float(data.get("total_s", float("nan"))), cpu, aside
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -169,6 +184,11 @@ def main() -> None:
     cold: list[JobResult] = []
     warm: list[JobResult] = []
     sweeps: list[JobResult] = []
+    # the same two cold commands with MLflow imported and written in the main process (the
+    # background writer off), side by side in each round
+    in_process = {"RAG_ABLATE_MLFLOW_WRITER": "0"}
+    cold_off: list[JobResult] = []
+    sweeps_off: list[JobResult] = []
     one = [f"dataset.path={data}"]
     for i in range(a.repeat):
         w, c, bare_info = run_bare(data)
@@ -178,6 +198,13 @@ def main() -> None:
         cold.append(_check(run_job(one, root), "cold run"))
         warm.append(_check(run_job(one, root), "warm run"))
         sweeps.append(_check(run_job(["-m", "chunk=256,512"], a.out / f"sweep_{i}"), "default sweep"))
+        cold_off.append(_check(run_job(one, a.out / f"one_off_{i}", env=in_process), "cold run, in-process"))
+        sweeps_off.append(
+            _check(
+                run_job(["-m", "chunk=256,512"], a.out / f"sweep_off_{i}", env=in_process),
+                "sweep, in-process",
+            )
+        )
         loads.append(load_avg())
         print(
             f"round {i}: bare {w:.1f} s, cold {cold[-1].wall:.1f} s, warm {warm[-1].wall:.1f} s, "
@@ -209,23 +236,28 @@ def main() -> None:
         f"- wall and CPU (user + sys) times are medians of {a.repeat} rounds (wall min-max in brackets); "
         "on a busy machine wall time includes waiting for a core, CPU time does not\n"
     )
-    print("| what | wall s | wall ratio to (a) | CPU s | CPU ratio to (a) | peak MB | goal (on wall) |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print(
+        "| what | wall s | wall ratio to (a) | CPU s | CPU ratio to (a) | peak MB | time line s "
+        "(main process CPU s; MLflow writer alongside, wall s) | goal (on wall) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
 
     def rng(xs: list[float]) -> str:
         return f"{_median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
 
     print(
-        f"| (a) bare bm25s, same analyzer and chunks, top-{TOP_K} | {rng(bare_walls)} | 1.00x | {a_cpu:.2f} | 1.00x | | |"
+        f"| (a) bare bm25s, same analyzer and chunks, top-{TOP_K} | {rng(bare_walls)} | 1.00x | {a_cpu:.2f} | 1.00x | | | |"
     )
     work = ", ".join(
         f"{k} {bare_info[k]:.2f}" for k in ("imports", "load_chunk", "tokenise", "index", "query")
     )
-    print(f"| &nbsp;&nbsp;(a) stages, last round, s: {work} | | | | | | |")
+    print(f"| &nbsp;&nbsp;(a) stages, last round, s: {work} | | | | | | | |")
     rows = [
         ("(b) `python -m rag_ablate dataset.path=...` cold", cold, goals["cold"]),
+        ("(b) the same, MLflow in-process (`RAG_ABLATE_MLFLOW_WRITER=0`)", cold_off, goals["cold"]),
         ("(b) the same command again, warm", warm, goals["warm"]),
         ("default sweep `python -m rag_ablate -m chunk=256,512`, cold, fresh folder", sweeps, None),
+        ("default sweep, MLflow in-process (`RAG_ABLATE_MLFLOW_WRITER=0`)", sweeps_off, None),
     ]
     for label, rs, goal in rows:
         walls = [r.wall for r in rs]
@@ -237,7 +269,13 @@ def main() -> None:
         else:
             ratio, cpu_ratio = f"{_median(walls) / a_wall:.2f}x", f"{cpu / a_cpu:.2f}x"
             verdict = f"<= {goal}x: {'met' if _median(walls) <= goal * a_wall else 'NOT met'}"
-        print(f"| {label} | {rng(walls)} | {ratio} | {cpu:.2f} | {cpu_ratio} | {peak:,.0f} | {verdict} |")
+        line = _median([_time_line(r)[0] for r in rs])
+        main_cpu = _median([_time_line(r)[1] for r in rs])
+        aside = _median([_time_line(r)[2] for r in rs])
+        shown = f"{line:.2f} ({main_cpu:.2f}; {aside:.2f})" if aside else f"{line:.2f} ({main_cpu:.2f}; -)"
+        print(
+            f"| {label} | {rng(walls)} | {ratio} | {cpu:.2f} | {cpu_ratio} | {peak:,.0f} | {shown} | {verdict} |"
+        )
     print()
     breakdowns = {"cold": cold[-1], "warm": warm[-1], "sweep": sweeps[-1]}
     for name, r in spied.items():

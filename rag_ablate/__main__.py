@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from rag_ablate.config.keys import hydra_error_line, redact_override
 from rag_ablate.config.overrides import check_override_keys, normalize_overrides
-from rag_ablate.core.errors import EXIT_INVALID, ConfigError
+from rag_ablate.core.errors import EXIT_FAILED, EXIT_INVALID, ConfigError
 from rag_ablate.core.secrets import MASK, looks_like_key
 from rag_ablate.run.resume import rewrite_argv
+from rag_ablate.tracking import background
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -166,8 +167,12 @@ def _mode_composition_reused() -> Iterator[None]:
         ConfigLoaderImpl.load_configuration = compose  # type: ignore[method-assign]
 
 
-def main(argv: list[str]) -> None:
-    """Run (or sweep) with the command line ``argv``; exits as the command does (``sys.exit``)."""
+def main(argv: list[str], *, writer: bool = False) -> None:
+    """Run (or sweep) with the command line ``argv``; exits as the command does (``sys.exit``).
+
+    ``writer``: MLflow is imported and written by a second process while the command runs
+    (:mod:`rag_ablate.tracking.background`; ``python -m rag_ablate`` itself, not a call from
+    Python, which logs in its own process)."""
     try:
         args = normalize_overrides(rewrite_argv(_multirun_first(argv)))
         check_override_syntax(args)
@@ -176,6 +181,8 @@ def main(argv: list[str]) -> None:
         print(f"rag_ablate: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_INVALID)
     sys.argv[1:] = args  # Hydra reads its command line from sys.argv
+    if writer:  # MLflow imported and written in a second process meanwhile (before Hydra is imported)
+        background.start(args)
     _report_config_errors_in_one_line()
     try:
         from rag_ablate.cli.hydra_app import main as hydra_main
@@ -193,7 +200,22 @@ def main(argv: list[str]) -> None:
     except KeyboardInterrupt:  # before a run or sweep exists (they handle their own Ctrl-C)
         print("\nrag_ablate: interrupted (Ctrl-C)", file=sys.stderr)
         sys.exit(130)
+    finally:
+        _writer_done()
+
+
+def _writer_done() -> None:
+    """The background writer of a command that ended before its own end waited for it (a sweep
+    stopped by a full disk, an error): what it was handed is done first; a call that failed there
+    is said, one line each, and a command that was to exit 0 exits 1."""
+    failed = background.finish()
+    background.forget()
+    for line in failed:
+        print(f"rag_ablate: error: MLflow writer: {line}", file=sys.stderr)
+    running = sys.exc_info()[1]
+    if failed and (running is None or (isinstance(running, SystemExit) and not running.code)):
+        sys.exit(EXIT_FAILED)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(sys.argv[1:], writer=True)

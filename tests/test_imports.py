@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -30,11 +31,13 @@ runpy.run_module("rag_ablate", run_name="__main__", alter_sys=True)
 HEAVY = ("torch", "sentence_transformers", "matplotlib", "httpx", "httpx_sse")
 
 
-def _run_and_list_modules(tmp_path: Path, *overrides: str) -> tuple[set[str], Path]:
+def _run_and_list_modules(
+    tmp_path: Path, *overrides: str, env_extra: dict[str, str] | None = None
+) -> tuple[set[str], Path]:
     write_dataset(tmp_path / "tiny")
     listing = tmp_path / "modules.json"
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", **(env_extra or {})}
     proc = subprocess.run(
         [
             sys.executable,
@@ -62,11 +65,21 @@ def _top(modules: set[str]) -> set[str]:
     return {m.split(".", 1)[0] for m in modules}
 
 
-def test_bm25_run_with_mlflow_imports_no_torch_matplotlib_or_httpx(tmp_path: Path) -> None:
-    modules, run_dir = _run_and_list_modules(tmp_path)
+@pytest.mark.parametrize("writer", ["1", "0"])
+def test_bm25_run_with_mlflow_imports_no_torch_matplotlib_or_httpx(tmp_path: Path, writer: str) -> None:
+    """With the background writer (RAG_ABLATE_MLFLOW_WRITER, the default) the run's own process never
+    imports MLflow, and the run is in MLflow all the same; without it MLflow's imports bring none."""
+    modules, run_dir = _run_and_list_modules(tmp_path, env_extra={"RAG_ABLATE_MLFLOW_WRITER": writer})
     assert (run_dir / RECORDS_FILE).is_file() and (run_dir / PROFILE_FILE).is_file()
     # the run did retrieve with BM25 and log to MLflow: the absence below is not a run that did nothing
-    assert "mlflow" in _top(modules)
+    run_id = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["run_id"]
+    db = sqlite3.connect(tmp_path / "outputs" / "mlflow.db")
+    assert db.execute("SELECT status FROM runs WHERE run_uuid = ?", (run_id,)).fetchall() == [("FINISHED",)]
+    db.close()
+    if writer == "1":
+        assert not _top(modules) & {"mlflow", "sqlalchemy", "pandas", "alembic"}
+    else:
+        assert "mlflow" in _top(modules)
     assert {"rag_ablate.pipeline.retrievers.bm25", "rag_ablate.pipeline.bm25"} <= modules
     assert not _top(modules) & set(HEAVY), sorted(_top(modules) & set(HEAVY))
 

@@ -15,7 +15,8 @@ against the code)::
     │   ├── ConfigError                 a config value or combination is invalid
     │   ├── UnknownNameError            also KeyError: a name not in a registry (lists the valid names)
     │   ├── TrackingError               MLflow store / run problems
-    │   │   └── TrackingDownError       the store stopped answering within tracking.timeout_s mid-run
+    │   │   ├── TrackingDownError       the store stopped answering within tracking.timeout_s mid-run
+    │   │   └── WriterError             a call failed in the background MLflow writer's process
     │   ├── ErrorRateError              a stage's share of failed calls/queries is above its error budget
     │   ├── RunStopError                the run stops mid-way: records kept, run FAILED, resume= finishes it
     │   │   ├── EndpointDownError       an endpoint refused or never answered several tries in a row
@@ -138,6 +139,13 @@ class TrackingDownError(TrackingError):
     """The tracking store stopped answering within ``tracking.timeout_s`` after the run or sweep
     began: it stops with one line naming the store; what it wrote on disk is kept, and ``resume=``
     finishes its runs once the store is back."""
+
+    exit_code = EXIT_FAILED
+
+
+class WriterError(TrackingError):
+    """An MLflow call failed in the background writer's process (rag_ablate.tracking.background),
+    after the run's own work was done and kept."""
 
     exit_code = EXIT_FAILED
 

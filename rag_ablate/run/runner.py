@@ -17,6 +17,7 @@ import functools
 import json
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -34,7 +35,14 @@ from rag_ablate.config.overrides import override_key
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import privacy, profiling
 from rag_ablate.core.cache import Cache
-from rag_ablate.core.errors import ConfigError, ErrorRateError, JudgeCalibrationError, RunStopError
+from rag_ablate.core.errors import (
+    ConfigError,
+    ErrorRateError,
+    JudgeCalibrationError,
+    RunStopError,
+    TrackingError,
+    WriterError,
+)
 from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import (
     CONFIG_FILE,
@@ -70,6 +78,7 @@ from rag_ablate.run.judging import judge_errors, judge_records, judge_run_metric
 from rag_ablate.run.summary import print_table, ui_hint
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.base import System, batch_runner
+from rag_ablate.tracking import background
 from rag_ablate.tracking import store as tracking
 from rag_ablate.tracking import traces as mlflow_traces
 from rag_ablate.tracking import ui as tracking_ui
@@ -283,6 +292,7 @@ def _ends_run_on_error(
             return fn(cfg, s, prof)
         except BaseException as exc:
             status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+            background.drain()  # the run the writer was creating is in run.json then
             resume.end_interrupted(Path(HydraConfig.get().runtime.output_dir), status)
             raise
         finally:
@@ -306,6 +316,7 @@ class _Job:
     sweep_dir: Path | None
     ablation: dict[str, Any]  # role, factor, level, mode
     env_values: dict[str, str]  # values read from the environment: never stored
+    followed: bool = False  # another job of the sweep's plan comes after this one
 
 
 @dataclass
@@ -365,7 +376,7 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     started_ns = time.time_ns()  # wall clock: the per-query traces replay their timings from here
     with prof.stage("load"):
         inputs = _load_inputs(s, job)
-    out = _run_queries(s, job, inputs, prof)
+    out = _run_queries(s, job, inputs, prof, ready=lambda: _run_created(job, run_id, prof))
     out.wall = time.perf_counter() - t_start  # loading, querying and judging
     with prof.stage("write"):
         _write_records(job, inputs.dataset, out)
@@ -377,7 +388,7 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     # a stage over its error budget: everything is still written and logged, then the run is FAILED
     over_budget = budget_breaches(s, metrics, out.records)
     final_status = "FAILED" if over_budget or calibration_error else "FINISHED"
-    n_traces = 0
+    n_traces = background.Pending.known(0)
     if store is not None:
         n_traces = _log_job(
             store, run_id, s, job, inputs, out, metrics, slice_logged, started_ns, prof, final_status
@@ -387,16 +398,19 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     n_failed = sum(1 for r in out.records if r["status"] != "ok")
     summary = {
         "label": job.label,
-        "run_id": run_id,
-        "traces": n_traces,  # per-query MLflow traces logged
+        "run_id": run_id.value_or_none() if run_id is not None else None,
+        "traces": n_traces.result() if n_traces.ok() else 0,  # per-query MLflow traces logged
         "metrics": metrics,
         "n_failed": n_failed,
         "build": out.build_info,
         "job_dir": str(job.job_dir),
     }
     write_json_atomic(job.job_dir / SUMMARY_FILE, summary)
+    if not n_traces.done():  # the background writer logs them: the count once it has
+        n_traces.then(lambda n: write_json_atomic(job.job_dir / SUMMARY_FILE, {**summary, "traces": n}))
 
     if not job.multirun:
+        _finish_writer(job, prof)
         print_table([summary], s.metrics.summary)
         print(f"\nrecords: {job.job_dir / RECORDS_FILE}")
         print(f"{prof.line()} ({job.job_dir / PROFILE_FILE})")
@@ -414,6 +428,23 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
             f"(run marked FAILED; records: {job.job_dir / RECORDS_FILE})"
         )
     return metrics.get("holdout/recall_at_5")
+
+
+def _finish_writer(job: _Job, prof: profiling.Profile) -> None:
+    """A single run waits for the background writer (:mod:`rag_ablate.tracking.background`) to log
+    everything: the wait is its ``log`` stage's, the writer's own time the profile's ``background``;
+    a call that failed there fails the run (TrackingError naming it)."""
+    if not background.active():
+        return
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    failed = background.finish()
+    prof.add("log", time.perf_counter() - t0, cpu_s=time.process_time() - cpu0)
+    prof.background = background.times()
+    background.forget()
+    prof.write(job.job_dir)  # MLflow has the profile as it was when handed over
+    if failed:
+        why = "; ".join(failed)
+        raise WriterError(f"{job.label}: MLflow logging failed in the background writer: {why}")
 
 
 def _most_common(errors: Sequence[str]) -> str:
@@ -475,6 +506,7 @@ def _identify(cfg: DictConfig, s: RunConfig) -> _Job:
     }
     multirun = hc.mode == RunMode.MULTIRUN
     entry = job_entry(Path(hc.sweep.dir), int(hc.job.num)) if multirun else None
+    followed = entry is not None and job_entry(Path(hc.sweep.dir), int(hc.job.num) + 1) is not None
     return _Job(
         label=entry["label"] if entry else variant_label(overrides),
         job_dir=Path(hc.runtime.output_dir),
@@ -492,6 +524,7 @@ def _identify(cfg: DictConfig, s: RunConfig) -> _Job:
             "mode": s.ablation.mode if entry else "none",
         },
         env_values=env_values,
+        followed=followed,
     )
 
 
@@ -523,10 +556,26 @@ def _load_inputs(s: RunConfig, job: _Job) -> _Inputs:
     )
 
 
-def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profile) -> _Outcome:
+def _run_created(job: _Job, run_id: background.Pending | None, prof: profiling.Profile) -> None:
+    """Before the first query: the job's MLflow run exists (the background writer created it while
+    the system was built), so a run killed mid-way is found RUNNING and resumed; a store that turned
+    out unusable stops the job here, before anything is spent (TrackingError naming it)."""
+    if run_id is None or run_id.done():
+        if run_id is not None and not run_id.ok():
+            raise TrackingError(f"{job.label}: MLflow: {'; '.join(background.failures())}")
+        return
+    with prof.stage("store"):
+        if run_id.value_or_none() is None:
+            raise TrackingError(f"{job.label}: MLflow: {'; '.join(background.failures())}")
+
+
+def _run_queries(
+    s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profile, ready: Callable[[], None]
+) -> _Outcome:
     """Build and prepare the system, run every query not kept by resume=, then the pointwise judge.
 
-    Each record is appended to records.jsonl as its query completes (resume= keeps them)."""
+    Each record is appended to records.jsonl as its query completes (resume= keeps them).
+    ``ready()`` is called once the system is prepared, before the first query."""
     dataset, guard, judge = inputs.dataset, inputs.guard, inputs.judge
     timings: dict[str, float] = {}
     try:
@@ -539,6 +588,7 @@ def _run_queries(s: RunConfig, job: _Job, inputs: _Inputs, prof: profiling.Profi
             if write_files is not None:
                 make_dirs(job.job_dir)
                 write_files(job.job_dir)
+            ready()
             with prof.stage("query"), RecordWriter(job.job_dir / RECORDS_FILE) as writer:
                 runs = repeated(dataset.queries, s.system.repeats)
                 todo = [q for q in runs if query_key(q) not in inputs.kept]
@@ -681,7 +731,7 @@ def _write_job_files(cfg: DictConfig, job: _Job, dataset: Dataset, metrics: Mapp
 
 def _log_job(
     store: _Store,
-    run_id: str | None,
+    run_id: background.Pending | None,
     s: RunConfig,
     job: _Job,
     inputs: _Inputs,
@@ -691,12 +741,16 @@ def _log_job(
     started_ns: int,
     prof: profiling.Profile,
     final_status: str,
-) -> int:
+) -> background.Pending:
     """Everything a job logs to MLflow at its end, in one place: params, tags, metrics and the job
     folder as artifacts, the per-query traces, then the profile (this logging's time included) and
-    the run's end status. Returns how many traces were logged."""
+    the run's end status; done by the background writer when there is one. Returns how many traces
+    were logged (a :class:`~rag_ablate.tracking.background.Pending` count)."""
+    # handed to the background writer when there is one; a job another job follows hands it over after
+    # that job's start, so the next run is created first rather than after this logging
+    hand = background.call_later if job.followed else background.call
     with prof.stage("log"):
-        run_id = _log_to_mlflow(
+        logged = _log_to_mlflow(
             store,
             job.ablation,
             s,
@@ -712,12 +766,22 @@ def _log_job(
             extra_metrics=slice_logged,
             judge_prompt_hash=inputs.judge.prompt_hash if inputs.judge is not None else None,
             env_values=job.env_values,
+            hand=hand,
         )
         # one trace per query: its first run (system.repeats > 1: repeats.json has the spread)
-        n_traces = _log_traces(store, run_id, s, first_runs(out.stored), inputs.dataset, started_ns)
+        n_traces = _log_traces(store, logged, s, first_runs(out.stored), inputs.dataset, started_ns, hand)
     prof.write(job.job_dir)
     # time/<stage>_s and memory/peak_mb, profile.json; then the run ends
-    tracking.finish_run(store.uri, run_id, prof.metrics(), [job.job_dir / PROFILE_FILE], status=final_status)
+    hand(
+        f"ending the run of {job.label}",
+        "log",
+        tracking.finish_run,
+        store.uri,
+        logged,
+        prof.metrics(),
+        [job.job_dir / PROFILE_FILE],
+        status=final_status,
+    )
     return n_traces
 
 
@@ -728,10 +792,12 @@ def _start_run(
     label: str,
     prior: resume.JobState,
     env_values: Mapping[str, str] | None = None,
-) -> str | None:
+) -> background.Pending | None:
     """Create the job's MLflow run (RUNNING) when it starts, or reopen the run of the
-    attempt being resumed; the run id (and the config) go to the job's ``run.json``."""
-    run_id = None
+    attempt being resumed; the run id (and the config) go to the job's ``run.json`` (once the
+    background writer has created the run, when it creates it)."""
+    run_id: background.Pending | None = None
+    chosen: str | None = None
     if store is not None:
         if prior.run_id and prior.tracking_uri not in (None, store.uri):
             raise ConfigError(
@@ -740,11 +806,25 @@ def _start_run(
             )
         if prior.run_id:
             tracking.reopen_run(store.uri, prior.run_id)
-            run_id = prior.run_id
+            run_id = background.Pending.known(prior.run_id)
         else:
-            run_id = tracking.start_run(store.uri, store.experiment_id, label, store.parent_run_id)
+            # the background writer creates it as named here, so run.json has its id before any query
+            chosen = uuid.uuid4().hex if background.active() else None
+            run_id = background.call(
+                f"creating the run of {label}",
+                "store",
+                tracking.start_run,
+                store.uri,
+                store.experiment_id,
+                label,
+                store.parent_run_id,
+                run_id=chosen,
+            )
     uri = store.uri if store is not None else prior.tracking_uri
-    resume.write_run_file(job_dir, s, run_id or prior.run_id, uri, env_values)
+    known = run_id.result() if run_id is not None and run_id.done() else chosen
+    resume.write_run_file(job_dir, s, known or prior.run_id, uri, env_values)
+    if run_id is not None and not run_id.done():
+        run_id.then(lambda rid: resume.write_run_file(job_dir, s, rid, uri, env_values))
     return run_id
 
 
@@ -756,8 +836,8 @@ def resolve_tracking(s: RunConfig, output_root: Path) -> tuple[str, Path | None]
 @dataclass(frozen=True)
 class _Store:
     uri: str
-    experiment_id: str
-    parent_run_id: str | None
+    experiment_id: str | background.Pending  # Pending: the background writer opens the store
+    parent_run_id: str | background.Pending | None
 
 
 def _open_store(s: RunConfig, output_root: Path, sweep_dir: Path | None) -> _Store | None:
@@ -766,48 +846,58 @@ def _open_store(s: RunConfig, output_root: Path, sweep_dir: Path | None) -> _Sto
     if not s.tracking.enabled:
         return None
     tracking.set_budget(s.tracking.timeout_s)
+    noted = background.sweep_store(sweep_dir) if sweep_dir is not None else None
+    if noted is not None:  # the sweep's store and run, as the background writer makes them
+        return _Store(*noted)
     if sweep_dir is not None and (sweep_dir / SWEEP_FILE).is_file():
         info = json.loads((sweep_dir / SWEEP_FILE).read_text(encoding="utf-8"))
         if info.get("parent_run_id"):
             return _Store(info["tracking_uri"], info["experiment_id"], info["parent_run_id"])
+    if s.resume or sweep_dir is not None:  # runs reopened here; a sweep's job of another launcher
+        background.release()
     uri, artifacts = resolve_tracking(s, output_root)
-    experiment_id = tracking.open_store(
+    experiment_id = background.open_store(
         uri, s.tracking.experiment, artifacts, create_folder=s.tracking.uri is None
     )
-    return _Store(uri, experiment_id, None)
+    return _Store(uri, experiment_id if not experiment_id.done() else experiment_id.result(), None)
 
 
 def _log_traces(
-    store: _Store, run_id: str, s: RunConfig, records: list[Record], dataset: Dataset, started_ns: int
-) -> int:
+    store: _Store,
+    run_id: background.Pending,
+    s: RunConfig,
+    records: list[Record],
+    dataset: Dataset,
+    started_ns: int,
+    hand: Callable[..., background.Pending] = background.call,
+) -> background.Pending:
     """Per-query traces under the run (rag_ablate.tracking.traces), once the scores are on disk.
 
     Traces are a view of records.jsonl: a failure here is reported, the run is kept.
     """
     per_split = mlflow_traces.parse_setting(s.tracking.traces)
     if per_split == 0:
-        return 0
+        return background.Pending.known(0)
     price = s.cost.prices.get(s.cost.model) if s.cost.model else None
-    try:
-        return mlflow_traces.log_traces(
-            store.uri,
-            store.experiment_id,
-            run_id,
-            records,
-            dataset,
-            per_split=per_split,
-            metrics=s.compare.metrics,
-            start_ns=started_ns,
-            seed=s.seed,
-            privacy=privacy.Privacy.from_config(s.privacy),  # ids only, or redacted passages
-            usd=None if price is None else functools.partial(cost.query_usd_parts, price=price),
-            model=s.cost.model,
-            per_split_runs=store.parent_run_id is not None,  # a sweep's job: compared with its baseline
-            first=mlflow_traces.shown_first(s.compare.quality_metric),  # the quality axis first in MLflow
-        )
-    except Exception as exc:
-        print(f"per-query MLflow traces not logged: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 0
+    return hand(
+        "logging the per-query traces",
+        "log",
+        mlflow_traces.log_traces_or_warn,
+        store.uri,
+        store.experiment_id,
+        run_id,
+        records,
+        dataset,
+        per_split=per_split,
+        metrics=s.compare.metrics,
+        start_ns=started_ns,
+        seed=s.seed,
+        privacy=privacy.Privacy.from_config(s.privacy),  # ids only, or redacted passages
+        usd=None if price is None else functools.partial(cost.query_usd_parts, price=price),
+        model=s.cost.model,
+        per_split_runs=store.parent_run_id is not None,  # a sweep's job: compared with its baseline
+        first=mlflow_traces.shown_first(s.compare.quality_metric),  # the quality axis first in MLflow
+    )
 
 
 def _log_to_mlflow(
@@ -821,12 +911,13 @@ def _log_to_mlflow(
     dataset: Dataset,
     build_info: dict[str, Any],
     metrics: dict[str, float],
-    run_id: str | None = None,
+    run_id: background.Pending | None = None,
     final_status: str | None = "FINISHED",
     judge_prompt_hash: str | None = None,
     extra_metrics: Mapping[str, float] | None = None,
     env_values: Mapping[str, str] | None = None,
-) -> str:
+    hand: Callable[..., background.Pending] = background.call,
+) -> background.Pending:
     # header values (API keys) and values read from the environment never reach MLflow
     params = redact(flatten(asdict(s)), env=env_values)
     params.pop("resume", None)  # how this attempt was started, not what the run is
@@ -865,7 +956,10 @@ def _log_to_mlflow(
         "baseline" if ablation["role"] == "baseline" else str(ablation["factor"] or label)
     )
     tags["ablation.level"] = "baseline" if ablation["role"] == "baseline" else str(ablation["level"] or label)
-    return tracking.log_run(
+    return hand(
+        f"logging the run of {label}",
+        "log",
+        tracking.log_run,
         store.uri,
         store.experiment_id,
         label,

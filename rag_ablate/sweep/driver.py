@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -60,12 +61,14 @@ from rag_ablate.run.timing import TimingJob, timing_pass
 from rag_ablate.settings import to_settings
 from rag_ablate.sweep.plan import Plan, write_plan
 from rag_ablate.sweep.publish import publish_sweep
+from rag_ablate.tracking import background
 from rag_ablate.tracking import store as tracking
 
 # exit codes of a sweep: those of every command (rag_ablate.core.errors, README "Exit codes"):
 # EXIT_FAILED a job, the comparison or the MLflow logging failed; EXIT_INVALID nothing ran (the plan,
 # a job's config or the MLflow store is unusable)
-EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
+EXIT_INTERRUPTED = 130
+WRITER = "MLflow (background writer)"  # a failure in tracking/background.py's process
 
 
 def _sweep_dir(config: DictConfig) -> Path:
@@ -166,6 +169,7 @@ def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
     if s.resume:
         from rag_ablate.run.resume import reopen_sweep
 
+        background.release()  # the runs are reopened and ended in this process, as before
         return reopen_sweep(sweep_dir, plan)
     output_root = (_cwd(config) / s.paths.output_root).resolve()
     # no header values (API keys), values read from the environment as their ${oc.env:NAME} text
@@ -175,12 +179,16 @@ def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
     if s.compare.baseline_run:  # compare.baseline_run: what `rag-ablate compare/report` pin again
         pinned = Path(s.compare.baseline_run).expanduser()
         info["baseline_run"] = str(pinned.resolve()) if pinned.is_dir() else s.compare.baseline_run
-    experiment_id = None
+    experiment_id: background.Pending | None = None
     if s.tracking.enabled:
+        if not _basic_launcher(config):  # its jobs run in other processes: everything logged here
+            background.release()
         uri, artifacts = tracking.resolve(s.tracking, output_root)
-        experiment_id = tracking.open_store(
+        experiment_id = background.open_store(
             uri, s.tracking.experiment, artifacts, create_folder=s.tracking.uri is None
         )
+    else:
+        background.release()
     write_plan(plan, sweep_dir, config)
     # resume= finds the options of --config-dir (named deployments) in the sweep folder
     save_config_dir(config.hydra.runtime.config_sources, sweep_dir)
@@ -190,11 +198,26 @@ def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
         tags["sweep.dir"] = str(sweep_dir.resolve())
         tags["ablation.mode"] = s.ablation.mode
         try:
-            parent = tracking.start_parent(uri, experiment_id, name, tags)
+            parent = background.call(
+                "creating the sweep's run", "store", tracking.start_parent, uri, experiment_id, name, tags
+            )
         except Exception as exc:
             why = one_line(exc)
             raise TrackingError(f"MLflow store {uri}: cannot create the sweep's run: {why}") from exc
-        info.update(parent_run_id=parent, experiment_id=experiment_id, tracking_uri=uri)
+        if not parent.done():  # sweep.json gets the ids once the writer has them
+            background.preload(publish_sweep.__module__)  # what the sweep's end runs in the writer
+            background.set_sweep_store(sweep_dir, uri, experiment_id, parent)
+            write_json_atomic(sweep_dir / SWEEP_FILE, info)
+            _sweep_started[sweep_dir] = parent
+            exp = experiment_id
+
+            def noted(pid: str) -> None:
+                ids = {"parent_run_id": pid, "experiment_id": exp.result(), "tracking_uri": uri}
+                write_json_atomic(sweep_dir / SWEEP_FILE, {**info, **ids})
+
+            parent.then(noted)
+            return info
+        info.update(parent_run_id=parent.result(), experiment_id=experiment_id.result(), tracking_uri=uri)
     try:
         write_json_atomic(sweep_dir / SWEEP_FILE, info)
     except WriteError:
@@ -203,6 +226,16 @@ def _start_sweep(config: DictConfig, plan: Plan) -> dict[str, Any]:
                 tracking.end_run(uri, info["parent_run_id"], "FAILED")
         raise
     return info
+
+
+# sweep folder -> its parent run, while the background writer creates it (sweep.json gets its id then)
+_sweep_started: dict[Path, background.Pending] = {}
+
+
+def _basic_launcher(config: DictConfig) -> bool:
+    """True when Hydra's basic launcher runs the jobs (one after another, in this process)."""
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+    return target.endswith("BasicLauncher")
 
 
 def _write_failures(sweep_dir: Path, failures: list[Failure]) -> Path:
@@ -284,6 +317,10 @@ def _finish_sweep(
     print_table(summaries, s.metrics.summary)
     write_text_atomic(sweep_dir / SWEEP_SUMMARY_MD, markdown_table(summaries, s.metrics.summary))
     print(f"\nsweep folder: {sweep_dir}")
+    started = _sweep_started.pop(sweep_dir, None)
+    if started is not None:  # sweep.json has the parent run's id once the writer created it
+        with contextlib.suppress(TrackingError):  # a failure: background.failures() lists it
+            started.result()
     info_path = sweep_dir / SWEEP_FILE
     info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
     prof.stop()
@@ -333,6 +370,11 @@ def _finish_sweep(
                 Failure("comparison", "comparison", f"not run: {n} of {len(plan.jobs)} job(s) finished")
             )
 
+    if background.active():  # the jobs' logging done: their trace counts, what failed there
+        background.drain()
+        summaries = read_summaries(sweep_dir)
+        failures += [Failure("tracking", WRITER, line) for line in background.failures()]
+    n_writer_failures = len(background.failures())
     failures_path = _write_failures(sweep_dir, failures)
     prof.start("log")
     if "parent_run_id" in info:
@@ -360,9 +402,20 @@ def _finish_sweep(
             with contextlib.suppress(Exception):  # the store is gone: the failure above says so
                 tracking.end_run(uri, run_id, "FAILED")
         else:
-            print(ui_hint(uri, published.runs_link, s.tracking.ui_port))
-            for line in published.trace_links:
-                print(line)
+            _wait_for_writer(prof, sweep_dir, plan)
+            later = background.failures()[n_writer_failures:]
+            failures += [Failure("tracking", WRITER, line) for line in later]
+            if later:
+                _write_failures(sweep_dir, failures)
+                with contextlib.suppress(Exception):  # not left RUNNING or FINISHED
+                    tracking.end_run(uri, run_id, "FAILED")
+            if published.ok():
+                links = published.result()
+                print(ui_hint(uri, links.runs_link, s.tracking.ui_port))
+                for line in links.trace_links:
+                    print(line)
+    background.finish()  # nothing left for it (a sweep that logged nothing)
+    background.forget()
     if prof.open_stages():  # not logged (tracking off, or the logging failed): the profile still is
         prof.close()
         _write_profile(sweep_dir, plan)
@@ -380,12 +433,29 @@ def _finish_sweep(
         print_gate_outcome(gate_failures, len(s.compare.fail_on))
     done_prof = profiling.read_profile(sweep_dir)
     if done_prof is not None:
-        line = profiling.summary_line(done_prof["breakdown"], peak_mb=float(done_prof.get("peak_mb", 0.0)))
+        line = profiling.summary_line(
+            done_prof["breakdown"],
+            peak_mb=float(done_prof.get("peak_mb", 0.0)),
+            background=done_prof.get("background"),
+        )
         print(f"{line} ({sweep_dir / PROFILE_FILE})")
     profiling.end_sweep_profile()
     if failures:
         return EXIT_FAILED
     return EXIT_BLOCKED if gate_failures else 0
+
+
+def _wait_for_writer(prof: profiling.Profile, sweep_dir: Path, plan: Plan) -> None:
+    """The background writer finishes what it was handed (the sweep's end): the wait is the sweep's
+    ``log`` stage's, the writer's own time the profile's ``background``; profile.json written again
+    (MLflow has it as it was when handed over)."""
+    if not background.active():
+        return
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    background.finish()
+    prof.add("log", time.perf_counter() - t0, cpu_s=time.process_time() - cpu0)
+    prof.background = background.times()
+    _write_profile(sweep_dir, plan)
 
 
 def _timing_pass(config: DictConfig, plan: Plan, job_settings: Sequence[RunConfig]) -> None:
@@ -447,6 +517,8 @@ def interrupt_sweep(config: DictConfig, plan: Plan) -> str:
     Jobs that finished keep their runs and records; ``resume=<sweep folder>`` runs the rest.
     """
     sweep_dir = _sweep_dir(config)
+    background.finish()  # what it was handed is done; the runs are ended from here
+    background.forget()
     finished = len(read_summaries(sweep_dir)) if sweep_dir.is_dir() else 0
     info_path = sweep_dir / SWEEP_FILE
     info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}

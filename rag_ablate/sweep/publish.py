@@ -14,6 +14,7 @@ return values and files; they log nothing. This module logs them:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from rag_ablate.config.schema import RunConfig
 from rag_ablate.core import profiling
 from rag_ablate.core.layout import PLAN_FILE
 from rag_ablate.report import mlflow_ui
+from rag_ablate.tracking import background
 from rag_ablate.tracking import store as tracking
 from rag_ablate.tracking import traces as mlflow_traces
 from rag_ablate.tracking import ui as tracking_ui
@@ -69,7 +71,7 @@ def publish_sweep(
     n_failed_jobs: int,
     write_profile: Callable[[], Path],
     status: str,
-) -> Published:
+) -> background.Pending:
     """Log the end of a sweep to its parent run (``info`` is ``sweep.json``) and end the run.
 
     ``comparison`` and ``comparison_files``: the comparison step's result and files (None and
@@ -78,7 +80,48 @@ def publish_sweep(
     step (the sweep run's description lists them); ``write_profile``: called once everything else
     is logged, writes the sweep's ``profile.json`` (this logging's time included), whose stages
     become the run's ``time/<stage>_s``; ``status``: how the run ends.
+
+    Done by the background writer when there is one (:mod:`rag_ablate.tracking.background`);
+    returns the :class:`Published` links as a :class:`~rag_ablate.tracking.background.Pending`.
     """
+    uri, run_id = info["tracking_uri"], info["parent_run_id"]
+    # the variants' labels and run ids are what is logged of them: their records stay here
+    light = [dataclasses.replace(v, records=[]) for v in variants]
+    done = background.call(
+        "logging the sweep's end",
+        "log",
+        _publish,
+        s,
+        sweep_dir,
+        info,
+        list(summaries),
+        comparison,
+        list(comparison_files),
+        light,
+        list(files),
+        list(failed),
+        n_failed_jobs,
+    )
+    profile = write_profile()
+    metrics = profiling.Profile.metrics_of(profiling.read_profile(sweep_dir) or {})
+    end = tracking.finish_run
+    background.call("ending the sweep's run", "log", end, uri, run_id, metrics, [profile], status)
+    return done
+
+
+def _publish(
+    s: RunConfig,
+    sweep_dir: Path,
+    info: dict[str, Any],
+    summaries: Sequence[dict[str, Any]],
+    comparison: Comparison | None,
+    comparison_files: Sequence[Path],
+    variants: Sequence[VariantData],
+    files: Sequence[Path],
+    failed: Sequence[str],
+    n_failed_jobs: int,
+) -> Published:
+    """What :func:`publish_sweep` logs before the profile, in one transaction."""
     uri, run_id, experiment_id = info["tracking_uri"], info["parent_run_id"], info["experiment_id"]
     done: list[Published] = []
 
@@ -100,9 +143,6 @@ def publish_sweep(
         done.append(Published(link, trace_links))
 
     tracking.in_one_transaction(uri, write)  # a sqlite store: one commit, not one per call
-    profile = write_profile()
-    metrics = profiling.Profile.metrics_of(profiling.read_profile(sweep_dir) or {})
-    tracking.finish_run(uri, run_id, metrics, [profile], status)
     return done[0]
 
 

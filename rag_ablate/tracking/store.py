@@ -143,9 +143,18 @@ def _proc_start(pid: int) -> str:
     return fields[19] if len(fields) > 19 else ""  # field 22 of stat; fields here start at field 3
 
 
+_owner_pid: list[int] = []  # the process a background writer logs for (rag_ablate.tracking.background)
+
+
+def set_owner_pid(pid: int) -> None:
+    """Runs created or reopened in this process are owned by process ``pid`` (the background
+    writer's: the main process it logs for)."""
+    _owner_pid[:] = [pid]
+
+
 def owner_tag() -> str:
-    """This process as an :data:`OWNER_TAG` value."""
-    pid = os.getpid()
+    """This process (or the one it logs for) as an :data:`OWNER_TAG` value."""
+    pid = _owner_pid[0] if _owner_pid else os.getpid()
     return f"{socket.gethostname()}:{pid}:{_proc_start(pid)}"
 
 
@@ -281,16 +290,14 @@ def open_store(uri: str, experiment: str, artifact_root: Path | None, *, create_
     :data:`SERVER_TIMEOUT` seconds.
     """
     db = sqlite_path(uri)
+    check_store(uri, experiment, create_folder=create_folder)
     if db is not None:
-        _check_sqlite(uri, db, create_folder)
         # two processes creating one sqlite store at once race on its tables (the second fails
         # with "table ... already exists"): whoever opens it holds a lock file beside it meanwhile
         with _file_lock(db.with_name(db.name + ".lock")):
             create_sqlite(uri, db)
             experiment_id = ensure_experiment(uri, experiment, artifact_root)
     else:
-        if is_server(uri):
-            _check_server(uri, experiment)
         try:
             experiment_id = ensure_experiment(uri, experiment, artifact_root)
         except TrackingDownError as exc:  # before anything ran: a store error like the check's
@@ -307,6 +314,16 @@ def open_store(uri: str, experiment: str, artifact_root: Path | None, *, create_
             file=sys.stderr,
         )
     return experiment_id
+
+
+def check_store(uri: str, experiment: str, *, create_folder: bool = False) -> None:
+    """The checks of :func:`open_store` that need no MLflow (a sqlite file's folder, a server that
+    answers): TrackingError saying what is wrong."""
+    db = sqlite_path(uri)
+    if db is not None:
+        _check_sqlite(uri, db, create_folder)
+    elif is_server(uri):
+        _check_server(uri, experiment)
 
 
 def _is_new(db: Path) -> bool:
@@ -641,12 +658,44 @@ def finish_run(uri: str, run_id: str, metrics: Mapping[str, float], paths: list[
     in_one_transaction(uri, write)
 
 
-def start_run(uri: str, experiment_id: str, name: str, parent_run_id: str | None = None) -> str:
-    """Create a variant's run when its job starts (status RUNNING); :func:`log_run` completes it."""
+def start_run(
+    uri: str, experiment_id: str, name: str, parent_run_id: str | None = None, *, run_id: str | None = None
+) -> str:
+    """Create a variant's run when its job starts (status RUNNING); :func:`log_run` completes it.
+
+    ``run_id`` (32 hex digits, a sqlite store only): the id the run gets, chosen by the caller (the
+    background writer's main process writes it to ``run.json`` before the run exists)."""
     tags = {"rag_ablate.kind": "variant", OWNER_TAG: owner_tag()}
     if parent_run_id:
         tags[PARENT_TAG] = parent_run_id
-    return str(_client(uri).create_run(experiment_id, run_name=name, tags=tags).info.run_id)
+    with _run_id_chosen(run_id):
+        made = str(_client(uri).create_run(experiment_id, run_name=name, tags=tags).info.run_id)
+    if run_id is not None and made != run_id:
+        raise TrackingError(f"MLflow store {uri}: the run was created as {made}, not as {run_id}")
+    return made
+
+
+@contextlib.contextmanager
+def _run_id_chosen(run_id: str | None) -> Iterator[None]:
+    """MLflow's sqlite store names a new run ``uuid.uuid4().hex`` (MLflow is pinned); in the block it
+    names it ``run_id`` instead."""
+    if run_id is None:
+        yield
+        return
+    import types
+    import uuid
+
+    from mlflow.store.tracking import sqlalchemy_store
+
+    chosen = types.ModuleType("uuid")
+    chosen.__dict__.update(vars(uuid))
+    chosen.uuid4 = lambda: uuid.UUID(hex=run_id)  # type: ignore[attr-defined]
+    real = vars(sqlalchemy_store)["uuid"]
+    setattr(sqlalchemy_store, "uuid", chosen)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(sqlalchemy_store, "uuid", real)  # noqa: B010
 
 
 def run_status(uri: str, run_id: str) -> str:

@@ -575,6 +575,18 @@ def _run_trace_ids(client: Any, experiment_id: str, run_id: str) -> list[str]:
             return ids
 
 
+def log_traces_or_warn(*args: Any, **kwargs: Any) -> int:
+    """:func:`log_traces`; a failure is said on stderr and 0 returned (traces are a view of
+    records.jsonl: the run is kept)."""
+    import sys
+
+    try:
+        return log_traces(*args, **kwargs)
+    except Exception as exc:
+        print(f"per-query MLflow traces not logged: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 0
+
+
 def log_traces(
     uri: str,
     experiment_id: str,

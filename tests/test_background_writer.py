@@ -1,0 +1,103 @@
+"""MLflow imported and written by a second process while the run goes on (rag_ablate.tracking.background)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_ablate.core.errors import WriterError
+from rag_ablate.core.layout import PROFILE_FILE, RUN_FILE, SUMMARY_FILE, SWEEP_FILE
+from rag_ablate.tracking import background
+from tests.conftest import run_module
+
+
+def test_without_a_writer_a_call_runs_here_and_raises_as_it_is() -> None:
+    assert not background.active()
+    assert background.call("adding", "log", sum, [1, 2]).result() == 3
+    with pytest.raises(ZeroDivisionError):
+        background.call("dividing", "log", divmod, 1, 0)
+
+
+def test_a_writer_does_the_calls_in_order_passes_values_on_and_names_what_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(background, "WARM", ())  # no MLflow to import for these calls
+    monkeypatch.setattr(background, "_writer", background.Writer())
+    try:
+        assert background.active()
+        pair = background.call("dividing", "log", divmod, 7, 2)
+        total = background.call("adding", "log", sum, pair)  # the first call's value, in the writer
+        broken = background.call("dividing by zero", "log", divmod, 1, 0)
+        after = background.call("adding after it", "log", sum, broken)
+        seen: list[int] = []
+        total.then(seen.append)
+        later = background.call_later("held back", "log", time.monotonic_ns)
+        sooner = background.call("handed over after it", "log", time.monotonic_ns)
+        assert sooner.result() < later.result()  # the held call went after the next one
+        assert total.result() == 4 and pair.result() == (3, 1)
+        assert after.value_or_none() is None and not broken.ok()
+        failed = background.finish()
+        assert seen == [4]
+        assert failed == [
+            "dividing by zero: ZeroDivisionError: integer division or modulo by zero",
+            "adding after it: not done: it needs dividing by zero, which failed",
+        ]
+        with pytest.raises(WriterError, match="MLflow writer: dividing by zero failed"):
+            broken.result()
+        assert set(background.times()) == {"store", "log"}
+    finally:
+        background.finish()
+        background.forget()
+    assert not background.active() and background.failures() == []
+
+
+@pytest.mark.slow
+def test_the_default_sweep_logs_everything_through_the_writer(default_sweep: dict[str, Any]) -> None:
+    """README's sweep, a real process: MLflow was written by the writer, and what it holds is whole."""
+    from mlflow.tracking import MlflowClient
+
+    sweep, proc = default_sweep["dir"], default_sweep["proc"]
+    prof = json.loads((sweep / PROFILE_FILE).read_text(encoding="utf-8"))
+    assert set(prof["background"]) == {"store", "log"}, prof.get("background")
+    assert prof["background"]["store"]["seconds"] > prof["stages"]["store"]["seconds"]
+    assert "; MLflow alongside " in proc.stdout
+    info = json.loads((sweep / SWEEP_FILE).read_text(encoding="utf-8"))
+    client = MlflowClient(tracking_uri=info["tracking_uri"])
+    parent = client.get_run(info["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["sweep/n_variants"] == 2.0
+    assert str(parent.info.experiment_id) == info["experiment_id"]
+    for job in ("0", "1"):
+        summary = json.loads((sweep / job / SUMMARY_FILE).read_text(encoding="utf-8"))
+        run_file = json.loads((sweep / job / RUN_FILE).read_text(encoding="utf-8"))
+        assert summary["run_id"] == run_file["run_id"]
+        assert summary["traces"] == 40  # 20 per split, counted once the writer logged them
+        run = client.get_run(summary["run_id"])
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.parentRunId"] == info["parent_run_id"]
+        assert "time/log_s" in run.data.metrics and "retrieval.top_k" in run.data.params
+        # the owner is the command's own process, not the writer's
+        assert run.data.tags["rag_ablate.process"].split(":")[1] == str(prof["pid"])
+    assert "MLflow UI: rag-ablate ui" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_failure_in_the_writer_fails_the_command_naming_it(tmp_path: Path) -> None:
+    """The writer cannot make the experiment's artifact folder: the run stops before its first query
+    (nothing spent), naming the call that failed, why, and the call that needed it."""
+    proc = run_module(
+        "rag_ablate",
+        ["tracking.artifact_root=/proc/rag_ablate_nope", "progress=false"],
+        tmp_path,
+        process=True,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr
+    assert "rag_ablate: error: baseline: MLflow: opening the MLflow store" in err, err[-2000:]
+    assert "/proc/rag_ablate_nope" in err  # why: the folder it could not make
+    assert "creating the run of baseline: not done: it needs opening the MLflow store" in err
+    assert not list((tmp_path / "outputs").glob("runs/*/records.jsonl"))  # no query ran
