@@ -851,3 +851,15 @@ def test_https_uses_the_trusted_certificates_and_refuses_others(
         settings = _http_settings(url, chat_path=None, concurrency=1, retries=0)
         with pytest.raises(EndpointDownError, match="CERTIFICATE_VERIFY_FAILED"):
             _run(HttpSystem(settings), ds)
+
+
+def test_a_request_body_with_a_non_finite_number_is_refused_not_sent_as_null() -> None:
+    """orjson writes NaN as null; the service must never receive a null the user did not write."""
+    import math
+
+    from rag_ablate.systems.http import _json_body
+
+    body = {"q": "税率", "filter": None, "k": 5}
+    assert json.loads(_json_body(body)) == body
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        _json_body({"q": "x", "threshold": math.nan})

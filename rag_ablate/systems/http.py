@@ -582,11 +582,16 @@ def _event_text(event: Any) -> str:
 
 def _json_body(body: Any) -> bytes:
     """A request body as JSON bytes, as httpx's ``json=`` writes it (UTF-8, compact), with orjson's
-    encoder (what it refuses, such as an int beyond 64 bits, with the json module's)."""
+    encoder (what it refuses, such as an int beyond 64 bits, with the json module's). orjson
+    writes NaN and infinity as ``null``; a body with a ``null`` is checked by the json module, so a
+    non-finite number raises as httpx's ``json=`` did instead of reaching the service as null."""
     try:
-        return orjson.dumps(body)
+        raw = orjson.dumps(body)
     except TypeError:
+        raw = b""
+    if not raw or b"null" in raw:
         return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return raw
 
 
 def _json_loads(raw: bytes) -> Any:
