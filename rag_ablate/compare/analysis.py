@@ -324,19 +324,20 @@ def _failure_aware(
     metric: str,
     own: npt.NDArray[np.float64],
     other: npt.NDArray[np.float64],
+    failed_ids: npt.NDArray[np.bool_],
 ) -> npt.NDArray[np.float64]:
     """One side's failure-aware column of a metric with a miss, from its ok-only column ``own``:
     a failed query scores the miss where the metric applies to it (its record names the metric,
-    or the other side has a value and this side measures the metric at all)."""
+    or the other side has a value and this side measures the metric at all). ``failed_ids``: which
+    of ``ids`` have a failed record on this side."""
     miss = spec_of(metric).miss
     if miss is None:
         return own
     measures = bool(np.isfinite(own).any())
     out = own.copy()
-    for i, q in enumerate(ids):
-        rec = by_id.get(q)
-        if rec is None or not failed(rec) or math.isfinite(out[i]):
-            continue
+    for i in np.flatnonzero(failed_ids & ~np.isfinite(own)).tolist():
+        q = ids[i]
+        rec = by_id[q]
         if metric in (rec.get("metrics") or {}) or (measures and math.isfinite(other[i])):
             out[i] = miss
     return out
@@ -402,6 +403,7 @@ def compare(
         draw = split_draw(seed, split, split_groups(base_by_id))
         sources = list(dict.fromkeys(per_query(m) for m in metrics))
         ok_base_cols = _columns(base_by_id, base_ids, sources)
+        base_failed = np.array([failed(base_by_id[q]) for q in base_ids], dtype=bool)
         for var in others:
             var_by_id = _by_id(var.records, split)
             pair = _pair(split, var.label, base_by_id, var_by_id)
@@ -410,11 +412,14 @@ def compare(
             ok_var_cols = _columns(var_by_id, base_ids, sources)
             # failure-aware columns of the metrics with a miss; the ok-only figures beside them
             base_cols, var_cols = dict(ok_base_cols), dict(ok_var_cols)
+            var_failed = np.array([q in var_by_id and failed(var_by_id[q]) for q in base_ids], dtype=bool)
             for src in sources:
                 base_cols[src] = _failure_aware(
-                    base_by_id, base_ids, src, ok_base_cols[src], ok_var_cols[src]
+                    base_by_id, base_ids, src, ok_base_cols[src], ok_var_cols[src], base_failed
                 )
-                var_cols[src] = _failure_aware(var_by_id, base_ids, src, ok_var_cols[src], ok_base_cols[src])
+                var_cols[src] = _failure_aware(
+                    var_by_id, base_ids, src, ok_var_cols[src], ok_base_cols[src], var_failed
+                )
                 if spec_of(src).miss is not None:
                     ok_only[(split, var.label, src)] = _ok_only(ok_base_cols[src], ok_var_cols[src])
             # metrics measured on the same queries are tested together, on one shared draw
