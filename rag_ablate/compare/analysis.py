@@ -289,33 +289,21 @@ def _nan_row(split: str, variant: str, metric: str, pair: Pair, note: str) -> Ro
 def _columns(
     by_id: Mapping[str, Record], ids: Sequence[str], metrics: Sequence[str]
 ) -> dict[str, npt.NDArray[np.float64]]:
-    """:func:`value` of each metric for each id, as arrays (NaN: no value, or no record); one pass
-    over the records for all metrics."""
+    """:func:`value` of each metric for each id, as arrays (NaN: no value, or no record)."""
     nan = math.nan
-    cols: list[list[float]] = [[] for _ in metrics]
-    plain = [not spec_of(m).uses_failed for m in metrics]  # error_rate and latency_ms use failed queries
-    for q in ids:
-        rec = by_id.get(q)
-        if rec is None:
-            for col in cols:
-                col.append(nan)
-            continue
-        bad = failed(rec)
-        vals = rec.get("metrics") or {}
-        for j, m in enumerate(metrics):
-            if plain[j]:
-                if bad:
-                    cols[j].append(nan)
-                    continue
-                v = vals.get(m)
-            else:
-                v = value(rec, m)
-            if v is None:
-                cols[j].append(nan)
-            else:
-                x = float(v)
-                cols[j].append(x if math.isfinite(x) else nan)
-    return {m: np.array(col, dtype=np.float64) for m, col in zip(metrics, cols, strict=True)}
+    recs = [by_id.get(q) for q in ids]
+    # the plain metrics (every one but error_rate and latency_ms): no value for a failed query
+    plain = [None if r is None or failed(r) else (r.get("metrics") or {}) for r in recs]
+    out = {}
+    for m in metrics:
+        if spec_of(m).uses_failed:
+            vals = [nan if r is None else value(r, m) for r in recs]
+        else:
+            vals = [nan if d is None else d.get(m) for d in plain]
+        col = np.array([nan if x is None else x for x in vals], dtype=np.float64)
+        col[~np.isfinite(col)] = nan
+        out[m] = col
+    return out
 
 
 def _failure_aware(
