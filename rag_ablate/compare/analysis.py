@@ -638,7 +638,9 @@ def _plan_quantiles(
 
     def plan(counts: SharedDraws, draw: SplitDraw, alpha: float, rows: list[Row]) -> Callable[[], None]:
         setup = stats.quantile_setup(b, v, draw.codes(groups), qs, n_groups=draw.n_groups)
-        effects = counts.add(draw.key, draw.seed, draw.n_groups, quantiles(setup))
+        effects = counts.add_linear_chunk(
+            draw.key, draw.seed, draw.n_groups, setup.sizes_before, quantiles(setup)
+        )
 
         def done() -> None:
             results = stats.paired_quantile_tests(

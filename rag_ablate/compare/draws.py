@@ -78,10 +78,11 @@ class Collector:
 
 @dataclass
 class _Linear:
-    """A linear consumer: ``finish(counts[:, rows] @ cols)`` per chunk (``rows`` None: every group)."""
+    """A linear consumer: ``finish(counts[:, rows] @ cols, chunk)`` per chunk (``rows`` None: every
+    group)."""
 
     cols: FloatArray
-    finish: Callable[[FloatArray], FloatArray]
+    finish: Callable[[FloatArray, Chunk], FloatArray]
     collector: Collector
     rows: npt.NDArray[np.intp] | None
 
@@ -138,10 +139,23 @@ class SharedDraws:
         """A consumer computing ``finish(counts @ cols)`` per chunk of the draw ``key``: ``cols`` is
         (G, k), or (len(rows), k) for the groups ``rows`` only (the others' rows 0). Every linear
         consumer of a draw over the same ``rows`` shares one product per chunk (module docstring)."""
+        return self.add_linear_chunk(key, seed, n_groups, cols, lambda prod, _: finish(prod), rows)
+
+    def add_linear_chunk(
+        self,
+        key: Any,
+        seed: int,
+        n_groups: int,
+        cols: FloatArray,
+        finish: Callable[[FloatArray, Chunk], FloatArray],
+        rows: npt.NDArray[np.intp] | None = None,
+    ) -> Collector:
+        """:meth:`add_linear` whose ``finish`` also takes the chunk (a statistic that needs sums over
+        groups and the counts themselves: the latency percentiles)."""
         cols = np.asarray(cols, dtype=np.float64)
         if cols.ndim != 2 or cols.shape[0] != (n_groups if rows is None else len(rows)):
             raise ValueError(f"draw {key!r}: columns of shape {cols.shape} for {n_groups} groups")
-        collector = Collector(lambda ch: finish(ch.f64 @ cols))
+        collector = Collector(lambda ch: finish(ch.f64 @ cols, ch))
         lin = _Linear(cols, finish, collector, None if rows is None else np.asarray(rows, dtype=np.intp))
         self._draw(key, seed, n_groups).linear.append(lin)
         return collector
@@ -165,7 +179,7 @@ class SharedDraws:
                     drawn = ch.f64 if rows is None else counts[:, rows].astype(np.float64)
                     prod = drawn @ cols
                     for start, lin in members:
-                        lin.collector.parts.append(lin.finish(prod[:, start : start + lin.cols.shape[1]]))
+                        lin.collector.parts.append(lin.finish(prod[:, start : start + lin.cols.shape[1]], ch))
                 for consumer in draw.consumers:
                     consumer(ch)
         self._draws.clear()
@@ -192,6 +206,7 @@ def products(sums: FloatArray) -> Callable[[Chunk], FloatArray]:
     return lambda ch: np.asarray(ch.f64 @ sums, dtype=np.float64)
 
 
-def quantiles(setup: stats.QuantileSetup) -> Callable[[Chunk], FloatArray]:
-    """A consumer computing :func:`rag_ablate.compare.stats.quantile_effects` (latency percentiles)."""
-    return lambda ch: stats.quantile_effects(ch.counts, setup, ch.f64)
+def quantiles(setup: stats.QuantileSetup) -> Callable[[FloatArray, Chunk], FloatArray]:
+    """``finish`` of a linear consumer of ``setup.sizes_before`` (:meth:`SharedDraws.add_linear_chunk`)
+    computing :func:`rag_ablate.compare.stats.quantile_effects` (latency percentiles)."""
+    return lambda prod, ch: stats.quantile_effects(ch.counts, setup, sums=prod)

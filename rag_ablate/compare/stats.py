@@ -1112,27 +1112,34 @@ def _side_percentiles(
 
 
 def quantile_effects(
-    counts: npt.NDArray[np.generic], setup: QuantileSetup, counts_f64: FloatArray | None = None
+    counts: npt.NDArray[np.generic],
+    setup: QuantileSetup,
+    counts_f64: FloatArray | None = None,
+    sums: FloatArray | None = None,
 ) -> FloatArray:
     """Bootstrap effects (variant - baseline percentile) of one count chunk (c, G), shape (c, len(qs)).
 
-    ``counts_f64``: the chunk already converted to float64 (shared with other consumers of a draw).
-    Equal to :func:`weighted_percentiles_many` over every position of both sides. A row that draws
-    none of the queries (possible when the setup's groups are a domain of a larger draw) is NaN."""
+    ``counts_f64``: the chunk already converted to float64 (shared with other consumers of a draw);
+    ``sums``: the chunk's product with ``setup.sizes_before``, already taken (a shared draw takes it
+    with every other test's columns). Equal to :func:`weighted_percentiles_many` over every position
+    of both sides. A row that draws none of the queries (possible when the setup's groups are a
+    domain of a larger draw) is NaN."""
     c = np.asarray(counts)
-    cf = c.astype(np.float64) if counts_f64 is None else counts_f64
     k = len(setup.qs)
-    sums = np.rint(cf @ setup.sizes_before).astype(np.int64)  # one pass over the chunk for every sum
-    total = sums[:, 0]
+    if sums is None:
+        cf = c.astype(np.float64) if counts_f64 is None else counts_f64
+        sums = cf @ setup.sizes_before  # one pass over the chunk for every sum
+    whole = np.rint(sums).astype(np.int64)
+    total = whole[:, 0]
     ok = total > 0
     if not np.all(ok):
         out = np.full((c.shape[0], k), np.nan)
         if np.any(ok):
-            out[ok] = quantile_effects(c[ok], setup, cf[ok])
+            out[ok] = quantile_effects(c[ok], setup, sums=sums[ok])
         return out
     return np.asarray(
-        _side_percentiles(setup.var, c, total, sums[:, 1 + k :], setup.qs)
-        - _side_percentiles(setup.base, c, total, sums[:, 1 : 1 + k], setup.qs),
+        _side_percentiles(setup.var, c, total, whole[:, 1 + k :], setup.qs)
+        - _side_percentiles(setup.base, c, total, whole[:, 1 : 1 + k], setup.qs),
         dtype=np.float64,
     )
 
