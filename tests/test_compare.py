@@ -435,7 +435,11 @@ def test_adding_a_variant_leaves_the_other_rows_unchanged() -> None:
     two = numbers(compare([base, better], metrics=metrics, B=1000, seed=7))
     three = numbers(compare([base, better, same], metrics=metrics, B=1000, seed=7))
     reordered = numbers(compare([base, same, better], metrics=metrics, B=1000, seed=7))
-    assert two == three == reordered
+    # equal up to rounding: the split's draw multiplies every variant's columns in one product per chunk
+    assert two.keys() == three.keys() == reordered.keys()
+    for key, want in two.items():
+        assert three[key] == pytest.approx(want, rel=1e-12, abs=1e-12), key
+        assert reordered[key] == pytest.approx(want, rel=1e-12, abs=1e-12), key
     assert not all(v[7] for v in two.values())  # some p are Monte Carlo, so the seeds matter
 
 

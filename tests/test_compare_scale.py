@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from rag_ablate.compare import stats, tradeoff
-from rag_ablate.compare.analysis import compare
+from rag_ablate.compare.analysis import compare, split_draw
 from rag_ablate.compare.load import load_sweep_dir
 from rag_ablate.compare.model import VariantData
 from rag_ablate.config.schema import CompareConfig
@@ -73,7 +73,7 @@ def test_a_large_comparison_gives_the_numbers_of_the_tests_run_on_the_whole_draw
             B=B,
             alpha=c.alpha,
             counts=counts,
-            signflip_seeds=[stats.derive_seed(SEED, split, "faster", "hit_at_5")],
+            signflip_seed=stats.derive_seed(SEED, split, "faster", "signflip"),
         )
         row = c.row(split, "faster", "hit_at_5")
         assert row is not None and row.n_queries == b.size > 5_000
@@ -115,7 +115,7 @@ def test_the_trade_off_cost_percentile_at_scale_equals_the_percentile_over_every
     for st in t.splits:
         recs = [[r for r in v.records if r["split"] == st.split] for v in variants]
         index = {g: i for i, g in enumerate(sorted({str(r["group"]) for rs in recs for r in rs}))}
-        rng = np.random.default_rng(stats.derive_seed(SEED, "tradeoff", st.split))
+        rng = np.random.default_rng(split_draw(SEED, st.split, index).seed)
         counts = [ch.copy() for ch in stats.bootstrap_counts(len(index), B, rng)]
         for v, rs, point in zip(variants, recs, st.points, strict=True):
             assert point.variant == v.label

@@ -80,7 +80,7 @@ def test_the_streamed_draw_equals_each_test_on_its_own_draw() -> None:
     shared = SharedDraws(B)
     theta = shared.add("holdout", seed, n_groups, ratios(stats.group_sums_sizes(var - base, groups)))
     setup = stats.quantile_setup(lat_b, lat_v, groups, qs)
-    effects = shared.add("holdout", seed, n_groups, quantiles(setup))
+    effects = shared.add_linear_chunk("holdout", seed, n_groups, setup.sizes_before, quantiles(setup))
     with pytest.raises(ValueError, match="another seed"):
         shared.add("holdout", seed + 1, n_groups, ratios(stats.group_sums_sizes(var - base, groups)))
     shared.run()

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_ablate.compare import stats, tradeoff
+from rag_ablate.compare import tradeoff
+from rag_ablate.compare.analysis import split_draw
 from rag_ablate.compare.model import VariantData
 from rag_ablate.config.schema import CompareConfig, ModelPrice
 from rag_ablate.core.errors import ConfigError, UnknownNameError
@@ -157,8 +158,9 @@ def _variant(label: str, shift: float, seed: int, price: ModelPrice | None = Non
 def _brute_interval(
     variant: VariantData, split: str, groups: list[str], extract: Any, q: float | None, B: int, seed: int
 ) -> tuple[float, float]:
-    """Draw the same counts as the module, expand every resample, compute the statistic with numpy."""
-    rng = np.random.default_rng(stats.derive_seed(seed, "tradeoff", split))
+    """Draw the same counts as the module (the comparison's draw of the split), expand every
+    resample, compute the statistic with numpy."""
+    rng = np.random.default_rng(split_draw(seed, split, groups).seed)
     G = len(groups)
     draws = rng.integers(0, G, size=(B, G))
     index = {g: i for i, g in enumerate(groups)}
@@ -381,7 +383,7 @@ def test_cost_effect_is_the_paired_bootstrap_of_the_cost_difference() -> None:
         assert (base.cost_effect, base.cost_effect_low, base.cost_effect_high) == (0.0, 0.0, 0.0)
         assert p.cost_effect == pytest.approx(p.cost - base.cost, rel=1e-12)
         groups = sorted({r["group"] for r in variants[0].records if r["split"] == split})
-        rng = np.random.default_rng(stats.derive_seed(seed, "tradeoff", split))
+        rng = np.random.default_rng(split_draw(seed, split, groups).seed)
         draws = rng.integers(0, len(groups), size=(B, len(groups)))
         index = {g: i for i, g in enumerate(groups)}
 

@@ -21,25 +21,27 @@ Which queries enter a metric's comparison:
 A metric that applies but has no paired query (every query failed in the
 variant, say) becomes a row with a ``note`` and no numbers, never a silent gap.
 
-Seeds: one bootstrap draw per split and group set (derived from the run seed,
-the split and the groups), shared by every variant and metric; each sign-flip
-test gets its own seed derived from (seed, split, variant, metric), so adding
-or removing a variant never changes another variant's numbers. See
-docs/statistics.md.
+Seeds: one bootstrap draw per split (derived from the run seed, the split and its
+groups), shared by every variant, metric, percentile and weighting, and by the slices
+and the trade-off: a test over some of the split's queries is a domain of it
+(:mod:`rag_ablate.compare.draws`). The sign-flip tests of a variant's metrics share
+one stream of sign vectors, seeded by (seed, split, variant), so adding or removing a
+variant never changes another variant's numbers. See docs/statistics.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from rag_ablate.compare import stats
-from rag_ablate.compare.draws import Chunk, Collector, SharedDraws, products, quantiles, ratios
+from rag_ablate.compare.draws import Collector, SharedDraws, domain_ratios, quantiles
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.mix import MixRow, mix_rows, mix_weights, weighted_group_sums
 from rag_ablate.compare.mix import settle as settle_weights
@@ -115,27 +117,65 @@ def failed_latency(rec: Record) -> float | None:
     return None if v is None or not math.isfinite(float(v)) else float(v)
 
 
-class _CountCache:
-    """One bootstrap draw per split and group set, shared by every variant and metric.
+@dataclass(frozen=True)
+class SplitDraw:
+    """The one bootstrap draw of a split: its key, seed and groups (sorted labels). Every test of
+    the split (failure-aware and ok-on-both metrics, latency percentiles, the production mix,
+    slices, the trade-off) is a domain of it (:mod:`rag_ablate.compare.draws`)."""
 
-    The draw is not kept: tests register a consumer of it (:mod:`rag_ablate.compare.draws`)
-    and :meth:`run` streams each draw once to all of them.
-    """
+    key: tuple[str, str]
+    seed: int
+    labels: npt.NDArray[np.str_]
 
-    def __init__(self, B: int, seed: int) -> None:
-        self.B, self.seed = B, seed
-        self.shared = SharedDraws(B)
+    @property
+    def n_groups(self) -> int:
+        return int(self.labels.shape[0])
+
+    def codes(self, groups: Sequence[str]) -> npt.NDArray[np.intp]:
+        """Each label's position among the split's groups."""
+        g = np.asarray(groups, dtype=self.labels.dtype if len(groups) else np.str_)
+        pos = np.searchsorted(self.labels, g)
+        if np.any(pos >= self.n_groups) or np.any(self.labels[np.minimum(pos, self.n_groups - 1)] != g):
+            raise ComparisonError(f"draw {self.key}: a group that is not among the split's groups")
+        return np.asarray(pos, dtype=np.intp)
 
     def add(
-        self, split: str, groups: Sequence[str], compute: Callable[[Chunk], npt.NDArray[np.float64]]
+        self,
+        shared: SharedDraws,
+        groups: Sequence[str],
+        cols: npt.NDArray[np.float64],
+        finish: Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]],
     ) -> Collector:
-        uniq = sorted(set(groups))
-        digest = hashlib.sha256("\x1f".join(uniq).encode("utf-8")).hexdigest()[:16]
-        seed = stats.derive_seed(self.seed, split, digest)
-        return self.shared.add((split, digest), seed, len(uniq), compute)
+        """A linear consumer of the draw over the queries whose group labels are ``groups``: ``cols``
+        has one row per distinct label, in sorted order (as :func:`stats.group_sums` gives them). A
+        subset of more than 1/:data:`GATHER_BELOW` of the split's groups joins the draw's one product
+        with every group (the other groups' rows 0); a smaller one multiplies its own groups' counts."""
+        rows = self.codes(sorted(set(groups)))
+        if GATHER_BELOW * rows.shape[0] > self.n_groups:
+            full = np.zeros((self.n_groups, cols.shape[1]))
+            full[rows] = cols
+            return shared.add_linear(self.key, self.seed, self.n_groups, full, finish)
+        return shared.add_linear(self.key, self.seed, self.n_groups, cols, finish, rows)
 
-    def run(self) -> None:
-        self.shared.run()
+
+#: a test over fewer than 1/16 of its split's groups gathers their counts instead of joining the
+#: split's dense product (measured at 10,000 queries: the dense product is cheaper for slices of an
+#: intent or a tag, a gather per test costs more than the columns it saves)
+GATHER_BELOW = 16
+
+
+def split_draw(seed: int, split: str, groups: Iterable[str]) -> SplitDraw:
+    """The draw of a split whose queries are in ``groups``: seeded by the run seed, the split and a
+    digest of its sorted group labels, so the comparison, its slices and the trade-off draw the
+    same resamples."""
+    uniq = sorted(set(groups))
+    digest = hashlib.sha256("\x1f".join(uniq).encode("utf-8")).hexdigest()[:16]
+    return SplitDraw((split, digest), stats.derive_seed(seed, split, digest), np.array(uniq, dtype=np.str_))
+
+
+def split_groups(by_id: Mapping[str, Record]) -> list[str]:
+    """The group labels of a split's records (the universe of its draw)."""
+    return [str(r["group"]) for r in by_id.values()]
 
 
 def _by_id(records: Sequence[Record], split: str) -> dict[str, Record]:
@@ -249,33 +289,21 @@ def _nan_row(split: str, variant: str, metric: str, pair: Pair, note: str) -> Ro
 def _columns(
     by_id: Mapping[str, Record], ids: Sequence[str], metrics: Sequence[str]
 ) -> dict[str, npt.NDArray[np.float64]]:
-    """:func:`value` of each metric for each id, as arrays (NaN: no value, or no record); one pass
-    over the records for all metrics."""
+    """:func:`value` of each metric for each id, as arrays (NaN: no value, or no record)."""
     nan = math.nan
-    cols: list[list[float]] = [[] for _ in metrics]
-    plain = [not spec_of(m).uses_failed for m in metrics]  # error_rate and latency_ms use failed queries
-    for q in ids:
-        rec = by_id.get(q)
-        if rec is None:
-            for col in cols:
-                col.append(nan)
-            continue
-        bad = failed(rec)
-        vals = rec.get("metrics") or {}
-        for j, m in enumerate(metrics):
-            if plain[j]:
-                if bad:
-                    cols[j].append(nan)
-                    continue
-                v = vals.get(m)
-            else:
-                v = value(rec, m)
-            if v is None:
-                cols[j].append(nan)
-            else:
-                x = float(v)
-                cols[j].append(x if math.isfinite(x) else nan)
-    return {m: np.array(col, dtype=np.float64) for m, col in zip(metrics, cols, strict=True)}
+    recs = [by_id.get(q) for q in ids]
+    # the plain metrics (every one but error_rate and latency_ms): no value for a failed query
+    plain = [None if r is None or failed(r) else (r.get("metrics") or {}) for r in recs]
+    out = {}
+    for m in metrics:
+        if spec_of(m).uses_failed:
+            vals = [nan if r is None else value(r, m) for r in recs]
+        else:
+            vals = [nan if d is None else d.get(m) for d in plain]
+        col = np.array([nan if x is None else x for x in vals], dtype=np.float64)
+        col[~np.isfinite(col)] = nan
+        out[m] = col
+    return out
 
 
 def _failure_aware(
@@ -284,19 +312,20 @@ def _failure_aware(
     metric: str,
     own: npt.NDArray[np.float64],
     other: npt.NDArray[np.float64],
+    failed_ids: npt.NDArray[np.bool_],
 ) -> npt.NDArray[np.float64]:
     """One side's failure-aware column of a metric with a miss, from its ok-only column ``own``:
     a failed query scores the miss where the metric applies to it (its record names the metric,
-    or the other side has a value and this side measures the metric at all)."""
+    or the other side has a value and this side measures the metric at all). ``failed_ids``: which
+    of ``ids`` have a failed record on this side."""
     miss = spec_of(metric).miss
     if miss is None:
         return own
     measures = bool(np.isfinite(own).any())
     out = own.copy()
-    for i, q in enumerate(ids):
-        rec = by_id.get(q)
-        if rec is None or not failed(rec) or math.isfinite(out[i]):
-            continue
+    for i in np.flatnonzero(failed_ids & ~np.isfinite(own)).tolist():
+        q = ids[i]
+        rec = by_id[q]
         if metric in (rec.get("metrics") or {}) or (measures and math.isfinite(other[i])):
             out[i] = miss
     return out
@@ -343,7 +372,7 @@ def compare(
     others = [v for v in variants if v is not base]
     if not others:
         raise ComparisonError("a comparison needs at least one variant besides the baseline")
-    counts = _CountCache(B, seed)
+    counts = SharedDraws(B)
     others_cfg = {o.label: o.config for o in others}
     tw, mix_notes = settle_weights(weights, base.config, base.records, others_cfg)
     notes += mix_notes
@@ -359,8 +388,10 @@ def compare(
             notes.append(f"the baseline has no queries in split '{split}'")
             continue
         base_ids = list(base_by_id)
+        draw = split_draw(seed, split, split_groups(base_by_id))
         sources = list(dict.fromkeys(per_query(m) for m in metrics))
         ok_base_cols = _columns(base_by_id, base_ids, sources)
+        base_failed = np.array([failed(base_by_id[q]) for q in base_ids], dtype=bool)
         for var in others:
             var_by_id = _by_id(var.records, split)
             pair = _pair(split, var.label, base_by_id, var_by_id)
@@ -369,11 +400,14 @@ def compare(
             ok_var_cols = _columns(var_by_id, base_ids, sources)
             # failure-aware columns of the metrics with a miss; the ok-only figures beside them
             base_cols, var_cols = dict(ok_base_cols), dict(ok_var_cols)
+            var_failed = np.array([q in var_by_id and failed(var_by_id[q]) for q in base_ids], dtype=bool)
             for src in sources:
                 base_cols[src] = _failure_aware(
-                    base_by_id, base_ids, src, ok_base_cols[src], ok_var_cols[src]
+                    base_by_id, base_ids, src, ok_base_cols[src], ok_var_cols[src], base_failed
                 )
-                var_cols[src] = _failure_aware(var_by_id, base_ids, src, ok_var_cols[src], ok_base_cols[src])
+                var_cols[src] = _failure_aware(
+                    var_by_id, base_ids, src, ok_var_cols[src], ok_base_cols[src], var_failed
+                )
                 if spec_of(src).miss is not None:
                     ok_only[(split, var.label, src)] = _ok_only(ok_base_cols[src], ok_var_cols[src])
             # metrics measured on the same queries are tested together, on one shared draw
@@ -399,7 +433,7 @@ def compare(
                 finish.append(
                     _plan_quantiles(
                         split, var.label, ms, qids, base_by_id, paired, base_cols, var_cols, pair
-                    )(counts, alpha, rows)
+                    )(counts, draw, alpha, rows)
                 )
             for paired, ms in by_subset.values():
                 qids = [q for q, ok in zip(base_ids, paired, strict=True) if ok]
@@ -407,14 +441,14 @@ def compare(
                 v = np.column_stack([var_cols[m][paired] for m in ms])
                 groups = [str(base_by_id[q]["group"]) for q in qids]
                 sums_sizes = stats.group_sums_sizes(v - b, np.array(groups))
-                theta = counts.add(split, groups, ratios(sums_sizes))
+                theta = draw.add(counts, groups, sums_sizes, domain_ratios)
                 mixed = None
                 if tw is not None:  # the production-weighted and the edge-case effects, same draw
                     tags = [base_by_id[q].get("tags") or () for q in qids]
                     _, mix_w = mix_weights(tags, tw)
                     if mix_w is not None:
                         wsums = weighted_group_sums(b, v, np.array(groups), mix_w)
-                        mixed = (tags, counts.add(split, groups, products(wsums)))
+                        mixed = (tags, draw.add(counts, groups, wsums, _same))
                 finish.append(
                     _plan_means(
                         split,
@@ -468,6 +502,10 @@ def compare(
         mix=mix,
         mix_weights=tw.describe() if tw is not None else "",
     )
+
+
+def _same(prod: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    return prod
 
 
 def gap_notes(base: VariantData, others: Sequence[VariantData], splits: Sequence[str]) -> list[str]:
@@ -541,7 +579,7 @@ def _plan_means(
             seed=seed,
             alpha=alpha,
             theta=theta.result(),
-            signflip_seeds=[stats.derive_seed(seed, split, var.label, m) for m in ms],
+            signflip_seed=stats.derive_seed(seed, split, var.label, "signflip"),
         )
         for j, m in enumerate(ms):
             rows.append(
@@ -589,7 +627,7 @@ def _plan_quantiles(
     base_cols: Mapping[str, npt.NDArray[np.float64]],
     var_cols: Mapping[str, npt.NDArray[np.float64]],
     pair: Pair,
-) -> Callable[[_CountCache, float, list[Row]], Callable[[], None]]:
+) -> Callable[[SharedDraws, SplitDraw, float, list[Row]], Callable[[], None]]:
     """Latency percentiles over the same paired queries: one running sum per resample serves them all,
     their intervals from the split's shared draw (:func:`stats.paired_quantile_tests`)."""
     src = per_query(ms[0])  # grouped by paired queries of one source: latency_ms for the latency ones
@@ -598,9 +636,11 @@ def _plan_quantiles(
     groups = [str(base_by_id[q]["group"]) for q in qids]
     qs = tuple(spec_of(m).quantile or 0.0 for m in ms)
 
-    def plan(counts: _CountCache, alpha: float, rows: list[Row]) -> Callable[[], None]:
-        setup = stats.quantile_setup(b, v, np.array(groups), qs)
-        effects = counts.add(split, groups, quantiles(setup))
+    def plan(counts: SharedDraws, draw: SplitDraw, alpha: float, rows: list[Row]) -> Callable[[], None]:
+        setup = stats.quantile_setup(b, v, draw.codes(groups), qs, n_groups=draw.n_groups)
+        effects = counts.add_linear_chunk(
+            draw.key, draw.seed, draw.n_groups, setup.sizes_before, quantiles(setup)
+        )
 
         def done() -> None:
             results = stats.paired_quantile_tests(

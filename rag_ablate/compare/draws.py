@@ -1,22 +1,28 @@
 """Bootstrap draws streamed once to every test that shares them (bounded memory).
 
-A comparison tests many metrics, variants, percentiles and weightings on one bootstrap
-draw per split and group set (and each slice on its own draw). A draw is B count vectors
-over G groups: at 100,000 queries (G ~ 60,000 groups in a split) and B = 10,000 that is
-600 million counts, 1.2 GB even as uint16, and a split can need several draws (the
-queries ``ok`` on both sides differ by variant). Keeping draws in memory does not scale;
-drawing them again for every test that uses them costs time.
+A comparison tests many metrics, variants, percentiles, weightings and slices of a split on
+one bootstrap draw of the split's groups. A draw is B count vectors over G groups: at
+100,000 queries (G ~ 60,000 groups in a split) and B = 10,000 that is 600 million counts,
+1.2 GB even as uint16. Keeping draws in memory does not scale; drawing them again for every
+test that uses them costs time.
 
 So the comparison first *plans* its tests, registering for each the draw it needs (a key,
-its seed and G) and what it computes from a chunk of count vectors (a consumer); then
+its seed and G) and what it computes from a chunk of count vectors; then
 :meth:`SharedDraws.run` draws each distinct draw once, chunk by chunk
 (:func:`rag_ablate.compare.stats.bootstrap_counts`: 250 count vectors per chunk, refilled in one
 buffer), hands every chunk to each of its consumers and moves on. Memory is one chunk (as
-counts and as float64: 2.5 KB per group) plus each consumer's (B, columns) result. The
-numbers are exactly those of the same tests run on the whole draw: every product is taken
-over the same 250-row chunks as before (a BLAS product's rounding can depend on how many
-rows it multiplies at once, so the chunk size stays fixed). See docs/statistics.md, "Memory
-and time at scale".
+counts and as float64: 2.5 KB per group) plus each consumer's (B, columns) result.
+
+Most statistics are linear in the counts before a final step (a ratio of two sums): a
+*linear* consumer registers its (G, k) matrix of per-group columns (:meth:`SharedDraws.add_linear`)
+and the draw multiplies each chunk by all of them at once, one BLAS product (both cores) for
+every consumer over the whole split, and one product per group subset for consumers over a
+few of the groups (a slice: its count columns gathered first). A test over a subset of the
+split's queries (the queries ok on both sides, a slice) is a *domain* of the split's draw: its
+groups' rows hold its sums and sizes, every other group 0, so a resample's mean is the
+resampled sum over the subset's queries divided by their resampled count. A resample that draws
+none of the subset's groups has no mean (0 / 0): NaN, left out by the test
+(:func:`rag_ablate.compare.stats.paired_test`). See docs/statistics.md, "Memory and time at scale".
 """
 
 from __future__ import annotations
@@ -71,10 +77,40 @@ class Collector:
 
 
 @dataclass
+class _Linear:
+    """A linear consumer: ``finish(counts[:, rows] @ cols, chunk)`` per chunk (``rows`` None: every
+    group)."""
+
+    cols: FloatArray
+    finish: Callable[[FloatArray, Chunk], FloatArray]
+    collector: Collector
+    rows: npt.NDArray[np.intp] | None
+
+
+@dataclass
 class _Draw:
     seed: int
     n_groups: int
     consumers: list[Collector] = field(default_factory=list)
+    linear: list[_Linear] = field(default_factory=list)
+
+    def products(self) -> list[tuple[npt.NDArray[np.intp] | None, FloatArray, list[tuple[int, _Linear]]]]:
+        """The linear consumers by group subset: (rows, their columns side by side, each with its
+        first column)."""
+        by_rows: dict[bytes | None, list[_Linear]] = {}
+        for lin in self.linear:
+            by_rows.setdefault(None if lin.rows is None else lin.rows.tobytes(), []).append(lin)
+        out = []
+        for members in by_rows.values():
+            starts = np.cumsum([0] + [lin.cols.shape[1] for lin in members[:-1]]).tolist()
+            out.append(
+                (
+                    members[0].rows,
+                    np.hstack([lin.cols for lin in members]),
+                    list(zip(starts, members, strict=True)),
+                )
+            )
+        return out
 
 
 class SharedDraws:
@@ -87,24 +123,77 @@ class SharedDraws:
     def add(self, key: Any, seed: int, n_groups: int, compute: Callable[[Chunk], FloatArray]) -> Collector:
         """A consumer of the draw ``key`` (``B`` count vectors over ``n_groups`` groups from
         ``default_rng(seed)``); its :meth:`Collector.result` is valid after :meth:`run`."""
+        collector = Collector(compute)
+        self._draw(key, seed, n_groups).consumers.append(collector)
+        return collector
+
+    def add_linear(
+        self,
+        key: Any,
+        seed: int,
+        n_groups: int,
+        cols: FloatArray,
+        finish: Callable[[FloatArray], FloatArray],
+        rows: npt.NDArray[np.intp] | None = None,
+    ) -> Collector:
+        """A consumer computing ``finish(counts @ cols)`` per chunk of the draw ``key``: ``cols`` is
+        (G, k), or (len(rows), k) for the groups ``rows`` only (the others' rows 0). Every linear
+        consumer of a draw over the same ``rows`` shares one product per chunk (module docstring)."""
+        return self.add_linear_chunk(key, seed, n_groups, cols, lambda prod, _: finish(prod), rows)
+
+    def add_linear_chunk(
+        self,
+        key: Any,
+        seed: int,
+        n_groups: int,
+        cols: FloatArray,
+        finish: Callable[[FloatArray, Chunk], FloatArray],
+        rows: npt.NDArray[np.intp] | None = None,
+    ) -> Collector:
+        """:meth:`add_linear` whose ``finish`` also takes the chunk (a statistic that needs sums over
+        groups and the counts themselves: the latency percentiles)."""
+        cols = np.asarray(cols, dtype=np.float64)
+        if cols.ndim != 2 or cols.shape[0] != (n_groups if rows is None else len(rows)):
+            raise ValueError(f"draw {key!r}: columns of shape {cols.shape} for {n_groups} groups")
+        collector = Collector(lambda ch: finish(ch.f64 @ cols, ch))
+        lin = _Linear(cols, finish, collector, None if rows is None else np.asarray(rows, dtype=np.intp))
+        self._draw(key, seed, n_groups).linear.append(lin)
+        return collector
+
+    def _draw(self, key: Any, seed: int, n_groups: int) -> _Draw:
         draw = self._draws.setdefault(key, _Draw(seed, n_groups))
         if (draw.seed, draw.n_groups) != (seed, n_groups):
             raise ValueError(f"draw {key!r} registered with another seed or group count")
-        collector = Collector(compute)
-        draw.consumers.append(collector)
-        return collector
+        return draw
 
     def run(self) -> None:
         for draw in self._draws.values():
-            if not draw.consumers:
+            if not draw.consumers and not draw.linear:
                 continue
             rng = np.random.default_rng(draw.seed)
             buffer = np.empty((min(CHUNK, self.B), draw.n_groups))
+            products = draw.products()
             for counts in stats.bootstrap_counts(draw.n_groups, self.B, rng, CHUNK, reuse=True):
                 ch = Chunk(counts, buffer)
+                for rows, cols, members in products:
+                    drawn = ch.f64 if rows is None else counts[:, rows].astype(np.float64)
+                    prod = drawn @ cols
+                    for start, lin in members:
+                        lin.collector.parts.append(lin.finish(prod[:, start : start + lin.cols.shape[1]], ch))
                 for consumer in draw.consumers:
                     consumer(ch)
         self._draws.clear()
+
+
+def domain_ratios(prod: FloatArray) -> FloatArray:
+    """``finish`` of a linear consumer of (G, m + 1) columns (sums of m metric columns, then sizes):
+    each resample's means, NaN where it drew none of the groups (module docstring)."""
+    m = prod.shape[1] - 1
+    den = prod[:, m:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = prod[:, :m] / den
+    out[(den == 0)[:, 0]] = np.nan
+    return np.asarray(out, dtype=np.float64)
 
 
 def ratios(sums_sizes: FloatArray) -> Callable[[Chunk], FloatArray]:
@@ -117,6 +206,7 @@ def products(sums: FloatArray) -> Callable[[Chunk], FloatArray]:
     return lambda ch: np.asarray(ch.f64 @ sums, dtype=np.float64)
 
 
-def quantiles(setup: stats.QuantileSetup) -> Callable[[Chunk], FloatArray]:
-    """A consumer computing :func:`rag_ablate.compare.stats.quantile_effects` (latency percentiles)."""
-    return lambda ch: stats.quantile_effects(ch.counts, setup, ch.f64)
+def quantiles(setup: stats.QuantileSetup) -> Callable[[FloatArray, Chunk], FloatArray]:
+    """``finish`` of a linear consumer of ``setup.sizes_before`` (:meth:`SharedDraws.add_linear_chunk`)
+    computing :func:`rag_ablate.compare.stats.quantile_effects` (latency percentiles)."""
+    return lambda prod, ch: stats.quantile_effects(ch.counts, setup, sums=prod)

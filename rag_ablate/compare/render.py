@@ -298,7 +298,7 @@ def judge_spread_lines(c: Comparison) -> list[str]:
 REPEATS_HOW = (
     "Each query ran several times (system.repeats): its value is the mean over its repeats, and the "
     "interval resamples groups of queries, each with its repeats' mean, so the repeats' noise is counted "
-    "once (docs/statistics.md \"Repeated runs\")"
+    'once (docs/statistics.md "Repeated runs")'
 )
 
 
@@ -452,7 +452,7 @@ def stage_terminal_lines(c: Comparison) -> list[str]:
         return []
     from rag_ablate.core.fmt import format_table
 
-    out = ["failure stages, queries per stage (docs/metrics.md \"Stage diagnosis\"):"]
+    out = ['failure stages, queries per stage (docs/metrics.md "Stage diagnosis"):']
     out += [f"  {x.split}, {x.variant}: {share_text(x)}" for x in c.stages.shares]
     headers, rows = stage_table(c, groups=False)
     if rows:
@@ -468,7 +468,7 @@ def stage_markdown_lines(c: Comparison) -> list[str]:
     out = [
         "## Failure stages",
         "",
-        "Which stage lost each query (docs/metrics.md, \"Stage diagnosis\"), per split and variant:",
+        'Which stage lost each query (docs/metrics.md, "Stage diagnosis"), per split and variant:',
         "",
         *(f"- {x.split}, {_md_cell(x.variant)}: {share_text(x)}" for x in c.stages.shares),
         "",

@@ -16,9 +16,10 @@ when the records have one, else ``recall_at_5``):
   listed as ``too small`` (its means shown, no test): with G groups the group sign-flip
   test cannot give p below 2 / 2**G;
 * otherwise the effect, its interval (inverting the group sign-flip test) and p come
-  from :func:`rag_ablate.compare.stats.paired_test` on the slice's queries alone, with seeds
-  derived from (seed, split, slice) for the bootstrap and (seed, split, variant, slice,
-  metric) for the sign flips;
+  from :func:`rag_ablate.compare.stats.paired_test` on the slice's queries alone: its
+  bootstrap is the slice's domain of the split's one draw (the comparison's: each resample's
+  mean over the slice's queries it drew, :mod:`rag_ablate.compare.draws`), its sign flips
+  come from a seed derived from (seed, split, variant, slice, metric);
 * p is adjusted by Benjamini-Hochberg over the slices tested for the same split,
   variant and metric. This is exploratory: slices are many, overlap, and were not
   chosen in advance; a slice verdict is a lead to look at, not a release decision;
@@ -46,10 +47,12 @@ from rag_ablate.compare.analysis import (
     _untested_note,
     detectable,
     quantile_of,
+    split_draw,
+    split_groups,
     unconfirmed_words,
     value,
 )
-from rag_ablate.compare.draws import Collector, SharedDraws, ratios
+from rag_ablate.compare.draws import Collector, SharedDraws, domain_ratios
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, SliceRow, SliceSection, VariantData
 from rag_ablate.config.schema import CompareConfig
@@ -139,14 +142,15 @@ def compare_slices(
             "slices only"
         )
     rows: list[SliceRow] = []
-    # every slice test registers its use of its slice's draw; each draw then runs once, shared by the
-    # variants (a slice's draw depends on the split, the slice and its group count, not the variant)
+    # every slice test is a domain of its split's draw (the comparison's): each draw runs once, and one
+    # product per chunk serves every slice test of the split
     draws = SharedDraws(B)
     tests: list[tuple[SliceRow, _Test]] = []
     for split in comparison.splits:
         base_by_id = _by_id(base.records, split)
         if not base_by_id:
             continue
+        draw = split_draw(seed, split, split_groups(base_by_id))
         base_values: dict[str, dict[str, float | None]] = {}
         for var in others:
             var_by_id = _by_id(var.records, split)
@@ -166,9 +170,7 @@ def compare_slices(
                     row, test = planned
                     rows.append(row)
                     if test is not None:
-                        row_seed = stats.derive_seed(seed, "slice", split, key.kind, key.value)
-                        draw_key = ("slice", split, key.kind, key.value, test.n_groups)
-                        test.theta = draws.add(draw_key, row_seed, test.n_groups, ratios(test.sums_sizes))
+                        test.theta = draw.add(draws, test.groups.tolist(), test.sums_sizes, domain_ratios)
                         tests.append((row, test))
     draws.run()
     for row, test in tests:

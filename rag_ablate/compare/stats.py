@@ -37,10 +37,10 @@ Reproducibility: ``paired_test(seed=s)`` draws its count matrices from
 ``np.random.default_rng(s)`` with exactly the draws
 ``rng.integers(0, G, (B, G))`` would give, so with singleton groups it
 reproduces ``scipy.stats.bootstrap(..., paired=True, rng=default_rng(s))``
-bit for bit. The Monte Carlo sign vectors of metric column j come from their
-own stream, ``default_rng(signflip_seeds[j])``, by default
-``derive_seed(s, "signflip", str(j))``; a column's p and interval never depend
-on the other columns.
+bit for bit. The Monte Carlo sign vectors come from one stream shared by every
+metric column, ``default_rng(signflip_seed)``, by default
+``derive_seed(s, "signflip")`` (each column's test has the distribution it has
+alone; ``signflip_seeds`` gives each column a stream of its own instead).
 """
 
 from __future__ import annotations
@@ -336,6 +336,10 @@ INVERSION_RTOL = 1e-10
 
 _MAX_WIDENINGS = 64
 
+#: from this many columns (metric columns plus the group sizes) the sign vectors are unpacked and
+#: multiplied (one BLAS product for every column) instead of looked up in byte tables per column
+_SIGN_PRODUCT_COLUMNS = 4
+
 
 def _byte_table(values: FloatArray) -> FloatArray:
     """(K * 256, q) table whose row ``256 k + v`` sums ``values[8 k + i]`` over the set bits i of byte v.
@@ -387,18 +391,29 @@ def _random_signs(values: FloatArray, B: int, rng: np.random.Generator, chunk: i
 
     Per chunk: ``rng.integers(0, 256, (c, ceil(G / 8)), dtype=uint8)``; bit i of
     byte k (``np.unpackbits`` order) is group ``8 k + i``'s sign (1 = +1), padding
-    bits beyond G are ignored. The byte-table lookup gives the same sums as
-    unpacking and multiplying, up to rounding.
+    bits beyond G are ignored. With fewer than :data:`_SIGN_PRODUCT_COLUMNS` columns
+    the sums come from byte-table lookups, else from unpacking the bits and one
+    matrix product per chunk (multithreaded BLAS); both give the same sums up to
+    rounding.
     """
     n_groups, q = values.shape
     n_bytes = (n_groups + 7) // 8
+    total = values.sum(axis=0)
+    if q >= _SIGN_PRODUCT_COLUMNS:  # many columns: unpack the bits once, one BLAS product for all
+        padded = np.zeros((n_bytes * 8, q))
+        padded[:n_groups] = values
+        out = np.empty((B, q))
+        for done in range(0, B, chunk):
+            c = min(chunk, B - done)
+            bits = np.unpackbits(rng.integers(0, 256, size=(c, n_bytes), dtype=np.uint8), axis=1)
+            out[done : done + c] = bits.astype(np.float64) @ padded
+        return np.asarray(2.0 * out - total, dtype=np.float64)
     table = _byte_table(values)
     if q % 2:
         table = np.column_stack([table, np.zeros(table.shape[0])])
     # columns in pairs as complex numbers: one 1-D take serves two columns (fastest gather)
     pairs = [np.ascontiguousarray(table[:, k] + 1j * table[:, k + 1]) for k in range(0, q, 2)]
     offsets = (np.arange(n_bytes, dtype=np.intp) * 256)[None, :]
-    total = values.sum(axis=0)
     out = np.empty((B, len(pairs) * 2))
     done = 0
     while done < B:
@@ -665,16 +680,31 @@ def _freeze(a: npt.NDArray[np.generic]) -> None:
     a.setflags(write=False)
 
 
-def _signflip_rngs(seed: int, signflip_seeds: Sequence[int] | None, m: int) -> list[int]:
+def _signflip_rngs(
+    seed: int, signflip_seeds: Sequence[int] | None, signflip_seed: int | None, m: int, zero: BoolArray
+) -> np.random.Generator | list[np.random.Generator | None]:
+    """One generator shared by every column (``signflip_seed``, by default
+    ``derive_seed(seed, "signflip")``), or one per column (``signflip_seeds``; None for a column
+    whose differences are all 0)."""
     if signflip_seeds is None:
-        return [derive_seed(seed, "signflip", str(j)) for j in range(m)]
+        if signflip_seed is None:
+            signflip_seed = derive_seed(seed, "signflip")
+        if (
+            isinstance(signflip_seed, bool)
+            or not isinstance(signflip_seed, (int, np.integer))
+            or signflip_seed < 0
+        ):
+            raise ComparisonError(f"signflip_seed: expected a non-negative int, got {signflip_seed!r}")
+        return np.random.default_rng(int(signflip_seed))
+    if signflip_seed is not None:
+        raise ComparisonError("pass signflip_seed (one stream for all columns) or signflip_seeds, not both")
     seeds = list(signflip_seeds)
     if len(seeds) != m:
         raise ComparisonError(f"signflip_seeds: expected one seed per metric column ({m}), got {len(seeds)}")
     for j, s in enumerate(seeds):
         if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
             raise ComparisonError(f"signflip_seeds[{j}]: expected a non-negative int, got {s!r}")
-    return [int(s) for s in seeds]
+    return [None if zero[j] else np.random.default_rng(int(s)) for j, s in enumerate(seeds)]
 
 
 def paired_test(
@@ -688,6 +718,7 @@ def paired_test(
     counts: Sequence[npt.NDArray[np.integer[npt.NBitBase]]] | None = None,
     signflip_seeds: Sequence[int] | None = None,
     theta: npt.ArrayLike | None = None,
+    signflip_seed: int | None = None,
 ) -> PairedResult:
     """Group bootstrap + group sign-flip comparison of ``variant`` vs ``baseline``.
 
@@ -699,17 +730,25 @@ def paired_test(
     split's G groups, shared by all variants and metrics; the number of
     bootstrap resamples is then their total row count. Otherwise the counts
     are drawn from ``np.random.default_rng(seed)``.
-    ``signflip_seeds``: one seed per column for its Monte Carlo sign vectors
-    (``np.random.default_rng(signflip_seeds[j])``); None means
-    ``derive_seed(seed, "signflip", str(j))`` for column j. A column's p-value
-    and interval depend only on its own data and seed, never on the other
-    columns. The interval of column j re-uses exactly the sign vectors of its
-    p-value (see docs/statistics.md).
+    ``signflip_seed``: the seed of the one stream of Monte Carlo sign vectors
+    every column shares (``np.random.default_rng(signflip_seed)``; None means
+    ``derive_seed(seed, "signflip")``): one (c, G) chunk of signs times the
+    (G, m + 1) matrix of group sums and sizes. Each column's test has exactly
+    the distribution it has on a stream of its own; only the columns' draws
+    are no longer independent of each other (docs/statistics.md).
+    ``signflip_seeds``: instead, one seed per column for its own stream
+    (``np.random.default_rng(signflip_seeds[j])``): a column's p-value and
+    interval then depend only on its own data and seed. The interval of column
+    j re-uses exactly the sign vectors of its p-value (see docs/statistics.md).
     ``theta``: the bootstrap ratios already computed from a shared draw, (B, m),
     the concatenation of :func:`bootstrap_ratios` over its chunks (a caller that
     streams one draw to many tests, e.g. the comparison step, keeps no count
     matrix); ``counts`` is then ignored. The result equals ``counts=`` with
-    that draw's chunks.
+    that draw's chunks. A row of NaN is a resample that drew none of these
+    queries' groups (a domain of a larger draw, e.g. a slice: see
+    :mod:`rag_ablate.compare.draws`); it is left out, like scipy's bootstrap
+    leaves out a resample whose statistic is undefined, and ``n_resamples``
+    counts the rest.
     """
     base = _as_matrix(baseline, "baseline")
     var = _as_matrix(variant, "variant")
@@ -721,8 +760,9 @@ def paired_test(
         raise ComparisonError(f"alpha must be in (0, 1), got {alpha!r}")
     alpha = float(alpha)
     n, m = base.shape
-    flip_seeds = _signflip_rngs(seed, signflip_seeds, m)
     d = var - base
+    zero = np.all(d == 0, axis=0)
+    rngs = _signflip_rngs(seed, signflip_seeds, signflip_seed, m, zero)
     if groups is None:
         sums, sizes = d, np.ones(n, dtype=np.int64)
     else:
@@ -739,6 +779,11 @@ def paired_test(
         boot = np.asarray(theta, dtype=np.float64)
         if boot.ndim != 2 or boot.shape[1] != m or boot.shape[0] == 0:
             raise ComparisonError(f"theta: expected shape (B, {m}) with B >= 1, got {boot.shape}")
+        drew = ~np.isnan(boot).any(axis=1)  # NaN: a resample of a larger draw without these groups
+        if not np.all(drew):
+            boot = boot[drew]
+        if boot.shape[0] == 0:
+            raise ComparisonError("theta: no resample drew any of these groups")
     else:
         if counts is None:
             chunks = bootstrap_counts(n_groups, int(B), np.random.default_rng(seed))
@@ -755,8 +800,6 @@ def paired_test(
     above = np.count_nonzero(boot >= -tol, axis=0)
     p_boot = np.minimum(1.0, 2.0 * np.minimum(below, above) / n_boot)
 
-    zero = np.all(d == 0, axis=0)
-    rngs = [None if zero[j] else np.random.default_rng(flip_seeds[j]) for j in range(m)]
     flips = _draw_signflips(sums, sizes_f, int(B), rngs)
     p = _pvalue_at(flips, sums, sizes_f, np.zeros(m))
     p_exact = np.full(m, flips.exact)
@@ -990,9 +1033,17 @@ class QuantileSetup:
 
 
 def quantile_setup(
-    baseline: npt.ArrayLike, variant: npt.ArrayLike, groups: npt.ArrayLike, qs: Sequence[float]
+    baseline: npt.ArrayLike,
+    variant: npt.ArrayLike,
+    groups: npt.ArrayLike,
+    qs: Sequence[float],
+    *,
+    n_groups: int | None = None,
 ) -> QuantileSetup:
-    """Both sides sorted (stable), for the bootstrap of the percentiles ``qs`` (:func:`quantile_effects`)."""
+    """Both sides sorted (stable), for the bootstrap of the percentiles ``qs`` (:func:`quantile_effects`).
+
+    ``n_groups``: ``groups`` are already codes 0..n_groups-1 of a larger draw's groups (some may
+    hold none of these queries), instead of labels to factorise."""
     b = np.asarray(baseline, dtype=np.float64).reshape(-1)
     v = np.asarray(variant, dtype=np.float64).reshape(-1)
     n = b.shape[0]
@@ -1003,7 +1054,12 @@ def quantile_setup(
     for q in qs:
         if not 0.0 <= q <= 100.0:
             raise ComparisonError(f"q must be in [0, 100], got {q}")
-    codes, n_groups = _factorise(groups, n)
+    if n_groups is None:
+        codes, n_groups = _factorise(groups, n)
+    else:
+        codes = np.asarray(groups, dtype=np.int64).reshape(-1)
+        if codes.shape[0] != n or (n and (codes.min() < 0 or codes.max() >= n_groups)):
+            raise ComparisonError(f"groups: expected {n} codes in 0..{n_groups - 1}")
     ob, ov = np.argsort(b, kind="stable"), np.argsort(v, kind="stable")
     base = _quantile_side(b[ob], codes[ob], n_groups, qs)
     var = _quantile_side(v[ov], codes[ov], n_groups, qs)
@@ -1056,22 +1112,34 @@ def _side_percentiles(
 
 
 def quantile_effects(
-    counts: npt.NDArray[np.generic], setup: QuantileSetup, counts_f64: FloatArray | None = None
+    counts: npt.NDArray[np.generic],
+    setup: QuantileSetup,
+    counts_f64: FloatArray | None = None,
+    sums: FloatArray | None = None,
 ) -> FloatArray:
     """Bootstrap effects (variant - baseline percentile) of one count chunk (c, G), shape (c, len(qs)).
 
-    ``counts_f64``: the chunk already converted to float64 (shared with other consumers of a draw).
-    Equal to :func:`weighted_percentiles_many` over every position of both sides."""
+    ``counts_f64``: the chunk already converted to float64 (shared with other consumers of a draw);
+    ``sums``: the chunk's product with ``setup.sizes_before``, already taken (a shared draw takes it
+    with every other test's columns). Equal to :func:`weighted_percentiles_many` over every position
+    of both sides. A row that draws none of the queries (possible when the setup's groups are a
+    domain of a larger draw) is NaN."""
     c = np.asarray(counts)
-    cf = c.astype(np.float64) if counts_f64 is None else counts_f64
     k = len(setup.qs)
-    sums = np.rint(cf @ setup.sizes_before).astype(np.int64)  # one pass over the chunk for every sum
-    total = sums[:, 0]
-    if np.any(total < 1):
-        raise ComparisonError("weighted_percentiles: a row has no weight")
+    if sums is None:
+        cf = c.astype(np.float64) if counts_f64 is None else counts_f64
+        sums = cf @ setup.sizes_before  # one pass over the chunk for every sum
+    whole = np.rint(sums).astype(np.int64)
+    total = whole[:, 0]
+    ok = total > 0
+    if not np.all(ok):
+        out = np.full((c.shape[0], k), np.nan)
+        if np.any(ok):
+            out[ok] = quantile_effects(c[ok], setup, sums=sums[ok])
+        return out
     return np.asarray(
-        _side_percentiles(setup.var, c, total, sums[:, 1 + k :], setup.qs)
-        - _side_percentiles(setup.base, c, total, sums[:, 1 : 1 + k], setup.qs),
+        _side_percentiles(setup.var, c, total, whole[:, 1 + k :], setup.qs)
+        - _side_percentiles(setup.base, c, total, whole[:, 1 : 1 + k], setup.qs),
         dtype=np.float64,
     )
 
@@ -1166,6 +1234,9 @@ def paired_quantile_tests(
         eff_all = np.asarray(effects, dtype=np.float64)
         if eff_all.ndim != 2 or eff_all.shape[1] != len(qs) or eff_all.shape[0] == 0:
             raise ComparisonError(f"effects: expected shape (B, {len(qs)}), got {eff_all.shape}")
+        eff_all = eff_all[~np.isnan(eff_all).any(axis=1)]  # resamples without these queries' groups
+        if eff_all.shape[0] == 0:
+            raise ComparisonError("effects: no resample drew any of these groups")
     else:
         if counts is None:
             counts = list(bootstrap_counts(n_groups, B, np.random.default_rng(seed)))

@@ -6,7 +6,8 @@ number (a percentile or a mean of a per-query cost, named as in
 :mod:`rag_ablate.run.cost`: ``latency_p95_ms``, ``context_tokens``, ``usd_per_1k``,
 ...). Both get a percentile interval from a group bootstrap: the split's
 near-duplicate groups are resampled with replacement (one draw per split, from
-a seed derived from the run seed, shared by every variant), and each resample
+a seed derived from the run seed, the split and its groups: the comparison's draw,
+shared by every variant), and each resample
 weights a query by how often its group was drawn.
 
 * **Pareto frontier**: the variants no other variant beats on both axes (at
@@ -34,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rag_ablate.compare import stats
-from rag_ablate.compare.analysis import LATENCY, value
+from rag_ablate.compare.analysis import LATENCY, split_draw, value
 from rag_ablate.compare.draws import CHUNK
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import Comparison, Point, SplitTradeoff, Tradeoff, VariantData
@@ -417,7 +418,8 @@ def compute(
             notes.append(f"no variant has {quality} or {cost_name} values on split '{split}'")
             continue
         index = {g: i for i, g in enumerate(sorted(all_groups))}
-        rng = np.random.default_rng(stats.derive_seed(seed, "tradeoff", split))
+        # the comparison's draw of the split (the same seed when the groups are the baseline's)
+        rng = np.random.default_rng(split_draw(seed, split, all_groups).seed)
         # the draw is streamed once, chunk by chunk, to every variant's two statistics (never held whole)
         stats_of = [
             (_chunk_statistic(qv, qg, index, None), _chunk_statistic(cv, cg, index, cm.q))

@@ -1,0 +1,85 @@
+"""One draw per split, one sign stream per test (issue 28 item 2): a subset's bootstrap taken as a
+domain of the split's draw agrees with a bootstrap of the subset alone, and sign-flip tests whose
+columns share their random signs keep each column's null distribution (docs/statistics.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from rag_ablate.compare import stats
+from rag_ablate.compare.analysis import split_draw
+from rag_ablate.compare.draws import SharedDraws, domain_ratios
+
+
+def _data(n_groups: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 4, n_groups)
+    labels = [f"g{i:04d}" for i in range(n_groups) for _ in range(sizes[i])]
+    effect = np.repeat(rng.normal(0.0, 0.3, n_groups), sizes)  # a group effect: groups matter
+    b = rng.random(len(labels))
+    v = b + 0.05 + effect + rng.normal(0.0, 0.2, len(labels))
+    return b, v, labels
+
+
+def test_a_slice_as_a_domain_of_the_split_draw_matches_its_own_bootstrap() -> None:
+    b, v, labels = _data(600, 1)
+    in_slice = np.array([int(g[1:]) % 7 == 0 for g in labels])  # 86 of the 600 groups
+    groups = [g for g, s in zip(labels, in_slice, strict=True) if s]
+    sb, sv = b[in_slice], v[in_slice]
+    B = 4_000
+    draw = split_draw(0, "dev", labels)
+    shared = SharedDraws(B)
+    theta = draw.add(shared, groups, stats.group_sums_sizes(sv - sb, np.array(groups)), domain_ratios)
+    shared.run()
+    domain = stats.paired_test(sb, sv, np.array(groups), B=B, seed=5, theta=theta.result())
+    own = stats.paired_test(sb, sv, np.array(groups), B=B, seed=5)
+    assert domain.n_groups == own.n_groups == 86 and domain.n_resamples == B  # no empty resample
+    assert domain.effect[0] == own.effect[0]  # the estimate itself does not resample
+    # the bootstrap SE: equal in expectation (both near the linearised SE); Monte Carlo error of an
+    # SE from 4,000 resamples is about 1 / sqrt(2 B) = 1.1%
+    lin = stats.linearized_se(sv - sb, np.array(groups))[0]
+    assert domain.se[0] == pytest.approx(own.se[0], rel=0.08)
+    assert domain.se[0] == pytest.approx(lin, rel=0.08)
+    assert domain.boot_ci_low[0] == pytest.approx(own.boot_ci_low[0], abs=0.25 * own.se[0])
+    assert domain.boot_ci_high[0] == pytest.approx(own.boot_ci_high[0], abs=0.25 * own.se[0])
+    # the sign-flip p and its interval do not use the draw
+    assert (domain.p_value[0], domain.ci_low[0]) == (own.p_value[0], own.ci_low[0])
+
+
+def test_resamples_that_draw_none_of_a_small_domain_are_left_out() -> None:
+    b, v, labels = _data(100, 2)
+    in_slice = np.array([g in ("g0003", "g0040", "g0077") for g in labels])
+    groups = [g for g, s in zip(labels, in_slice, strict=True) if s]
+    B = 2_000
+    draw = split_draw(0, "dev", labels)
+    shared = SharedDraws(B)
+    sums_sizes = stats.group_sums_sizes(v[in_slice] - b[in_slice], np.array(groups))
+    theta = draw.add(shared, groups, sums_sizes, domain_ratios)  # 3 of 100 groups: gathered
+    shared.run()
+    drawn = theta.result()
+    empty = int(np.isnan(drawn[:, 0]).sum())
+    # P(a resample misses all 3 groups) = 0.97 ** 100 = 4.8%: about 95 of 2,000
+    assert 50 < empty < 150
+    res = stats.paired_test(b[in_slice], v[in_slice], np.array(groups), B=B, theta=drawn)
+    assert res.n_resamples == B - empty and np.isfinite(res.se[0]) and np.isfinite(res.boot_ci_low[0])
+
+
+@pytest.mark.slow
+def test_shared_sign_vectors_keep_every_columns_null_distribution() -> None:
+    """A/A: 5 metric columns per dataset, one sign stream for all; each column's p is uniform (KS)
+    and rejects at about alpha."""
+    rng = np.random.default_rng(11)
+    n_groups, reps, B = 40, 300, 400
+    ps = np.empty((reps, 5))
+    for r in range(reps):
+        g = np.repeat(np.arange(n_groups), 2)
+        base = rng.random((g.size, 5))
+        var = (
+            base + rng.normal(0.0, 0.1, (g.size, 5)) + np.repeat(rng.normal(0, 0.1, (n_groups, 5)), 2, axis=0)
+        )
+        ps[r] = stats.paired_test(base, var, g, B=B, seed=r).p_value
+    for j in range(5):
+        assert sps.kstest(ps[:, j], "uniform").pvalue > 0.001, j
+        assert 0.02 < np.mean(ps[:, j] < 0.05) < 0.09, j
