@@ -443,6 +443,7 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
     from mlflow.tracking import MlflowClient
 
     from rag_ablate.dataset.load import load_dataset
+    from rag_ablate.tracking.store import create_sqlite
 
     data = write_dataset(tmp_path / "tiny")
     dataset = load_dataset(str(data), name="tiny", holdout_share=0.3, group_threshold=0.7, seed=0)
@@ -464,6 +465,7 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
         "metrics": {"recall_at_5": 1.0, "latency_ms": 1.0},
     }
     uri = f"sqlite:///{tmp_path / 'm.db'}"
+    create_sqlite(uri, tmp_path / "m.db")  # the tables from the machine's template, as a run's store
     client = MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
     run_a, run_b = (client.create_run(exp).info.run_id for _ in range(2))

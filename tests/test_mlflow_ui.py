@@ -225,7 +225,7 @@ def test_ui_serves_on_the_port_the_sweep_links_use(
     from rag_ablate.tracking.tags import UI_PORT_TAG, VIEW_KEY_TAG
 
     uri = tracking.default_uri(tmp_path)
-    exp = tracking.ensure_experiment(uri, "rag_ablate", tmp_path / "art")
+    exp = tracking.open_store(uri, "rag_ablate", tmp_path / "art", create_folder=True)  # as a run opens it
     sweep_run = tracking.start_parent(uri, exp, "sweep", {"rag_ablate.kind": "sweep"})
     tracking.save_view(uri, exp, sweep_run, {"searchFilter": ""}, 5123)
     key = tracking.latest_sweep_view(uri, "rag_ablate")
