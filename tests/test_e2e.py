@@ -396,32 +396,6 @@ def test_failed_comparison_fails_the_sweep(tiny_dataset: Path, tmp_path: Path) -
     assert json.loads((sweep_dir / "failures.json").read_text())["failures"][0]["step"] == "comparison"
 
 
-@pytest.mark.slow
-def test_sweeps_started_together_get_their_own_folders(tiny_dataset: Path, tmp_path: Path) -> None:
-    import os
-    import sys
-
-    from tests.conftest import REPO
-
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
-    args = [sys.executable, "-m", "rag_ablate", "-m", "chunk=512", f"dataset.path={tiny_dataset}"]
-    args += ["tracking=none", "progress=false"]
-    procs = [
-        subprocess.Popen(
-            args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    sweep_dirs = sorted((tmp_path / "outputs" / "multirun").iterdir())
-    assert len(sweep_dirs) == 2
-    for d in sweep_dirs:
-        # each sweep's one job wrote into its own folder
-        assert (d / "0" / "records.jsonl").is_file() and (d / "plan.json").is_file()
-        assert json.loads((d / "failures.json").read_text()) == {"failed": False, "failures": []}
-
-
 def test_sqlite_store_is_checked_before_mlflow_touches_it(tmp_path: Path) -> None:
     from rag_ablate.core.errors import TrackingError
     from rag_ablate.tracking import store as tracking
