@@ -1,7 +1,8 @@
 """Two sweeps started at the same moment into one ``outputs/`` (one MLflow database, one cache).
 
-Both must finish, each in a folder of its own, each comparison must read only its own variants, each parent run must hold
-only its own children, and the shared cache and database must stay readable afterwards.
+Both must finish, each in a folder of its own; each comparison must read only its own variants,
+each parent run must hold only its own children, and the shared cache and database must stay
+readable afterwards.
 """
 
 from __future__ import annotations
