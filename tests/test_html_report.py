@@ -34,7 +34,8 @@ VARIANTS = ("baseline (chunk=512)", "chunk=256", "chunk=1024")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cwd = tmp_path_factory.mktemp("report_sweep")
     args = ["-m", "chunk=256,1024", "progress=false", "compare.B=2000", "compare.quality_bar=0.8"]
-    proc = run_module("rag_ablate", [*args, "hydra.sweep.dir=sweep"], cwd)
+    # no test here reads the per-query traces (test_mlflow_traces.py does): none logged
+    proc = run_module("rag_ablate", [*args, "tracking.traces=none", "hydra.sweep.dir=sweep"], cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep_dir = cwd / "sweep"
     return {
