@@ -63,6 +63,12 @@ class Page:
             time.sleep(0.5)
         raise AssertionError(f"not true within {timeout_s:.0f} s: {expression}")
 
+    def goto(self, url: str, ready: str, timeout_s: float = 60) -> None:
+        """Open ``url`` in this tab (the same browser and profile: no second start of Chromium) and
+        wait until the JavaScript expression ``ready`` is truthy."""
+        self.send("Page.navigate", {"url": url})
+        self.wait_for(ready, timeout_s)
+
     def screenshot(self, path: Path) -> None:
         data = self.send("Page.captureScreenshot", {"format": "png"})["data"]
         path.write_bytes(base64.b64decode(data))

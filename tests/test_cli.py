@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 
 from rag_ablate.cli.main import build_parser, main
 from rag_ablate.config.overrides import CONF_DIR
-from tests.conftest import QUERIES, mlflow_ui, write_dataset
+from tests.conftest import QUERIES, write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -74,21 +73,6 @@ def test_validate_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_ui_without_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ui", "--uri", f"sqlite:///{tmp_path / 'no.db'}"]) == 1
     assert "no MLflow store" in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_ui_serves_the_store_on_loopback(tmp_path: Path) -> None:
-    from rag_ablate.tracking import store as tracking
-
-    uri = tracking.default_uri(tmp_path)
-    tracking.ensure_experiment(uri, "rag_ablate", tmp_path / "art")
-    with mlflow_ui(tmp_path / "ui.log", uri=uri) as port:
-        r = httpx.get(
-            f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name",
-            params={"experiment_name": "rag_ablate"},
-            timeout=5,
-        )
-        assert r.status_code == 200 and r.json()["experiment"]["name"] == "rag_ablate"
 
 
 def test_every_command_has_help_and_is_documented() -> None:

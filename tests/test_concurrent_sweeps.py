@@ -1,7 +1,8 @@
 """Two sweeps started at the same moment into one ``outputs/`` (one MLflow database, one cache).
 
-Both must finish, each comparison must read only its own variants, each parent run must hold
-only its own children, and the shared cache and database must stay readable afterwards.
+Both must finish, each in a folder of its own; each comparison must read only its own variants,
+each parent run must hold only its own children, and the shared cache and database must stay
+readable afterwards.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def test_two_sweeps_at_once_into_one_output_folder(tmp_path: Path) -> None:
     seen: dict[str, set[str]] = {}
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     for sweep in sweeps:
+        # each sweep got its own folder (started in the same second), its jobs wrote into it, and
+        # nothing failed
+        assert (sweep / "0" / "records.jsonl").is_file() and (sweep / "plan.json").is_file()
+        assert json.loads((sweep / "failures.json").read_text()) == {"failed": False, "failures": []}
         comparison = json.loads((sweep / COMPARISON_JSON).read_text(encoding="utf-8"))
         variants = {row["variant"] for row in comparison["rows"]}
         seen[" ".join(sorted(variants))] = variants

@@ -213,7 +213,7 @@ def test_kill_a_two_deployment_sweep_then_resume_without_the_config_dir(
     _deployments(work / "my_conf", {"before": good.url, "after": bad.url})
     args = ["--config-dir", "my_conf", "-m", "system=http", "system/deployment=before,after", *SWEEP_ARGS]
 
-    ref = run_in_process([*args, "paths.output_root=ref"], work)  # uninterrupted
+    ref = run_in_process([*args, "paths.output_root=ref", "tracking=none"], work)  # uninterrupted
     assert ref.returncode == 0, ref.stderr
     ref_sweep = _only(work / "ref" / "multirun")
     assert ref_sweep is not None

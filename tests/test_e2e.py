@@ -202,9 +202,10 @@ def test_compare_cli_on_sweep_folder_and_parent_run(own_sweep: dict[str, Any], t
     r0 = next(r for r in before["rows"] if r["split"] == "holdout" and r["metric"] == "recall_at_5")
     assert swapped["rows"][0]["effect"] == pytest.approx(-r0["effect"], abs=1e-12)
 
-    # the gate: a bound nothing crosses passes; evidence recall lost with small chunks is gated
+    # the gate: a bound nothing crosses passes; evidence recall lost with small chunks is gated (a
+    # margin rule reads the point estimate: fewer resamples serve)
     ok = _rag_ablate(
-        ["compare", str(sweep_dir), "--fail-on", "holdout/recall_at_5:-0.5"],
+        ["compare", str(sweep_dir), "--B", "500", "--fail-on", "holdout/recall_at_5:-0.5"],
         own_sweep["cwd"],
     )
     assert ok.returncode == 0 and "regression gate passed" in ok.stdout
@@ -212,6 +213,8 @@ def test_compare_cli_on_sweep_folder_and_parent_run(own_sweep: dict[str, Any], t
         [
             "compare",
             str(sweep_dir),
+            "--B",
+            "500",
             "--fail-on",
             "holdout/evidence_recall_at_5:-0.05",
         ],
@@ -391,32 +394,6 @@ def test_failed_comparison_fails_the_sweep(tiny_dataset: Path, tmp_path: Path) -
     sweep_dir = next((tmp_path / "outputs" / "multirun").iterdir())
     assert (sweep_dir / "summary.md").is_file() and (sweep_dir / "1" / "records.jsonl").is_file()
     assert json.loads((sweep_dir / "failures.json").read_text())["failures"][0]["step"] == "comparison"
-
-
-@pytest.mark.slow
-def test_sweeps_started_together_get_their_own_folders(tiny_dataset: Path, tmp_path: Path) -> None:
-    import os
-    import sys
-
-    from tests.conftest import REPO
-
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
-    args = [sys.executable, "-m", "rag_ablate", "-m", "chunk=512", f"dataset.path={tiny_dataset}"]
-    args += ["tracking=none", "progress=false"]
-    procs = [
-        subprocess.Popen(
-            args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    sweep_dirs = sorted((tmp_path / "outputs" / "multirun").iterdir())
-    assert len(sweep_dirs) == 2
-    for d in sweep_dirs:
-        # each sweep's one job wrote into its own folder
-        assert (d / "0" / "records.jsonl").is_file() and (d / "plan.json").is_file()
-        assert json.loads((d / "failures.json").read_text()) == {"failed": False, "failures": []}
 
 
 def test_sqlite_store_is_checked_before_mlflow_touches_it(tmp_path: Path) -> None:

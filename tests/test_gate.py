@@ -214,7 +214,9 @@ def test_readme_compare_gate_lines_run_as_written(default_sweep: dict[str, Any],
 @pytest.mark.slow
 def test_readme_sweep_gate_line_runs_through_hydra_and_exits_3(tmp_path: Path) -> None:
     (sweep,) = [c for c in _readme_gate_lines() if c[0] == "python"]
-    proc = run_in_process([*sweep[3:], "progress=false", "compare.B=1000"], tmp_path)
+    # no per-query traces: the gate reads the comparison (test_mlflow_traces.py reads traces)
+    extra = ["progress=false", "compare.B=1000", "tracking.traces=none"]
+    proc = run_in_process([*sweep[3:], *extra], tmp_path)
     assert proc.returncode == EXIT_BLOCKED, proc.stderr[-3000:]
     assert "regression gate BLOCKED" in proc.stderr
     assert "BLOCK chunk=256 holdout/recall_at_5:-0.02:" in proc.stderr

@@ -43,15 +43,17 @@ COMMON = [
 TABLES_CREATED = "Creating initial MLflow database tables"
 
 
-def _sweep(cwd: Path, *extra: str, in_process: bool = False) -> subprocess.CompletedProcess[str]:
+def _sweep(
+    cwd: Path, *extra: str, in_process: bool = False, new_template: bool = True
+) -> subprocess.CompletedProcess[str]:
     """The sweep in ``cwd``: a process of its own, as a launcher's sweep must be, or (the serial
-    reference, whose output is the same either way) in this process."""
+    reference, whose output is the same either way) in this process. ``new_template``: no store
+    template yet (tracking.template_path), so MLflow builds the tables once and says so
+    (:data:`TABLES_CREATED`); otherwise the machine's template is copied, as in a user's sweeps."""
     write_dataset(cwd / "tiny")
-    env = {
-        "RAY_AUTH_MODE": "disabled",  # a local Ray: no token written under ~/.ray
-        # no store template yet (tracking.template_path): MLflow builds the tables once, and says so
-        "XDG_CACHE_HOME": str(cwd / "xdg-cache"),
-    }
+    env = {"RAY_AUTH_MODE": "disabled"}  # a local Ray: no token written under ~/.ray
+    if new_template:
+        env["XDG_CACHE_HOME"] = str(cwd / "xdg-cache")
     args = ["-m", FACTOR, *COMMON, *extra]
     if in_process:
         with pytest.MonkeyPatch.context() as mp:
@@ -161,7 +163,8 @@ def test_joblib_sweep_runs_jobs_in_parallel_and_equals_the_serial_sweep(tmp_path
 
 @pytest.mark.slow
 def test_submitit_local_sweep_logs_its_children_under_one_parent(tmp_path: Path) -> None:
-    proc = _sweep(tmp_path, "hydra/launcher=submitit_local")
+    # the machine's store template (that the driver creates the store once: the joblib test)
+    proc = _sweep(tmp_path, "hydra/launcher=submitit_local", new_template=False)
 
     assert proc.stdout.count("comparison against baseline") == 1
     children = _assert_one_family(tmp_path)

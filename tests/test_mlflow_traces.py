@@ -14,7 +14,6 @@ against a trace built span by span with MLflow's public tracing API.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import subprocess
@@ -444,6 +443,7 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
     from mlflow.tracking import MlflowClient
 
     from rag_ablate.dataset.load import load_dataset
+    from rag_ablate.tracking.store import create_sqlite
 
     data = write_dataset(tmp_path / "tiny")
     dataset = load_dataset(str(data), name="tiny", holdout_share=0.3, group_threshold=0.7, seed=0)
@@ -465,6 +465,7 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
         "metrics": {"recall_at_5": 1.0, "latency_ms": 1.0},
     }
     uri = f"sqlite:///{tmp_path / 'm.db'}"
+    create_sqlite(uri, tmp_path / "m.db")  # the tables from the machine's template, as a run's store
     client = MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
     run_a, run_b = (client.create_run(exp).info.run_id for _ in range(2))
@@ -614,70 +615,6 @@ def _header_badges(dom: str) -> dict[str, tuple[float, str]]:
     return {
         m[1]: (float(m[2]), m[3]) for m in re.finditer(r"\|([^|]+)\|AVG\|(-?[\d.]+)\|([-+][\d.]+)\|", text)
     }
-
-
-@pytest.mark.slow
-def test_per_query_view_of_the_default_sweep_says_which_queries_and_agrees(
-    default_sweep: dict[str, Any], tmp_path: Path
-) -> None:
-    """As a person would, at 1600x1100 with a fresh profile: the printed link of a split opens a
-    view named after the queries it holds, whose column averages are those queries' means in
-    records.jsonl (the split's means in comparison.json when the split is traced whole), where
-    a lower-is-better metric that improved (fewer context tokens) shows as an increase, in green, and
-    where the headline metric's column comes first and is whole in the window, no assistant panel
-    over it."""
-    from mlflow.tracing.client import TracingClient
-
-    from tests.cdp import ASSISTANT_PANEL, open_page, visible
-
-    require_chromium()
-    out = default_sweep["out"]
-    lines = [ln for ln in default_sweep["proc"].stdout.splitlines() if ln.startswith("per-query ")]
-    line = next(ln for ln in lines if ", dev (" in ln)
-    assert re.search(r"dev \(20 of \d+ queries, a sample stratified by kind\): http", line), lines
-    url = line.split(": ", 1)[1]
-    variant_split = re.search(r"selectedRunUuid=(\w+)", url)[1]  # type: ignore[index]
-    uri = f"sqlite:///{out / 'mlflow.db'}"
-    traced = TracingClient(uri).search_traces(
-        locations=["1"], run_id=variant_split, max_results=500, include_spans=False
-    )
-    ids = {json.loads(t.info.request_preview)["query_id"] for t in traced}
-    assert len(ids) == 20
-    job = next(
-        p.parent
-        for p in default_sweep["dir"].glob("*/summary.json")
-        if json.loads(p.read_text(encoding="utf-8"))["label"] == "chunk=256"
-    )
-    records = [r for r in read_records(job / "records.jsonl") if r["query_id"] in ids]
-    headers = "[...document.querySelectorAll('[role=columnheader]')]"
-    headline = headers + ".find(e => e.innerText.startsWith('#3 recall_at_5'))"
-    with mlflow_ui(tmp_path / "ui.log", cwd=default_sweep["cwd"]) as port:
-        url = url.replace(":5000/", f":{port}/")
-        with open_page(url, tmp_path / "profile") as page:
-            page.wait_for(headline)
-            page.wait_for("document.body.innerText.includes('20 of ')")
-            time.sleep(2)  # the panel, when MLflow opens it, comes with the page's first data
-            assert page.evaluate(ASSISTANT_PANEL) == 0, "MLflow's assistant panel is open"
-            assert page.evaluate(visible(headline)), "the headline column is cut"
-            dom = page.evaluate("document.documentElement.outerHTML")
-            shots = os.environ.get("RAG_ABLATE_SCREENSHOT_DIR")
-            if shots:
-                page.screenshot(Path(shots).resolve() / "mlflow-eval-compare.png")
-    assert "chunk=256 · dev · 20 of " in dom and "baseline (chunk=512) · dev · 20 of " in dom
-    badges = _header_badges(dom)
-    assert badges, dom[-2000:]
-    assert next(iter(badges)) == "#3 recall_at_5"  # the headline metric is the first feedback column
-    for name, (avg, _) in badges.items():
-        metric = mt.metric_of(name)
-        values = [
-            mt.feedback(metric, r["metrics"][metric])[1]
-            for r in records
-            if r["metrics"].get(metric) is not None
-        ]
-        assert avg == pytest.approx(sum(values) / len(values), abs=0.006), name
-    # fewer context tokens for chunk=256: an improvement, shown as an increase (MLflow's green)
-    avg, diff = badges["context_tokens_at_5" + mt.NEGATED]
-    assert avg < 0 and diff.startswith("+")
 
 
 def test_trace_carries_the_answer_first_tokens_money_and_variant_where_mlflow_reads_them() -> None:

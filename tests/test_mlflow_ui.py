@@ -13,6 +13,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import pytest
 from rag_ablate.cli.main import main
 from rag_ablate.records.jsonl import read_records
 from rag_ablate.tracking.ui import baseline_run_name, headline_metrics, mlflow_metrics
-from tests.conftest import chromium, mlflow_ui, require_chromium
+from tests.conftest import copy_shared, mlflow_ui, require_chromium
 
 NOTE = "mlflow.note.content"
 
@@ -52,6 +53,24 @@ def sweep(default_sweep: dict[str, Any]) -> dict[str, Any]:
         "comparison": comparison,
         "proc": proc,
     }
+
+
+@pytest.fixture(scope="module")
+def ui(default_sweep: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One ``rag-ablate ui`` for this module's browser tests (each start costs about 3.5 s of CPU):
+    started as a user would in the folder of a copy of README's sweep, whose store also holds the
+    runs of :func:`_hostile_runs` (an experiment of their own). ``port``, ``printed`` (what the
+    command printed), ``cwd`` (the copy) and ``hostile`` (that experiment's id and run ids)."""
+    folder = tmp_path_factory.mktemp("ui")
+    copy = copy_shared(default_sweep, folder / "sweep")
+    hostile = _hostile_runs(f"sqlite:///{copy['out'] / 'mlflow.db'}")
+    with mlflow_ui(folder / "ui.log", cwd=copy["cwd"]) as port:
+        yield {
+            "port": port,
+            "printed": (folder / "ui.log").read_text(),
+            "cwd": copy["cwd"],
+            "hostile": hostile,
+        }
 
 
 def _row(comparison: dict[str, Any], split: str, variant: str, metric: str) -> dict[str, Any]:
@@ -206,7 +225,7 @@ def test_ui_serves_on_the_port_the_sweep_links_use(
     from rag_ablate.tracking.tags import UI_PORT_TAG, VIEW_KEY_TAG
 
     uri = tracking.default_uri(tmp_path)
-    exp = tracking.ensure_experiment(uri, "rag_ablate", tmp_path / "art")
+    exp = tracking.open_store(uri, "rag_ablate", tmp_path / "art", create_folder=True)  # as a run opens it
     sweep_run = tracking.start_parent(uri, exp, "sweep", {"rag_ablate.kind": "sweep"})
     tracking.save_view(uri, exp, sweep_run, {"searchFilter": ""}, 5123)
     key = tracking.latest_sweep_view(uri, "rag_ablate")
@@ -249,7 +268,9 @@ def test_links_avoid_the_hostnames_where_mlflow_opens_its_assistant(monkeypatch:
 
 
 @pytest.mark.slow
-def test_the_printed_link_opens_the_ranked_runs_view(sweep: dict[str, Any], tmp_path: Path) -> None:
+def test_the_printed_link_opens_the_ranked_runs_view(
+    sweep: dict[str, Any], ui: dict[str, Any], tmp_path: Path
+) -> None:
     """In Chromium at 1600x1100 with a fresh profile, as a first visit: the printed link's ranked view
     shows each variant's interval and verdict per split beside its cost, every column whole inside
     the window and no assistant panel over it (the link's host is ``[::1]``, where MLflow does not
@@ -263,52 +284,133 @@ def test_the_printed_link_opens_the_ranked_runs_view(sweep: dict[str, Any], tmp_
     require_chromium()
     shots = os.environ.get("RAG_ABLATE_SCREENSHOT_DIR")
     # the default store: outputs/mlflow.db under the folder the sweep ran in
-    with mlflow_ui(tmp_path / "ui.log", cwd=sweep["cwd"]):
-        printed = (tmp_path / "ui.log").read_text()
-        match = re.search(r"(http://\[::1\]:\d+/#/experiments/\S+/runs\?viewStateShareKey=\S+)", printed)
-        assert match, printed
-        with open_page(match[1], tmp_path / "profile") as page:
-            page.wait_for("document.body.innerText.includes('holdout recall_at_5')")
-            page.wait_for("document.body.innerText.includes('chunk=256')")
-            time.sleep(2)  # the panel, when MLflow opens it, comes with the page's first data
-            assert page.evaluate(ASSISTANT_PANEL) == 0, "MLflow's assistant panel is open"
-            tags = rank_columns("recall_at_5", "latency_p95_ms").values()
-            cols = ["attributes.`Run Name`", *(f"tags.`{k}`" for k in tags)]
-            for col in cols:  # each column's header and first cell whole in the window, nothing over it
-                for sel in (f".ag-header-cell[col-id='{col}']", f".ag-row .ag-cell[col-id='{col}']"):
-                    assert page.evaluate(visible(f'document.querySelector("{sel}")')), f"{sel} not in view"
-            dom = page.evaluate("document.documentElement.outerHTML")
-            if shots:  # docs/img: RAG_ABLATE_SCREENSHOT_DIR=docs/img
-                page.screenshot(Path(shots).resolve() / "mlflow-ui.png")
-        for text in ("baseline (chunk=512)", "chunk=256", "holdout recall_at_5", "holdout latency_p95_ms"):
-            assert text in dom, f"{text!r} not on the page"
-        for split in ("holdout", "dev"):
-            effect = _row(sweep["comparison"], split, "chunk=256", "recall_at_5")
-            cell = sweep["children"]["chunk=256"].data.tags[f"{split} recall_at_5"]
-            interval = f"Δ {effect['effect']:+.3f} [{effect['ci_low']:+.3f}, {effect['ci_high']:+.3f}]"
-            verdict = f"{effect['verdict']}*" if effect["verdict"] else "no evidence, MDE ±"
-            assert interval in cell and verdict in cell, cell
-            assert f">{cell}<" in dom, f"{cell!r} not on the page"
-        # ranked by holdout recall@5, best first
-        m = {n: r.data.metrics["headline/holdout_recall_at_5"] for n, r in sweep["children"].items()}
-        best, other = sorted(m, key=lambda n: -m[n])
-        if m[best] != m[other]:
-            assert dom.index(f">{best}<") < dom.index(f">{other}<")
-        port = re.search(r"\]:(\d+)/", match[1])
-        assert port is not None
-        parent = sweep["parent"].info.run_id
-        run_page = f"http://[::1]:{port[1]}/#/experiments/{sweep['experiment'].experiment_id}/runs/{parent}"
-        page = chromium(run_page, tmp_path / "profile-run", "--dump-dom", window="1600,1100")
-        shown = re.search(r'data-testid="note-editor-preview-content"><p>(.*?)</p>', page)
-        assert shown, "no description on the sweep run's page"
-        first = re.sub(r"<[^>]+>", "", shown[1])  # the first paragraph's text
-        effect = _row(sweep["comparison"], "holdout", "chunk=256", "recall_at_5")
-        assert first.startswith("Verdict on recall@5 vs baseline (chunk=512)"), first
-        assert f"holdout {effect['effect']:+.3f} [{effect['ci_low']:+.3f}, {effect['ci_high']:+.3f}]" in first
-        assert "latency p95 ms" in first and len(first) <= VISIBLE_CHARS
+    printed = ui["printed"]
+    match = re.search(r"(http://\[::1\]:\d+/#/experiments/\S+/runs\?viewStateShareKey=\S+)", printed)
+    assert match, printed
+    assert f"]:{ui['port']}/" in match[1]
+    parent = sweep["parent"].info.run_id
+    run_page = f"http://[::1]:{ui['port']}/#/experiments/{sweep['experiment'].experiment_id}/runs/{parent}"
+    with open_page(match[1], tmp_path / "profile") as page:
+        page.wait_for("document.body.innerText.includes('holdout recall_at_5')")
+        page.wait_for("document.body.innerText.includes('chunk=256')")
+        time.sleep(2)  # the panel, when MLflow opens it, comes with the page's first data
+        assert page.evaluate(ASSISTANT_PANEL) == 0, "MLflow's assistant panel is open"
+        tags = rank_columns("recall_at_5", "latency_p95_ms").values()
+        cols = ["attributes.`Run Name`", *(f"tags.`{k}`" for k in tags)]
+        for col in cols:  # each column's header and first cell whole in the window, nothing over it
+            for sel in (f".ag-header-cell[col-id='{col}']", f".ag-row .ag-cell[col-id='{col}']"):
+                assert page.evaluate(visible(f'document.querySelector("{sel}")')), f"{sel} not in view"
+        dom = page.evaluate("document.documentElement.outerHTML")
+        if shots:  # docs/img: RAG_ABLATE_SCREENSHOT_DIR=docs/img
+            page.screenshot(Path(shots).resolve() / "mlflow-ui.png")
+        # the sweep run's own page, in the same window
+        page.goto(run_page, "document.querySelector('[data-testid=note-editor-preview-content] p')")
+        run_dom = page.evaluate("document.documentElement.outerHTML")
         if shots:
-            out = Path(shots).resolve() / "mlflow-sweep-run.png"
-            chromium(run_page, tmp_path / "shot-run", f"--screenshot={out}", window="1600,1100")
+            page.screenshot(Path(shots).resolve() / "mlflow-sweep-run.png")
+    for text in ("baseline (chunk=512)", "chunk=256", "holdout recall_at_5", "holdout latency_p95_ms"):
+        assert text in dom, f"{text!r} not on the page"
+    for split in ("holdout", "dev"):
+        effect = _row(sweep["comparison"], split, "chunk=256", "recall_at_5")
+        cell = sweep["children"]["chunk=256"].data.tags[f"{split} recall_at_5"]
+        interval = f"Δ {effect['effect']:+.3f} [{effect['ci_low']:+.3f}, {effect['ci_high']:+.3f}]"
+        verdict = f"{effect['verdict']}*" if effect["verdict"] else "no evidence, MDE ±"
+        assert interval in cell and verdict in cell, cell
+        assert f">{cell}<" in dom, f"{cell!r} not on the page"
+    # ranked by holdout recall@5, best first
+    m = {n: r.data.metrics["headline/holdout_recall_at_5"] for n, r in sweep["children"].items()}
+    best, other = sorted(m, key=lambda n: -m[n])
+    if m[best] != m[other]:
+        assert dom.index(f">{best}<") < dom.index(f">{other}<")
+    shown = re.search(r'data-testid="note-editor-preview-content"><p>(.*?)</p>', run_dom)
+    assert shown, "no description on the sweep run's page"
+    first = re.sub(r"<[^>]+>", "", shown[1])  # the first paragraph's text
+    effect = _row(sweep["comparison"], "holdout", "chunk=256", "recall_at_5")
+    assert first.startswith("Verdict on recall@5 vs baseline (chunk=512)"), first
+    assert f"holdout {effect['effect']:+.3f} [{effect['ci_low']:+.3f}, {effect['ci_high']:+.3f}]" in first
+    assert "latency p95 ms" in first and len(first) <= VISIBLE_CHARS
+
+
+@pytest.mark.slow
+def test_ui_serves_the_store_on_both_loopback_addresses(ui: dict[str, Any]) -> None:
+    """``rag-ablate ui`` answers MLflow's API on 127.0.0.1 and on [::1] (where its links point)."""
+    import httpx
+
+    from rag_ablate.tracking.ui import ipv6_loopback
+
+    hosts = ["127.0.0.1", *(["[::1]"] if ipv6_loopback() else [])]
+    for host in hosts:
+        r = httpx.get(
+            f"http://{host}:{ui['port']}/api/2.0/mlflow/experiments/get-by-name",
+            params={"experiment_name": "rag_ablate"},
+            timeout=5,
+        )
+        assert r.status_code == 200 and r.json()["experiment"]["name"] == "rag_ablate", host
+
+
+@pytest.mark.slow
+def test_per_query_view_of_the_default_sweep_says_which_queries_and_agrees(
+    default_sweep: dict[str, Any], ui: dict[str, Any], tmp_path: Path
+) -> None:
+    """As a person would, at 1600x1100 with a fresh profile: the printed link of a split opens a
+    view named after the queries it holds, whose column averages are those queries' means in
+    records.jsonl (the split's means in comparison.json when the split is traced whole), where
+    a lower-is-better metric that improved (fewer context tokens) shows as an increase, in green, and
+    where the headline metric's column comes first and is whole in the window, no assistant panel
+    over it."""
+    from mlflow.tracing.client import TracingClient
+
+    from rag_ablate.tracking import traces as mt
+    from tests.cdp import ASSISTANT_PANEL, open_page, visible
+    from tests.test_mlflow_traces import _header_badges
+
+    require_chromium()
+    out = default_sweep["out"]
+    lines = [ln for ln in default_sweep["proc"].stdout.splitlines() if ln.startswith("per-query ")]
+    line = next(ln for ln in lines if ", dev (" in ln)
+    assert re.search(r"dev \(20 of \d+ queries, a sample stratified by kind\): http", line), lines
+    url = line.split(": ", 1)[1]
+    variant_split = re.search(r"selectedRunUuid=(\w+)", url)[1]  # type: ignore[index]
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    traced = TracingClient(uri).search_traces(
+        locations=["1"], run_id=variant_split, max_results=500, include_spans=False
+    )
+    ids = {json.loads(t.info.request_preview)["query_id"] for t in traced}
+    assert len(ids) == 20
+    job = next(
+        p.parent
+        for p in default_sweep["dir"].glob("*/summary.json")
+        if json.loads(p.read_text(encoding="utf-8"))["label"] == "chunk=256"
+    )
+    records = [r for r in read_records(job / "records.jsonl") if r["query_id"] in ids]
+    headers = "[...document.querySelectorAll('[role=columnheader]')]"
+    headline = headers + ".find(e => e.innerText.startsWith('#3 recall_at_5'))"
+    url = url.replace(":5000/", f":{ui['port']}/")  # the module's server, on a copy of this sweep
+    with open_page(url, tmp_path / "profile") as page:
+        page.wait_for(headline)
+        page.wait_for("document.body.innerText.includes('20 of ')")
+        time.sleep(2)  # the panel, when MLflow opens it, comes with the page's first data
+        assert page.evaluate(ASSISTANT_PANEL) == 0, "MLflow's assistant panel is open"
+        assert page.evaluate(visible(headline)), "the headline column is cut"
+        dom = page.evaluate("document.documentElement.outerHTML")
+        shots = os.environ.get("RAG_ABLATE_SCREENSHOT_DIR")
+        if shots:
+            page.screenshot(Path(shots).resolve() / "mlflow-eval-compare.png")
+    assert "chunk=256 · dev · 20 of " in dom and "baseline (chunk=512) · dev · 20 of " in dom
+    badges = _header_badges(dom)
+    assert badges, dom[-2000:]
+    assert next(iter(badges)) == "#3 recall_at_5"  # the headline metric is the first feedback column
+    for name, (avg, _) in badges.items():
+        metric = mt.metric_of(name)
+        values = [
+            mt.feedback(metric, r["metrics"][metric])[1]
+            for r in records
+            if r["metrics"].get(metric) is not None
+        ]
+        assert avg == pytest.approx(sum(values) / len(values), abs=0.006), name
+    # fewer context tokens for chunk=256: an improvement, shown as an increase (MLflow's green)
+    avg, diff = badges["context_tokens_at_5" + mt.NEGATED]
+    assert avg < 0 and diff.startswith("+")
 
 
 # --------------------------------------------------------------------------- hostile text in descriptions
@@ -349,37 +451,50 @@ def test_descriptions_show_html_and_markdown_from_the_data_as_text() -> None:
     assert len(cells) == 1, rows
 
 
-@pytest.mark.slow
-def test_the_mlflow_ui_shows_html_from_the_data_as_text(tmp_path: Path) -> None:
-    """In headless Chromium, MLflow's run page renders a description's HTML (the control run shows a
-    real <b> and <img>); the descriptions rag_ablate writes show the same markup as text."""
+def _hostile_runs(uri: str) -> dict[str, str]:
+    """In the store at ``uri``, an experiment ``hostile`` with three runs whose descriptions are: a
+    control (real ``<b>`` and ``<img>``), and the sweep's and a variant's descriptions of
+    :func:`_hostile_descriptions`. Their ids by name, and the experiment's as ``experiment``."""
     from mlflow.tracking import MlflowClient
 
-    require_chromium()
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     exp = client.create_experiment("hostile")
-    control = client.create_run(exp).info.run_id
-    client.set_tag(control, NOTE, "control: <b>bold</b> <img src=x>")
+    runs = {"experiment": exp}
     sweep, child = _hostile_descriptions()
-    runs = {}
-    for name, text in (("sweep", sweep), ("child", child)):
+    for name, text in (("control", "control: <b>bold</b> <img src=x>"), ("sweep", sweep), ("child", child)):
         runs[name] = client.create_run(exp).info.run_id
         client.set_tag(runs[name], NOTE, text)
-    with mlflow_ui(tmp_path / "ui.log", uri=uri) as port:
+    return runs
 
-        def page(run_id: str) -> str:
-            url = f"http://127.0.0.1:{port}/#/experiments/{exp}/runs/{run_id}"
-            return chromium(url, tmp_path / f"profile-{run_id}", "--dump-dom", window="1900,1200")
 
-        dom = page(control)
-        assert "<b>bold</b>" in dom and '<img src="x"' in dom  # the UI renders HTML: the test can fail
-        dom = page(runs["sweep"])
-        assert "Verdict against &lt;i&gt;base&lt;/i&gt;" in dom and "&lt;b&gt;bold&lt;/b&gt;" in dom
-        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom and "<script>alert" not in dom
-        assert "<b>bold" not in dom and "<i>base" not in dom and 'href="http://127.0.0.1:9/' not in dom
-        dom = page(runs["child"])
-        assert "tag=&lt;img src=x onerror=alert(1)&gt;" in dom and '<img src="x"' not in dom
+@pytest.mark.slow
+def test_the_mlflow_ui_shows_html_from_the_data_as_text(ui: dict[str, Any], tmp_path: Path) -> None:
+    """In headless Chromium, MLflow's run page renders a description's HTML (the control run shows a
+    real <b> and <img>); the descriptions rag_ablate writes show the same markup as text."""
+    from tests.cdp import open_page
+
+    require_chromium()
+    runs = ui["hostile"]
+
+    def url(name: str) -> str:
+        return f"http://127.0.0.1:{ui['port']}/#/experiments/{runs['experiment']}/runs/{runs[name]}"
+
+    note = "document.querySelector('[data-testid=note-editor-preview-content]')"
+    doms = {}
+    with open_page("about:blank", tmp_path / "profile", width=1900, height=1200) as page:
+        for name, words in (("control", "control:"), ("sweep", "Verdict against"), ("child", "tag=")):
+            # this run's page: its id shown, and its description
+            ready = f"document.body.innerText.includes({json.dumps(runs[name])})"
+            page.goto(url(name), f"{ready} && {note} && {note}.innerText.includes({json.dumps(words)})")
+            doms[name] = page.evaluate("document.documentElement.outerHTML")
+    dom = doms["control"]
+    assert "<b>bold</b>" in dom and '<img src="x"' in dom  # the UI renders HTML: the test can fail
+    dom = doms["sweep"]
+    assert "Verdict against &lt;i&gt;base&lt;/i&gt;" in dom and "&lt;b&gt;bold&lt;/b&gt;" in dom
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom and "<script>alert" not in dom
+    assert "<b>bold" not in dom and "<i>base" not in dom and 'href="http://127.0.0.1:9/' not in dom
+    dom = doms["child"]
+    assert "tag=&lt;img src=x onerror=alert(1)&gt;" in dom and '<img src="x"' not in dom
 
 
 # --------------------------------------------------------------------------- the ranked view and descriptions

@@ -23,10 +23,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """main's run (the embedded sample, defaults), this commit's sweep (top_k 10 as main, and 1)
     pinned to it with compare.baseline_run, and a run on another dataset."""
     cwd = tmp_path_factory.mktemp("pinned")
-    main = run_module("rag_ablate", ["progress=false"], cwd)
+    # no test here reads the per-query traces (test_mlflow_traces.py does): none logged
+    main = run_module("rag_ablate", ["progress=false", "tracking.traces=none"], cwd)
     assert main.returncode == 0, main.stderr[-3000:]
     (main_dir,) = (cwd / "outputs" / "runs").iterdir()
-    args = ["-m", "retrieval.top_k=1,10", "progress=false", "compare.B=500"]
+    args = ["-m", "retrieval.top_k=1,10", "progress=false", "compare.B=500", "tracking.traces=none"]
     args.append(f"compare.baseline_run={main_dir}")
     # no test here reads latency: the interleaved timing pass after the jobs is off
     sweep = run_module("rag_ablate", [*args, "timing.interleave=false"], cwd)

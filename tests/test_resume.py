@@ -337,7 +337,8 @@ def _args(server: RerankServer) -> list[str]:
 def reference(server: RerankServer, work: Path) -> dict[str, float]:
     """The metrics of an uninterrupted run of the config the kill tests use."""
     server.state.delay = 0.0
-    out = run_module("rag_ablate", [*_args(server), "paths.output_root=ref"], work)
+    # read from metrics.json only: no MLflow
+    out = run_module("rag_ablate", [*_args(server), "paths.output_root=ref", "tracking=none"], work)
     assert out.returncode == 0, out.stderr
     (job,) = (work / "ref" / "runs").iterdir()
     metrics: dict[str, float] = json.loads((job / METRICS_FILE).read_text(encoding="utf-8"))
@@ -661,7 +662,7 @@ def test_kill_an_http_run_with_queries_in_flight_then_resume(slow_service: str, 
         "system.concurrency=2",
         "progress=false",
     ]
-    ref = run_module("rag_ablate", [*args, "paths.output_root=http_ref"], work)
+    ref = run_module("rag_ablate", [*args, "paths.output_root=http_ref", "tracking=none"], work)
     assert ref.returncode == 0, ref.stderr
     (ref_job,) = (work / "http_ref" / "runs").iterdir()
     reference = json.loads((ref_job / METRICS_FILE).read_text(encoding="utf-8"))

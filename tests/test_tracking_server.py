@@ -29,8 +29,13 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
 
 @contextlib.contextmanager
 def mlflow_server(root: Path) -> Iterator[str]:
-    """``mlflow server`` with a sqlite store and an artifact root under ``root``; yields its URL."""
+    """``mlflow server`` with a sqlite store and an artifact root under ``root``; yields its URL.
+    The store's tables are copied from this machine's template (``create_sqlite``, as every store
+    rag_ablate creates), so the server does not build them through every schema migration."""
+    from rag_ablate.tracking.store import create_sqlite
+
     root.mkdir(parents=True, exist_ok=True)
+    create_sqlite(f"sqlite:///{root / 'mlflow.db'}", root / "mlflow.db")
     port = free_port()
     cmd = [
         sys.executable,
