@@ -863,3 +863,11 @@ def test_a_request_body_with_a_non_finite_number_is_refused_not_sent_as_null() -
     assert json.loads(_json_body(body)) == body
     with pytest.raises(ValueError, match="not JSON compliant"):
         _json_body({"q": "x", "threshold": math.nan})
+
+
+def test_a_response_with_an_integer_beyond_64_bits_keeps_it_exact() -> None:
+    """orjson reads 2**64 as a float; a service's numeric document id must not change."""
+    from rag_ablate.systems.http import _json_loads
+
+    assert _json_loads(b'{"doc_id": 18446744073709551616, "n": 3}') == {"doc_id": 2**64, "n": 3}
+    assert _json_loads(b'{"doc_id": -9223372036854775809}') == {"doc_id": -(2**63) - 1}

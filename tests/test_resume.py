@@ -158,6 +158,17 @@ def test_a_written_line_reads_back_as_the_json_module_would_write_it(rec: dict[s
     assert json.dumps(loads_line(line)) == json.dumps(expected)
 
 
+@pytest.mark.parametrize("n", [2**63 - 1, 2**63, -(2**63) - 1, 2**64, 10**30])
+def test_an_integer_beyond_64_bits_reads_back_exact(tmp_path: Path, n: int) -> None:
+    """orjson reads an integer that does not fit 64 bits as a float, without an error: a record
+    holding one must still read back exact (hypothesis once drew -2**63 - 1 and got a float)."""
+    path = tmp_path / RECORDS_FILE
+    with RecordWriter(path) as w:
+        w.write({"query_id": "q1", "n": n, "query": "1234567890123456789 digits in a string"})
+    (back,) = read_records(path)
+    assert back["n"] == n and type(back["n"]) is int
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     recs=st.lists(

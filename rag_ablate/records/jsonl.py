@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,6 +24,10 @@ try:
     import orjson as _orjson
 except ImportError:  # pragma: no cover - a pinned dependency; the json module reads the same records
     _orjson = None
+
+#: 19 digits in a row: an integer that may not fit 64 bits, which orjson reads as a float
+#: (-9223372036854775809 -> -9.223372036854776e+18), silently; such lines go to the json module
+_LONG_DIGITS = re.compile(rb"\d{19}")
 
 FSYNC_SECONDS = 1.0  # RecordWriter: at most this long between fsyncs (each record is flushed at once)
 
@@ -81,12 +86,18 @@ class RecordsScan:
 def loads_line(raw: bytes) -> Any:
     """One JSON line: orjson's parser (about twice as fast on a record), else the json module's, which
     also reads what orjson refuses (NaN and Infinity as json.dumps writes them) and names the error."""
-    if _orjson is not None:
+    if _orjson is not None and not may_hold_big_int(raw):
         try:
             return _orjson.loads(raw)
         except _orjson.JSONDecodeError:
             pass
     return json.loads(raw.decode("utf-8"))
+
+
+def may_hold_big_int(raw: bytes) -> bool:
+    """Whether JSON text has 19 digits in a row: an integer orjson may turn into a float (it reads
+    what does not fit 64 bits as a float, without an error); the json module keeps it exact."""
+    return _LONG_DIGITS.search(raw) is not None
 
 
 def dumps_sorted(data: Any) -> bytes:

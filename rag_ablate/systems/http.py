@@ -84,6 +84,7 @@ from rag_ablate.core.errors import EndpointDownError, RunStopError
 from rag_ablate.core.retry import Breaker, Status, backoff_wait, excerpt, retry_after_seconds, status_meaning
 from rag_ablate.core.secrets import split_userinfo
 from rag_ablate.dataset.model import Dataset, Document, Query
+from rag_ablate.records.jsonl import may_hold_big_int
 from rag_ablate.records.trace import Citation, ContextChunk, RetrievedChunk, TokenUsage, Trace
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.base import OnDone
@@ -597,6 +598,8 @@ def _json_body(body: Any) -> bytes:
 def _json_loads(raw: bytes) -> Any:
     """A JSON response: orjson's parser (a third of the json module's CPU), else the json module's,
     which also reads what orjson refuses (NaN, UTF-16) and names the error."""
+    if may_hold_big_int(raw):  # orjson would read an integer beyond 64 bits as a float
+        return json.loads(raw)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
