@@ -560,13 +560,13 @@ def _run_created(job: _Job, run_id: background.Pending | None, prof: profiling.P
     """Before the first query: the job's MLflow run exists (the background writer created it while
     the system was built), so a run killed mid-way is found RUNNING and resumed; a store that turned
     out unusable stops the job here, before anything is spent (TrackingError naming it)."""
-    if run_id is None or run_id.done():
-        if run_id is not None and not run_id.ok():
-            raise TrackingError(f"{job.label}: MLflow: {'; '.join(background.failures())}")
+    if run_id is None:
         return
-    with prof.stage("store"):
-        if run_id.value_or_none() is None:
-            raise TrackingError(f"{job.label}: MLflow: {'; '.join(background.failures())}")
+    if not run_id.done():
+        with prof.stage("store"):  # the wait for the writer
+            run_id.value_or_none()
+    if not run_id.ok():
+        raise TrackingError(f"{job.label}: MLflow: {'; '.join(background.failures())}")
 
 
 def _run_queries(
