@@ -10,6 +10,7 @@ metrics, one final record per query, the same MLflow run id, FINISHED.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -156,6 +157,24 @@ def test_a_written_line_reads_back_as_the_json_module_would_write_it(rec: dict[s
     expected = loads_line((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
     # NaN != NaN: compare the json module's text of both (it writes NaN as NaN)
     assert json.dumps(loads_line(line)) == json.dumps(expected)
+
+
+@pytest.mark.parametrize(
+    "rec",
+    [
+        {"query_id": "q", "error": None, "metrics": {"latency_ms": math.nan, "recall_at_5": 1.0}},
+        {"query_id": "q", "error": None, "retrieved": [{"doc_id": None, "score": math.inf}]},
+        {"query_id": "q", "error": None, "metrics": {"recall_at_5": None, "x": -math.inf}, "answer": None},
+        {"query_id": "null", "error": None, "ttft_ms": math.nan},  # a null inside a string, one at the top
+        {"query_id": "q", "error": math.nan},
+    ],
+)
+def test_a_non_finite_float_beside_top_level_nulls_is_written_as_nan_not_null(rec: dict[str, Any]) -> None:
+    """The writer counts orjson's nulls against the record's top-level None values: a NaN or an infinity
+    anywhere (orjson would write null) sends the record to the json module, which writes NaN/Infinity."""
+    line = dumps_line(rec)
+    assert line == (json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8")
+    assert b"NaN" in line or b"Infinity" in line
 
 
 @pytest.mark.parametrize("n", [2**63 - 1, 2**63, -(2**63) - 1, 2**64, 10**30])

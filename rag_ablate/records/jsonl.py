@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 import threading
 import time
@@ -53,11 +54,20 @@ def dumps_line(rec: Record) -> bytes:
     """One record as a JSON line (with its newline), as :class:`RecordWriter` appends it: orjson's
     compact encoding (a tenth of the json module's time on a record); the json module's when orjson
     would not write the same values (NaN or an infinity, which it writes as null; a key that is not a
-    str, an int beyond 64 bits). :func:`loads_line` reads both."""
-    if _orjson is not None and _finite(rec):
-        with contextlib.suppress(TypeError):  # orjson.JSONEncodeError: a key that is not a str, a big int
+    str, an int beyond 64 bits). :func:`loads_line` reads both.
+
+    orjson's line holds ``null`` at least once for each None and each non-finite float (and again for
+    each ``null`` inside a string); when it holds it exactly as often as the record has None values
+    at its top level, there is no non-finite float (a record's usual case: 0.5 us). Otherwise the
+    record is walked (:func:`_finite`, 16 us on a 4 KB record)."""
+    if _orjson is not None:
+        try:
             line: bytes = _orjson.dumps(rec, option=_orjson.OPT_APPEND_NEWLINE)
-            return line
+        except TypeError:  # orjson.JSONEncodeError: a key that is not a str, a big int
+            pass
+        else:
+            if line.count(b"null") == operator.countOf(rec.values(), None) or _finite(rec):
+                return line
     return (json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8")
 
 

@@ -104,6 +104,8 @@ def make_record(query: Query, trace: Trace) -> Record:
     return rec
 
 
+_DOC_ID, _CHUNK_ID = itemgetter("doc_id"), itemgetter("chunk_id")  # an entry's ids
+
 ChunkKey = tuple[str, int, int]  # (doc_id, start, end): a chunk's character range in its document
 
 
@@ -289,7 +291,13 @@ def failure_stage(
         return in_docs or (chunk_id is not None and chunk_id in rel_chunks)
 
     def hits(listed: Sequence[RetrievedEntry] | None) -> list[bool] | None:
-        return None if listed is None else [relevant(e["doc_id"], e["chunk_id"]) for e in listed]
+        """Whether some entry is relevant, as a one-element list (``diagnose`` reads a list only
+        through ``any``): two set tests in C instead of a call per entry (a document id or chunk id
+        of None is in neither set)."""
+        if listed is None:
+            return None
+        doc_ids, chunk_ids = list(map(_DOC_ID, listed)), list(map(_CHUNK_ID, listed))
+        return [not (rel_docs.isdisjoint(doc_ids) and rel_chunks.isdisjoint(chunk_ids))]
 
     # citation entries are read with get: a hand-written record's citation may name only a chunk,
     # whose document is then the one the listed chunks give it

@@ -129,48 +129,65 @@ def cost_metrics(
     See the module docstring for every name. A metric no query has a value for
     is absent, not 0.
     """
-    rows = [r for r in records if split is None or r.get("split") == split]
-    out: dict[str, float] = {}
-    latencies = [v for v in (query_latency_ms(r) for r in rows) if v is not None]
-    _quantiles(out, "latency", latencies)
-
-    stages: dict[str, list[float]] = {}
-    for r in rows:
-        for stage, ms in (r.get("timings_ms") or {}).items():
-            if stage != TOTAL and ms is not None:
-                stages.setdefault(str(stage), []).append(float(ms))
-    for stage in sorted(stages):
-        _quantiles(out, stage, stages[stage])
-
-    ttft = [float(t) for r in rows if (t := r.get("ttft_ms")) is not None]
-    _quantiles(out, "ttft", ttft)
-
-    names = _context_names(rows)
-    ctx = [v for v in (_final_context(r, names) for r in rows) if v is not None]
-    if ctx:
-        out["context_tokens"] = float(np.mean(ctx))
-    any_usage = False
-    for name in USAGE_FIELDS:
-        counts = [n for r in rows if (n := query_tokens(r, name)) is not None]
-        if counts:
-            any_usage = True
-            out[name] = float(np.mean(counts))
-
-    if price is not None and any_usage and rows:
-        per_query = sum(query_usd(r, price) for r in rows) / len(rows)
-        out["usd_per_query"] = per_query
-        out["usd_per_1k"] = per_query * 1000
-    return out
+    return _QueryCosts(records, price).metrics(split)
 
 
 def run_cost_metrics(
     records: Sequence[Record], splits: Sequence[str], *, price: ModelPrice | None = None
 ) -> dict[str, float]:
-    """:func:`cost_metrics` of all records as ``cost/<name>`` and of each split as ``<split>/cost/<name>``."""
-    out = {f"cost/{k}": v for k, v in cost_metrics(records, price=price).items()}
+    """:func:`cost_metrics` of all records as ``cost/<name>`` and of each split as ``<split>/cost/<name>``
+    (each record read once for all of them)."""
+    costs = _QueryCosts(records, price)
+    out = {f"cost/{k}": v for k, v in costs.metrics(None).items()}
     for split in splits:
-        out.update({f"{split}/cost/{k}": v for k, v in cost_metrics(records, split, price=price).items()})
+        out.update({f"{split}/cost/{k}": v for k, v in costs.metrics(split).items()})
     return out
+
+
+class _QueryCosts:
+    """Every record's cost values, read once: the run's and each split's :func:`cost_metrics` then
+    gather them in record order (the values, and so every percentile and mean, those of a pass over
+    the split's own records)."""
+
+    def __init__(self, records: Sequence[Record], price: ModelPrice | None) -> None:
+        names = _context_names(records)  # a name no record of a split has is None in each of them
+        self.price = price
+        self.splits = [r.get("split") for r in records]
+        self.latency = [query_latency_ms(r) for r in records]
+        timings = [(r.get("timings_ms") or {}).items() for r in records]
+        self.stages = [[(str(s), float(ms)) for s, ms in t if s != TOTAL and ms is not None] for t in timings]
+        self.ttft = [None if (t := r.get("ttft_ms")) is None else float(t) for r in records]
+        self.context = [_final_context(r, names) for r in records]
+        self.tokens = {name: [query_tokens(r, name) for r in records] for name in USAGE_FIELDS}
+        self.usd = None if price is None else [query_usd(r, price) for r in records]
+
+    def metrics(self, split: str | None) -> dict[str, float]:
+        """:func:`cost_metrics` of the records of ``split`` (None: all)."""
+        everything = range(len(self.splits))
+        picked = everything if split is None else [i for i in everything if self.splits[i] == split]
+        out: dict[str, float] = {}
+        _quantiles(out, "latency", [v for i in picked if (v := self.latency[i]) is not None])
+        stages: dict[str, list[float]] = {}
+        for i in picked:
+            for stage, ms in self.stages[i]:
+                stages.setdefault(stage, []).append(ms)
+        for stage in sorted(stages):
+            _quantiles(out, stage, stages[stage])
+        _quantiles(out, "ttft", [v for i in picked if (v := self.ttft[i]) is not None])
+        ctx = [v for i in picked if (v := self.context[i]) is not None]
+        if ctx:
+            out["context_tokens"] = float(np.mean(ctx))
+        any_usage = False
+        for name, values in self.tokens.items():
+            counts = [v for i in picked if (v := values[i]) is not None]
+            if counts:
+                any_usage = True
+                out[name] = float(np.mean(counts))
+        if self.usd is not None and any_usage and picked:
+            per_query = sum(self.usd[i] for i in picked) / len(picked)
+            out["usd_per_query"] = per_query
+            out["usd_per_1k"] = per_query * 1000
+        return out
 
 
 def cache_hit_rates(cache_metrics: Mapping[str, float]) -> dict[str, float]:
