@@ -386,8 +386,11 @@ def rescore(
     ]
 
 
-MetricItems = tuple[dict[str, float], list[str]]
-"""A record's metric values (name -> value; None and NaN left out) and the names whose value is None."""
+MetricItems = tuple[dict[str, float], list[str], tuple[str, ...]]
+"""A record's metric values (name -> value; None and NaN left out), the names whose value is None,
+and the values' names in order (one tuple object for every record with the same names)."""
+
+_SHAPES: dict[tuple[str, ...], tuple[str, ...]] = {}  # metric_items: each distinct tuple of names, once
 
 
 def _p50_p95(values: Sequence[float]) -> tuple[float, float]:
@@ -433,13 +436,19 @@ def metric_items(rec: Record) -> MetricItems:
     metrics = rec.get("metrics") or {}
     values = {name: float(v) for name, v in metrics.items() if v is not None and v == v}  # v != v: NaN
     nones = [name for name, v in metrics.items() if v is None] if None in metrics.values() else []
-    return values, nones
+    names = tuple(values)
+    shape = _SHAPES.get(names)
+    if shape is None:
+        if len(_SHAPES) > 4096:
+            _SHAPES.clear()
+        shape = _SHAPES[names] = names
+    return values, nones, shape
 
 
 class _SplitValues:
     """One split's records in one pass: counts by kind, status and stage, and every record's values."""
 
-    __slots__ = ("kinds", "misses", "n", "stages", "statuses", "ttft", "values")
+    __slots__ = ("kinds", "misses", "n", "shapes", "stages", "statuses", "ttft", "values")
 
     def __init__(self) -> None:
         self.n = 0
@@ -448,15 +457,16 @@ class _SplitValues:
         self.stages: Counter[str | None] = Counter()
         self.ttft: list[float] = []
         self.values: list[dict[str, float]] = []  # each record's values (ok queries', NaN left out)
+        self.shapes: list[tuple[str, ...]] = []  # each record's names of its values (MetricItems)
         self.misses: Counter[str] = Counter()  # failed queries a failure-aware metric applies to
 
     def columns(self) -> dict[str, list[float]]:
         """metric -> its values in record order (a metric every record has is read in C)."""
         rows = self.values
-        orders = set(map(tuple, rows))  # the records' distinct lists of names
-        if len(orders) == 1:  # every record has the same metrics in the same order: transposed in C
-            columns = map(list, zip(*map(dict.values, rows), strict=True))
-            return dict(zip(next(iter(orders)), columns, strict=True))
+        if len(set(map(id, self.shapes))) == 1:  # every record has the same metrics in the same order
+            columns = map(list, zip(*map(dict.values, rows), strict=True))  # transposed in C
+            return dict(zip(self.shapes[0], columns, strict=True))
+        orders = set(self.shapes)  # the records' distinct lists of names
         shapes = [set(shape) for shape in orders]
         common = set.intersection(*shapes) if shapes else set()
         out = {name: list(map(itemgetter(name), rows)) for name in common}
@@ -469,7 +479,7 @@ def _split_values(records: Sequence[Record], items: Sequence[MetricItems]) -> di
     """Every split's (and ``all``'s) :class:`_SplitValues`, each record read once, in record order."""
     out = {split: _SplitValues() for split in (*SPLITS, "all")}
     everything = out["all"]
-    for r, (values, nones) in zip(records, items, strict=True):
+    for r, (values, nones, shape) in zip(records, items, strict=True):
         own = out.get(r["split"])
         parts = (everything,) if own is None or own is everything else (own, everything)
         status = str(r["status"])
@@ -483,6 +493,7 @@ def _split_values(records: Sequence[Record], items: Sequence[MetricItems]) -> di
             if ttft is not None:
                 part.ttft.append(float(ttft))
             part.values.append(values)
+            part.shapes.append(shape)
             if nones and status != "ok":
                 part.misses.update(nones)
     return out
