@@ -42,6 +42,7 @@ __all__ = [
     "SET_BASES",
     "bpref",
     "chunk_metrics",
+    "evidence_at",
     "evidence_coverage_at",
     "evidence_recall",
     "evidence_recall_at",
@@ -333,22 +334,9 @@ def evidence_recall_at(
     Each span is covered from the position of the first chunk (same document, non-empty)
     that overlaps it; the value at k is the share of spans covered within the first k
     chunks. Every chunk among the first ``max(ks)`` is checked (same errors as
-    :func:`evidence_recall`).
+    :func:`evidence_recall`). :func:`evidence_at` gives it with :func:`evidence_coverage_at`.
     """
-    key, max_k = _cutoffs(ks)
-    pending: dict[str, list[tuple[int, int]]] = {}  # doc id -> spans no chunk has covered yet
-    for doc_id, start, end in _checked_spans(evidence):
-        pending.setdefault(doc_id, []).append((start, end))
-    covered_at: list[int] = []  # per covered span, the (1-based) position of its first chunk; ascending
-    for pos, (doc_id, start, end) in enumerate(_checked_chunks(ranked_chunks, max_k), start=1):
-        spans = pending.get(doc_id)
-        if spans and start < end:
-            left = [(s, e) for s, e in spans if not (start < e and s < end)]
-            if len(left) < len(spans):
-                covered_at.extend([pos] * (len(spans) - len(left)))
-                pending[doc_id] = left
-    n = len(evidence)
-    return [bisect_right(covered_at, k) / n for k in key]
+    return evidence_at(ranked_chunks, evidence, ks)[0]
 
 
 def _checked_spans(evidence: Sequence[tuple[str, int, int]]) -> Sequence[tuple[str, int, int]]:
@@ -387,6 +375,17 @@ def evidence_coverage_at(
     ``evidence_recall`` but adds one character here: evidence a re-chunking splits over two chunks
     shows up as lower coverage when only one of them is retrieved.
     """
+    return evidence_at(ranked_chunks, evidence, ks)[1]
+
+
+def evidence_at(
+    ranked_chunks: Sequence[tuple[str, int, int]],
+    evidence: Sequence[tuple[str, int, int]],
+    ks: Sequence[int],
+) -> tuple[list[float], list[float]]:
+    """:func:`evidence_recall_at` and :func:`evidence_coverage_at` from one pass over the chunks (what
+    scoring calls): a chunk overlaps a span exactly when its clipped range is not empty, so a span's
+    first piece is where it is covered for recall."""
     key, max_k = _cutoffs(ks)
     spans = _checked_spans(evidence)
     # per span, the (position, clipped range) of every chunk among the first max_k that overlaps it
@@ -407,7 +406,10 @@ def evidence_coverage_at(
         for (_, s, e), found in zip(spans, pieces, strict=True)
         if found
     ]
-    values: list[float] = []
+    n = len(spans)
+    covered_at = sorted(positions[0] for _, _, positions in hit)  # each covered span's first chunk
+    recall = [bisect_right(covered_at, k) / n for k in key]
+    coverage: list[float] = []
     for k in key:
         total = 0.0
         for length, found, positions in hit:
@@ -416,8 +418,8 @@ def evidence_coverage_at(
                 total += (within[0][2] - within[0][1]) / length
             elif within:
                 total += _union_length(sorted((lo, hi) for _, lo, hi in within)) / length
-        values.append(total / len(spans))
-    return values
+        coverage.append(total / n)
+    return recall, coverage
 
 
 def _union_length(ranges: list[tuple[int, int]]) -> int:

@@ -16,7 +16,7 @@ atomically with exactly one final record per query, in dataset order.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate
 from operator import itemgetter
 from typing import cast
@@ -35,8 +35,7 @@ from rag_ablate.metrics.registry import spec_of
 from rag_ablate.metrics.retrieval import (
     bpref,
     chunk_metrics,
-    evidence_coverage_at,
-    evidence_recall_at,
+    evidence_at,
     judged_at,
     retrieval_metrics,
     set_metrics,
@@ -105,6 +104,7 @@ def make_record(query: Query, trace: Trace) -> Record:
 
 
 _DOC_ID, _CHUNK_ID = itemgetter("doc_id"), itemgetter("chunk_id")  # an entry's ids
+_INDICATORS = {stage: stages.indicators(stage) for stage in stages.STAGES}  # copied into a record's metrics
 
 ChunkKey = tuple[str, int, int]  # (doc_id, start, end): a chunk's character range in its document
 
@@ -242,9 +242,10 @@ def score_record(
         if query.evidence:
             chunks = [(d, r["start"], r["end"]) for d, r in zip(ranked, retrieved, strict=True)]
             spans = [(e.doc_id, e.start, e.end) for e in query.evidence]
-            for k, value in zip(ks, evidence_recall_at(chunks, spans, ks), strict=True):
+            recall, coverage = evidence_at(chunks, spans, ks)
+            for k, value in zip(ks, recall, strict=True):
                 out[f"evidence_recall_at_{k}"] = value
-            for k, value in zip(ks, evidence_coverage_at(chunks, spans, ks), strict=True):
+            for k, value in zip(ks, coverage, strict=True):
                 out[f"evidence_coverage_at_{k}"] = value
     return out
 
@@ -348,7 +349,7 @@ def scored(
         )
         stage = failure_stage(rec, query, docs, metrics)
         if stage is not None:
-            metrics.update(stages.indicators(stage))
+            metrics.update(_INDICATORS[stage])
         return {**rec, "failure_stage": stage, "metrics": metrics}
     except Exception as exc:  # a bad trace (unknown doc id, broken offsets, ...) fails one query only
         failed: Record = {
@@ -390,6 +391,7 @@ MetricItems = tuple[dict[str, float], list[str], tuple[str, ...]]
 """A record's metric values (name -> value; None and NaN left out), the names whose value is None,
 and the values' names in order (one tuple object for every record with the same names)."""
 
+_FLOAT = {float}
 _SHAPES: dict[tuple[str, ...], tuple[str, ...]] = {}  # metric_items: each distinct tuple of names, once
 
 
@@ -434,8 +436,15 @@ def aggregate(
 def metric_items(rec: Record) -> MetricItems:
     """The :data:`MetricItems` of one record, in its metrics' order."""
     metrics = rec.get("metrics") or {}
-    values = {name: float(v) for name, v in metrics.items() if v is not None and v == v}  # v != v: NaN
-    nones = [name for name, v in metrics.items() if v is None] if None in metrics.values() else []
+    kept = metrics.values()
+    values: dict[str, float]
+    # floats only, none NaN (nor their sum): the values are a copy made in C
+    floats = None not in kept and set(map(type, kept)) == _FLOAT
+    if floats and (sum_ := sum(cast(Iterable[float], kept))) == sum_:
+        values, nones = cast(dict[str, float], dict(metrics)), []
+    else:
+        values = {name: float(v) for name, v in metrics.items() if v is not None and v == v}  # v != v: NaN
+        nones = [name for name, v in metrics.items() if v is None] if None in kept else []
     names = tuple(values)
     shape = _SHAPES.get(names)
     if shape is None:
