@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from hypothesis import given, settings
@@ -21,7 +21,8 @@ from rag_ablate.dataset.model import SPLITS
 from rag_ablate.dataset.weights import TagWeights, effective_n, run_metrics, weighted_mean
 from rag_ablate.metrics import stages
 from rag_ablate.metrics.registry import spec_of
-from rag_ablate.records.scoring import _mean, aggregate, aggregate_counted
+from rag_ablate.records.scoring import _mean, aggregate, aggregate_counted, metric_items
+from rag_ablate.records.trace import Record
 from rag_ablate.run.slices import slice_metrics
 
 _MIX = TagWeights.from_config({"slice_weights": {"a": 0.5}})  # edge cases weigh 0 (the default edge tag)
@@ -174,3 +175,21 @@ def test_the_production_mix_equals_its_definition_bit_for_bit(records: list[dict
     got = run_metrics(records, _MIX, (*SPLITS, "all"))
     if got:  # a mix is trivial (nothing returned) when no record has a tag it weighs
         assert _bits(got) == _bits(_reference_mix(records))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    metrics=st.dictionaries(
+        st.sampled_from(_NAMES),
+        _VALUE | st.sampled_from([math.inf, -math.inf, 2, True, 1e308]),
+    )
+)
+def test_metric_items_are_the_values_that_are_numbers_as_floats(metrics: dict[str, Any]) -> None:
+    """A record's items: every value that is neither None nor NaN, as a float, in order; the names whose
+    value is None; one tuple object for the names of every record with the same ones (a record of floats
+    only is copied in C: its sum, not NaN, says none is NaN, whatever an infinity or an overflow does)."""
+    values, nones, names = metric_items(cast(Record, {"metrics": metrics}))
+    expected = {k: float(v) for k, v in metrics.items() if v is not None and v == v}
+    assert _bits(values) == _bits(expected) and {type(v) for v in values.values()} <= {float}
+    assert nones == [k for k, v in metrics.items() if v is None]
+    assert names == tuple(expected) and metric_items(cast(Record, {"metrics": dict(metrics)}))[2] is names
