@@ -344,13 +344,23 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
         c, t["writer"] = clock(), clock() - c
         # each record's values read once for the run and its slices, as the runner does (where the code has it)
         items = [records_mod.metric_items(r) for r in out] if hasattr(records_mod, "metric_items") else None
-        metrics = records_mod.aggregate(out, weights) if items is None else records_mod.aggregate(out, weights, items)
+        whole = None  # the unweighted aggregate, shared with a slice of every record (where the code has it)
+        if hasattr(records_mod, "weighted_metrics"):
+            whole = records_mod.aggregate_counted(out, items=items)
+            metrics = {**whole[0], **records_mod.weighted_metrics(out, weights)}
+        elif items is None:
+            metrics = records_mod.aggregate(out, weights)
+        else:
+            metrics = records_mod.aggregate(out, weights, items)
         c, t["aggregate"] = clock(), clock() - c
         costs = cost.run_cost_metrics(out, ("dev", "holdout"))
         c, t["cost"] = clock(), clock() - c
         judged = {**judge_run_metrics(out, price=None), **repeat_metrics(out)}
         c, t["judge_repeats"] = clock(), clock() - c
-        table = slices.slice_metrics(out) if items is None else slices.slice_metrics(out, items)
+        if whole is not None:
+            table = slices.slice_metrics(out, items, whole)
+        else:
+            table = slices.slice_metrics(out) if items is None else slices.slice_metrics(out, items)
         c, t["slices"] = clock(), clock() - c
         slices.write_slices(table, folder, ["recall_at_5", "ndcg_at_10"])
         t["slice_files"] = clock() - c

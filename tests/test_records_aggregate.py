@@ -128,6 +128,11 @@ def test_aggregate_equals_its_definition_bit_for_bit(records: list[dict[str, Any
     for s in slice_metrics(records).slices:
         rows = [r for r in records if s.key.value in r["tags"]]
         assert (_bits(s.metrics), s.n_values) == (lambda e: (_bits(e[0]), e[1]))(_reference(rows))
+    # a slice of every record shares the run's unweighted aggregate when the caller passes it
+    shared = slice_metrics(records, whole=aggregate_counted(records))
+    assert [(s.key, _bits(s.metrics), s.n_values) for s in shared.slices] == [
+        (s.key, _bits(s.metrics), s.n_values) for s in slice_metrics(records).slices
+    ]
 
 
 @settings(max_examples=100, deadline=None)

@@ -40,7 +40,7 @@ from rag_ablate.metrics.retrieval import (
     retrieval_metrics,
     set_metrics,
 )
-from rag_ablate.records.trace import Record, RetrievedEntry, Trace
+from rag_ablate.records.trace import Record, RetrievedChunk, RetrievedEntry, Trace
 from rag_ablate.text.count import count_tokens
 
 
@@ -65,7 +65,7 @@ def make_record(query: Query, trace: Trace) -> Record:
         # the trace's fields, in its order (Trace.to_dict without the query id)
         "status": trace.status,
         "error": trace.error,
-        "retrieved": None if trace.retrieved is None else [r.to_entry() for r in trace.retrieved],
+        "retrieved": None if trace.retrieved is None else RetrievedChunk.entries(trace.retrieved),
         "intent_pred": trace.predicted_intent,
         "intent_score": trace.intent_score,
         "timings_ms": dict(trace.timings_ms),
@@ -89,7 +89,7 @@ def make_record(query: Query, trace: Trace) -> Record:
     if trace.filters is not None:
         rec["filters"] = dict(trace.filters)
     if trace.candidates is not None:
-        rec["candidates"] = [c.to_entry() for c in trace.candidates]
+        rec["candidates"] = RetrievedChunk.entries(trace.candidates)
     if trace.context is not None:
         rec["context"] = [c.to_context_entry() for c in trace.context]
     if trace.versions:
@@ -566,5 +566,11 @@ def aggregate_counted(
             out[p + "latency_ms_p50"], out[p + "latency_ms_p95"] = _p50_p95(lat)
         counts[split] = {name: len(values[name]) for name in sorted(values)}
     if weights is not None:
-        out.update(run_metrics(records, weights, (*SPLITS, "all")))
+        out.update(weighted_metrics(records, weights))
     return out, counts
+
+
+def weighted_metrics(records: Sequence[Record], weights: TagWeights) -> dict[str, float]:
+    """The ``<split>/prod/<metric>`` and ``<split>/edge/<metric>`` means :func:`aggregate` adds with
+    ``weights`` (:func:`rag_ablate.dataset.weights.run_metrics`, every split and ``all``)."""
+    return run_metrics(records, weights, (*SPLITS, "all"))

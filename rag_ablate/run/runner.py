@@ -69,7 +69,14 @@ from rag_ablate.metrics.intent import intent_report
 from rag_ablate.metrics.registry import human_metrics, judged_metrics
 from rag_ablate.records.jsonl import RecordWriter, write_records
 from rag_ablate.records.repeats import first_runs, has_repeats, repeat_metrics, spreads_json
-from rag_ablate.records.scoring import TokenCounts, aggregate, make_record, metric_items, scored
+from rag_ablate.records.scoring import (
+    TokenCounts,
+    aggregate_counted,
+    make_record,
+    metric_items,
+    scored,
+    weighted_metrics,
+)
 from rag_ablate.records.trace import Record, Trace, record_key, repeat_key
 from rag_ablate.run import cost, resume, slices
 from rag_ablate.run.budget import SpendMeter
@@ -654,7 +661,8 @@ def _score_run(
     (None when it did not): everything else is still written and logged, then the run fails."""
     records, dataset = out.records, inputs.dataset
     items = [metric_items(r) for r in records]  # each record's values, read once for the run and its slices
-    metrics = aggregate(records, inputs.tag_weights, items)  # with <split>/prod/ and <split>/edge/ means
+    whole = aggregate_counted(records, items=items)  # also a slice of every record's (a dataset's one tag)
+    metrics = {**whole[0], **weighted_metrics(records, inputs.tag_weights)}  # <split>/prod/, <split>/edge/
     metrics["run/wall_seconds"] = out.wall
     # whatever numeric facts the system reported (index size, build time, ...) as run/<key>
     metrics.update(
@@ -690,7 +698,7 @@ def _score_run(
         write_json_atomic(job.job_dir / REPEATS_JSON, spreads_json(records))
     _write_intents(job, dataset, out)
     # every metric per tag and per gold intent (slices.json/.md); MLflow gets a bounded few of them
-    slice_table = slices.slice_metrics(records, items)
+    slice_table = slices.slice_metrics(records, items, whole)
     slices.write_slices(slice_table, job.job_dir, s.metrics.summary)
     return metrics, slices.mlflow_slice_metrics(slice_table, quality), calibration_error
 

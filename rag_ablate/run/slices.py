@@ -237,15 +237,24 @@ def _worst_first(s: Slice, split: str, metric: str | None) -> tuple[int, float, 
     return (0, sign * v, s.key.value)
 
 
-def slice_metrics(records: Sequence[Record], items: Sequence[MetricItems] | None = None) -> SliceTable:
+def slice_metrics(
+    records: Sequence[Record],
+    items: Sequence[MetricItems] | None = None,
+    whole: tuple[dict[str, float], dict[str, dict[str, int]]] | None = None,
+) -> SliceTable:
     """Every slice of a run's final records, with :func:`aggregate`'s metrics for each (``items``: the
-    records' :func:`~rag_ablate.records.scoring.metric_items`, when the caller has them already)."""
+    records' :func:`~rag_ablate.records.scoring.metric_items`, when the caller has them already;
+    ``whole``: ``aggregate_counted(records)`` when the caller has it, which a slice of every record
+    (a dataset's one tag) then shares instead of computing it again)."""
     # each record's values, read once for all its slices
     items_of = dict(zip(map(id, records), items or [metric_items(r) for r in records], strict=True))
-    slices = [
-        Slice(key, *aggregate_counted(rows, items=[items_of[id(r)] for r in rows]))
-        for key, rows in members(records).items()
-    ]
+
+    def counted(rows: list[Record]) -> tuple[dict[str, float], dict[str, dict[str, int]]]:
+        if whole is not None and len(rows) == len(records):  # a slice's rows keep the records' order
+            return dict(whole[0]), {split: dict(n) for split, n in whole[1].items()}
+        return aggregate_counted(rows, items=[items_of[id(r)] for r in rows])
+
+    slices = [Slice(key, *counted(rows)) for key, rows in members(records).items()]
     n_without = sum(1 for r in records if record_tags(r) is None)
     kinds = [*KINDS, *dict.fromkeys(s.key.kind for s in slices if s.key.kind not in KINDS)]
     return SliceTable(slices, len(records), n_without, kinds)
