@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, chain
 from operator import itemgetter
 from typing import cast
 
@@ -392,6 +392,7 @@ MetricItems = tuple[dict[str, float], list[str], tuple[str, ...]]
 and the values' names in order (one tuple object for every record with the same names)."""
 
 _FLOAT = {float}
+_SECOND = itemgetter(1)
 _SHAPES: dict[tuple[str, ...], tuple[str, ...]] = {}  # metric_items: each distinct tuple of names, once
 
 
@@ -470,17 +471,26 @@ class _SplitValues:
         self.misses: Counter[str] = Counter()  # failed queries a failure-aware metric applies to
 
     def columns(self) -> dict[str, list[float]]:
-        """metric -> its values in record order (a metric every record has is read in C)."""
-        rows = self.values
-        if len(set(map(id, self.shapes))) == 1:  # every record has the same metrics in the same order
-            columns = map(list, zip(*map(dict.values, rows), strict=True))  # transposed in C
-            return dict(zip(self.shapes[0], columns, strict=True))
-        orders = set(self.shapes)  # the records' distinct lists of names
-        shapes = [set(shape) for shape in orders]
-        common = set.intersection(*shapes) if shapes else set()
-        out = {name: list(map(itemgetter(name), rows)) for name in common}
-        for name in set().union(*shapes) - common:
-            out[name] = [v for r in rows if (v := r.get(name)) is not None]  # a value is never None
+        """metric -> its values in record order, transposed in C: the records with one list of names
+        (:data:`MetricItems`) at a time, a metric of several such groups merged by record position."""
+        rows, shapes = self.values, self.shapes
+        if len(set(map(id, shapes))) == 1:  # every record has the same metrics in the same order
+            return dict(zip(shapes[0], map(list, zip(*map(dict.values, rows), strict=True)), strict=True))
+        groups: dict[int, tuple[tuple[str, ...], list[int]]] = {}  # names -> positions of their records
+        for i, shape in enumerate(shapes):
+            groups.setdefault(id(shape), (shape, []))[1].append(i)
+        parts: dict[str, list[tuple[list[int], tuple[float, ...]]]] = {}
+        for shape, positions in groups.values():
+            group = zip(*map(dict.values, map(rows.__getitem__, positions)), strict=True)
+            for name, column in zip(shape, group, strict=True):
+                parts.setdefault(name, []).append((positions, column))
+        out: dict[str, list[float]] = {}
+        for name, found in parts.items():
+            if len(found) == 1:
+                out[name] = list(found[0][1])
+            else:  # (position, value) pairs sorted by position (each position once: values never compared)
+                merged = sorted(chain.from_iterable(zip(pos, column, strict=True) for pos, column in found))
+                out[name] = list(map(_SECOND, merged))
         return out
 
 
