@@ -440,7 +440,7 @@ def metric_items(rec: Record) -> MetricItems:
     kept = metrics.values()
     values: dict[str, float]
     # floats only, none NaN (nor their sum): the values are a copy made in C
-    floats = None not in kept and set(map(type, kept)) == _FLOAT
+    floats = set(map(type, kept)) == _FLOAT  # (no None: an `in` test compares each float with None)
     if floats and (sum_ := sum(cast(Iterable[float], kept))) == sum_:
         values, nones = cast(dict[str, float], dict(metrics)), []
     else:
