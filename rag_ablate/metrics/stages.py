@@ -27,7 +27,7 @@ a failure is the system's, reported by ``error_rate``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 STAGES = (
     "no_relevant_in_corpus",
@@ -56,7 +56,7 @@ def indicators(stage: str) -> dict[str, float]:
     return {PREFIX + s: float(s == stage) for s in STAGES}
 
 
-def answer_wrong(values: dict[str, float | None]) -> bool:
+def answer_wrong(values: Mapping[str, float | None]) -> bool:
     """A scored answer is wrong: it refuses, or its token_f1 is below :data:`ANSWER_F1_MIN`."""
     f1 = values.get("token_f1")
     return values.get("refusal") == 1.0 or (f1 is not None and f1 < ANSWER_F1_MIN)

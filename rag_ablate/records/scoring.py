@@ -319,7 +319,7 @@ def failure_stage(
         context=hits(context),
         answered=rec.get("answer") is not None,
         cited=cited,
-        wrong=stages.answer_wrong(dict(values)) if query.kind == "answerable" else not refused,
+        wrong=stages.answer_wrong(values) if query.kind == "answerable" else not refused,
     )
 
 
