@@ -21,7 +21,7 @@ from rag_ablate.dataset.model import SPLITS
 from rag_ablate.dataset.weights import TagWeights, effective_n, run_metrics, weighted_mean
 from rag_ablate.metrics import stages
 from rag_ablate.metrics.registry import spec_of
-from rag_ablate.records.scoring import _mean, aggregate, aggregate_counted, metric_items
+from rag_ablate.records.scoring import _mean, _means, aggregate, aggregate_counted, metric_items
 from rag_ablate.records.trace import Record
 from rag_ablate.run.slices import slice_metrics
 
@@ -198,3 +198,20 @@ def test_metric_items_are_the_values_that_are_numbers_as_floats(metrics: dict[st
     assert _bits(values) == _bits(expected) and {type(v) for v in values.values()} <= {float}
     assert nones == [k for k, v in metrics.items() if v is None]
     assert names == tuple(expected) and metric_items(cast(Record, {"metrics": dict(metrics)}))[2] is names
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    columns=st.lists(
+        st.lists(st.floats(min_value=-1e300, max_value=1e300), max_size=300)
+        | st.lists(st.sampled_from([0.0, -0.0, 0.1, 1 / 3, 1e16, -1.0]), min_size=8, max_size=9),
+        max_size=8,
+    )
+)
+def test_the_means_of_many_columns_are_numpys_bit_for_bit(columns: list[list[float]]) -> None:
+    """A split's means come from one reduce per column length, over a matrix of columns of that length."""
+    named = {f"m{i}": column for i, column in enumerate(columns)}
+    got = _means(named)
+    assert got.keys() == {name for name, column in named.items() if column}
+    for name, mean in got.items():
+        assert struct.pack("<d", mean) == struct.pack("<d", float(np.mean(named[name])))

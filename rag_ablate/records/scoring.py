@@ -531,6 +531,24 @@ def _mean(values: list[float]) -> float:
     return float(np.add.reduce(np.array(values, dtype=np.float64))) / n
 
 
+def _means(columns: Mapping[str, list[float]]) -> dict[str, float]:
+    """:func:`_mean` of every column that has values, bit for bit: the columns of 8 values or more in
+    one ``np.add.reduce`` per length, over a matrix whose rows are the columns (a sum along the
+    contiguous axis adds each row pairwise, as over the row alone); a slice's hundreds of means cost
+    one numpy call per length instead of two per mean."""
+    out: dict[str, float] = {}
+    by_length: dict[int, list[str]] = {}
+    for name, column in columns.items():
+        if len(column) >= 8:
+            by_length.setdefault(len(column), []).append(name)
+        elif column:
+            out[name] = _mean(column)
+    for n, names in by_length.items():
+        sums = np.add.reduce(np.array([columns[name] for name in names], dtype=np.float64), axis=1)
+        out.update(zip(names, (total / n for total in sums.tolist()), strict=True))
+    return out
+
+
 def aggregate_counted(
     records: Sequence[Record], weights: TagWeights | None = None, items: Sequence[MetricItems] | None = None
 ) -> tuple[dict[str, float], dict[str, dict[str, int]]]:
@@ -561,16 +579,17 @@ def aggregate_counted(
         if part.ttft:
             out[p + "ttft_ms_p50"], out[p + "ttft_ms_p95"] = _p50_p95(part.ttft)
         values, misses = part.columns(), part.misses
+        means = _means(values)
         for name in sorted({*values, *misses}):
             ok = values.get(name, [])
             miss = spec_of(name).miss if name in misses else None
             if miss is None:
                 if ok:
-                    out[p + name] = _mean(ok)
+                    out[p + name] = means[name]
                 continue
             out[p + name] = (sum(ok) + miss * misses[name]) / (len(ok) + misses[name])
             if ok:
-                out[p + "ok/" + name] = _mean(ok)
+                out[p + "ok/" + name] = means[name]
         lat = values.get("latency_ms")
         if lat:
             out[p + "latency_ms_p50"], out[p + "latency_ms_p95"] = _p50_p95(lat)
