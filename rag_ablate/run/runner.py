@@ -42,6 +42,7 @@ from rag_ablate.core.errors import (
     RunStopError,
     TrackingError,
     WriterError,
+    one_line,
 )
 from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import (
@@ -352,8 +353,9 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     ``s`` is ``cfg`` checked (:func:`rag_ablate.settings.to_settings`, done by the caller, which knows
     every registry); ``prof`` gets the wall seconds and peak memory of each stage (``profile.json``).
     The stages below run in order; MLflow is written twice: the run is created (RUNNING) when the
-    job starts, so ``resume=`` and the orphan check can find it, and everything else is logged by
-    :func:`_log_job` at the end.
+    job starts (by the background writer, if there is one, while the job goes on; ``run.json``
+    names it at once), so ``resume=`` and the orphan check can find it, and everything else is
+    logged by :func:`_log_job` at the end.
     """
     t_setup = time.perf_counter()
     job = _identify(cfg, s)
@@ -376,7 +378,7 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     started_ns = time.time_ns()  # wall clock: the per-query traces replay their timings from here
     with prof.stage("load"):
         inputs = _load_inputs(s, job)
-    out = _run_queries(s, job, inputs, prof, ready=lambda: _run_created(job, run_id, prof))
+    out = _run_queries(s, job, inputs, prof, ready=lambda: _run_created(job, run_id))
     out.wall = time.perf_counter() - t_start  # loading, querying and judging
     with prof.stage("write"):
         _write_records(job, inputs.dataset, out)
@@ -556,16 +558,15 @@ def _load_inputs(s: RunConfig, job: _Job) -> _Inputs:
     )
 
 
-def _run_created(job: _Job, run_id: background.Pending | None, prof: profiling.Profile) -> None:
-    """Before the first query: the job's MLflow run exists (the background writer created it while
-    the system was built), so a run killed mid-way is found RUNNING and resumed; a store that turned
-    out unusable stops the job here, before anything is spent (TrackingError naming it)."""
-    if run_id is None:
-        return
-    if not run_id.done():
-        with prof.stage("store"):  # the wait for the writer
-            run_id.value_or_none()
-    if not run_id.ok():
+def _run_created(job: _Job, run_id: background.Pending | None) -> None:
+    """Before the first query, without waiting for the background writer: a store that has already
+    turned out unusable stops the job here, before anything is spent (TrackingError naming it).
+
+    The run is not waited for: ``run.json`` already names the id it gets and its store
+    (:func:`_start_run`), so a job killed before the writer has created it is still found by
+    ``resume=``, which creates it under that id; a creation that fails later fails the job at its
+    end (:func:`_finish_writer`; a sweep's end lists it), the records kept for ``resume=``."""
+    if run_id is not None and run_id.done() and not run_id.ok():
         raise TrackingError(f"{job.label}: MLflow: {'; '.join(background.failures())}")
 
 
@@ -805,7 +806,7 @@ def _start_run(
                 f"not in {store.uri}; resume it with the same tracking settings"
             )
         if prior.run_id:
-            tracking.reopen_run(store.uri, prior.run_id)
+            _resume_run(store, prior.run_id, label)
             run_id = background.Pending.known(prior.run_id)
         else:
             # the background writer creates it as named here, so run.json has its id before any query
@@ -826,6 +827,26 @@ def _start_run(
     if run_id is not None and not run_id.done():
         run_id.then(lambda rid: resume.write_run_file(job_dir, s, rid, uri, env_values))
     return run_id
+
+
+def _resume_run(store: _Store, run_id: str, label: str) -> None:
+    """Reopen the run of the attempt being resumed (RUNNING again). A run the store lacks, because
+    that attempt was killed before its background writer created it (``run.json`` names the id it
+    chose), is created under that id first; one its writer created meanwhile is reopened."""
+    if tracking.sqlite_path(store.uri) is not None and not tracking.run_exists(store.uri, run_id):
+        try:
+            tracking.start_run(
+                store.uri,
+                background.value(store.experiment_id),
+                label,
+                background.value(store.parent_run_id),
+                run_id=run_id,
+            )
+        except Exception as exc:
+            if not tracking.run_exists(store.uri, run_id):
+                why = f"resume: cannot create MLflow run {run_id} in {store.uri}: {one_line(exc)}"
+                raise TrackingError(why) from exc
+    tracking.reopen_run(store.uri, run_id)
 
 
 def resolve_tracking(s: RunConfig, output_root: Path) -> tuple[str, Path | None]:

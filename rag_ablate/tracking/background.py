@@ -439,8 +439,8 @@ def open_store(uri: str, experiment: str, artifact_root: Any, *, create_folder: 
 
     if store.sqlite_path(uri) is None:  # a server names runs itself: run.json needs the id at once
         release()
-    if active():
-        store.check_store(uri, experiment, create_folder=create_folder)
+    if active():  # the run goes on without waiting for the writer: what can fail early fails here
+        store.check_store(uri, experiment, create_folder=create_folder, artifact_root=artifact_root)
     return call(
         f"opening the MLflow store {uri}",
         "store",

@@ -316,14 +316,22 @@ def open_store(uri: str, experiment: str, artifact_root: Path | None, *, create_
     return experiment_id
 
 
-def check_store(uri: str, experiment: str, *, create_folder: bool = False) -> None:
+def check_store(
+    uri: str, experiment: str, *, create_folder: bool = False, artifact_root: Path | None = None
+) -> None:
     """The checks of :func:`open_store` that need no MLflow (a sqlite file's folder, a server that
-    answers): TrackingError saying what is wrong."""
+    answers; with ``artifact_root``, that folder made): TrackingError saying what is wrong."""
     db = sqlite_path(uri)
     if db is not None:
         _check_sqlite(uri, db, create_folder)
     elif is_server(uri):
         _check_server(uri, experiment)
+    if artifact_root is not None:
+        try:
+            artifact_root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            why = f"cannot create the artifact folder {artifact_root}: {exc.strerror or exc}"
+            raise TrackingError(f"MLflow store {uri}: {why}") from exc
 
 
 def _is_new(db: Path) -> bool:
@@ -696,6 +704,19 @@ def _run_id_chosen(run_id: str | None) -> Iterator[None]:
         yield
     finally:
         setattr(sqlalchemy_store, "uuid", real)  # noqa: B010
+
+
+def run_exists(uri: str, run_id: str) -> bool:
+    """True when the store has the run ``run_id``."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        _client(uri).get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return False
+        raise
+    return True
 
 
 def run_status(uri: str, run_id: str) -> str:
