@@ -22,6 +22,16 @@ def test_without_a_writer_a_call_runs_here_and_raises_as_it_is() -> None:
         background.call("dividing", "log", divmod, 1, 0)
 
 
+def test_a_call_gets_the_values_of_pendings_in_its_arguments_and_the_records_as_they_are() -> None:
+    """A Pending is replaced by its value as an argument or as an item of a dict or list argument;
+    what lies deeper (the records a call logs) is handed over as it is, neither walked nor copied."""
+    records = [{"query_id": "q1", "metrics": {"recall_at_5": 1.0}, "retrieved": [["d1", 0.5]]}]
+    run_id = background.Pending.known("abc")
+    out = background.call("passing", "log", lambda *a, **k: (a, k), records, run_id, ids={"run": run_id})
+    args, kwargs = out.result()
+    assert args[0][0] is records[0] and args[1] == "abc" and kwargs == {"ids": {"run": "abc"}}
+
+
 def test_a_writer_does_the_calls_in_order_passes_values_on_and_names_what_failed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

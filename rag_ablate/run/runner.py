@@ -42,7 +42,6 @@ from rag_ablate.core.errors import (
     RunStopError,
     TrackingError,
     WriterError,
-    one_line,
 )
 from rag_ablate.core.fsio import make_dirs, write_json_atomic, write_text_atomic
 from rag_ablate.core.layout import (
@@ -806,7 +805,10 @@ def _start_run(
                 f"not in {store.uri}; resume it with the same tracking settings"
             )
         if prior.run_id:
-            _resume_run(store, prior.run_id, label)
+            # a run the store lacks (killed before the background writer created it) is created first
+            parent = background.value(store.parent_run_id)
+            created_as = (background.value(store.experiment_id), label, parent)
+            tracking.reopen_run(store.uri, prior.run_id, create_as=created_as)
             run_id = background.Pending.known(prior.run_id)
         else:
             # the background writer creates it as named here, so run.json has its id before any query
@@ -827,26 +829,6 @@ def _start_run(
     if run_id is not None and not run_id.done():
         run_id.then(lambda rid: resume.write_run_file(job_dir, s, rid, uri, env_values))
     return run_id
-
-
-def _resume_run(store: _Store, run_id: str, label: str) -> None:
-    """Reopen the run of the attempt being resumed (RUNNING again). A run the store lacks, because
-    that attempt was killed before its background writer created it (``run.json`` names the id it
-    chose), is created under that id first; one its writer created meanwhile is reopened."""
-    if tracking.sqlite_path(store.uri) is not None and not tracking.run_exists(store.uri, run_id):
-        try:
-            tracking.start_run(
-                store.uri,
-                background.value(store.experiment_id),
-                label,
-                background.value(store.parent_run_id),
-                run_id=run_id,
-            )
-        except Exception as exc:
-            if not tracking.run_exists(store.uri, run_id):
-                why = f"resume: cannot create MLflow run {run_id} in {store.uri}: {one_line(exc)}"
-                raise TrackingError(why) from exc
-    tracking.reopen_run(store.uri, run_id)
 
 
 def resolve_tracking(s: RunConfig, output_root: Path) -> tuple[str, Path | None]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_ablate import __version__
-from rag_ablate.core.errors import RagAblateError, TrackingDownError, TrackingError
+from rag_ablate.core.errors import RagAblateError, TrackingDownError, TrackingError, one_line
 from rag_ablate.core.secrets import split_userinfo
 from rag_ablate.tracking.tags import PARENT_TAG
 
@@ -724,10 +724,20 @@ def run_status(uri: str, run_id: str) -> str:
     return str(_client(uri).get_run(run_id).info.status)
 
 
-def reopen_run(uri: str, run_id: str) -> None:
-    """Set an interrupted, failed or finished run back to RUNNING (``resume=``)."""
+def reopen_run(uri: str, run_id: str, *, create_as: tuple[str, str, str | None] | None = None) -> None:
+    """Set an interrupted, failed or finished run back to RUNNING (``resume=``).
+
+    With ``create_as`` (experiment id, run name, parent run id or None): a run a sqlite store lacks,
+    because its job was killed before the background writer created it (``run.json`` names the id
+    that job chose), is created under ``run_id`` first; one created meanwhile is reopened."""
     from mlflow.exceptions import MlflowException
 
+    if create_as is not None and sqlite_path(uri) is not None and not run_exists(uri, run_id):
+        try:
+            start_run(uri, *create_as, run_id=run_id)
+        except Exception as exc:
+            if not run_exists(uri, run_id):
+                raise TrackingError(f"cannot resume MLflow run {run_id} in {uri}: {one_line(exc)}") from exc
     client = _client(uri)
     try:
         client.get_run(run_id)
