@@ -287,7 +287,7 @@ def documents(rec: Record, dataset: Dataset, privacy: Privacy | None = None) -> 
 @functools.cache
 def _resource() -> Any:
     """OpenTelemetry's default resource, built once per process: a span built without one builds
-    it anew (its detectors run: about 3 ms a span); the same immutable value either way."""
+    it anew (its detectors run: 0.3 ms a span); the same immutable value either way."""
     from opentelemetry.sdk.resources import Resource
 
     return Resource.create({})
