@@ -188,6 +188,7 @@ def main() -> None:
     # background writer off), side by side in each round
     in_process = {"RAG_ABLATE_MLFLOW_WRITER": "0"}
     cold_off: list[JobResult] = []
+    cold_none: list[JobResult] = []  # tracking=none: no MLflow at all (what MLflow costs, by difference)
     sweeps_off: list[JobResult] = []
     one = [f"dataset.path={data}"]
     for i in range(a.repeat):
@@ -199,6 +200,9 @@ def main() -> None:
         warm.append(_check(run_job(one, root), "warm run"))
         sweeps.append(_check(run_job(["-m", "chunk=256,512"], a.out / f"sweep_{i}"), "default sweep"))
         cold_off.append(_check(run_job(one, a.out / f"one_off_{i}", env=in_process), "cold run, in-process"))
+        cold_none.append(
+            _check(run_job([*one, "tracking=none"], a.out / f"one_none_{i}"), "cold run, no MLflow")
+        )
         sweeps_off.append(
             _check(
                 run_job(["-m", "chunk=256,512"], a.out / f"sweep_off_{i}", env=in_process),
@@ -255,6 +259,7 @@ def main() -> None:
     rows = [
         ("(b) `python -m rag_ablate dataset.path=...` cold", cold, goals["cold"]),
         ("(b) the same, MLflow in-process (`RAG_ABLATE_MLFLOW_WRITER=0`)", cold_off, goals["cold"]),
+        ("(b) the same, without MLflow (`tracking=none`)", cold_none, goals["cold"]),
         ("(b) the same command again, warm", warm, goals["warm"]),
         ("default sweep `python -m rag_ablate -m chunk=256,512`, cold, fresh folder", sweeps, None),
         ("default sweep, MLflow in-process (`RAG_ABLATE_MLFLOW_WRITER=0`)", sweeps_off, None),

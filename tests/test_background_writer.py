@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rag_ablate.core.errors import WriterError
+from rag_ablate.core.errors import TrackingError, WriterError
 from rag_ablate.core.layout import PROFILE_FILE, RUN_FILE, SUMMARY_FILE, SWEEP_FILE
 from rag_ablate.tracking import background
 from tests.conftest import run_module
@@ -20,6 +20,16 @@ def test_without_a_writer_a_call_runs_here_and_raises_as_it_is() -> None:
     assert background.call("adding", "log", sum, [1, 2]).result() == 3
     with pytest.raises(ZeroDivisionError):
         background.call("dividing", "log", divmod, 1, 0)
+
+
+def test_a_call_gets_the_values_of_pendings_in_its_arguments_and_the_records_as_they_are() -> None:
+    """A Pending is replaced by its value as an argument or as an item of a dict or list argument;
+    what lies deeper (the records a call logs) is handed over as it is, neither walked nor copied."""
+    records = [{"query_id": "q1", "metrics": {"recall_at_5": 1.0}, "retrieved": [["d1", 0.5]]}]
+    run_id = background.Pending.known("abc")
+    out = background.call("passing", "log", lambda *a, **k: (a, k), records, run_id, ids={"run": run_id})
+    args, kwargs = out.result()
+    assert args[0][0] is records[0] and args[1] == "abc" and kwargs == {"ids": {"run": "abc"}}
 
 
 def test_a_writer_does_the_calls_in_order_passes_values_on_and_names_what_failed(
@@ -85,19 +95,38 @@ def test_the_default_sweep_logs_everything_through_the_writer(default_sweep: dic
     assert "MLflow UI: rag-ablate ui" in proc.stdout
 
 
+def test_an_artifact_folder_that_cannot_be_made_stops_the_run_before_the_writer_is_waited_for(
+    tmp_path: Path,
+) -> None:
+    """The run does not wait for the writer before its first query: what can be checked without
+    MLflow (here the experiment's artifact folder) is checked in the main process, so such a store
+    still stops the command before anything is spent."""
+    from rag_ablate.tracking import store
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(TrackingError, match="cannot create the artifact folder /proc/rag_ablate_nope"):
+        store.check_store(uri, "rag_ablate", artifact_root=Path("/proc/rag_ablate_nope"))
+    store.check_store(uri, "rag_ablate", artifact_root=tmp_path / "art")
+    assert (tmp_path / "art").is_dir()
+
+
 @pytest.mark.slow
 def test_a_failure_in_the_writer_fails_the_command_naming_it(tmp_path: Path) -> None:
-    """The writer cannot make the experiment's artifact folder: the run stops before its first query
-    (nothing spent), naming the call that failed, why, and the call that needed it."""
-    proc = run_module(
-        "rag_ablate",
-        ["tracking.artifact_root=/proc/rag_ablate_nope", "progress=false"],
-        tmp_path,
-        process=True,
-    )
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    """The writer cannot create the job's run (its experiment was deleted in MLflow): the job does
+    not wait for it before its first query, and the command exits non-zero naming the call that
+    failed and why (at the first query when it has failed by then, else at the job's end)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"
+    (tmp_path / "outputs").mkdir()
+    client = MlflowClient(tracking_uri=uri)
+    client.delete_experiment(client.create_experiment("rag_ablate"))
+    proc = run_module("rag_ablate", ["progress=false"], tmp_path, process=True)
+    # 2 (TrackingError) when it had failed before the first query: nothing done; else 1 (WriterError):
+    # the job's work is done and kept, its MLflow run is not
+    assert proc.returncode in (1, 2), proc.stderr[-2000:]
     err = proc.stderr
-    assert "rag_ablate: error: baseline: MLflow: opening the MLflow store" in err, err[-2000:]
-    assert "/proc/rag_ablate_nope" in err  # why: the folder it could not make
-    assert "creating the run of baseline: not done: it needs opening the MLflow store" in err
-    assert not list((tmp_path / "outputs").glob("runs/*/records.jsonl"))  # no query ran
+    assert "rag_ablate: error: " in err and "Traceback" not in err, err[-2000:]
+    why = "MlflowException: The experiment 1 must be in the 'active' state"
+    assert f"creating the run of baseline: {why}" in err
+    assert not client.search_runs(["1"])

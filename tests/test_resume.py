@@ -9,6 +9,7 @@ metrics, one final record per query, the same MLflow run id, FINISHED.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -466,8 +467,9 @@ def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
     assert 3 <= done_before < N_QUERIES  # killed midway
     run_id = json.loads((job / RUN_FILE).read_text(encoding="utf-8"))["run_id"]
     uri = f"sqlite:///{(root / 'mlflow.db').resolve()}"
+    # created at the start by the background writer (unless it was killed before it had), never finished
+    assert _run_row(root / "mlflow.db", run_id) in (None, "RUNNING")
     client = MlflowClient(tracking_uri=uri)
-    assert client.get_run(run_id).info.status == "RUNNING"  # created at the start, never finished
     with records.open("a", encoding="utf-8") as f:
         f.write('{"query_id": "q8", "query": "where is ord')  # as if killed mid-write
 
@@ -502,6 +504,43 @@ def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
     bad = run_module("rag_ablate", [f"resume={job}", "chunk=256"], work)
     assert bad.returncode == 2
     assert "chunk=256 changes the config of the run being resumed" in bad.stderr
+
+
+def _run_row(db: Path, run_id: str) -> str | None:
+    """The status of ``run_id`` in the sqlite store ``db`` (None: no such run, or no store), read
+    without MLflow (which would create the store)."""
+    import sqlite3
+
+    if not db.is_file():
+        return None
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        if not con.execute("SELECT 1 FROM sqlite_master WHERE name = 'runs'").fetchone():
+            return None
+        row = con.execute("SELECT status FROM runs WHERE run_uuid = ?", (run_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+@pytest.mark.slow
+def test_kill_before_the_run_exists_then_resume_creates_it_under_its_id(work: Path) -> None:
+    """The job does not wait for the background writer to create its MLflow run: SIGKILL of the
+    process group (the writer with it) as soon as run.json names the run, while the writer is still
+    importing MLflow, leaves no run in MLflow; resume= creates it under the id run.json names and
+    completes it: one complete run."""
+    root = work / "killed_early"
+    args = ["dataset=custom", "dataset.path=tiny", "progress=false", "paths.output_root=killed_early"]
+    proc = _start(args, work)
+    run_file = _kill_when(proc, lambda: (j / RUN_FILE) if (j := _only(root / "runs")) else None, 0)
+    run_id = json.loads(run_file.read_text(encoding="utf-8"))["run_id"]
+    assert run_id and _run_row(root / "mlflow.db", run_id) is None  # killed before the writer made it
+
+    out = run_module("rag_ablate", [f"resume={run_file.parent}"], work)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(run_file.read_text(encoding="utf-8"))["run_id"] == run_id
+    client = MlflowClient(tracking_uri=f"sqlite:///{(root / 'mlflow.db').resolve()}")
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert "holdout/recall_at_5" in run.data.metrics and "retrieval.top_k" in run.data.params
+    assert [r.info.run_id for r in client.search_runs([run.info.experiment_id])] == [run_id]
 
 
 @pytest.mark.slow

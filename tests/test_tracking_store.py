@@ -188,6 +188,31 @@ def test_a_run_is_logged_in_one_commit(tmp_path: Path) -> None:
     assert [a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(run_id)] == ["metrics.json"]
 
 
+def test_an_experiment_is_read_once_in_a_transaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow reads the experiment for each trace it starts; in one transaction it is read once."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracing.client import TracingClient
+
+    uri, experiment_id, _ = _open(tmp_path / "out")
+    reads: list[str] = []
+    real = SqlAlchemyStore.get_experiment
+
+    def counted(self: SqlAlchemyStore, eid: str) -> object:
+        reads.append(eid)
+        return real(self, eid)
+
+    monkeypatch.setattr(SqlAlchemyStore, "get_experiment", counted)
+    store = TracingClient(uri).store
+    names: list[str] = []
+    tracking.in_one_transaction(
+        uri, lambda: names.extend(store.get_experiment(experiment_id).name for _ in range(3))
+    )
+    assert names == ["rag_ablate"] * 3 and reads == [experiment_id]
+    assert "get_experiment" not in vars(store)  # the store's own method again after the block
+    store.get_experiment(experiment_id)
+    assert len(reads) == 2
+
+
 def test_a_transaction_that_fails_part_way_stores_nothing_and_is_redone_call_by_call(tmp_path: Path) -> None:
     uri, experiment_id, _ = _open(tmp_path / "out")
     client = MlflowClient(tracking_uri=uri)

@@ -359,8 +359,9 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     ``s`` is ``cfg`` checked (:func:`rag_ablate.settings.to_settings`, done by the caller, which knows
     every registry); ``prof`` gets the wall seconds and peak memory of each stage (``profile.json``).
     The stages below run in order; MLflow is written twice: the run is created (RUNNING) when the
-    job starts, so ``resume=`` and the orphan check can find it, and everything else is logged by
-    :func:`_log_job` at the end.
+    job starts (by the background writer, if there is one, while the job goes on; ``run.json``
+    names it at once), so ``resume=`` and the orphan check can find it, and everything else is
+    logged by :func:`_log_job` at the end.
     """
     t_setup = time.perf_counter()
     job = _identify(cfg, s)
@@ -383,7 +384,7 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     started_ns = time.time_ns()  # wall clock: the per-query traces replay their timings from here
     with prof.stage("load"):
         inputs = _load_inputs(s, job)
-    out = _run_queries(s, job, inputs, prof, ready=lambda: _run_created(job, run_id, prof))
+    out = _run_queries(s, job, inputs, prof, ready=lambda: _run_created(job, run_id))
     out.wall = time.perf_counter() - t_start  # loading, querying and judging
     with prof.stage("write"):
         _write_records(job, inputs.dataset, out)
@@ -563,16 +564,15 @@ def _load_inputs(s: RunConfig, job: _Job) -> _Inputs:
     )
 
 
-def _run_created(job: _Job, run_id: background.Pending | None, prof: profiling.Profile) -> None:
-    """Before the first query: the job's MLflow run exists (the background writer created it while
-    the system was built), so a run killed mid-way is found RUNNING and resumed; a store that turned
-    out unusable stops the job here, before anything is spent (TrackingError naming it)."""
-    if run_id is None:
-        return
-    if not run_id.done():
-        with prof.stage("store"):  # the wait for the writer
-            run_id.value_or_none()
-    if not run_id.ok():
+def _run_created(job: _Job, run_id: background.Pending | None) -> None:
+    """Before the first query, without waiting for the background writer: a store that has already
+    turned out unusable stops the job here, before anything is spent (TrackingError naming it).
+
+    The run is not waited for: ``run.json`` already names the id it gets and its store
+    (:func:`_start_run`), so a job killed before the writer has created it is still found by
+    ``resume=``, which creates it under that id; a creation that fails later fails the job at its
+    end (:func:`_finish_writer`; a sweep's end lists it), the records kept for ``resume=``."""
+    if run_id is not None and run_id.done() and not run_id.ok():
         raise TrackingError(f"{job.label}: MLflow: {'; '.join(background.failures())}")
 
 
@@ -813,7 +813,10 @@ def _start_run(
                 f"not in {store.uri}; resume it with the same tracking settings"
             )
         if prior.run_id:
-            tracking.reopen_run(store.uri, prior.run_id)
+            # a run the store lacks (killed before the background writer created it) is created first
+            parent = background.value(store.parent_run_id)
+            created_as = (background.value(store.experiment_id), label, parent)
+            tracking.reopen_run(store.uri, prior.run_id, create_as=created_as)
             run_id = background.Pending.known(prior.run_id)
         else:
             # the background writer creates it as named here, so run.json has its id before any query

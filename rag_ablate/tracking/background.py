@@ -10,7 +10,8 @@ decided in one place each: a job's end (``run/runner.py::_log_job``) and a sweep
 writer, so there is one code path for what MLflow gets.
 
 A call returns a :class:`Pending`: its value once the child has it (a run id, a trace count).
-A :class:`Pending` passed as an argument of a later call is replaced, in the child, by that value;
+A :class:`Pending` passed as an argument of a later call (or as an item of a list, tuple or dict
+argument) is replaced, in the child, by that value;
 the main process waits for a value only where it needs one (:meth:`Pending.result`), or has it
 handed to a function as soon as it is known (:meth:`Pending.then`: ``run.json``, ``sweep.json``).
 Runs carry the main process as their owner (``rag_ablate.process``), so the orphan check is the
@@ -136,28 +137,30 @@ def value(x: Any) -> Any:
     return x.result() if isinstance(x, Pending) else x
 
 
-def _to_refs(x: Any) -> Any:
-    """Arguments as they cross: a known Pending as its value, a pending one as a reference."""
+def _to_refs(x: Any, depth: int = 2) -> Any:
+    """A call's arguments (``args`` or ``kwargs``) as they cross: a known Pending as its value, a
+    pending one as a reference. A Pending is looked for as an argument and as an item of a list,
+    tuple or dict argument, not deeper: the records a call is handed are not walked."""
     if isinstance(x, Pending):
         if x.ok():
             return x._value
         return _Ref(x.task)
-    if isinstance(x, dict):
-        return {k: _to_refs(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return type(x)(_to_refs(v) for v in x)
+    if depth and isinstance(x, dict):
+        return {k: _to_refs(v, depth - 1) for k, v in x.items()}
+    if depth and isinstance(x, list | tuple):
+        return type(x)(_to_refs(v, depth - 1) for v in x)
     return x
 
 
-def _from_refs(x: Any, results: dict[int, Any], failed: dict[int, str]) -> Any:
+def _from_refs(x: Any, results: dict[int, Any], failed: dict[int, str], depth: int = 2) -> Any:
     if isinstance(x, _Ref):
         if x.task in failed:
             raise TrackingError(f"not done: it needs {failed[x.task]}, which failed")
         return results[x.task]
-    if isinstance(x, dict):
-        return {k: _from_refs(v, results, failed) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return type(x)(_from_refs(v, results, failed) for v in x)
+    if depth and isinstance(x, dict):
+        return {k: _from_refs(v, results, failed, depth - 1) for k, v in x.items()}
+    if depth and isinstance(x, list | tuple):
+        return type(x)(_from_refs(v, results, failed, depth - 1) for v in x)
     return x
 
 
@@ -370,13 +373,14 @@ def _call(what: str, stage: str, fn: Callable[..., Any], args: Any, kwargs: Any,
     return _writer.submit(what, stage, fn, args, kwargs, hold=hold)
 
 
-def _values(x: Any) -> Any:
+def _values(x: Any, depth: int = 2) -> Any:
+    """``x`` with its Pendings as their values (waiting for them), looked for as :func:`_to_refs` does."""
     if isinstance(x, Pending):
         return x.result()
-    if isinstance(x, dict):
-        return {k: _values(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return type(x)(_values(v) for v in x)
+    if depth and isinstance(x, dict):
+        return {k: _values(v, depth - 1) for k, v in x.items()}
+    if depth and isinstance(x, list | tuple):
+        return type(x)(_values(v, depth - 1) for v in x)
     return x
 
 
@@ -439,8 +443,8 @@ def open_store(uri: str, experiment: str, artifact_root: Any, *, create_folder: 
 
     if store.sqlite_path(uri) is None:  # a server names runs itself: run.json needs the id at once
         release()
-    if active():
-        store.check_store(uri, experiment, create_folder=create_folder)
+    if active():  # the run goes on without waiting for the writer: what can fail early fails here
+        store.check_store(uri, experiment, create_folder=create_folder, artifact_root=artifact_root)
     return call(
         f"opening the MLflow store {uri}",
         "store",
