@@ -374,6 +374,9 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/rag_ablate_bench_compare", help="where the sweeps are written")
     ap.add_argument("--reuse", action="store_true", help="reuse a sweep folder already generated")
     ap.add_argument("--cli", action="store_true", help="also time `rag-ablate compare` in a subprocess")
+    ap.add_argument(
+        "--generate-only", action="store_true", help="write the sweep folders and stop (no comparison)"
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     print(
@@ -391,6 +394,9 @@ def main() -> None:
         gen = time.perf_counter() - t - grouping["seconds"]
         size_mb = sum(p.stat().st_size for p in sweep.glob(f"*/{RECORDS_FILE}")) / 2**20
         del queries
+        if args.generate_only:
+            print(f"- {sweep}: records {size_mb:,.0f} MB over 3 jobs, generated in {gen:.0f} s")
+            continue
         ph, c = run_phases(sweep, args.B, args.seed)
         n_dev = next(p.n_queries for p in c.pairs if p.split == "dev")
         print(
@@ -426,7 +432,7 @@ def main() -> None:
             )
             res["rag-ablate compare (wall, peak)"] = (wall, rss)
         results[n] = res
-    if len(sizes) == 2:
+    if len(results) == 2:
         a, b = sizes
         print(
             f"\n### growth {a:,} -> {b:,} queries ({b / a:g}x)\n\n| phase | ratio | ratio |\n|---|---:|---:|"

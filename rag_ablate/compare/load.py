@@ -12,7 +12,7 @@ import json
 import math
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
@@ -64,16 +64,35 @@ REPEATED_FIELDS = (
     "tags",
     "intents",
 )
+#: record fields holding a mapping of names to numbers (shared names, shared float objects)
+NUMBER_FIELDS = ("metrics", "timings_ms")
+#: how many distinct floats a load shares at most (the discrete values of ranked-list metrics come
+#: first; continuous ones, latencies, fill the table and are then kept as they come)
+SHARED_FLOATS = 1 << 16
 _ZERO, _ONE = 0.0, 1.0
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How to slim a record with one key order: its shared key names and the positions of the
+    fields :meth:`_Slimmer.__call__` rewrites."""
+
+    keys: tuple[str, ...]
+    repeated: tuple[int, ...]
+    numbers: tuple[int, ...]
+    retrieved: int  # -1: none
+
+
 class _Slimmer:
-    """:func:`slim_record` with one table of interned names shared by every record of a load; it
-    also keeps a digest of each query's outputs (:meth:`outputs`), read before they are slimmed."""
+    """:func:`slim_record` with one table of interned names and floats shared by every record of a
+    load; it also keeps a digest of each query's outputs (:meth:`outputs`), read before they are
+    slimmed."""
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {}
         self.key_sets: dict[tuple[str, ...], tuple[str, ...]] = {}  # a dict's keys -> the shared names
+        self.plans: dict[tuple[str, ...], _Plan] = {}
+        self.floats: dict[float, float] = {_ONE: _ONE}  # 0.0 apart: it equals -0.0 (see _numbers)
         self.digests: dict[str, bytes] = {}
 
     def outputs(self) -> str:
@@ -83,51 +102,60 @@ class _Slimmer:
             h.update(query_id.encode("utf-8") + b"\0" + digest)
         return h.hexdigest()
 
-    def _shared(self, d: Mapping[str, Any]) -> dict[str, Any]:
-        """``d`` with its keys replaced by the shared names (records repeat the same key sets, so
-        each set is looked up once as a tuple)."""
-        keys = tuple(d)
+    def _names_of(self, keys: tuple[str, ...]) -> tuple[str, ...]:
+        """``keys`` as the shared names (records repeat the same key sets: each set is looked up
+        once as a tuple)."""
         shared = self.key_sets.get(keys)
         if shared is None:
             shared = self.key_sets[keys] = tuple(self.names.setdefault(k, k) for k in keys)
-        return dict(zip(shared, d.values(), strict=True))
+        return shared
 
-    def _share_values(self, rec: dict[str, Any]) -> None:
-        """One string per distinct value of the fields that repeat (:data:`REPEATED_FIELDS`) and one
-        float object each for the metric values 0.0 and 1.0 (most values of 0/1 metrics): a sixth
-        less memory per record. The values are equal, only shared."""
-        names = self.names
-        for k in REPEATED_FIELDS:
-            v = rec.get(k)
-            if type(v) is str:
-                rec[k] = names.setdefault(v, v)
-            elif type(v) is list:
-                v[:] = [names.setdefault(x, x) if type(x) is str else x for x in v]
-        metrics = rec.get("metrics")
-        if isinstance(metrics, dict):
-            for k, x in metrics.items():
-                if type(x) is float:
-                    if x == 1.0:
-                        metrics[k] = _ONE
-                    elif x == 0.0 and math.copysign(1.0, x) > 0:  # -0.0 keeps its sign
-                        metrics[k] = _ZERO
+    def _plan(self, keys: tuple[str, ...]) -> _Plan:
+        plan = self.plans[keys] = _Plan(
+            self._names_of(keys),
+            tuple(i for i, k in enumerate(keys) if k in REPEATED_FIELDS),
+            tuple(i for i, k in enumerate(keys) if k in NUMBER_FIELDS),
+            keys.index("retrieved") if "retrieved" in keys else -1,
+        )
+        return plan
+
+    def _numbers(self, d: dict[str, Any]) -> dict[str, Any]:
+        """A mapping of names to numbers with shared names and one float object per distinct value
+        (0.0 and 1.0, most values of 0/1 metrics, and the first :data:`SHARED_FLOATS` others): a
+        new dict, built from the items (the parser's dicts hold spare room, a third of their size).
+        The values are equal, only shared; -0.0 keeps its sign (it equals 0.0, so zeros are never
+        looked up in the table)."""
+        floats = self.floats
+        share = floats.setdefault if len(floats) < SHARED_FLOATS else floats.get
+        values = [
+            (share(x, x) if x else _ZERO if math.copysign(1.0, x) > 0 else x) if type(x) is float else x
+            for x in d.values()
+        ]
+        return dict(zip(self._names_of(tuple(d)), values, strict=True))
 
     def __call__(self, rec: Record) -> Record:
         self.digests[str(rec.get("query_id"))] = _outputs(rec)
-        # a new dict, even where the parser shared the names already (orjson does): the parser's
-        # dicts hold spare room, a third of their size, that a dict built from the items does not
-        out = self._shared(rec)
-        retrieved = out.get("retrieved")
+        keys = tuple(rec)
+        plan = self.plans.get(keys) or self._plan(keys)
+        values = list(rec.values())
+        names = self.names
+        for i in plan.repeated:  # one string per distinct value of the fields that repeat
+            v = values[i]
+            if type(v) is str:
+                values[i] = names.setdefault(v, v)
+            elif type(v) is list:
+                values[i] = [names.setdefault(x, x) if type(x) is str else x for x in v]
+        for i in plan.numbers:
+            v = values[i]
+            if type(v) is dict:
+                values[i] = self._numbers(v)
+        retrieved = values[plan.retrieved] if plan.retrieved >= 0 else None
         if isinstance(retrieved, list):
-            out["retrieved"] = (NO_ENTRY,) * len(retrieved)
-        for k in ("metrics", "timings_ms"):
-            v = out.get(k)
-            if isinstance(v, dict):
-                out[k] = self._shared(v)
-        self._share_values(out)
-        # typed as a Record although ``retrieved`` now holds empty entries: the comparison reads
+            values[plan.retrieved] = (NO_ENTRY,) * len(retrieved)
+        # a new dict, even where the parser shared the names already (orjson does): see _numbers.
+        # Typed as a Record although ``retrieved`` now holds empty entries: the comparison reads
         # its length only (see slim_record)
-        return cast(Record, out)
+        return cast(Record, dict(zip(plan.keys, values, strict=True)))
 
 
 def slim_record(rec: Record) -> Record:
