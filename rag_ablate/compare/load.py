@@ -7,22 +7,26 @@ comparison reads only these, never anything held in memory.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
+import os
 import tempfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
 from rag_ablate.compare.guard import FINGERPRINTS
 from rag_ablate.compare.model import VariantData
+from rag_ablate.compare.slim import NO_ENTRY as NO_ENTRY  # re-exported
+from rag_ablate.compare.slim import read_slim, start_worker, worker_result
+from rag_ablate.compare.slim import slim_record as slim_record  # re-exported
 from rag_ablate.core.errors import ComparisonError
 from rag_ablate.core.layout import CONFIG_FILE, RECORDS_FILE, SUMMARY_FILE, VARIANT_FILE
-from rag_ablate.records.jsonl import dumps_sorted, read_records
 from rag_ablate.records.trace import Record
+
+#: a sweep's records files at least this large in all are read side by side, one worker process a
+#: file (:func:`read_all`): parsing is the comparison's largest serial cost (about 35 us a record)
+PARALLEL_BYTES = 64 << 20
 
 
 def read_config(path: Path) -> tuple[dict[str, Any] | None, str]:
@@ -41,141 +45,20 @@ def read_config(path: Path) -> tuple[dict[str, Any] | None, str]:
     return data, ""
 
 
-#: what a record's retrieved entries become once read for the comparison (see :func:`slim_record`)
-NO_ENTRY: Mapping[str, Any] = MappingProxyType({})
-
-
-def _outputs(rec: Record) -> bytes:
-    """A digest of what the system returned for one query: its status, retrieved chunk ids,
-    answer, intents and citations (timings, scores and metrics left out)."""
-    retrieved = [(e.get("doc_id"), e.get("chunk_id")) for e in rec.get("retrieved") or []]
-    kept = [rec.get("status"), retrieved, rec.get("answer"), rec.get("intent_pred"), rec.get("intents")]
-    return hashlib.blake2b(dumps_sorted([*kept, rec.get("citations")]), digest_size=16).digest()
-
-
-#: record fields whose values (strings, or lists of strings) repeat from query to query
-REPEATED_FIELDS = (
-    "split",
-    "status",
-    "kind",
-    "intent_gold",
-    "intent_gold_l1",
-    "intent_pred",
-    "tags",
-    "intents",
-)
-#: record fields holding a mapping of names to numbers (shared names, shared float objects)
-NUMBER_FIELDS = ("metrics", "timings_ms")
-#: how many distinct floats a load shares at most (the discrete values of ranked-list metrics come
-#: first; continuous ones, latencies, fill the table and are then kept as they come)
-SHARED_FLOATS = 1 << 16
-_ZERO, _ONE = 0.0, 1.0
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """How to slim a record with one key order: its shared key names and the positions of the
-    fields :meth:`_Slimmer.__call__` rewrites."""
-
-    keys: tuple[str, ...]
-    repeated: tuple[int, ...]
-    numbers: tuple[int, ...]
-    retrieved: int  # -1: none
-
-
-class _Slimmer:
-    """:func:`slim_record` with one table of interned names and floats shared by every record of a
-    load; it also keeps a digest of each query's outputs (:meth:`outputs`), read before they are
-    slimmed."""
-
-    def __init__(self) -> None:
-        self.names: dict[str, str] = {}
-        self.key_sets: dict[tuple[str, ...], tuple[str, ...]] = {}  # a dict's keys -> the shared names
-        self.plans: dict[tuple[str, ...], _Plan] = {}
-        self.floats: dict[float, float] = {_ONE: _ONE}  # 0.0 apart: it equals -0.0 (see _numbers)
-        self.digests: dict[str, bytes] = {}
-
-    def outputs(self) -> str:
-        """One fingerprint of every query's outputs (the last record of each query counts)."""
-        h = hashlib.blake2b(digest_size=16)
-        for query_id, digest in sorted(self.digests.items()):
-            h.update(query_id.encode("utf-8") + b"\0" + digest)
-        return h.hexdigest()
-
-    def _names_of(self, keys: tuple[str, ...]) -> tuple[str, ...]:
-        """``keys`` as the shared names (records repeat the same key sets: each set is looked up
-        once as a tuple)."""
-        shared = self.key_sets.get(keys)
-        if shared is None:
-            shared = self.key_sets[keys] = tuple(self.names.setdefault(k, k) for k in keys)
-        return shared
-
-    def _plan(self, keys: tuple[str, ...]) -> _Plan:
-        plan = self.plans[keys] = _Plan(
-            self._names_of(keys),
-            tuple(i for i, k in enumerate(keys) if k in REPEATED_FIELDS),
-            tuple(i for i, k in enumerate(keys) if k in NUMBER_FIELDS),
-            keys.index("retrieved") if "retrieved" in keys else -1,
-        )
-        return plan
-
-    def _numbers(self, d: dict[str, Any]) -> dict[str, Any]:
-        """A mapping of names to numbers with shared names and one float object per distinct value
-        (0.0 and 1.0, most values of 0/1 metrics, and the first :data:`SHARED_FLOATS` others): a
-        new dict, built from the items (the parser's dicts hold spare room, a third of their size).
-        The values are equal, only shared; -0.0 keeps its sign (it equals 0.0, so zeros are never
-        looked up in the table)."""
-        floats = self.floats
-        share = floats.setdefault if len(floats) < SHARED_FLOATS else floats.get
-        values = [
-            (share(x, x) if x else _ZERO if math.copysign(1.0, x) > 0 else x) if type(x) is float else x
-            for x in d.values()
-        ]
-        return dict(zip(self._names_of(tuple(d)), values, strict=True))
-
-    def __call__(self, rec: Record) -> Record:
-        self.digests[str(rec.get("query_id"))] = _outputs(rec)
-        keys = tuple(rec)
-        plan = self.plans.get(keys) or self._plan(keys)
-        values = list(rec.values())
-        names = self.names
-        for i in plan.repeated:  # one string per distinct value of the fields that repeat
-            v = values[i]
-            if type(v) is str:
-                values[i] = names.setdefault(v, v)
-            elif type(v) is list:
-                values[i] = [names.setdefault(x, x) if type(x) is str else x for x in v]
-        for i in plan.numbers:
-            v = values[i]
-            if type(v) is dict:
-                values[i] = self._numbers(v)
-        retrieved = values[plan.retrieved] if plan.retrieved >= 0 else None
-        if isinstance(retrieved, list):
-            values[plan.retrieved] = (NO_ENTRY,) * len(retrieved)
-        # a new dict, even where the parser shared the names already (orjson does): see _numbers.
-        # Typed as a Record although ``retrieved`` now holds empty entries: the comparison reads
-        # its length only (see slim_record)
-        return cast(Record, dict(zip(plan.keys, values, strict=True)))
-
-
-def slim_record(rec: Record) -> Record:
-    """A record as the comparison keeps it: every field, but ``retrieved`` keeps only its length
-    (each entry an empty read-only mapping; the comparison, the trade-off and the report read
-    the list's length, never its entries), and field and metric names are shared between
-    records. At 100,000 queries this halves what a variant's records take in memory."""
-    return _Slimmer()(rec)
-
-
 def _variant(
-    info: dict[str, Any], records_path: Path, config_path: Path | None, run_id: str | None, source: str
+    info: dict[str, Any],
+    records_path: Path,
+    config_path: Path | None,
+    run_id: str | None,
+    source: str,
+    read: tuple[list[Record], str] | None = None,
 ) -> VariantData:
     config, problem = (None, f"{CONFIG_FILE} missing") if config_path is None else read_config(config_path)
-    slimmer = _Slimmer()
-    records = read_records(records_path, slimmer)
+    records, outputs = read_slim(records_path) if read is None else read
     return VariantData(
         label=str(info["label"]),
         records=records,
-        outputs=slimmer.outputs(),
+        outputs=outputs,
         config=config,
         overrides=[str(o) for o in info.get("overrides", [])],
         run_id=run_id,
@@ -185,14 +68,37 @@ def _variant(
     )
 
 
-def _job_variant(job: Path) -> VariantData:
-    """The variant a job folder (or a single run's folder) holds."""
+def read_all(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
+    """:func:`~rag_ablate.compare.slim.read_slim` of each records file, in order: side by side when
+    they hold :data:`PARALLEL_BYTES` or more and there are cores to spare (this process reads the
+    first, a worker process each other, as many at a time as there are cores), else one by one.
+    The same records either way; a file a worker could not read is read here (its error raised)."""
+    cores = os.cpu_count() or 1
+    if len(paths) < 2 or cores < 2 or sum(p.stat().st_size for p in paths) < PARALLEL_BYTES:
+        return [read_slim(p) for p in paths]
+    started = {i: start_worker(paths[i]) for i in range(1, min(len(paths), cores + 1))}
+    try:
+        out = [read_slim(paths[0])]
+        for i in range(1, len(paths)):
+            got = worker_result(started.pop(i))
+            if i + cores < len(paths):
+                started[i + cores] = start_worker(paths[i + cores])
+            out.append(read_slim(paths[i]) if got is None else got)
+        return out
+    finally:
+        for proc in started.values():  # an error above: no worker left behind
+            proc.kill()
+            proc.wait()
+
+
+def _job_variant(job: Path, read: tuple[list[Record], str] | None = None) -> VariantData:
+    """The variant a job folder (or a single run's folder) holds (``read``: its records, read)."""
     info = json.loads((job / VARIANT_FILE).read_text(encoding="utf-8"))
     summary_path = job / SUMMARY_FILE
     run_id = None
     if summary_path.is_file():
         run_id = json.loads(summary_path.read_text(encoding="utf-8")).get("run_id")
-    return _variant(info, job / RECORDS_FILE, job / CONFIG_FILE, run_id, str(job))
+    return _variant(info, job / RECORDS_FILE, job / CONFIG_FILE, run_id, str(job), read)
 
 
 def load_sweep_dir(sweep_dir: Path) -> list[VariantData]:
@@ -204,12 +110,14 @@ def load_sweep_dir(sweep_dir: Path) -> list[VariantData]:
             f"{sweep_dir} is a single run's folder, not a sweep: a comparison needs a sweep folder "
             "(outputs/multirun/<time>_<id>, made by python -m rag_ablate -m ...) or its MLflow parent run id"
         )
+    jobs = [
+        p.parent
+        for p in sorted(sweep_dir.glob(f"*/{RECORDS_FILE}"))
+        if p.parent.name.isdigit() and (p.parent / VARIANT_FILE).is_file()  # a sweep's jobs: 0, 1, ...
+    ]
     found = []
-    for rec_path in sorted(sweep_dir.glob(f"*/{RECORDS_FILE}")):
-        job = rec_path.parent
-        if not job.name.isdigit() or not (job / VARIANT_FILE).is_file():  # a sweep's jobs: 0, 1, ...
-            continue
-        v = _job_variant(job)
+    for job, read in zip(jobs, read_all([job / RECORDS_FILE for job in jobs]), strict=True):
+        v = _job_variant(job, read)
         found.append((int(v.info.get("job_num", 0)), v))
     if not found:
         raise ComparisonError(
