@@ -25,7 +25,11 @@ into the draws of the bootstrap counts, the per-metric paired tests, the latency
 percentiles and the production mix by timing those functions), ``slices``, ``guard +
 pairwise``, ``render`` (comparison.json/.md and the terminal table), ``trade-off`` and
 ``report.html``. Peak RSS per phase: the kernel's high-water mark, reset
-before each phase (``/proc/self/clear_refs``), read from ``/proc/self/status``.
+before each phase (``/proc/self/clear_refs``), read from ``/proc/self/status``; CPU per phase
+counts the worker processes that read records files side by side (the workers' own peak RSS
+is printed under the table).
+``--generate-only`` writes the sweep folders and stops (1,000,000 queries: about 8.4 GB of
+records, written a line at a time, never held).
 ``--cli`` also times ``rag-ablate compare <sweep dir>`` as a subprocess (wall and max RSS).
 """
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -90,6 +95,20 @@ def _status(field: str) -> float:
     return math.nan
 
 
+def _cpu() -> float:
+    """CPU seconds (user + sys) of this process and of its finished child processes (the record
+    reader's worker processes)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _workers_peak() -> float:
+    """The largest peak RSS (MB) of a finished child process (0: none ran)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
 def _reset_peak() -> None:
     with contextlib.suppress(OSError):  # not Linux
         Path("/proc/self/clear_refs").write_text("5")
@@ -105,9 +124,9 @@ class Phases:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         _reset_peak()
-        t, cpu = time.perf_counter(), time.process_time()
+        t, cpu = time.perf_counter(), _cpu()
         yield
-        self.rows.append((name, time.perf_counter() - t, _status("VmHWM"), time.process_time() - cpu))
+        self.rows.append((name, time.perf_counter() - t, _status("VmHWM"), _cpu() - cpu))
 
     def wrap(self, owner: Any, attr: str, name: str) -> None:
         fn: Callable[..., Any] = getattr(owner, attr)
@@ -418,6 +437,11 @@ def main() -> None:
         total, cpu_total = sum(r[1] for r in ph.rows), sum(r[3] for r in ph.rows)
         peak = max(r[2] for r in ph.rows)
         print(f"| **comparison step, total** | **{total:.2f}** | **{cpu_total:.2f}** | **{peak:,.0f}** |")
+        if workers := _workers_peak():
+            print(
+                f"\nCPU includes the record reader's worker processes (one a records file but the first); "
+                f"their largest peak RSS: {workers:,.0f} MB each, on top of this process's while they run"
+            )
         files = ("comparison.json", "comparison.md", "report.html")
         print("\nfiles: " + ", ".join(f"{f} {(sweep / f).stat().st_size / 2**20:,.2f} MB" for f in files))
         res: dict[str, Any] = {
@@ -432,8 +456,8 @@ def main() -> None:
             )
             res["rag-ablate compare (wall, peak)"] = (wall, rss)
         results[n] = res
-    if len(results) == 2:
-        a, b = sizes
+    done = [n for n in sizes if n in results]
+    for a, b in itertools.pairwise(done):
         print(
             f"\n### growth {a:,} -> {b:,} queries ({b / a:g}x)\n\n| phase | ratio | ratio |\n|---|---:|---:|"
         )
