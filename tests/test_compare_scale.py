@@ -181,14 +181,14 @@ def test_records_are_read_with_the_cyclic_collector_paused_and_it_is_back_after(
         gc.enable()
 
 
-def _three_jobs(root: Path) -> Path:
+def _four_jobs(root: Path) -> Path:
     recs: list[dict[str, Any]] = [
         {"query_id": f"q{i}", "split": "dev", "group": f"g{i % 3}", "status": "ok",
          "retrieved": [{"doc_id": f"d{i}", "chunk_id": f"d{i}#0"}] * (i % 4),
          "metrics": {"recall_at_5": i / 7, "hit_at_5": float(i % 2), "n": i, "x": math.nan, "big": 2**70}}
         for i in range(30)
     ]  # fmt: skip
-    for job in range(3):
+    for job in range(4):
         lines = [json.dumps(dict(r, metrics=dict(r["metrics"], v=job)), ensure_ascii=False) for r in recs]
         _write_job(root / str(job), lines, f"v{job}")
     return root
@@ -198,18 +198,18 @@ def _three_jobs(root: Path) -> Path:
 def test_a_sweep_read_side_by_side_is_the_sweep_read_one_file_after_another(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Large records files are read by worker processes, one a file: the same records, shared floats
-    and outputs as read here; a broken line in a worker's file still names file and line, and a
-    worker that dies leaves its file to this process."""
-    sweep = _three_jobs(tmp_path / "s")
+    """Large records files are read side by side (on 2 cores: this process the first half, a worker
+    process the rest): the same records, shared floats and outputs as read here; a broken line in
+    a worker's file still names file and line, and a worker that dies leaves its files here."""
+    sweep = _four_jobs(tmp_path / "s")
     one_by_one = load_sweep_dir(sweep)
     monkeypatch.setattr(load, "PARALLEL_BYTES", 0)
     monkeypatch.setattr(load.os, "cpu_count", lambda: 2)
-    started: list[Path] = []
+    started: list[list[Path]] = []
     start = load.start_worker
-    monkeypatch.setattr(load, "start_worker", lambda p: started.append(p) or start(p))
+    monkeypatch.setattr(load, "start_worker", lambda p: started.append(list(p)) or start(p))
     side_by_side = load_sweep_dir(sweep)
-    assert started == [sweep / "1" / RECORDS_FILE, sweep / "2" / RECORDS_FILE]
+    assert started == [[sweep / "2" / RECORDS_FILE, sweep / "3" / RECORDS_FILE]]
     for a, b in zip(one_by_one, side_by_side, strict=True):
         assert (a.label, a.outputs) == (b.label, b.outputs)
         assert json.dumps([dict(r, retrieved=len(r["retrieved"])) for r in a.records]) == json.dumps(
@@ -217,15 +217,15 @@ def test_a_sweep_read_side_by_side_is_the_sweep_read_one_file_after_another(
         )  # NaN and 2**70 included
         assert b.records[3]["metrics"]["hit_at_5"] is b.records[5]["metrics"]["hit_at_5"]
         assert all(e is load.NO_ENTRY for r in b.records for e in r.get("retrieved") or ())
-    broken = (sweep / "2" / RECORDS_FILE).read_text().splitlines()
+    broken = (sweep / "3" / RECORDS_FILE).read_text().splitlines()
     broken[4] = '{"query_id": "q4", "metrics": {1.5}}'
-    (sweep / "2" / RECORDS_FILE).write_text("\n".join(broken) + "\n")
-    with pytest.raises(RecordsError, match=r"2/records.jsonl:5: not a JSON record"):
+    (sweep / "3" / RECORDS_FILE).write_text("\n".join(broken) + "\n")
+    with pytest.raises(RecordsError, match=r"3/records.jsonl:5: not a JSON record"):
         load_sweep_dir(sweep)
-    (sweep / "2" / RECORDS_FILE).write_text("\n".join(broken[:4]) + "\n")
+    (sweep / "3" / RECORDS_FILE).write_text("\n".join(broken[:4]) + "\n")
     dead = [sys.executable, "-c", "raise SystemExit(1)"]
     monkeypatch.setattr(load, "start_worker", lambda p: subprocess.Popen(dead, stdout=subprocess.PIPE))
-    assert [len(v.records) for v in load_sweep_dir(sweep)] == [30, 30, 4]
+    assert [len(v.records) for v in load_sweep_dir(sweep)] == [30, 30, 30, 4]
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"sort_keys": True}, {"indent": None}])

@@ -18,7 +18,7 @@ from typing import Any
 from rag_ablate.compare.guard import FINGERPRINTS
 from rag_ablate.compare.model import VariantData
 from rag_ablate.compare.slim import NO_ENTRY as NO_ENTRY  # re-exported
-from rag_ablate.compare.slim import read_slim, start_worker, worker_result
+from rag_ablate.compare.slim import read_slim, start_worker, worker_results
 from rag_ablate.compare.slim import slim_record as slim_record  # re-exported
 from rag_ablate.core.errors import ComparisonError
 from rag_ablate.core.layout import CONFIG_FILE, RECORDS_FILE, SUMMARY_FILE, VARIANT_FILE
@@ -70,24 +70,28 @@ def _variant(
 
 def read_all(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
     """:func:`~rag_ablate.compare.slim.read_slim` of each records file, in order: side by side when
-    they hold :data:`PARALLEL_BYTES` or more and there are cores to spare (this process reads the
-    first, a worker process each other, as many at a time as there are cores), else one by one.
-    The same records either way; a file a worker could not read is read here (its error raised)."""
+    they hold :data:`PARALLEL_BYTES` or more and there are cores to spare, else one by one. This
+    process reads the first files, one worker process a core but one each run of the others (a
+    file read by a worker costs this process a third of reading it: unpickling and sharing its
+    floats again). The same records either way; what a worker could not read is read here."""
     cores = os.cpu_count() or 1
     if len(paths) < 2 or cores < 2 or sum(p.stat().st_size for p in paths) < PARALLEL_BYTES:
         return [read_slim(p) for p in paths]
-    started = {i: start_worker(paths[i]) for i in range(1, min(len(paths), cores + 1))}
+    n_workers = min(cores - 1, len(paths) - 1)
+    own = -(-len(paths) // (n_workers + 1))  # ceil
+    rest = list(paths[own:])
+    runs = [rest[len(rest) * j // n_workers : len(rest) * (j + 1) // n_workers] for j in range(n_workers)]
+    procs = [start_worker(run) for run in runs if run]
     try:
-        out = [read_slim(paths[0])]
-        for i in range(1, len(paths)):
-            got = worker_result(started.pop(i))
-            if i + cores < len(paths):
-                started[i + cores] = start_worker(paths[i + cores])
-            out.append(read_slim(paths[i]) if got is None else got)
+        out = [read_slim(p) for p in paths[:own]]
+        for proc, run in zip(procs, [r for r in runs if r], strict=True):
+            got = worker_results(proc, len(run))
+            out += [read_slim(p) if g is None else g for p, g in zip(run, got, strict=True)]
         return out
     finally:
-        for proc in started.values():  # an error above: no worker left behind
-            proc.kill()
+        for proc in procs:  # an error above: no worker left behind (wait() twice is harmless)
+            if proc.poll() is None:
+                proc.kill()
             proc.wait()
 
 

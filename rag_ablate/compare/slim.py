@@ -14,7 +14,7 @@ import os
 import pickle
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
@@ -189,44 +189,51 @@ def reshare(records: list[Record]) -> list[Record]:
     return records
 
 
-def start_worker(path: Path) -> subprocess.Popen[bytes]:
-    """A process reading ``path`` by :func:`read_slim` that writes its result, pickled, to its
-    stdout (or the RagAblateError it raised); read it back with :func:`worker_result`."""
+def start_worker(paths: Sequence[Path]) -> subprocess.Popen[bytes]:
+    """A process reading ``paths`` one after another by :func:`read_slim` that writes each result,
+    pickled, to its stdout (or the RagAblateError it met, and stops); read them back with
+    :func:`worker_results`."""
     root = str(Path(__file__).resolve().parents[2])  # this very package, whatever the cwd
     code = f"import sys; sys.path.insert(0, {root!r}); from rag_ablate.compare.slim import _work; _work()"
     return subprocess.Popen(
-        [sys.executable, "-I", "-c", code, str(path)],
+        [sys.executable, "-I", "-c", code, *map(str, paths)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
 
 
-def worker_result(proc: subprocess.Popen[bytes]) -> tuple[list[Record], str] | None:
-    """What :func:`start_worker`'s process read, or None when it did not finish (read the file in
-    this process instead: its error, if any, is raised there). A RagAblateError it met is raised."""
+def worker_results(proc: subprocess.Popen[bytes], n: int) -> list[tuple[list[Record], str] | None]:
+    """What :func:`start_worker`'s process read from its ``n`` files, in order; None for a file it
+    did not finish (read it in this process instead: its error, if any, is raised there). A
+    RagAblateError it met is raised."""
+    out: list[tuple[list[Record], str] | None] = []
     try:
         with gc_paused():
-            out = pickle.load(cast(IO[bytes], proc.stdout))
-    except Exception:  # a worker killed or failing: the caller reads the file itself
-        out = None
+            while len(out) < n:
+                got = pickle.load(cast(IO[bytes], proc.stdout))
+                if isinstance(got, RagAblateError):
+                    raise got
+                records, outputs = got
+                out.append((reshare(records), outputs))
+    except RagAblateError:
+        raise
+    except Exception:  # a worker killed or failing: the caller reads what is left itself
+        pass
     finally:
         cast(IO[bytes], proc.stdout).close()
         proc.wait()
-    if isinstance(out, RagAblateError):
-        raise out
-    if proc.returncode != 0 or not isinstance(out, tuple):
-        return None
-    records, outputs = out
-    with gc_paused():
-        return reshare(records), outputs
+    return out + [None] * (n - len(out))
 
 
 def _work() -> None:
     """A worker process's body (see :func:`start_worker`)."""
-    try:
-        result: object = read_slim(Path(sys.argv[1]))
-    except RagAblateError as exc:
-        result = exc
     with os.fdopen(sys.stdout.fileno(), "wb", closefd=False) as out:
-        pickle.dump(result, out, protocol=pickle.HIGHEST_PROTOCOL)
+        for path in sys.argv[1:]:
+            try:
+                result: object = read_slim(Path(path))
+            except RagAblateError as exc:
+                pickle.dump(exc, out, protocol=pickle.HIGHEST_PROTOCOL)
+                return
+            pickle.dump(result, out, protocol=pickle.HIGHEST_PROTOCOL)
+            del result  # its records, before the next file's
