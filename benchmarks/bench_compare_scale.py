@@ -439,8 +439,8 @@ def main() -> None:
         print(f"| **comparison step, total** | **{total:.2f}** | **{cpu_total:.2f}** | **{peak:,.0f}** |")
         if workers := _workers_peak():
             print(
-                f"\nCPU includes the record reader's worker processes (one a records file but the first); "
-                f"their largest peak RSS: {workers:,.0f} MB each, on top of this process's while they run"
+                f"\nCPU includes the record reader's worker processes (a core but one, each reading a run of "
+                f"the records files); their largest peak RSS: {workers:,.0f} MB, on top of this process's"
             )
         files = ("comparison.json", "comparison.md", "report.html")
         print("\nfiles: " + ", ".join(f"{f} {(sweep / f).stat().st_size / 2**20:,.2f} MB" for f in files))
