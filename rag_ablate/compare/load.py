@@ -7,6 +7,7 @@ comparison reads only these, never anything held in memory.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tempfile
@@ -71,13 +72,26 @@ def _variant(
 def read_all(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
     """:func:`~rag_ablate.compare.slim.read_slim` of each records file, in order: side by side when
     they hold :data:`PARALLEL_BYTES` or more and there are cores to spare, else one by one. This
-    process reads the first files, one worker process a core but one each run of the others (a
+    process reads the first files, one worker process a core but one each a run of the others (a
     file read by a worker costs this process a third of reading it: unpickling and sharing its
-    floats again). The same records either way; what a worker could not read is read here."""
-    cores = os.cpu_count() or 1
-    if len(paths) < 2 or cores < 2 or sum(p.stat().st_size for p in paths) < PARALLEL_BYTES:
+    floats again). The same records either way; what a worker could not read is read here.
+
+    Records that large are kept out of the cyclic collector's sight once read (``gc.freeze``,
+    after a collection before reading, so no garbage is frozen): they are acyclic, reference
+    counting frees them, and each full collection of the comparison's later phases would walk
+    them all (at 100,000 queries five of them, 6 s of CPU)."""
+    if sum(p.stat().st_size for p in paths) < PARALLEL_BYTES:
         return [read_slim(p) for p in paths]
-    n_workers = min(cores - 1, len(paths) - 1)
+    gc.collect()
+    out = _read_side_by_side(paths)
+    gc.freeze()
+    return out
+
+
+def _read_side_by_side(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
+    n_workers = min((os.cpu_count() or 1) - 1, len(paths) - 1)
+    if n_workers < 1:
+        return [read_slim(p) for p in paths]
     own = -(-len(paths) // (n_workers + 1))  # ceil
     rest = list(paths[own:])
     runs = [rest[len(rest) * j // n_workers : len(rest) * (j + 1) // n_workers] for j in range(n_workers)]
