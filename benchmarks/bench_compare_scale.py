@@ -28,9 +28,9 @@ pairwise``, ``render`` (comparison.json/.md and the terminal table), ``trade-off
 before each phase (``/proc/self/clear_refs``), read from ``/proc/self/status``; CPU per phase
 counts the worker processes that read records files side by side (the workers' own peak RSS
 is printed under the table).
-``--generate-only`` writes the sweep folders and stops (1,000,000 queries: about 8.4 GB of
-records, written a line at a time, never held).
-``--cli`` also times ``rag-ablate compare <sweep dir>`` as a subprocess (wall and max RSS).
+``--read-only`` times the read phase alone, one row a size (with ``--reuse``, without generating
+or grouping anything). ``--generate-only`` writes the sweep folders and stops (1,000,000
+queries: 7.4 GB of records, written a line at a time, never held).
 """
 
 from __future__ import annotations
@@ -385,6 +385,23 @@ def _cli(sweep: Path, B: int) -> tuple[float, float]:
     return float(out[0]), float(out[1])
 
 
+def read_only(sweep: Path, n: int) -> None:
+    """The read phase alone (``--read-only``): one row of wall, CPU and peak RSS."""
+    from rag_ablate.compare.run import load_source
+
+    ph = Phases()
+    with ph.phase("read records"):
+        src = load_source(sweep)
+    records = sum(len(v.records) for v in src.variants)
+    del src
+    _, sec, peak, cpu = ph.rows[0]
+    size_mb = sum(p.stat().st_size for p in sweep.glob(f"*/{RECORDS_FILE}")) / 2**20
+    print(
+        f"| {n:,} queries: {records:,} records, {size_mb:,.0f} MB | {sec:.2f} | {cpu:.2f} | {peak:,.0f} "
+        f"| {_workers_peak():,.0f} |"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="10000,100000", help="comma-separated query counts")
@@ -396,6 +413,9 @@ def main() -> None:
     ap.add_argument(
         "--generate-only", action="store_true", help="write the sweep folders and stop (no comparison)"
     )
+    ap.add_argument(
+        "--read-only", action="store_true", help="time the read phase alone (with --reuse: no grouping)"
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     print(
@@ -404,8 +424,16 @@ def main() -> None:
     print(f"- command: python benchmarks/{Path(__file__).name} {' '.join(sys.argv[1:])}")
     print(f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     results: dict[int, dict[str, Any]] = {}
+    if args.read_only:
+        print(
+            "\n| read records (3 jobs) | wall (s) | CPU (s), workers' included | peak RSS (MB) "
+            "| workers' peak RSS (MB) |\n|---|---:|---:|---:|---:|"
+        )
     for n in sizes:
         sweep = Path(args.out) / f"n{n}"
+        if args.read_only and args.reuse and (sweep / "2" / RECORDS_FILE).is_file():
+            read_only(sweep, n)
+            continue
         t = time.perf_counter()
         queries, grouping = build_dataset(n, args.seed)
         if not (args.reuse and (sweep / "2" / RECORDS_FILE).is_file()):
@@ -413,6 +441,9 @@ def main() -> None:
         gen = time.perf_counter() - t - grouping["seconds"]
         size_mb = sum(p.stat().st_size for p in sweep.glob(f"*/{RECORDS_FILE}")) / 2**20
         del queries
+        if args.read_only:
+            read_only(sweep, n)
+            continue
         if args.generate_only:
             print(f"- {sweep}: records {size_mb:,.0f} MB over 3 jobs, generated in {gen:.0f} s")
             continue
