@@ -25,14 +25,19 @@ into the draws of the bootstrap counts, the per-metric paired tests, the latency
 percentiles and the production mix by timing those functions), ``slices``, ``guard +
 pairwise``, ``render`` (comparison.json/.md and the terminal table), ``trade-off`` and
 ``report.html``. Peak RSS per phase: the kernel's high-water mark, reset
-before each phase (``/proc/self/clear_refs``), read from ``/proc/self/status``.
-``--cli`` also times ``rag-ablate compare <sweep dir>`` as a subprocess (wall and max RSS).
+before each phase (``/proc/self/clear_refs``), read from ``/proc/self/status``; CPU per phase
+counts the worker processes that read records files side by side (the workers' own peak RSS
+is printed under the table).
+``--read-only`` times the read phase alone, one row a size (with ``--reuse``, without generating
+or grouping anything). ``--generate-only`` writes the sweep folders and stops (1,000,000
+queries: 7.4 GB of records, written a line at a time, never held).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -90,6 +95,20 @@ def _status(field: str) -> float:
     return math.nan
 
 
+def _cpu() -> float:
+    """CPU seconds (user + sys) of this process and of its finished child processes (the record
+    reader's worker processes)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _workers_peak() -> float:
+    """The largest peak RSS (MB) of a finished child process (0: none ran)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
 def _reset_peak() -> None:
     with contextlib.suppress(OSError):  # not Linux
         Path("/proc/self/clear_refs").write_text("5")
@@ -105,9 +124,9 @@ class Phases:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         _reset_peak()
-        t, cpu = time.perf_counter(), time.process_time()
+        t, cpu = time.perf_counter(), _cpu()
         yield
-        self.rows.append((name, time.perf_counter() - t, _status("VmHWM"), time.process_time() - cpu))
+        self.rows.append((name, time.perf_counter() - t, _status("VmHWM"), _cpu() - cpu))
 
     def wrap(self, owner: Any, attr: str, name: str) -> None:
         fn: Callable[..., Any] = getattr(owner, attr)
@@ -366,6 +385,23 @@ def _cli(sweep: Path, B: int) -> tuple[float, float]:
     return float(out[0]), float(out[1])
 
 
+def read_only(sweep: Path, n: int) -> None:
+    """The read phase alone (``--read-only``): one row of wall, CPU and peak RSS."""
+    from rag_ablate.compare.run import load_source
+
+    ph = Phases()
+    with ph.phase("read records"):
+        src = load_source(sweep)
+    records = sum(len(v.records) for v in src.variants)
+    del src
+    _, sec, peak, cpu = ph.rows[0]
+    size_mb = sum(p.stat().st_size for p in sweep.glob(f"*/{RECORDS_FILE}")) / 2**20
+    print(
+        f"| {n:,} queries: {records:,} records, {size_mb:,.0f} MB | {sec:.2f} | {cpu:.2f} | {peak:,.0f} "
+        f"| {_workers_peak():,.0f} |"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="10000,100000", help="comma-separated query counts")
@@ -374,6 +410,12 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/rag_ablate_bench_compare", help="where the sweeps are written")
     ap.add_argument("--reuse", action="store_true", help="reuse a sweep folder already generated")
     ap.add_argument("--cli", action="store_true", help="also time `rag-ablate compare` in a subprocess")
+    ap.add_argument(
+        "--generate-only", action="store_true", help="write the sweep folders and stop (no comparison)"
+    )
+    ap.add_argument(
+        "--read-only", action="store_true", help="time the read phase alone (with --reuse: no grouping)"
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     print(
@@ -382,8 +424,16 @@ def main() -> None:
     print(f"- command: python benchmarks/{Path(__file__).name} {' '.join(sys.argv[1:])}")
     print(f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     results: dict[int, dict[str, Any]] = {}
+    if args.read_only:
+        print(
+            "\n| read records (3 jobs) | wall (s) | CPU (s), workers' included | peak RSS (MB) "
+            "| workers' peak RSS (MB) |\n|---|---:|---:|---:|---:|"
+        )
     for n in sizes:
         sweep = Path(args.out) / f"n{n}"
+        if args.read_only and args.reuse and (sweep / "2" / RECORDS_FILE).is_file():
+            read_only(sweep, n)
+            continue
         t = time.perf_counter()
         queries, grouping = build_dataset(n, args.seed)
         if not (args.reuse and (sweep / "2" / RECORDS_FILE).is_file()):
@@ -391,6 +441,12 @@ def main() -> None:
         gen = time.perf_counter() - t - grouping["seconds"]
         size_mb = sum(p.stat().st_size for p in sweep.glob(f"*/{RECORDS_FILE}")) / 2**20
         del queries
+        if args.read_only:
+            read_only(sweep, n)
+            continue
+        if args.generate_only:
+            print(f"- {sweep}: records {size_mb:,.0f} MB over 3 jobs, generated in {gen:.0f} s")
+            continue
         ph, c = run_phases(sweep, args.B, args.seed)
         n_dev = next(p.n_queries for p in c.pairs if p.split == "dev")
         print(
@@ -412,6 +468,11 @@ def main() -> None:
         total, cpu_total = sum(r[1] for r in ph.rows), sum(r[3] for r in ph.rows)
         peak = max(r[2] for r in ph.rows)
         print(f"| **comparison step, total** | **{total:.2f}** | **{cpu_total:.2f}** | **{peak:,.0f}** |")
+        if workers := _workers_peak():
+            print(
+                f"\nCPU includes the record reader's worker processes (a core but one, each reading a run of "
+                f"the records files); their largest peak RSS: {workers:,.0f} MB, on top of this process's"
+            )
         files = ("comparison.json", "comparison.md", "report.html")
         print("\nfiles: " + ", ".join(f"{f} {(sweep / f).stat().st_size / 2**20:,.2f} MB" for f in files))
         res: dict[str, Any] = {
@@ -426,8 +487,8 @@ def main() -> None:
             )
             res["rag-ablate compare (wall, peak)"] = (wall, rss)
         results[n] = res
-    if len(sizes) == 2:
-        a, b = sizes
+    done = [n for n in sizes if n in results]
+    for a, b in itertools.pairwise(done):
         print(
             f"\n### growth {a:,} -> {b:,} queries ({b / a:g}x)\n\n| phase | ratio | ratio |\n|---|---:|---:|"
         )

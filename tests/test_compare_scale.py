@@ -10,16 +10,19 @@ number is checked against the tests run one by one on the whole draw, written ou
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from rag_ablate.compare import stats, tradeoff
+from rag_ablate.compare import load, stats, tradeoff
 from rag_ablate.compare.analysis import compare, split_draw
 from rag_ablate.compare.load import load_sweep_dir
 from rag_ablate.compare.model import VariantData
@@ -153,6 +156,79 @@ def test_records_read_alike_whichever_parser_reads_them(tmp_path: Path) -> None:
     _write_job(tmp_path / "t" / "0", [lines[0], '{"query_id": "x", "metrics": {1.5}}', lines[1]], "bad")
     with pytest.raises(RecordsError, match=r"records.jsonl:2: not a JSON record"):
         read_records(tmp_path / "t" / "0" / RECORDS_FILE)
+
+
+def test_records_are_read_with_the_cyclic_collector_paused_and_it_is_back_after(tmp_path: Path) -> None:
+    """Its full collections walk every record read so far (a quarter of the read at 100,000 queries);
+    it is on again after the read, an error included, and stays off if it was off."""
+    seen: list[bool] = []
+
+    def project(rec: Any) -> Any:
+        seen.append(gc.isenabled())
+        return rec
+
+    _write_job(tmp_path / "s" / "0", ['{"query_id": "a"}', '{"query_id": "b"}', "{"], "v")
+    path = tmp_path / "s" / "0" / RECORDS_FILE
+    assert gc.isenabled()
+    with pytest.raises(RecordsError):
+        read_records(path, project)
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        (tmp_path / "s" / "0" / RECORDS_FILE).write_text('{"query_id": "a"}\n')
+        assert len(read_records(path)) == 1 and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def _four_jobs(root: Path) -> Path:
+    recs: list[dict[str, Any]] = [
+        {"query_id": f"q{i}", "split": "dev", "group": f"g{i % 3}", "status": "ok",
+         "retrieved": [{"doc_id": f"d{i}", "chunk_id": f"d{i}#0"}] * (i % 4),
+         "metrics": {"recall_at_5": i / 7, "hit_at_5": float(i % 2), "n": i, "x": math.nan, "big": 2**70}}
+        for i in range(30)
+    ]  # fmt: skip
+    for job in range(4):
+        lines = [json.dumps(dict(r, metrics=dict(r["metrics"], v=job)), ensure_ascii=False) for r in recs]
+        _write_job(root / str(job), lines, f"v{job}")
+    return root
+
+
+@pytest.mark.slow  # worker processes
+def test_a_sweep_read_side_by_side_is_the_sweep_read_one_file_after_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large records files are read side by side (on 2 cores: this process the first half, a worker
+    process the rest): the same records, shared floats and outputs as read here; a broken line in
+    a worker's file still names file and line, and a worker that dies leaves its files here."""
+    sweep = _four_jobs(tmp_path / "s")
+    one_by_one = load_sweep_dir(sweep)
+    monkeypatch.setattr(load, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(load.os, "cpu_count", lambda: 2)
+    started: list[list[Path]] = []
+    start = load.start_worker
+    monkeypatch.setattr(load, "start_worker", lambda p: started.append(list(p)) or start(p))
+    side_by_side = load_sweep_dir(sweep)
+    frozen = gc.get_freeze_count()  # kept out of the collector's sight: the later phases skip them
+    gc.unfreeze()
+    assert started == [[sweep / "2" / RECORDS_FILE, sweep / "3" / RECORDS_FILE]] and frozen > 0
+    for a, b in zip(one_by_one, side_by_side, strict=True):
+        assert (a.label, a.outputs) == (b.label, b.outputs)
+        assert json.dumps([dict(r, retrieved=len(r["retrieved"])) for r in a.records]) == json.dumps(
+            [dict(r, retrieved=len(r["retrieved"])) for r in b.records]
+        )  # NaN and 2**70 included
+        assert b.records[3]["metrics"]["hit_at_5"] is b.records[5]["metrics"]["hit_at_5"]
+        assert all(e is load.NO_ENTRY for r in b.records for e in r.get("retrieved") or ())
+    broken = (sweep / "3" / RECORDS_FILE).read_text().splitlines()
+    broken[4] = '{"query_id": "q4", "metrics": {1.5}}'
+    (sweep / "3" / RECORDS_FILE).write_text("\n".join(broken) + "\n")
+    with pytest.raises(RecordsError, match=r"3/records.jsonl:5: not a JSON record"):
+        load_sweep_dir(sweep)
+    (sweep / "3" / RECORDS_FILE).write_text("\n".join(broken[:4]) + "\n")
+    dead = [sys.executable, "-c", "raise SystemExit(1)"]
+    monkeypatch.setattr(load, "start_worker", lambda p: subprocess.Popen(dead, stdout=subprocess.PIPE))
+    assert [len(v.records) for v in load_sweep_dir(sweep)] == [30, 30, 30, 4]
+    gc.unfreeze()
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"sort_keys": True}, {"indent": None}])

@@ -98,3 +98,24 @@ def test_records_read_for_a_comparison_share_their_field_names(tmp_path: Path) -
         assert [id(k) for k in r] == [id(k) for k in first]
         assert [id(k) for k in r["metrics"]] == [id(k) for k in first["metrics"]]
         assert len(r["retrieved"]) == 1 and r["metrics"] == {"recall_at_5": 1.0}
+
+
+def test_records_read_for_a_comparison_share_equal_numbers_and_keep_them_exact(tmp_path: Path) -> None:
+    """Equal metric values are one float object (a third of a record's size at 100,000 queries);
+    -0.0 keeps its sign, an int stays an int, a NaN stays NaN, and nothing else changes."""
+    job = tmp_path / "s" / "0"
+    job.mkdir(parents=True)
+    (job / VARIANT_FILE).write_text(json.dumps({"label": "baseline", "job_num": 0}))
+    metrics = [
+        {"recall_at_5": 1 / 3, "mrr_at_5": 0.0, "hit_at_5": 1.0, "n": 1, "d": -0.0, "x": float("nan")},
+        {"recall_at_5": 1 / 3, "mrr_at_5": 0.0, "hit_at_5": 1.0, "n": 1, "d": 0.0, "x": None},
+    ]
+    recs = [_record(i, "dev", m, timings_ms={"total": 2.5}) for i, m in enumerate(metrics)]
+    (job / RECORDS_FILE).write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+    (v,) = load_sweep_dir(tmp_path / "s")
+    a, b = (r["metrics"] for r in v.records)
+    for k in ("recall_at_5", "mrr_at_5", "hit_at_5"):
+        assert a[k] is b[k] and a[k] == metrics[0][k]
+    assert v.records[0]["timings_ms"]["total"] is v.records[1]["timings_ms"]["total"]
+    assert str(a["d"]) == "-0.0" and str(b["d"]) == "0.0" and type(a["n"]) is int and a["x"] != a["x"]
+    assert json.dumps(a) == json.dumps(metrics[0]) and json.dumps(b) == json.dumps(metrics[1])

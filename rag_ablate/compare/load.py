@@ -7,22 +7,27 @@ comparison reads only these, never anything held in memory.
 
 from __future__ import annotations
 
-import hashlib
+import gc
 import json
-import math
+import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
 from rag_ablate.compare.guard import FINGERPRINTS
 from rag_ablate.compare.model import VariantData
+from rag_ablate.compare.slim import NO_ENTRY as NO_ENTRY  # re-exported
+from rag_ablate.compare.slim import read_slim, start_worker, worker_results
+from rag_ablate.compare.slim import slim_record as slim_record  # re-exported
 from rag_ablate.core.errors import ComparisonError
 from rag_ablate.core.layout import CONFIG_FILE, RECORDS_FILE, SUMMARY_FILE, VARIANT_FILE
-from rag_ablate.records.jsonl import dumps_sorted, read_records
 from rag_ablate.records.trace import Record
+
+#: a sweep's records files at least this large in all are read side by side, one worker process a
+#: file (:func:`read_all`): parsing is the comparison's largest serial cost (about 35 us a record)
+PARALLEL_BYTES = 64 << 20
 
 
 def read_config(path: Path) -> tuple[dict[str, Any] | None, str]:
@@ -41,113 +46,20 @@ def read_config(path: Path) -> tuple[dict[str, Any] | None, str]:
     return data, ""
 
 
-#: what a record's retrieved entries become once read for the comparison (see :func:`slim_record`)
-NO_ENTRY: Mapping[str, Any] = MappingProxyType({})
-
-
-def _outputs(rec: Record) -> bytes:
-    """A digest of what the system returned for one query: its status, retrieved chunk ids,
-    answer, intents and citations (timings, scores and metrics left out)."""
-    retrieved = [(e.get("doc_id"), e.get("chunk_id")) for e in rec.get("retrieved") or []]
-    kept = [rec.get("status"), retrieved, rec.get("answer"), rec.get("intent_pred"), rec.get("intents")]
-    return hashlib.blake2b(dumps_sorted([*kept, rec.get("citations")]), digest_size=16).digest()
-
-
-#: record fields whose values (strings, or lists of strings) repeat from query to query
-REPEATED_FIELDS = (
-    "split",
-    "status",
-    "kind",
-    "intent_gold",
-    "intent_gold_l1",
-    "intent_pred",
-    "tags",
-    "intents",
-)
-_ZERO, _ONE = 0.0, 1.0
-
-
-class _Slimmer:
-    """:func:`slim_record` with one table of interned names shared by every record of a load; it
-    also keeps a digest of each query's outputs (:meth:`outputs`), read before they are slimmed."""
-
-    def __init__(self) -> None:
-        self.names: dict[str, str] = {}
-        self.key_sets: dict[tuple[str, ...], tuple[str, ...]] = {}  # a dict's keys -> the shared names
-        self.digests: dict[str, bytes] = {}
-
-    def outputs(self) -> str:
-        """One fingerprint of every query's outputs (the last record of each query counts)."""
-        h = hashlib.blake2b(digest_size=16)
-        for query_id, digest in sorted(self.digests.items()):
-            h.update(query_id.encode("utf-8") + b"\0" + digest)
-        return h.hexdigest()
-
-    def _shared(self, d: Mapping[str, Any]) -> dict[str, Any]:
-        """``d`` with its keys replaced by the shared names (records repeat the same key sets, so
-        each set is looked up once as a tuple)."""
-        keys = tuple(d)
-        shared = self.key_sets.get(keys)
-        if shared is None:
-            shared = self.key_sets[keys] = tuple(self.names.setdefault(k, k) for k in keys)
-        return dict(zip(shared, d.values(), strict=True))
-
-    def _share_values(self, rec: dict[str, Any]) -> None:
-        """One string per distinct value of the fields that repeat (:data:`REPEATED_FIELDS`) and one
-        float object each for the metric values 0.0 and 1.0 (most values of 0/1 metrics): a sixth
-        less memory per record. The values are equal, only shared."""
-        names = self.names
-        for k in REPEATED_FIELDS:
-            v = rec.get(k)
-            if type(v) is str:
-                rec[k] = names.setdefault(v, v)
-            elif type(v) is list:
-                v[:] = [names.setdefault(x, x) if type(x) is str else x for x in v]
-        metrics = rec.get("metrics")
-        if isinstance(metrics, dict):
-            for k, x in metrics.items():
-                if type(x) is float:
-                    if x == 1.0:
-                        metrics[k] = _ONE
-                    elif x == 0.0 and math.copysign(1.0, x) > 0:  # -0.0 keeps its sign
-                        metrics[k] = _ZERO
-
-    def __call__(self, rec: Record) -> Record:
-        self.digests[str(rec.get("query_id"))] = _outputs(rec)
-        # a new dict, even where the parser shared the names already (orjson does): the parser's
-        # dicts hold spare room, a third of their size, that a dict built from the items does not
-        out = self._shared(rec)
-        retrieved = out.get("retrieved")
-        if isinstance(retrieved, list):
-            out["retrieved"] = (NO_ENTRY,) * len(retrieved)
-        for k in ("metrics", "timings_ms"):
-            v = out.get(k)
-            if isinstance(v, dict):
-                out[k] = self._shared(v)
-        self._share_values(out)
-        # typed as a Record although ``retrieved`` now holds empty entries: the comparison reads
-        # its length only (see slim_record)
-        return cast(Record, out)
-
-
-def slim_record(rec: Record) -> Record:
-    """A record as the comparison keeps it: every field, but ``retrieved`` keeps only its length
-    (each entry an empty read-only mapping; the comparison, the trade-off and the report read
-    the list's length, never its entries), and field and metric names are shared between
-    records. At 100,000 queries this halves what a variant's records take in memory."""
-    return _Slimmer()(rec)
-
-
 def _variant(
-    info: dict[str, Any], records_path: Path, config_path: Path | None, run_id: str | None, source: str
+    info: dict[str, Any],
+    records_path: Path,
+    config_path: Path | None,
+    run_id: str | None,
+    source: str,
+    read: tuple[list[Record], str] | None = None,
 ) -> VariantData:
     config, problem = (None, f"{CONFIG_FILE} missing") if config_path is None else read_config(config_path)
-    slimmer = _Slimmer()
-    records = read_records(records_path, slimmer)
+    records, outputs = read_slim(records_path) if read is None else read
     return VariantData(
         label=str(info["label"]),
         records=records,
-        outputs=slimmer.outputs(),
+        outputs=outputs,
         config=config,
         overrides=[str(o) for o in info.get("overrides", [])],
         run_id=run_id,
@@ -157,14 +69,54 @@ def _variant(
     )
 
 
-def _job_variant(job: Path) -> VariantData:
-    """The variant a job folder (or a single run's folder) holds."""
+def read_all(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
+    """:func:`~rag_ablate.compare.slim.read_slim` of each records file, in order: side by side when
+    they hold :data:`PARALLEL_BYTES` or more and there are cores to spare, else one by one. This
+    process reads the first files, one worker process a core but one each a run of the others (a
+    file read by a worker costs this process a third of reading it: unpickling and sharing its
+    floats again). The same records either way; what a worker could not read is read here.
+
+    Records that large are kept out of the cyclic collector's sight once read (``gc.freeze``,
+    after a collection before reading, so no garbage is frozen): they are acyclic, reference
+    counting frees them, and each full collection of the comparison's later phases would walk
+    them all (at 100,000 queries five of them, 6 s of CPU)."""
+    if sum(p.stat().st_size for p in paths) < PARALLEL_BYTES:
+        return [read_slim(p) for p in paths]
+    gc.collect()
+    out = _read_side_by_side(paths)
+    gc.freeze()
+    return out
+
+
+def _read_side_by_side(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
+    n_workers = min((os.cpu_count() or 1) - 1, len(paths) - 1)
+    if n_workers < 1:
+        return [read_slim(p) for p in paths]
+    own = -(-len(paths) // (n_workers + 1))  # ceil
+    rest = list(paths[own:])
+    runs = [rest[len(rest) * j // n_workers : len(rest) * (j + 1) // n_workers] for j in range(n_workers)]
+    procs = [start_worker(run) for run in runs if run]
+    try:
+        out = [read_slim(p) for p in paths[:own]]
+        for proc, run in zip(procs, [r for r in runs if r], strict=True):
+            got = worker_results(proc, len(run))
+            out += [read_slim(p) if g is None else g for p, g in zip(run, got, strict=True)]
+        return out
+    finally:
+        for proc in procs:  # an error above: no worker left behind (wait() twice is harmless)
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def _job_variant(job: Path, read: tuple[list[Record], str] | None = None) -> VariantData:
+    """The variant a job folder (or a single run's folder) holds (``read``: its records, read)."""
     info = json.loads((job / VARIANT_FILE).read_text(encoding="utf-8"))
     summary_path = job / SUMMARY_FILE
     run_id = None
     if summary_path.is_file():
         run_id = json.loads(summary_path.read_text(encoding="utf-8")).get("run_id")
-    return _variant(info, job / RECORDS_FILE, job / CONFIG_FILE, run_id, str(job))
+    return _variant(info, job / RECORDS_FILE, job / CONFIG_FILE, run_id, str(job), read)
 
 
 def load_sweep_dir(sweep_dir: Path) -> list[VariantData]:
@@ -176,12 +128,14 @@ def load_sweep_dir(sweep_dir: Path) -> list[VariantData]:
             f"{sweep_dir} is a single run's folder, not a sweep: a comparison needs a sweep folder "
             "(outputs/multirun/<time>_<id>, made by python -m rag_ablate -m ...) or its MLflow parent run id"
         )
+    jobs = [
+        p.parent
+        for p in sorted(sweep_dir.glob(f"*/{RECORDS_FILE}"))
+        if p.parent.name.isdigit() and (p.parent / VARIANT_FILE).is_file()  # a sweep's jobs: 0, 1, ...
+    ]
     found = []
-    for rec_path in sorted(sweep_dir.glob(f"*/{RECORDS_FILE}")):
-        job = rec_path.parent
-        if not job.name.isdigit() or not (job / VARIANT_FILE).is_file():  # a sweep's jobs: 0, 1, ...
-            continue
-        v = _job_variant(job)
+    for job, read in zip(jobs, read_all([job / RECORDS_FILE for job in jobs]), strict=True):
+        v = _job_variant(job, read)
         found.append((int(v.info.get("job_num", 0)), v))
     if not found:
         raise ComparisonError(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import operator
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -123,6 +124,20 @@ def dumps_sorted(data: Any) -> bytes:
     return json.dumps(data, ensure_ascii=False, sort_keys=True, default=str).encode("utf-8")
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a bulk of acyclic data is read (records are JSON
+    trees; reference counting still frees them): each of its full collections walks every object
+    read so far (100,000 records in a fresh process: 4.0 s of CPU against 4.4-4.8 s)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def scan_records(path: Path, project: Callable[[Record], Record] | None = None) -> RecordsScan:
     """Read a records file written by :class:`RecordWriter` (or :func:`write_records`).
 
@@ -136,7 +151,7 @@ def scan_records(path: Path, project: Callable[[Record], Record] | None = None) 
     records: list[Record] = []
     pos, lineno = 0, 0
     torn = False
-    with path.open("rb") as f:  # line by line: the file is never held whole (250 MB at 100,000 queries)
+    with gc_paused(), path.open("rb") as f:  # line by line: the file is never held whole
         for line in f:
             lineno += 1
             last = not line.endswith(b"\n")

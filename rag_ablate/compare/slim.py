@@ -1,0 +1,239 @@
+"""Records as the comparison keeps them (:func:`slim_record`), and reading a records file that way,
+in this process or in a worker process (:func:`read_slim`, :func:`start_worker`).
+
+This module imports only what reading needs (no numpy, no config), so a worker process started
+with ``python -c`` is ready in a fraction of a second: :mod:`rag_ablate.compare.load` reads a
+sweep's records files side by side, one worker process a file, when they are large.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, cast
+
+from rag_ablate.core.errors import RagAblateError
+from rag_ablate.records.jsonl import dumps_sorted, gc_paused, read_records
+from rag_ablate.records.trace import Record
+
+
+class _NoEntry(Mapping[str, Any]):
+    """An empty read-only mapping, one for the whole process (pickled by name: a worker's records
+    hold the same object once read back)."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "NO_ENTRY"
+
+    def __reduce__(self) -> str:
+        return "NO_ENTRY"
+
+
+#: what a record's retrieved entries become once read for the comparison (see :func:`slim_record`)
+NO_ENTRY: Mapping[str, Any] = _NoEntry()
+
+
+def _outputs(rec: Record) -> bytes:
+    """A digest of what the system returned for one query: its status, retrieved chunk ids,
+    answer, intents and citations (timings, scores and metrics left out)."""
+    retrieved = [(e.get("doc_id"), e.get("chunk_id")) for e in rec.get("retrieved") or []]
+    kept = [rec.get("status"), retrieved, rec.get("answer"), rec.get("intent_pred"), rec.get("intents")]
+    return hashlib.blake2b(dumps_sorted([*kept, rec.get("citations")]), digest_size=16).digest()
+
+
+#: record fields whose values (strings, or lists of strings) repeat from query to query
+REPEATED_FIELDS = (
+    "split",
+    "status",
+    "kind",
+    "intent_gold",
+    "intent_gold_l1",
+    "intent_pred",
+    "tags",
+    "intents",
+)
+#: record fields holding a mapping of names to numbers (shared names, shared float objects)
+NUMBER_FIELDS = ("metrics", "timings_ms")
+#: how many distinct floats a load shares at most (the discrete values of ranked-list metrics come
+#: first; continuous ones, latencies, fill the table and are then kept as they come)
+SHARED_FLOATS = 1 << 16
+_ZERO, _ONE = 0.0, 1.0
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to slim a record with one key order: its shared key names and the positions of the
+    fields :meth:`_Slimmer.__call__` rewrites."""
+
+    keys: tuple[str, ...]
+    repeated: tuple[int, ...]
+    numbers: tuple[int, ...]
+    retrieved: int  # -1: none
+
+
+class _Slimmer:
+    """:func:`slim_record` with one table of interned names and floats shared by every record of a
+    load; it also keeps a digest of each query's outputs (:meth:`outputs`), read before they are
+    slimmed."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self.key_sets: dict[tuple[str, ...], tuple[str, ...]] = {}  # a dict's keys -> the shared names
+        self.plans: dict[tuple[str, ...], _Plan] = {}
+        self.floats: dict[float, float] = {_ONE: _ONE}  # 0.0 apart: it equals -0.0 (see _numbers)
+        self.digests: dict[str, bytes] = {}
+
+    def outputs(self) -> str:
+        """One fingerprint of every query's outputs (the last record of each query counts)."""
+        h = hashlib.blake2b(digest_size=16)
+        for query_id, digest in sorted(self.digests.items()):
+            h.update(query_id.encode("utf-8") + b"\0" + digest)
+        return h.hexdigest()
+
+    def _names_of(self, keys: tuple[str, ...]) -> tuple[str, ...]:
+        """``keys`` as the shared names (records repeat the same key sets: each set is looked up
+        once as a tuple)."""
+        shared = self.key_sets.get(keys)
+        if shared is None:
+            shared = self.key_sets[keys] = tuple(self.names.setdefault(k, k) for k in keys)
+        return shared
+
+    def _plan(self, keys: tuple[str, ...]) -> _Plan:
+        plan = self.plans[keys] = _Plan(
+            self._names_of(keys),
+            tuple(i for i, k in enumerate(keys) if k in REPEATED_FIELDS),
+            tuple(i for i, k in enumerate(keys) if k in NUMBER_FIELDS),
+            keys.index("retrieved") if "retrieved" in keys else -1,
+        )
+        return plan
+
+    def _numbers(self, d: dict[str, Any]) -> dict[str, Any]:
+        """A mapping of names to numbers with shared names and one float object per distinct value
+        (0.0 and 1.0, most values of 0/1 metrics, and the first :data:`SHARED_FLOATS` others): a
+        new dict, built from the items (the parser's dicts hold spare room, a third of their size).
+        The values are equal, only shared; -0.0 keeps its sign (it equals 0.0, so zeros are never
+        looked up in the table)."""
+        floats = self.floats
+        share = floats.setdefault if len(floats) < SHARED_FLOATS else floats.get
+        values = [
+            (share(x, x) if x else _ZERO if math.copysign(1.0, x) > 0 else x) if type(x) is float else x
+            for x in d.values()
+        ]
+        return dict(zip(self._names_of(tuple(d)), values, strict=True))
+
+    def __call__(self, rec: Record) -> Record:
+        self.digests[str(rec.get("query_id"))] = _outputs(rec)
+        keys = tuple(rec)
+        plan = self.plans.get(keys) or self._plan(keys)
+        values = list(rec.values())
+        names = self.names
+        for i in plan.repeated:  # one string per distinct value of the fields that repeat
+            v = values[i]
+            if type(v) is str:
+                values[i] = names.setdefault(v, v)
+            elif type(v) is list:
+                values[i] = [names.setdefault(x, x) if type(x) is str else x for x in v]
+        for i in plan.numbers:
+            v = values[i]
+            if type(v) is dict:
+                values[i] = self._numbers(v)
+        retrieved = values[plan.retrieved] if plan.retrieved >= 0 else None
+        if isinstance(retrieved, list):
+            values[plan.retrieved] = (NO_ENTRY,) * len(retrieved)
+        # a new dict, even where the parser shared the names already (orjson does): see _numbers.
+        # Typed as a Record although ``retrieved`` now holds empty entries: the comparison reads
+        # its length only (see slim_record)
+        return cast(Record, dict(zip(plan.keys, values, strict=True)))
+
+
+def slim_record(rec: Record) -> Record:
+    """A record as the comparison keeps it: every field, but ``retrieved`` keeps only its length
+    (each entry an empty read-only mapping; the comparison, the trade-off and the report read
+    the list's length, never its entries), and field and metric names are shared between
+    records. At 100,000 queries this halves what a variant's records take in memory."""
+    return _Slimmer()(rec)
+
+
+def read_slim(path: Path) -> tuple[list[Record], str]:
+    """Every record of a records file as :func:`slim_record` keeps it, and the fingerprint of
+    the queries' outputs (``VariantData.outputs``)."""
+    slimmer = _Slimmer()
+    records = read_records(path, slimmer)
+    return records, slimmer.outputs()
+
+
+def reshare(records: list[Record]) -> list[Record]:
+    """Records read back from a worker process with their floats shared again (pickle keeps the
+    sharing of strings, not of floats), in place."""
+    slimmer = _Slimmer()
+    for rec in records:
+        for k in NUMBER_FIELDS:
+            v = rec.get(k)
+            if type(v) is dict:
+                rec[k] = slimmer._numbers(v)  # type: ignore[literal-required]
+    return records
+
+
+def start_worker(paths: Sequence[Path]) -> subprocess.Popen[bytes]:
+    """A process reading ``paths`` one after another by :func:`read_slim` that writes each result,
+    pickled, to its stdout (or the RagAblateError it met, and stops); read them back with
+    :func:`worker_results`."""
+    root = str(Path(__file__).resolve().parents[2])  # this very package, whatever the cwd
+    code = f"import sys; sys.path.insert(0, {root!r}); from rag_ablate.compare.slim import _work; _work()"
+    return subprocess.Popen(
+        [sys.executable, "-I", "-c", code, *map(str, paths)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def worker_results(proc: subprocess.Popen[bytes], n: int) -> list[tuple[list[Record], str] | None]:
+    """What :func:`start_worker`'s process read from its ``n`` files, in order; None for a file it
+    did not finish (read it in this process instead: its error, if any, is raised there). A
+    RagAblateError it met is raised."""
+    out: list[tuple[list[Record], str] | None] = []
+    try:
+        with gc_paused():
+            while len(out) < n:
+                got = pickle.load(cast(IO[bytes], proc.stdout))
+                if isinstance(got, RagAblateError):
+                    raise got
+                records, outputs = got
+                out.append((reshare(records), outputs))
+    except RagAblateError:
+        raise
+    except Exception:  # a worker killed or failing: the caller reads what is left itself
+        pass
+    finally:
+        cast(IO[bytes], proc.stdout).close()
+        proc.wait()
+    return out + [None] * (n - len(out))
+
+
+def _work() -> None:
+    """A worker process's body (see :func:`start_worker`)."""
+    with os.fdopen(sys.stdout.fileno(), "wb", closefd=False) as out:
+        for path in sys.argv[1:]:
+            try:
+                result: object = read_slim(Path(path))
+            except RagAblateError as exc:
+                pickle.dump(exc, out, protocol=pickle.HIGHEST_PROTOCOL)
+                return
+            pickle.dump(result, out, protocol=pickle.HIGHEST_PROTOCOL)
+            del result  # its records, before the next file's
