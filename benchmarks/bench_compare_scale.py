@@ -20,11 +20,11 @@ variants differ from the baseline by a small overall gain (job 1) and a gain tha
 into a loss on one slice (job 2).
 
 Phases (run in-process through the same functions as ``rag-ablate compare``):
-``read records`` (load_source), ``compare`` (rag_ablate.compare.analysis.compare, split
-into the draws of the bootstrap counts, the per-metric paired tests, the latency
-percentiles and the production mix by timing those functions), ``slices``, ``guard +
-pairwise``, ``render`` (comparison.json/.md and the terminal table), ``trade-off`` and
-``report.html``. Peak RSS per phase: the kernel's high-water mark, reset
+``read records`` (load_source), ``guard``, ``statistics`` (rag_ablate.compare.run.statistics:
+the comparison, its slices and its trade-off on one draw per split, split into the draws of
+the bootstrap counts, the paired tests, the latency percentiles, the production mix and the
+flips by timing those functions), ``pairwise``, ``render`` (comparison.json/.md and the
+terminal table) and ``report.html``. Peak RSS per phase: the kernel's high-water mark, reset
 before each phase (``/proc/self/clear_refs``), read from ``/proc/self/status``.
 ``--cli`` also times ``rag-ablate compare <sweep dir>`` as a subprocess (wall and max RSS).
 """
@@ -298,7 +298,7 @@ def write_sweep(sweep: Path, queries: list[dict[str, Any]], seed: int = 0) -> No
 
 def run_phases(sweep: Path, B: int, seed: int) -> tuple[Phases, Any]:
     """The comparison step of ``rag-ablate compare <sweep>``, phase by phase (module docstring)."""
-    from rag_ablate.compare import analysis, draws, pairwise, render, run, slices, stats, tradeoff
+    from rag_ablate.compare import analysis, draws, pairwise, render, run, stats
     from rag_ablate.compare.guard import check
     from rag_ablate.compare.load import pick_baseline
     from rag_ablate.config.schema import CompareConfig
@@ -310,41 +310,22 @@ def run_phases(sweep: Path, B: int, seed: int) -> tuple[Phases, Any]:
     ph.wrap(stats, "paired_quantile_tests", "latency percentiles (summaries)")
     ph.wrap(analysis, "mix_rows", "production mix (summaries)")
     ph.wrap(analysis, "_add_flips", "flips")
-    settings = CompareConfig()
+    settings = CompareConfig(B=B, min_slice_groups=6)
     with ph.phase("read records"):
         src = run.load_source(sweep)
     with ph.phase("guard"):
         check(src.variants, pick_baseline(src.variants, settings.baseline)[0].label)
-    with ph.phase("compare (all metrics, production mix)"):
-        c = analysis.compare(
-            src.variants,
-            baseline=settings.baseline,
-            metrics=settings.metrics,
-            splits=settings.splits,
-            B=B,
-            seed=seed,
-            alpha=settings.alpha,
-            flip_threshold=settings.flip_threshold,
-        )
-        c.cap_flips()  # as the comparison step does (compare/run.py)
+    with ph.phase("statistics: compare, slices, trade-off (one draw per split)"):
+        c = run.statistics(src.variants, settings, seed=seed)  # caps the flips, as the step does
     inner_compare = {k: list(v) for k, v in ph.inner.items()}
-    with ph.phase("slices"):
-        c.slices = slices.compare_slices(
-            src.variants, c, metrics=slices.resolve_metrics(src.variants, settings), min_groups=6
-        )
-    key = "paired tests (sign flip + interval, bootstrap summaries)"
-    slices_tests = ph.inner[key][1] - inner_compare[key][1]
     with ph.phase("pairwise"):
         c.pairwise = pairwise.pairwise_section(src.variants, c)
     with ph.phase("render (comparison.json/.md, terminal)"):
         render.write_outputs(c, src.out_dir)
         render.format_terminal(c)
-    with ph.phase("trade-off (quality against cost, its bootstrap)"):
-        c.tradeoff = tradeoff.compute(src.variants, settings, seed=seed, baseline=c.baseline)
     with ph.phase("report.html (plots, page)"):
         write_report(src.out_dir, c, src.variants)
-    ph.inner = {k: v for k, v in inner_compare.items()}
-    ph.inner["slices: paired tests"] = [0.0, float(slices_tests)]
+    ph.inner = inner_compare
     return ph, c
 
 
@@ -405,10 +386,9 @@ def main() -> None:
         )
         for name, sec, peak, cpu in ph.rows:
             print(f"| {name} | {sec:.2f} | {cpu:.2f} | {peak:,.0f} |")
-            if name.startswith("compare"):
+            if name.startswith("statistics"):
                 for inner, (s, calls) in ph.inner.items():
-                    if not inner.startswith("slices"):
-                        print(f"| &nbsp;&nbsp;of which {inner} ({int(calls)} calls) | {s:.2f} | | |")
+                    print(f"| &nbsp;&nbsp;of which {inner} ({int(calls)} calls) | {s:.2f} | | |")
         total, cpu_total = sum(r[1] for r in ph.rows), sum(r[3] for r in ph.rows)
         peak = max(r[2] for r in ph.rows)
         print(f"| **comparison step, total** | **{total:.2f}** | **{cpu_total:.2f}** | **{peak:,.0f}** |")

@@ -354,15 +354,47 @@ def compare(
     flip_threshold: float = 0.2,
     weights: TagWeights | None = None,
 ) -> Comparison:
-    """Compare every variant with the baseline. See the module docstring.
+    """Compare every variant with the baseline on draws of its own (:func:`plan_compare`, then
+    the draws, then the second pass). See the module docstring."""
+    draws = SharedDraws(B)
+    done = plan_compare(
+        variants,
+        baseline=baseline,
+        metrics=metrics,
+        splits=splits,
+        seed=seed,
+        alpha=alpha,
+        flip_threshold=flip_threshold,
+        weights=weights,
+        draws=draws,
+    )
+    draws.run()
+    return done()
+
+
+def plan_compare(
+    variants: Sequence[VariantData],
+    *,
+    baseline: str | None = None,
+    metrics: Sequence[str] | None = None,
+    splits: Sequence[str] = ("dev", "holdout"),
+    seed: int = 0,
+    alpha: float = 0.05,
+    flip_threshold: float = 0.2,
+    weights: TagWeights | None = None,
+    draws: SharedDraws,
+) -> Callable[[], Comparison]:
+    """Plan the comparison of every variant with the baseline. See the module docstring.
 
     ``metrics``: None or empty = the registry's default set (``MetricSpec.default_compare``).
     ``weights``: the production mix (:mod:`rag_ablate.dataset.weights`); None = the baseline's
     ``dataset.slice_weights``/``edge_tags``. Its rows go to ``Comparison.mix``.
 
-    Two passes: the first pairs the queries and registers every test's use of its split's
-    bootstrap draw; each draw is then streamed once (:mod:`rag_ablate.compare.draws`) and
-    the second pass finishes the tests in the order they were planned.
+    Two passes: this first one pairs the queries and registers every test's use of its split's
+    bootstrap draw on ``draws``; after ``draws.run()`` (each draw streamed once to the tests of the
+    comparison and of whatever else registered on it: the slices, the trade-off;
+    :mod:`rag_ablate.compare.draws`) the returned function finishes the tests in the order they were
+    planned and returns the comparison. :func:`compare` does both.
     """
     # canonical names (recall@5 -> recall_at_5); unknown names fail with the valid ones
     metrics = [
@@ -372,7 +404,7 @@ def compare(
     others = [v for v in variants if v is not base]
     if not others:
         raise ComparisonError("a comparison needs at least one variant besides the baseline")
-    counts = SharedDraws(B)
+    counts, B = draws, draws.B
     others_cfg = {o.label: o.config for o in others}
     tw, mix_notes = settle_weights(weights, base.config, base.records, others_cfg)
     notes += mix_notes
@@ -473,35 +505,38 @@ def compare(
                         mix=mix,
                     )
                 )
-    counts.run()
-    for step in finish:
-        step()
-    for r in rows:
-        if r.tested and (r.split, r.variant, r.metric) in ok_only:
-            r.ok_baseline_mean, r.ok_variant_mean, r.ok_effect, r.n_ok_queries = ok_only[
-                (r.split, r.variant, r.metric)
-            ]
-    order = {(s, v, m): i for i, (s, v, m) in enumerate(_keys(splits, [o.label for o in others], metrics))}
-    rows.sort(key=lambda r: order[(r.split, r.variant, r.metric)])
-    _adjust(rows, alpha)
-    label_rows(rows, alpha)
-    _flag_disagreements(rows)
-    notes += gap_notes(base, others, splits)
-    return Comparison(
-        baseline=base.label,
-        variants=[v.label for v in others],
-        metrics=list(metrics),
-        splits=list(splits),
-        B=B,
-        seed=seed,
-        alpha=alpha,
-        rows=rows,
-        flips=flips,
-        pairs=pairs,
-        notes=notes,
-        mix=mix,
-        mix_weights=tw.describe() if tw is not None else "",
-    )
+
+    def done() -> Comparison:
+        for step in finish:
+            step()
+        for r in rows:
+            if r.tested and (r.split, r.variant, r.metric) in ok_only:
+                r.ok_baseline_mean, r.ok_variant_mean, r.ok_effect, r.n_ok_queries = ok_only[
+                    (r.split, r.variant, r.metric)
+                ]
+        keys = _keys(splits, [o.label for o in others], metrics)
+        order = {(s, v, m): i for i, (s, v, m) in enumerate(keys)}
+        rows.sort(key=lambda r: order[(r.split, r.variant, r.metric)])
+        _adjust(rows, alpha)
+        label_rows(rows, alpha)
+        _flag_disagreements(rows)
+        return Comparison(
+            baseline=base.label,
+            variants=[v.label for v in others],
+            metrics=list(metrics),
+            splits=list(splits),
+            B=B,
+            seed=seed,
+            alpha=alpha,
+            rows=rows,
+            flips=flips,
+            pairs=pairs,
+            notes=notes + gap_notes(base, others, splits),
+            mix=mix,
+            mix_weights=tw.describe() if tw is not None else "",
+        )
+
+    return done
 
 
 def _same(prod: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

@@ -34,7 +34,7 @@ See docs/statistics.md, "Slices".
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,17 +120,45 @@ def compare_slices(
     seed: int | None = None,
     alpha: float | None = None,
 ) -> SliceSection:
-    """Per-slice effects of every variant of ``comparison`` (see the module docstring).
+    """Per-slice effects of every variant of ``comparison`` (see the module docstring), on draws of
+    their own (:func:`plan_slices`, then the draws). ``B``, ``seed`` and ``alpha`` default to the
+    comparison's."""
+    draws = SharedDraws(comparison.B if B is None else B)
+    done = plan_slices(
+        variants,
+        baseline=comparison.baseline,
+        compared=comparison.variants,
+        splits=comparison.splits,
+        metrics=metrics,
+        min_groups=min_groups,
+        seed=comparison.seed if seed is None else seed,
+        alpha=comparison.alpha if alpha is None else alpha,
+        draws=draws,
+    )
+    draws.run()
+    return done()
 
-    ``B``, ``seed`` and ``alpha`` default to the comparison's.
-    """
+
+def plan_slices(
+    variants: Sequence[VariantData],
+    *,
+    baseline: str,
+    compared: Sequence[str],
+    splits: Sequence[str],
+    metrics: Sequence[str],
+    min_groups: int,
+    seed: int,
+    alpha: float,
+    draws: SharedDraws,
+) -> Callable[[], SliceSection]:
+    """Plan the per-slice effects of the variants ``compared`` against ``baseline`` (labels), each
+    slice's bootstrap a domain of its split's draw on ``draws`` (the comparison's, when it registers
+    on the same ``draws``); after ``draws.run()`` the returned function finishes them."""
     if min_groups < 1:
         raise ConfigError(f"compare.min_slice_groups must be >= 1, got {min_groups}")
-    B = comparison.B if B is None else B
-    seed = comparison.seed if seed is None else seed
-    alpha = comparison.alpha if alpha is None else alpha
-    base, _ = pick_baseline(variants, comparison.baseline)
-    others = [v for v in variants if v.label in comparison.variants]
+    B = draws.B
+    base, _ = pick_baseline(variants, baseline)
+    others = [v for v in variants if v.label in compared]
     section = SliceSection(list(metrics), min_groups, alpha)
     untagged = {
         v.label: n for v in (base, *others) if (n := sum(1 for r in v.records if record_tags(r) is None))
@@ -142,11 +170,10 @@ def compare_slices(
             "slices only"
         )
     rows: list[SliceRow] = []
-    # every slice test is a domain of its split's draw (the comparison's): each draw runs once, and one
-    # product per chunk serves every slice test of the split
-    draws = SharedDraws(B)
+    # every slice test is a domain of its split's draw: each draw runs once, and one product per chunk
+    # serves every test of the split (the comparison's, the slices', the trade-off's)
     tests: list[tuple[SliceRow, _Test]] = []
-    for split in comparison.splits:
+    for split in splits:
         base_by_id = _by_id(base.records, split)
         if not base_by_id:
             continue
@@ -172,34 +199,42 @@ def compare_slices(
                     if test is not None:
                         test.theta = draw.add(draws, test.groups.tolist(), test.sums_sizes, domain_ratios)
                         tests.append((row, test))
-    draws.run()
-    for row, test in tests:
-        res = stats.paired_test(
-            test.b,
-            test.v,
-            test.groups,
-            B=B,
-            seed=stats.derive_seed(seed, "slice", row.split, row.kind, row.value),
-            alpha=alpha,
-            theta=test.theta.result() if test.theta is not None else None,
-            signflip_seeds=[
-                stats.derive_seed(seed, "slice", row.split, row.variant, row.kind, row.value, row.metric)
-            ],
+
+    def done() -> SliceSection:
+        for row, test in tests:
+            res = stats.paired_test(
+                test.b,
+                test.v,
+                test.groups,
+                B=B,
+                seed=stats.derive_seed(seed, "slice", row.split, row.kind, row.value),
+                alpha=alpha,
+                theta=test.theta.result() if test.theta is not None else None,
+                signflip_seeds=[
+                    stats.derive_seed(seed, "slice", row.split, row.variant, row.kind, row.value, row.metric)
+                ],
+            )
+            row.effect = float(res.effect[0])
+            row.ci_low, row.ci_high = float(res.ci_low[0]), float(res.ci_high[0])
+            row.p_value, row.p_exact = float(res.p_value[0]), bool(res.p_exact[0])
+            row.mde = detectable(float(res.se[0]), row.ci_low, row.ci_high, alpha)
+            row.verdict = "no evidence"  # until the adjustment says otherwise
+        _adjust(rows, alpha)
+        variant_order = {v: i for i, v in enumerate(compared)}
+        split_order = {s: i for i, s in enumerate(splits)}
+        metric_order = {m: i for i, m in enumerate(metrics)}
+        rows.sort(
+            key=lambda r: (
+                variant_order[r.variant],
+                split_order[r.split],
+                metric_order[r.metric],
+                *_order_key(r),
+            )
         )
-        row.effect = float(res.effect[0])
-        row.ci_low, row.ci_high = float(res.ci_low[0]), float(res.ci_high[0])
-        row.p_value, row.p_exact = float(res.p_value[0]), bool(res.p_exact[0])
-        row.mde = detectable(float(res.se[0]), row.ci_low, row.ci_high, alpha)
-        row.verdict = "no evidence"  # until the adjustment says otherwise
-    _adjust(rows, alpha)
-    variant_order = {v: i for i, v in enumerate(comparison.variants)}
-    split_order = {s: i for i, s in enumerate(comparison.splits)}
-    metric_order = {m: i for i, m in enumerate(metrics)}
-    rows.sort(
-        key=lambda r: (variant_order[r.variant], split_order[r.split], metric_order[r.metric], *_order_key(r))
-    )
-    section.rows = rows
-    return section
+        section.rows = rows
+        return section
+
+    return done
 
 
 def _members(base_by_id: Mapping[str, Record], var_by_id: Mapping[str, Record]) -> dict[SliceKey, list[str]]:

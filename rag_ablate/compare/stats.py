@@ -1167,21 +1167,28 @@ def percentile_setup(values: npt.ArrayLike, codes: npt.ArrayLike, n_groups: int,
 
 
 def resample_percentiles(
-    counts: npt.NDArray[np.generic], setup: PercentileSetup, counts_f64: FloatArray | None = None
+    counts: npt.NDArray[np.generic],
+    setup: PercentileSetup,
+    counts_f64: FloatArray | None = None,
+    sums: FloatArray | None = None,
 ) -> FloatArray:
     """The q-th percentile (numpy's linear) of the values repeated by their group's count, per row
     of ``counts`` (c, G); NaN for a row that draws no value. Equal to
-    :func:`weighted_percentiles` over every position, found mostly in a window of positions."""
+    :func:`weighted_percentiles` over every position, found mostly in a window of positions.
+    ``sums``: the chunk's product with ``setup.cols``, already taken (a shared draw takes it with
+    every other test's columns)."""
     c = np.asarray(counts)
-    cf = c.astype(np.float64) if counts_f64 is None else counts_f64
-    sums = np.rint(cf @ setup.cols).astype(np.int64)
-    total = sums[:, 0]
+    if sums is None:
+        cf = c.astype(np.float64) if counts_f64 is None else counts_f64
+        sums = cf @ setup.cols
+    whole = np.rint(sums).astype(np.int64)
+    total = whole[:, 0]
     out = np.full(c.shape[0], np.nan)
     ok = total > 0
     if np.all(ok):
-        out[:] = _side_percentiles(setup.side, c, total, sums[:, 1:], (setup.q,))[:, 0]
+        out[:] = _side_percentiles(setup.side, c, total, whole[:, 1:], (setup.q,))[:, 0]
     elif np.any(ok):
-        out[ok] = _side_percentiles(setup.side, c[ok], total[ok], sums[ok, 1:], (setup.q,))[:, 0]
+        out[ok] = _side_percentiles(setup.side, c[ok], total[ok], whole[ok, 1:], (setup.q,))[:, 0]
     return out
 
 
