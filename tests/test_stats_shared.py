@@ -83,3 +83,48 @@ def test_shared_sign_vectors_keep_every_columns_null_distribution() -> None:
     for j in range(5):
         assert sps.kstest(ps[:, j], "uniform").pvalue > 0.001, j
         assert 0.02 < np.mean(ps[:, j] < 0.05) < 0.09, j
+
+
+@pytest.mark.parametrize("every", [7, 23])  # 86 of 600 groups (in the split's product), 27 (gathered)
+def test_a_slices_sign_flip_test_from_the_splits_one_sign_stream_matches_its_own_stream(every: int) -> None:
+    """Every sign-flip test of a split takes its groups' signs from the split's one stream: a slice's
+    p and interval agree with those of its own stream within Monte Carlo error, and a test over all the
+    split's groups draws exactly the vectors of ``paired_test(signflip_seed=draw.sign_seed)``."""
+    b, v, labels = _data(600, 3)
+    in_slice = np.array([int(g[1:]) % every == 0 for g in labels])
+    groups = np.array([g for g, s in zip(labels, in_slice, strict=True) if s])
+    sb, sv = b[in_slice], v[in_slice] - 0.04  # an effect near the edge of the interval: p not 0 or 1
+    B = 4_000
+    draw = split_draw(0, "dev", labels)
+    shared = SharedDraws(B)
+    signs = draw.add_signs(shared, groups.tolist(), stats.group_sums_sizes(sv - sb, groups))
+    whole = draw.add_signs(shared, labels, stats.group_sums_sizes(v - b, np.array(labels)))
+    assert signs is not None and whole is not None
+    shared.run()
+    got = stats.paired_test(sb, sv, groups, B=B, seed=5, signs=signs.result())
+    own = stats.paired_test(sb, sv, groups, B=B, seed=5)
+    assert got.n_groups == own.n_groups == len(set(groups.tolist())) > 20
+    assert got.effect[0] == own.effect[0] and got.se[0] == own.se[0]  # the bootstrap is not the signs'
+    # Monte Carlo SD of the difference of two p from independent streams of B vectors
+    p = own.p_value[0]
+    assert 0.01 < p < 0.99 and abs(got.p_value[0] - p) < 4 * np.sqrt(2 * p * (1 - p) / B)
+    assert got.ci_low[0] == pytest.approx(own.ci_low[0], abs=0.15 * own.se[0])
+    assert got.ci_high[0] == pytest.approx(own.ci_high[0], abs=0.15 * own.se[0])
+    full = stats.paired_test(b, v, np.array(labels), B=B, signs=whole.result())
+    alone = stats.paired_test(b, v, np.array(labels), B=B, signflip_seed=draw.sign_seed)
+    assert full.p_value[0] == alone.p_value[0]
+    assert full.ci_low[0] == pytest.approx(alone.ci_low[0], rel=1e-9)
+    assert full.ci_high[0] == pytest.approx(alone.ci_high[0], rel=1e-9)
+
+
+def test_a_test_with_few_groups_enumerates_its_signs_instead_of_taking_the_stream() -> None:
+    b, v, labels = _data(200, 4)
+    in_slice = np.array([g in ("g0003", "g0040", "g0077", "g0100") for g in labels])
+    groups = [g for g, s in zip(labels, in_slice, strict=True) if s]
+    shared = SharedDraws(1_000)
+    sums_sizes = stats.group_sums_sizes(v[in_slice] - b[in_slice], np.array(groups))
+    assert split_draw(0, "dev", labels).add_signs(shared, groups, sums_sizes) is None  # 2**4 <= B
+    sb, sv, g = b[in_slice], v[in_slice], np.array(groups)
+    res = stats.paired_test(sb, sv, g, B=1_000, signs=np.zeros((1_000, 2)))  # the zeros are not read
+    own = stats.paired_test(sb, sv, g, B=1_000)
+    assert res.p_exact[0] and (res.p_value[0], res.ci_low[0]) == (own.p_value[0], own.ci_low[0])

@@ -150,12 +150,38 @@ class SplitDraw:
         has one row per distinct label, in sorted order (as :func:`stats.group_sums` gives them). A
         subset of more than 1/:data:`GATHER_BELOW` of the split's groups joins the draw's one product
         with every group (the other groups' rows 0); a smaller one multiplies its own groups' counts."""
+        cols, rows = self._domain(groups, cols)
+        return shared.add_linear(self.key, self.seed, self.n_groups, cols, finish, rows)
+
+    @property
+    def sign_seed(self) -> int:
+        """The seed of the split's one stream of sign vectors, shared by every sign-flip test of the
+        split (``paired_test(signflip_seed=...)`` draws the same vectors)."""
+        return stats.derive_seed(self.seed, "signs")
+
+    def add_signs(
+        self, shared: SharedDraws, groups: Sequence[str], sums_sizes: npt.NDArray[np.float64]
+    ) -> Collector | None:
+        """The sign-flip sums of a paired test over the queries whose group labels are ``groups``
+        (``sums_sizes``: :func:`stats.group_sums_sizes` of their differences), from the split's one
+        stream of sign vectors, each test taking the signs of its own groups (the ``signs`` of
+        :func:`stats.paired_test`); None when the test enumerates every sign vector (2**G <= B)."""
+        n = sums_sizes.shape[0]
+        if n < 63 and (1 << n) <= shared.B:
+            return None
+        cols, rows = self._domain(groups, sums_sizes)
+        return shared.add_signs((*self.key, "signs"), self.sign_seed, self.n_groups, cols, rows)
+
+    def _domain(
+        self, groups: Sequence[str], cols: npt.NDArray[np.float64]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp] | None]:
+        """``cols`` of the groups ``groups`` as a consumer of the split takes them (:meth:`add`)."""
         rows = self.codes(sorted(set(groups)))
         if GATHER_BELOW * rows.shape[0] > self.n_groups:
             full = np.zeros((self.n_groups, cols.shape[1]))
             full[rows] = cols
-            return shared.add_linear(self.key, self.seed, self.n_groups, full, finish)
-        return shared.add_linear(self.key, self.seed, self.n_groups, cols, finish, rows)
+            return full, None
+        return cols, rows
 
 
 #: a test over fewer than 1/16 of its split's groups gathers their counts instead of joining the
@@ -474,6 +500,7 @@ def plan_compare(
                 groups = [str(base_by_id[q]["group"]) for q in qids]
                 sums_sizes = stats.group_sums_sizes(v - b, np.array(groups))
                 theta = draw.add(counts, groups, sums_sizes, domain_ratios)
+                signs = draw.add_signs(counts, groups, sums_sizes)
                 mixed = None
                 if tw is not None:  # the production-weighted and the edge-case effects, same draw
                     tags = [base_by_id[q].get("tags") or () for q in qids]
@@ -491,6 +518,7 @@ def plan_compare(
                         v,
                         groups,
                         theta,
+                        signs,
                         mixed,
                         base_by_id,
                         var_by_id,
@@ -588,6 +616,7 @@ def _plan_means(
     v: npt.NDArray[np.float64],
     groups: list[str],
     theta: Collector,
+    signs: Collector | None,
     mixed: tuple[list[Any], Collector] | None,
     base_by_id: Mapping[str, Record],
     var_by_id: Mapping[str, Record],
@@ -614,7 +643,7 @@ def _plan_means(
             seed=seed,
             alpha=alpha,
             theta=theta.result(),
-            signflip_seed=stats.derive_seed(seed, split, var.label, "signflip"),
+            signs=None if signs is None else signs.result(),
         )
         for j, m in enumerate(ms):
             rows.append(

@@ -27,7 +27,7 @@ none of the subset's groups has no mean (0 / 0): NaN, left out by the test
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +91,7 @@ class _Linear:
 class _Draw:
     seed: int
     n_groups: int
+    signs: bool = False  # a stream of sign vectors (0/1 bits: +1/-1) instead of bootstrap counts
     consumers: list[Collector] = field(default_factory=list)
     linear: list[_Linear] = field(default_factory=list)
 
@@ -152,18 +153,46 @@ class SharedDraws:
     ) -> Collector:
         """:meth:`add_linear` whose ``finish`` also takes the chunk (a statistic that needs sums over
         groups and the counts themselves: the latency percentiles)."""
+        return self._add(key, seed, n_groups, np.asarray(cols, dtype=np.float64), finish, rows, signs=False)
+
+    def add_signs(
+        self,
+        key: Any,
+        seed: int,
+        n_groups: int,
+        cols: FloatArray,
+        rows: npt.NDArray[np.intp] | None = None,
+    ) -> Collector:
+        """A consumer of the sign stream ``key`` (``B`` random sign vectors over ``n_groups`` groups
+        from ``default_rng(seed)``: the vectors :func:`rag_ablate.compare.stats.paired_test` draws
+        from a ``signflip_seed``), computing ``sum_g eps_g cols[g]`` per vector, (B, k). ``cols`` and
+        ``rows`` as in :meth:`add_linear`: every consumer of the stream shares one product per block."""
         cols = np.asarray(cols, dtype=np.float64)
+        total = cols.sum(axis=0)  # eps = 2 bit - 1, hence sum(eps c) = 2 (bits @ c) - sum(c)
+        return self._add(key, seed, n_groups, cols, lambda prod, _: 2.0 * prod - total, rows, signs=True)
+
+    def _add(
+        self,
+        key: Any,
+        seed: int,
+        n_groups: int,
+        cols: FloatArray,
+        finish: Callable[[FloatArray, Chunk], FloatArray],
+        rows: npt.NDArray[np.intp] | None,
+        *,
+        signs: bool,
+    ) -> Collector:
         if cols.ndim != 2 or cols.shape[0] != (n_groups if rows is None else len(rows)):
             raise ValueError(f"draw {key!r}: columns of shape {cols.shape} for {n_groups} groups")
         collector = Collector(lambda ch: finish(ch.f64 @ cols, ch))
         lin = _Linear(cols, finish, collector, None if rows is None else np.asarray(rows, dtype=np.intp))
-        self._draw(key, seed, n_groups).linear.append(lin)
+        self._draw(key, seed, n_groups, signs).linear.append(lin)
         return collector
 
-    def _draw(self, key: Any, seed: int, n_groups: int) -> _Draw:
-        draw = self._draws.setdefault(key, _Draw(seed, n_groups))
-        if (draw.seed, draw.n_groups) != (seed, n_groups):
-            raise ValueError(f"draw {key!r} registered with another seed or group count")
+    def _draw(self, key: Any, seed: int, n_groups: int, signs: bool = False) -> _Draw:
+        draw = self._draws.setdefault(key, _Draw(seed, n_groups, signs))
+        if (draw.seed, draw.n_groups, draw.signs) != (seed, n_groups, signs):
+            raise ValueError(f"draw {key!r} registered with another seed, group count or kind")
         return draw
 
     def run(self) -> None:
@@ -171,9 +200,14 @@ class SharedDraws:
             if not draw.consumers and not draw.linear:
                 continue
             rng = np.random.default_rng(draw.seed)
-            buffer = np.empty((min(CHUNK, self.B), draw.n_groups))
+            chunks: Iterator[npt.NDArray[np.integer[Any]]] = (
+                _sign_bits(draw.n_groups, self.B, rng)
+                if draw.signs
+                else stats.bootstrap_counts(draw.n_groups, self.B, rng, CHUNK, reuse=True)
+            )
+            buffer = np.empty((min(SIGN_ROWS if draw.signs else CHUNK, self.B), draw.n_groups))
             products = draw.products()
-            for counts in stats.bootstrap_counts(draw.n_groups, self.B, rng, CHUNK, reuse=True):
+            for counts in chunks:
                 ch = Chunk(counts, buffer)
                 for rows, cols, members in products:
                     drawn = ch.f64 if rows is None else counts[:, rows].astype(np.float64)
@@ -183,6 +217,23 @@ class SharedDraws:
                 for consumer in draw.consumers:
                     consumer(ch)
         self._draws.clear()
+
+
+#: sign vectors unpacked and multiplied at once (a block of a chunk): their float64 copy is
+#: SIGN_ROWS x G x 8 bytes (28 MB at 56,000 groups)
+SIGN_ROWS = 64
+
+
+def _sign_bits(n_groups: int, B: int, rng: np.random.Generator) -> Iterator[npt.NDArray[np.uint8]]:
+    """B random sign vectors as 0/1 bits (1: +1), blocks of at most :data:`SIGN_ROWS` rows of
+    (c, n_groups): per :data:`CHUNK` vectors ``rng.integers(0, 256, (c, ceil(G / 8)), dtype=uint8)``,
+    bit i of byte k (``np.unpackbits`` order) group ``8 k + i``'s sign, as
+    :func:`rag_ablate.compare.stats.paired_test` draws them from one ``signflip_seed``."""
+    n_bytes = (n_groups + 7) // 8
+    for done in range(0, B, CHUNK):
+        packed = rng.integers(0, 256, size=(min(CHUNK, B - done), n_bytes), dtype=np.uint8)
+        for r0 in range(0, packed.shape[0], SIGN_ROWS):
+            yield np.unpackbits(packed[r0 : r0 + SIGN_ROWS], axis=1, count=n_groups)
 
 
 def domain_ratios(prod: FloatArray) -> FloatArray:

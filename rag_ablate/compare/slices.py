@@ -197,7 +197,9 @@ def plan_slices(
                     row, test = planned
                     rows.append(row)
                     if test is not None:
-                        test.theta = draw.add(draws, test.groups.tolist(), test.sums_sizes, domain_ratios)
+                        groups = test.groups.tolist()
+                        test.theta = draw.add(draws, groups, test.sums_sizes, domain_ratios)
+                        test.signs = draw.add_signs(draws, groups, test.sums_sizes)
                         tests.append((row, test))
 
     def done() -> SliceSection:
@@ -210,9 +212,7 @@ def plan_slices(
                 seed=stats.derive_seed(seed, "slice", row.split, row.kind, row.value),
                 alpha=alpha,
                 theta=test.theta.result() if test.theta is not None else None,
-                signflip_seeds=[
-                    stats.derive_seed(seed, "slice", row.split, row.variant, row.kind, row.value, row.metric)
-                ],
+                signs=test.signs.result() if test.signs is not None else None,
             )
             row.effect = float(res.effect[0])
             row.ci_low, row.ci_high = float(res.ci_low[0]), float(res.ci_high[0])
@@ -257,6 +257,7 @@ class _Test:
     n_groups: int
     sums_sizes: npt.NDArray[np.float64]
     theta: Collector | None = None
+    signs: Collector | None = None  # None: the test enumerates every sign vector
 
 
 def _slice_row(
