@@ -11,6 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from rag_ablate.compare.analysis import compare, plan_compare
+from rag_ablate.compare.draws import SharedDraws
 from rag_ablate.compare.load import load_sweep_dir
 from rag_ablate.compare.model import FLIPS_KEPT, Comparison, Flip, VariantData
 from rag_ablate.compare.render import format_markdown, format_terminal
@@ -43,6 +47,43 @@ def test_the_largest_changes_are_kept_and_every_flip_counted() -> None:
     back = Comparison.from_dict(json.loads(json.dumps(c.to_dict())))
     assert back.flips == c.flips and back.flip_counts == c.flip_counts
     assert back.n_flips("v", "recall_at_5", "dev", "regressed") == N_REGRESSED
+
+
+def test_the_comparison_cuts_its_flips_as_cap_flips_does_before_building_them() -> None:
+    """``plan_compare(keep_flips=...)`` keeps the same flips, in the same order, and counts the same
+    lists as :meth:`Comparison.cap_flips` on every flip: ties of a binary metric (every change is 1)
+    go to the smaller query ids, a short list keeps its query order."""
+    rng = np.random.default_rng(3)
+    n = 400
+    base_hit, var_hit = rng.random(n) < 0.5, rng.random(n) < 0.5
+    base_rec, var_rec = rng.random(n), rng.random(n)
+    var_rec[:5] = base_rec[:5] - 0.5  # 5 regressed by the same size: ties broken by query id
+
+    def records(hit: np.ndarray, recall: np.ndarray) -> list[dict[str, Any]]:
+        ids = rng.permutation(n)  # records in no particular order of their ids
+        return [
+            _record(
+                int(i), "dev", {"hit_at_5": float(hit[i]), "recall_at_5": float(recall[i])}, query=f"t{i}"
+            )
+            for i in ids
+        ]
+
+    variants = [
+        VariantData("baseline", records(base_hit, base_rec)),
+        VariantData("v", records(var_hit, var_rec)),
+    ]
+    whole = compare(variants, metrics=["hit_at_5", "recall_at_5"], splits=["dev"], B=100)
+    whole.cap_flips(keep=7)
+    draws = SharedDraws(100)
+    cut = plan_compare(
+        variants, metrics=["hit_at_5", "recall_at_5"], splits=["dev"], keep_flips=7, draws=draws
+    )
+    draws.run()
+    c = cut()
+    assert c.flips == whole.flips and c.flip_counts == whole.flip_counts
+    assert c.n_flips("v", "hit_at_5", "dev", "improved") == int(np.sum(~base_hit & var_hit)) > 7
+    kept = c.flips["v"]["hit_at_5"]["dev"]["improved"]
+    assert len(kept) == 7 and [f.query_id for f in kept] == sorted(f.query_id for f in kept)
 
 
 def test_every_view_prints_the_count_of_flips_not_what_was_kept() -> None:

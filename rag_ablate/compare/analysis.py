@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -408,13 +408,16 @@ def plan_compare(
     alpha: float = 0.05,
     flip_threshold: float = 0.2,
     weights: TagWeights | None = None,
+    keep_flips: int | None = None,
     draws: SharedDraws,
 ) -> Callable[[], Comparison]:
     """Plan the comparison of every variant with the baseline. See the module docstring.
 
     ``metrics``: None or empty = the registry's default set (``MetricSpec.default_compare``).
     ``weights``: the production mix (:mod:`rag_ablate.dataset.weights`); None = the baseline's
-    ``dataset.slice_weights``/``edge_tags``. Its rows go to ``Comparison.mix``.
+    ``dataset.slice_weights``/``edge_tags``. Its rows go to ``Comparison.mix``. ``keep_flips``:
+    each list of flips keeps its largest changes, chosen before they are built
+    (:meth:`Comparison.cap_flips`'s cut); None keeps every flip.
 
     Two passes: this first one pairs the queries and registers every test's use of its split's
     bootstrap draw on ``draws``; after ``draws.run()`` (each draw streamed once to the tests of the
@@ -438,6 +441,7 @@ def plan_compare(
     rows: list[Row] = []
     pairs: list[Pair] = []
     flips: Flips = {}
+    cap = FlipCap(keep_flips)
     finish: list[Callable[[], None]] = []  # the second pass, in the order of the first
     ok_only: dict[tuple[str, str, str], tuple[float, float, float, int]] = {}
     for split in splits:
@@ -530,6 +534,7 @@ def plan_compare(
                         flip_threshold=flip_threshold,
                         rows=rows,
                         flips=flips,
+                        cap=cap,
                         mix=mix,
                     )
                 )
@@ -558,6 +563,7 @@ def plan_compare(
             alpha=alpha,
             rows=rows,
             flips=flips,
+            flip_counts=cap.counts,
             pairs=pairs,
             notes=notes + gap_notes(base, others, splits),
             mix=mix,
@@ -629,12 +635,14 @@ def _plan_means(
     flip_threshold: float,
     rows: list[Row],
     flips: Flips,
+    cap: FlipCap,
     mix: list[MixRow],
 ) -> Callable[[], None]:
     """The second pass of one subset of metrics: the paired test on its streamed draw, the rows,
     flips and production-mix rows."""
 
     def done() -> None:
+        ids = np.array(qids)
         res = stats.paired_test(
             b,
             v,
@@ -672,7 +680,9 @@ def _plan_means(
             )
             for field_name, spread in judge_spread(m, qids, base_by_id, var_by_id).items():
                 setattr(rows[-1], field_name, spread)
-            _add_flips(flips, var.label, m, split, qids, b[:, j], v[:, j], base_by_id, flip_threshold)
+            _add_flips(
+                flips, var.label, m, split, qids, b[:, j], v[:, j], base_by_id, flip_threshold, cap, ids
+            )
         if mixed is not None and tw is not None:
             tags, drawn = mixed
             named = [(m, direction_of(m)) for m in ms]
@@ -782,6 +792,16 @@ def _keys(
     return [(s, v, m) for s in splits for v in variants for m in metrics]
 
 
+@dataclass
+class FlipCap:
+    """How many flips of each list a comparison keeps (``keep``: the largest changes, in
+    :func:`~rag_ablate.compare.model.flip_order`; None keeps every flip) and the count of each list
+    it cut (``Comparison.flip_counts``)."""
+
+    keep: int | None = None
+    counts: dict[str, dict[str, dict[str, dict[str, int]]]] = field(default_factory=dict)
+
+
 def _add_flips(
     flips: Flips,
     variant: str,
@@ -792,30 +812,42 @@ def _add_flips(
     v: npt.NDArray[np.float64],
     base_by_id: Mapping[str, Record],
     threshold: float,
+    cap: FlipCap,
+    ids: npt.NDArray[np.str_],
 ) -> None:
+    """The queries whose value of ``metric`` changed by more than ``threshold`` (any change for a
+    binary metric; relative to the larger value for an unbounded one), improved and regressed; a list
+    longer than ``cap.keep`` keeps its largest changes, chosen from the arrays before any object is
+    built (``ids``: ``qids`` as an array, for the ties) and counted in
+    ``cap.counts``, as :meth:`~rag_ablate.compare.model.Comparison.cap_flips` would cut it."""
     spec, _ = parse_metric_name(metric)
     lower = direction_of(metric) == "lower"
     relative = not spec.bounded
     b = np.asarray(b, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
     d = v - b
+    size = np.abs(d)
     if spec.binary:
         changed = d != 0
     elif relative:
-        changed = np.abs(d) > threshold * np.maximum(np.abs(b), np.abs(v))
+        changed = size > threshold * np.maximum(np.abs(b), np.abs(v))
     else:
-        changed = np.abs(d) > threshold
-    improved: list[Flip] = []
-    regressed: list[Flip] = []
-    bl, vl, dl = b.tolist(), v.tolist(), d.tolist()  # Python floats: no numpy scalar per flip
-    for i in np.flatnonzero(changed).tolist():
-        q = qids[i]
-        f = Flip(q, str(base_by_id[q].get("query", "")), bl[i], vl[i])
-        (improved if (dl[i] < 0) == lower else regressed).append(f)
-    flips.setdefault(variant, {}).setdefault(metric, {})[split] = {
-        "improved": improved,
-        "regressed": regressed,
-    }
+        changed = size > threshold
+    better = (d < 0) == lower
+    out: dict[str, list[Flip]] = {}
+    for direction, mask in (("improved", changed & better), ("regressed", changed & ~better)):
+        idx = np.flatnonzero(mask)
+        if cap.keep is not None and idx.size > cap.keep:
+            cap.counts.setdefault(variant, {}).setdefault(metric, {}).setdefault(split, {})[direction] = (
+                idx.size
+            )
+            idx = idx[np.lexsort((ids[idx], -size[idx]))[: cap.keep]]  # largest change, then query id
+        # Python floats: no numpy scalar per flip
+        out[direction] = [
+            Flip(qids[i], str(base_by_id[qids[i]].get("query", "")), x, y)
+            for i, x, y in zip(idx.tolist(), b[idx].tolist(), v[idx].tolist(), strict=True)
+        ]
+    flips.setdefault(variant, {}).setdefault(metric, {})[split] = out
 
 
 def _adjust(rows: list[Row], alpha: float) -> None:

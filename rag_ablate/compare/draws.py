@@ -27,12 +27,15 @@ none of the subset's groups has no mean (0 / 0): NaN, left out by the test
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from threadpoolctl import threadpool_limits
 
 from rag_ablate.compare import stats
 
@@ -196,27 +199,46 @@ class SharedDraws:
         return draw
 
     def run(self) -> None:
-        for draw in self._draws.values():
-            if not draw.consumers and not draw.linear:
-                continue
-            rng = np.random.default_rng(draw.seed)
-            chunks: Iterator[npt.NDArray[np.integer[Any]]] = (
-                _sign_bits(draw.n_groups, self.B, rng)
-                if draw.signs
-                else stats.bootstrap_counts(draw.n_groups, self.B, rng, CHUNK, reuse=True)
-            )
-            buffer = np.empty((min(SIGN_ROWS if draw.signs else CHUNK, self.B), draw.n_groups))
-            products = draw.products()
-            for counts in chunks:
-                ch = Chunk(counts, buffer)
-                for rows, cols, members in products:
-                    drawn = ch.f64 if rows is None else counts[:, rows].astype(np.float64)
-                    prod = drawn @ cols
-                    for start, lin in members:
-                        lin.collector.parts.append(lin.finish(prod[:, start : start + lin.cols.shape[1]], ch))
-                for consumer in draw.consumers:
-                    consumer(ch)
+        """Stream every registered draw to its consumers: the draws in parallel, one thread each on
+        up to :func:`workers` at a time, BLAS in one thread per product (see the module docstring)."""
+        todo = [draw for draw in self._draws.values() if draw.consumers or draw.linear]
         self._draws.clear()
+        n = min(workers(), len(todo))
+        with threadpool_limits(limits=1, user_api="blas"):
+            if n <= 1:
+                for draw in todo:
+                    self._stream(draw)
+            else:
+                with ThreadPoolExecutor(n) as pool:
+                    list(pool.map(self._stream, todo))  # re-raises the first consumer's error
+
+    def _stream(self, draw: _Draw) -> None:
+        rng = np.random.default_rng(draw.seed)
+        chunks: Iterator[npt.NDArray[np.integer[Any]]] = (
+            _sign_bits(draw.n_groups, self.B, rng)
+            if draw.signs
+            else stats.bootstrap_counts(draw.n_groups, self.B, rng, CHUNK, reuse=True)
+        )
+        buffer = np.empty((min(SIGN_ROWS if draw.signs else CHUNK, self.B), draw.n_groups))
+        products = draw.products()
+        for counts in chunks:
+            ch = Chunk(counts, buffer)
+            for rows, cols, members in products:
+                drawn = ch.f64 if rows is None else counts[:, rows].astype(np.float64)
+                prod = drawn @ cols
+                for start, lin in members:
+                    lin.collector.parts.append(lin.finish(prod[:, start : start + lin.cols.shape[1]], ch))
+            for consumer in draw.consumers:
+                consumer(ch)
+
+
+def workers() -> int:
+    """Threads :meth:`SharedDraws.run` streams draws on: the CPUs this process may use
+    (``RAG_ABLATE_DRAW_THREADS`` overrides; 1 streams them in turn)."""
+    env = os.environ.get("RAG_ABLATE_DRAW_THREADS")
+    if env:
+        return max(1, int(env))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 #: sign vectors unpacked and multiplied at once (a block of a chunk): their float64 copy is

@@ -29,7 +29,7 @@ from rag_ablate.compare.load import (
     load_sweep_dir,
     pick_baseline,
 )
-from rag_ablate.compare.model import Comparison, VariantData
+from rag_ablate.compare.model import FLIPS_KEPT, Comparison, VariantData
 from rag_ablate.compare.pairwise import pairwise_section
 from rag_ablate.compare.ppi import ppi_section
 from rag_ablate.compare.render import format_terminal, write_outputs
@@ -130,7 +130,8 @@ def statistics(variants: Sequence[VariantData], settings: CompareConfig, *, seed
     (``Comparison.tradeoff``, the quality and cost axes set), every test a domain of its split's one
     bootstrap draw: each draw is streamed once, chunk by chunk, to the tests of all three, and one
     product per chunk serves them (:mod:`rag_ablate.compare.draws`). Each list of flips keeps its
-    largest changes (:meth:`Comparison.cap_flips`); every query's values stay in the records."""
+    largest changes (:meth:`Comparison.cap_flips`'s cut, made before the flips are built); every
+    query's values stay in the records."""
     draws = SharedDraws(settings.B)
     finish = plan_compare(
         variants,
@@ -140,6 +141,7 @@ def statistics(variants: Sequence[VariantData], settings: CompareConfig, *, seed
         seed=seed,
         alpha=settings.alpha,
         flip_threshold=settings.flip_threshold,
+        keep_flips=FLIPS_KEPT,
         draws=draws,
     )
     base, _ = pick_baseline(variants, settings.baseline)
@@ -159,7 +161,6 @@ def statistics(variants: Sequence[VariantData], settings: CompareConfig, *, seed
     finish_tradeoff = tradeoff.plan(variants, axes, seed=seed, baseline=base.label, draws=draws)
     draws.run()
     c = finish()
-    c.cap_flips()
     c.slices = finish_slices()
     c.quality_metric, c.cost_metric = axes.quality_metric, axes.cost_metric
     c.tradeoff = finish_tradeoff()
