@@ -24,9 +24,10 @@ variant, say) becomes a row with a ``note`` and no numbers, never a silent gap.
 Seeds: one bootstrap draw per split (derived from the run seed, the split and its
 groups), shared by every variant, metric, percentile and weighting, and by the slices
 and the trade-off: a test over some of the split's queries is a domain of it
-(:mod:`rag_ablate.compare.draws`). The sign-flip tests of a variant's metrics share
-one stream of sign vectors, seeded by (seed, split, variant), so adding or removing a
-variant never changes another variant's numbers. See docs/statistics.md.
+(:mod:`rag_ablate.compare.draws`). Likewise one stream of sign vectors per split, from
+which every sign-flip test of the split (every variant, metric and slice) takes its
+groups' signs, so adding or removing a variant never changes another variant's numbers.
+See docs/statistics.md.
 """
 
 from __future__ import annotations

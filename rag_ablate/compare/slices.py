@@ -19,7 +19,7 @@ when the records have one, else ``recall_at_5``):
   from :func:`rag_ablate.compare.stats.paired_test` on the slice's queries alone: its
   bootstrap is the slice's domain of the split's one draw (the comparison's: each resample's
   mean over the slice's queries it drew, :mod:`rag_ablate.compare.draws`), its sign flips
-  come from a seed derived from (seed, split, variant, slice, metric);
+  are its groups' signs in the split's one stream of sign vectors;
 * p is adjusted by Benjamini-Hochberg over the slices tested for the same split,
   variant and metric. This is exploratory: slices are many, overlap, and were not
   chosen in advance; a slice verdict is a lead to look at, not a release decision;
