@@ -298,14 +298,17 @@ def write_sweep(sweep: Path, queries: list[dict[str, Any]], seed: int = 0) -> No
 
 def run_phases(sweep: Path, B: int, seed: int) -> tuple[Phases, Any]:
     """The comparison step of ``rag-ablate compare <sweep>``, phase by phase (module docstring)."""
-    from rag_ablate.compare import analysis, draws, pairwise, render, run, stats
+    from rag_ablate.compare import analysis, draws, pairwise, render, run, stats, tradeoff
     from rag_ablate.compare.guard import check
     from rag_ablate.compare.load import pick_baseline
     from rag_ablate.config.schema import CompareConfig
     from rag_ablate.report.html import write_report
 
     ph = Phases()
-    ph.wrap(draws.SharedDraws, "run", "bootstrap draws, each streamed once to all its tests")
+    ph.wrap(run, "plan_compare", "planning the comparison (pairing, columns, group sums)")
+    ph.wrap(run, "plan_slices", "planning the slices")
+    ph.wrap(tradeoff, "plan", "planning the trade-off")
+    ph.wrap(draws.SharedDraws, "run", "bootstrap draws and sign streams, each streamed once to all its tests")
     ph.wrap(stats, "paired_test", "paired tests (sign flip + interval, bootstrap summaries)")
     ph.wrap(stats, "paired_quantile_tests", "latency percentiles (summaries)")
     ph.wrap(analysis, "mix_rows", "production mix (summaries)")

@@ -50,6 +50,7 @@ from rag_ablate.compare.model import Comparison, Flip, Flips, Pair, Row, Variant
 from rag_ablate.core.errors import ComparisonError
 from rag_ablate.dataset.weights import TagWeights
 from rag_ablate.metrics.registry import (
+    MetricSpec,
     default_compare_metrics,
     direction_of,
     display_name,
@@ -85,6 +86,22 @@ def quantile_of(metric: str) -> float | None:
     return spec_of(metric).quantile
 
 
+_SPECS: dict[str, MetricSpec] = {}
+
+
+def _spec(metric: str) -> MetricSpec:
+    """:func:`spec_of`, looked up once per name (the comparison asks it for every record)."""
+    spec = _SPECS.get(metric)
+    if spec is None:
+        spec = _SPECS[metric] = spec_of(metric)
+    return spec
+
+
+def metric_names(records: Iterable[Record]) -> set[str]:
+    """Every metric name some record of ``records`` has (one C-level union over their dicts)."""
+    return set().union(*[r.get("metrics") or () for r in records])
+
+
 def failed(rec: Record) -> bool:
     return bool(rec.get("status", "ok") != "ok")
 
@@ -99,7 +116,7 @@ def value(rec: Record, metric: str) -> float | None:
     v = values.get(metric)
     if metric == LATENCY and v is None:
         v = (rec.get("timings_ms") or {}).get("total")
-    spec = spec_of(metric)
+    spec = _spec(metric)
     if failed(rec) and not spec.uses_failed:
         return spec.miss if spec.miss is not None and metric in values else None
     if v is None:
@@ -143,14 +160,15 @@ class SplitDraw:
     def add(
         self,
         shared: SharedDraws,
-        groups: Sequence[str],
+        groups: Sequence[str] | npt.NDArray[np.intp],
         cols: npt.NDArray[np.float64],
         finish: Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]],
     ) -> Collector:
-        """A linear consumer of the draw over the queries whose group labels are ``groups``: ``cols``
-        has one row per distinct label, in sorted order (as :func:`stats.group_sums` gives them). A
-        subset of more than 1/:data:`GATHER_BELOW` of the split's groups joins the draw's one product
-        with every group (the other groups' rows 0); a smaller one multiplies its own groups' counts."""
+        """A linear consumer of the draw over the queries whose group labels are ``groups`` (or their
+        :meth:`codes`, which sort alike): ``cols`` has one row per distinct label, in sorted order
+        (as :func:`stats.group_sums` gives them). A subset of more than 1/:data:`GATHER_BELOW` of the
+        split's groups joins the draw's one product with every group (the other groups' rows 0); a
+        smaller one multiplies its own groups' counts."""
         cols, rows = self._domain(groups, cols)
         return shared.add_linear(self.key, self.seed, self.n_groups, cols, finish, rows)
 
@@ -161,7 +179,10 @@ class SplitDraw:
         return stats.derive_seed(self.seed, "signs")
 
     def add_signs(
-        self, shared: SharedDraws, groups: Sequence[str], sums_sizes: npt.NDArray[np.float64]
+        self,
+        shared: SharedDraws,
+        groups: Sequence[str] | npt.NDArray[np.intp],
+        sums_sizes: npt.NDArray[np.float64],
     ) -> Collector | None:
         """The sign-flip sums of a paired test over the queries whose group labels are ``groups``
         (``sums_sizes``: :func:`stats.group_sums_sizes` of their differences), from the split's one
@@ -174,10 +195,14 @@ class SplitDraw:
         return shared.add_signs((*self.key, "signs"), self.sign_seed, self.n_groups, cols, rows)
 
     def _domain(
-        self, groups: Sequence[str], cols: npt.NDArray[np.float64]
+        self, groups: Sequence[str] | npt.NDArray[np.intp], cols: npt.NDArray[np.float64]
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp] | None]:
-        """``cols`` of the groups ``groups`` as a consumer of the split takes them (:meth:`add`)."""
-        rows = self.codes(sorted(set(groups)))
+        """``cols`` of the groups ``groups`` (labels, or their :meth:`codes`) as a consumer of the
+        split takes them (:meth:`add`)."""
+        if isinstance(groups, np.ndarray) and groups.dtype.kind in "iu":
+            rows = np.unique(groups).astype(np.intp)
+        else:
+            rows = self.codes(sorted(set(groups)))
         if GATHER_BELOW * rows.shape[0] > self.n_groups:
             full = np.zeros((self.n_groups, cols.shape[1]))
             full[rows] = cols
@@ -323,7 +348,7 @@ def _columns(
     plain = [None if r is None or failed(r) else (r.get("metrics") or {}) for r in recs]
     out = {}
     for m in metrics:
-        if spec_of(m).uses_failed:
+        if _spec(m).uses_failed:
             vals = [nan if r is None else value(r, m) for r in recs]
         else:
             vals = [nan if d is None else d.get(m) for d in plain]
@@ -345,7 +370,7 @@ def _failure_aware(
     a failed query scores the miss where the metric applies to it (its record names the metric,
     or the other side has a value and this side measures the metric at all). ``failed_ids``: which
     of ``ids`` have a failed record on this side."""
-    miss = spec_of(metric).miss
+    miss = _spec(metric).miss
     if miss is None:
         return own
     measures = bool(np.isfinite(own).any())
@@ -451,7 +476,11 @@ def plan_compare(
             notes.append(f"the baseline has no queries in split '{split}'")
             continue
         base_ids = list(base_by_id)
-        draw = split_draw(seed, split, split_groups(base_by_id))
+        labels = split_groups(base_by_id)
+        draw = split_draw(seed, split, labels)
+        # each query's group as its position among the split's sorted labels, once per split: codes
+        # sort as the labels do, so every test groups and orders its groups alike (and faster)
+        base_codes = draw.codes(labels)
         sources = list(dict.fromkeys(per_query(m) for m in metrics))
         ok_base_cols = _columns(base_by_id, base_ids, sources)
         base_failed = np.array([failed(base_by_id[q]) for q in base_ids], dtype=bool)
@@ -495,15 +524,15 @@ def plan_compare(
                 qids = [q for q, ok in zip(base_ids, paired, strict=True) if ok]
                 finish.append(
                     _plan_quantiles(
-                        split, var.label, ms, qids, base_by_id, paired, base_cols, var_cols, pair
+                        split, var.label, ms, base_codes[paired], paired, base_cols, var_cols, pair
                     )(counts, draw, alpha, rows)
                 )
             for paired, ms in by_subset.values():
                 qids = [q for q, ok in zip(base_ids, paired, strict=True) if ok]
                 b = np.column_stack([base_cols[m][paired] for m in ms])
                 v = np.column_stack([var_cols[m][paired] for m in ms])
-                groups = [str(base_by_id[q]["group"]) for q in qids]
-                sums_sizes = stats.group_sums_sizes(v - b, np.array(groups))
+                groups = base_codes[paired]
+                sums_sizes = stats.group_sums_sizes(v - b, groups)
                 theta = draw.add(counts, groups, sums_sizes, domain_ratios)
                 signs = draw.add_signs(counts, groups, sums_sizes)
                 mixed = None
@@ -511,7 +540,7 @@ def plan_compare(
                     tags = [base_by_id[q].get("tags") or () for q in qids]
                     _, mix_w = mix_weights(tags, tw)
                     if mix_w is not None:
-                        wsums = weighted_group_sums(b, v, np.array(groups), mix_w)
+                        wsums = weighted_group_sums(b, v, groups, mix_w)
                         mixed = (tags, draw.add(counts, groups, wsums, _same))
                 finish.append(
                     _plan_means(
@@ -585,7 +614,7 @@ def gap_notes(base: VariantData, others: Sequence[VariantData], splits: Sequence
     notes: list[str] = []
     for split in splits:
         base_by_id = _by_id(base.records, split)
-        names = {n for r in base_by_id.values() for n in r.get("metrics") or {}}
+        names = metric_names(base_by_id.values())
         watched = [n for n in sorted(names) if spec_of(n).warn_gap is not None]
         for var in others:
             var_by_id = _by_id(var.records, split)
@@ -621,7 +650,7 @@ def _plan_means(
     qids: list[str],
     b: npt.NDArray[np.float64],
     v: npt.NDArray[np.float64],
-    groups: list[str],
+    groups: npt.NDArray[np.intp],
     theta: Collector,
     signs: Collector | None,
     mixed: tuple[list[Any], Collector] | None,
@@ -647,7 +676,7 @@ def _plan_means(
         res = stats.paired_test(
             b,
             v,
-            np.array(groups),
+            groups,
             B=B,
             seed=seed,
             alpha=alpha,
@@ -696,31 +725,28 @@ def _plan_quantiles(
     split: str,
     variant: str,
     ms: list[str],
-    qids: list[str],
-    base_by_id: Mapping[str, Record],
+    groups: npt.NDArray[np.intp],
     paired: npt.NDArray[np.bool_],
     base_cols: Mapping[str, npt.NDArray[np.float64]],
     var_cols: Mapping[str, npt.NDArray[np.float64]],
     pair: Pair,
 ) -> Callable[[SharedDraws, SplitDraw, float, list[Row]], Callable[[], None]]:
-    """Latency percentiles over the same paired queries: one running sum per resample serves them all,
-    their intervals from the split's shared draw (:func:`stats.paired_quantile_tests`)."""
+    """Latency percentiles over the same paired queries (``groups``: their groups' codes in the
+    split's draw): one running sum per resample serves them all, their intervals from the split's
+    shared draw (:func:`stats.paired_quantile_tests`)."""
     src = per_query(ms[0])  # grouped by paired queries of one source: latency_ms for the latency ones
     b = base_cols[src][paired]
     v = var_cols[src][paired]
-    groups = [str(base_by_id[q]["group"]) for q in qids]
     qs = tuple(spec_of(m).quantile or 0.0 for m in ms)
 
     def plan(counts: SharedDraws, draw: SplitDraw, alpha: float, rows: list[Row]) -> Callable[[], None]:
-        setup = stats.quantile_setup(b, v, draw.codes(groups), qs, n_groups=draw.n_groups)
+        setup = stats.quantile_setup(b, v, groups, qs, n_groups=draw.n_groups)
         effects = counts.add_linear_chunk(
             draw.key, draw.seed, draw.n_groups, setup.sizes_before, quantiles(setup)
         )
 
         def done() -> None:
-            results = stats.paired_quantile_tests(
-                b, v, np.array(groups), qs, alpha=alpha, effects=effects.result()
-            )
+            results = stats.paired_quantile_tests(b, v, groups, qs, alpha=alpha, effects=effects.result())
             for m, res in zip(ms, results, strict=True):
                 rows.append(_quantile_row(split, variant, m, res, pair))
 

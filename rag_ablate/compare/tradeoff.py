@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rag_ablate.compare import stats
-from rag_ablate.compare.analysis import LATENCY, SplitDraw, split_draw, value
+from rag_ablate.compare.analysis import LATENCY, SplitDraw, metric_names, split_draw, value
 from rag_ablate.compare.draws import SharedDraws, domain_ratios
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import Comparison, Point, SplitTradeoff, Tradeoff, VariantData
@@ -218,7 +218,7 @@ def choose_metrics(
     """
     quality = settings.quality_metric
     if quality == AUTO:
-        present = {k for v in variants for r in v.records for k in (r.get("metrics") or {})}
+        present = metric_names(r for v in variants for r in v.records)
         quality = auto_quality(present)
     quality_measure(quality)
     cost_name = settings.cost_metric
