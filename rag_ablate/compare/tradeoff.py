@@ -168,9 +168,13 @@ def _values(records: Sequence[Record], split: str, measure: Measure) -> tuple[li
     :func:`rag_ablate.run.cost.cost_metrics` does; everything else only the queries
     that have a value.
     """
+    return _row_values([r for r in records if r.get("split") == split], measure)
+
+
+def _row_values(rows: Sequence[Record], measure: Measure) -> tuple[list[float], list[str]]:
+    """:func:`_values` of a split's records ``rows``."""
     vals: list[float] = []
     groups: list[str] = []
-    rows = [r for r in records if r.get("split") == split]
     money = measure.name.startswith("usd_")
     if money and not any(r.get("usage") for r in rows):
         return [], []
@@ -418,13 +422,21 @@ def plan(
     notes: list[str] = []
     cost_unit = cost_measure(cost_name).unit
     planned = []
+    by_split: list[dict[str, list[Record]]] = []
+    for v in variants:  # each variant's records by split, in one pass
+        rows: dict[str, list[Record]] = {split: [] for split in splits}
+        for r in v.records:
+            got = rows.get(r.get("split"))
+            if got is not None:
+                got.append(r)
+        by_split.append(rows)
     for split in splits:
         per_variant = []
         all_groups: set[str] = set()
-        for v in variants:
+        for v, rows in zip(variants, by_split, strict=True):
             cm = cost_measure(cost_name, price_of(v))
-            qv, qg = _values(v.records, split, qm)
-            cv, cg = _values(v.records, split, cm)
+            qv, qg = _row_values(rows[split], qm)
+            cv, cg = _row_values(rows[split], cm)
             all_groups.update(qg)
             all_groups.update(cg)
             per_variant.append((v, cm, qv, qg, cv, cg))
