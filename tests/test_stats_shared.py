@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from rag_ablate.compare import stats
-from rag_ablate.compare.analysis import split_draw
+from rag_ablate.compare import run, stats, tradeoff
+from rag_ablate.compare.analysis import compare, split_draw
 from rag_ablate.compare.draws import SharedDraws, domain_ratios
+from rag_ablate.compare.model import VariantData
+from rag_ablate.compare.slices import compare_slices
+from rag_ablate.config.schema import CompareConfig
 
 
 def _data(n_groups: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -128,3 +131,54 @@ def test_a_test_with_few_groups_enumerates_its_signs_instead_of_taking_the_strea
     res = stats.paired_test(sb, sv, g, B=1_000, signs=np.zeros((1_000, 2)))  # the zeros are not read
     own = stats.paired_test(sb, sv, g, B=1_000)
     assert res.p_exact[0] and (res.p_value[0], res.ci_low[0]) == (own.p_value[0], own.ci_low[0])
+
+
+def test_the_comparison_its_slices_and_its_trade_off_on_one_draw_equal_each_computed_alone() -> None:
+    """``run.statistics`` plans the comparison, its slices and its trade-off on one draw per split
+    and one sign stream per split: each number equals the one its own step computes on its own draws
+    (the same seeds), up to rounding (the products take other columns beside them)."""
+    rng = np.random.default_rng(8)
+    n = 300
+    group = rng.integers(0, 90, n)
+    tags = [["edge"] if i % 5 == 0 else ["numeric"] if i % 3 == 0 else [] for i in range(n)]
+    variants = []
+    for job, gain in enumerate((0.0, 0.08)):
+        recs = []
+        for i in range(n):
+            hit = float(rng.random() < 0.5 + gain)
+            recs.append(
+                {
+                    "query_id": f"q{i:03d}", "split": "dev" if i % 4 else "holdout", "group": f"g{group[i]}",
+                    "status": "ok", "tags": tags[i], "intent_gold": "K_a" if i % 2 else "K_b",
+                    "intent_gold_l1": "KNOWLEDGE",
+                    "metrics": {"recall_at_5": hit, "latency_ms": float(rng.lognormal(3, 0.3))},
+                }
+            )  # fmt: skip
+        variants.append(
+            VariantData("baseline" if job == 0 else "v", recs, info={"role": "baseline"} if not job else {})
+        )
+    settings = CompareConfig(B=300, metrics=["recall_at_5", "latency_p95_ms"], min_slice_groups=6)
+    together = run.statistics(variants, settings, seed=4)
+    alone = compare(variants, metrics=settings.metrics, B=300, seed=4)
+    alone.slices = compare_slices(variants, alone, metrics=["recall_at_5"], min_groups=6)
+    tradeoff_alone = tradeoff.compute(
+        variants, tradeoff.settle_axes(variants, settings, alone.splits), seed=4
+    )
+    assert together.slices is not None and alone.slices is not None and together.tradeoff is not None
+    assert (
+        len(together.rows) == len(alone.rows) == 4 and len(together.slices.rows) == len(alone.slices.rows) > 4
+    )
+    pairs = [
+        *zip(together.rows, alone.rows, strict=True),
+        *zip(together.slices.rows, alone.slices.rows, strict=True),
+    ]
+    for got, want in pairs:
+        for name in ("effect", "ci_low", "ci_high", "p_value"):
+            assert getattr(got, name) == pytest.approx(getattr(want, name), rel=1e-9, abs=1e-12), name
+    for got_t, want_t in zip(together.rows, alone.rows, strict=True):
+        assert got_t.se == pytest.approx(want_t.se, rel=1e-9)
+    for got_p, want_p in zip(together.tradeoff.splits, tradeoff_alone.splits, strict=True):
+        for a, b in zip(got_p.points, want_p.points, strict=True):
+            assert (a.variant, a.frontier) == (b.variant, b.frontier)
+            for name in ("quality", "quality_low", "quality_high", "cost", "cost_low", "cost_high"):
+                assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-9), name
