@@ -10,8 +10,9 @@ So the comparison first *plans* its tests, registering for each the draw it need
 its seed and G) and what it computes from a chunk of count vectors; then
 :meth:`SharedDraws.run` draws each distinct draw once, chunk by chunk
 (:func:`rag_ablate.compare.stats.bootstrap_counts`: 250 count vectors per chunk, refilled in one
-buffer), hands every chunk to each of its consumers and moves on. Memory is one chunk (as
-counts and as float64: 2.5 KB per group) plus each consumer's (B, columns) result.
+buffer), hands every chunk to each of its consumers and moves on. Memory is one chunk of counts
+(0.5 KB per group) and :data:`BLOCK_ROWS` of its rows as float64 (0.5 KB per group) for each draw
+being streamed, plus each consumer's (B, columns) result.
 
 Most statistics are linear in the counts before a final step (a ratio of two sums): a
 *linear* consumer registers its (G, k) matrix of per-group columns (:meth:`SharedDraws.add_linear`)
@@ -56,22 +57,39 @@ FloatArray = npt.NDArray[np.float64]
 CHUNK = 250
 
 
+#: rows of a chunk converted to float64 and multiplied at once: the float64 copy is BLOCK_ROWS x G x
+#: 8 bytes (28 MB at 56,000 groups, against 112 MB for a whole chunk)
+BLOCK_ROWS = 64
+
+
 @dataclass
 class Chunk:
-    """Count vectors of one chunk of a draw: ``counts`` (c, G) and, converted once into
-    ``buffer`` (a reused float64 array of at least c rows), as float64."""
+    """Count vectors of one chunk of a draw: ``counts`` (c, G) and, converted once when a consumer
+    asks (into ``buffer``, a reused float64 array of at least c rows, or a new one), as float64."""
 
     counts: npt.NDArray[np.integer[Any]]
-    buffer: FloatArray
+    buffer: FloatArray | None = None
     _f64: FloatArray | None = None
 
     @property
     def f64(self) -> FloatArray:
         if self._f64 is None:
-            out = self.buffer[: self.counts.shape[0]]
+            c = self.counts.shape[0]
+            out = self.buffer[:c] if self.buffer is not None else np.empty((c, self.counts.shape[1]))
             out[...] = self.counts  # the values of counts.astype(np.float64)
             self._f64 = out
         return self._f64
+
+
+def _product(counts: npt.NDArray[np.integer[Any]], cols: FloatArray, block: FloatArray) -> FloatArray:
+    """``counts @ cols`` in float64, :data:`BLOCK_ROWS` rows at a time through ``block``."""
+    c = counts.shape[0]
+    out = np.empty((c, cols.shape[1]))
+    for r0 in range(0, c, block.shape[0]):
+        part = block[: min(block.shape[0], c - r0)]
+        part[...] = counts[r0 : r0 + part.shape[0]]
+        np.matmul(part, cols, out=out[r0 : r0 + part.shape[0]])
+    return out
 
 
 @dataclass
@@ -230,13 +248,16 @@ class SharedDraws:
             if draw.signs
             else stats.bootstrap_counts(draw.n_groups, self.B, rng, CHUNK, reuse=True)
         )
-        buffer = np.empty((min(SIGN_ROWS if draw.signs else CHUNK, self.B), draw.n_groups))
+        block = np.empty((min(BLOCK_ROWS, self.B), draw.n_groups))
+        buffer = np.empty((min(CHUNK, self.B), draw.n_groups)) if draw.consumers else None
         products = draw.products()
         for counts in chunks:
             ch = Chunk(counts, buffer)
             for rows, cols, members in products:
-                drawn = ch.f64 if rows is None else counts[:, rows].astype(np.float64)
-                prod = drawn @ cols
+                if rows is None:
+                    prod = _product(counts, cols, block)
+                else:
+                    prod = counts[:, rows].astype(np.float64) @ cols
                 for start, lin in members:
                     lin.collector.parts.append(lin.finish(prod[:, start : start + lin.cols.shape[1]], ch))
             for consumer in draw.consumers:
@@ -252,21 +273,15 @@ def workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-#: sign vectors unpacked and multiplied at once (a block of a chunk): their float64 copy is
-#: SIGN_ROWS x G x 8 bytes (28 MB at 56,000 groups)
-SIGN_ROWS = 64
-
-
 def _sign_bits(n_groups: int, B: int, rng: np.random.Generator) -> Iterator[npt.NDArray[np.uint8]]:
-    """B random sign vectors as 0/1 bits (1: +1), blocks of at most :data:`SIGN_ROWS` rows of
-    (c, n_groups): per :data:`CHUNK` vectors ``rng.integers(0, 256, (c, ceil(G / 8)), dtype=uint8)``,
-    bit i of byte k (``np.unpackbits`` order) group ``8 k + i``'s sign, as
+    """B random sign vectors as 0/1 bits (1: +1), chunks of at most :data:`CHUNK` rows of
+    (c, n_groups): ``rng.integers(0, 256, (c, ceil(G / 8)), dtype=uint8)`` per chunk, bit i of byte
+    k (``np.unpackbits`` order) group ``8 k + i``'s sign, as
     :func:`rag_ablate.compare.stats.paired_test` draws them from one ``signflip_seed``."""
     n_bytes = (n_groups + 7) // 8
     for done in range(0, B, CHUNK):
         packed = rng.integers(0, 256, size=(min(CHUNK, B - done), n_bytes), dtype=np.uint8)
-        for r0 in range(0, packed.shape[0], SIGN_ROWS):
-            yield np.unpackbits(packed[r0 : r0 + SIGN_ROWS], axis=1, count=n_groups)
+        yield np.unpackbits(packed, axis=1, count=n_groups)
 
 
 def domain_ratios(prod: FloatArray) -> FloatArray:
