@@ -635,6 +635,8 @@ def gap_notes(base: VariantData, others: Sequence[VariantData], splits: Sequence
         base_by_id = _by_id(base.records, split)
         names = metric_names(base_by_id.values())
         watched = [n for n in sorted(names) if spec_of(n).warn_gap is not None]
+        if not watched:
+            continue
         for var in others:
             var_by_id = _by_id(var.records, split)
             worst: dict[str, tuple[float, str, float, float, int]] = {}  # base -> its largest gap
