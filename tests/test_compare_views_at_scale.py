@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_ablate.compare.analysis import compare, plan_compare
+from rag_ablate.compare.analysis import _pair, compare, failed, plan_compare
 from rag_ablate.compare.draws import SharedDraws
 from rag_ablate.compare.load import load_sweep_dir
 from rag_ablate.compare.model import FLIPS_KEPT, Comparison, Flip, VariantData
@@ -139,3 +139,47 @@ def test_records_read_for_a_comparison_share_their_field_names(tmp_path: Path) -
         assert [id(k) for k in r] == [id(k) for k in first]
         assert [id(k) for k in r["metrics"]] == [id(k) for k in first["metrics"]]
         assert len(r["retrieved"]) == 1 and r["metrics"] == {"recall_at_5": 1.0}
+
+
+def test_the_pairing_counted_from_failure_masks_equals_the_count_over_the_records() -> None:
+    """The split's Pair (who failed where, who has no record, the median time of the failures) counted
+    from the comparison's failure masks equals the count over every record, failures, missing records
+    and the variant's own queries included."""
+    rng = np.random.default_rng(5)
+
+    def rec(i: int) -> dict[str, Any]:
+        bad = rng.random() < 0.2
+        return _record(i, "dev", {"latency_ms": float(rng.integers(1, 100))}, status="error" if bad else "ok")
+
+    base = {f"q{i}": rec(i) for i in range(300) if rng.random() < 0.9}
+    var = {f"q{i}": rec(i) for i in range(320) if rng.random() < 0.9}  # 20 queries of its own
+    b_failed = np.array([failed(r) for r in base.values()])
+    v_failed = np.array([q in var and failed(var[q]) for q in base])
+    got = _pair("dev", "v", base, var, b_failed, v_failed)
+    ids = list(base) + [q for q in var if q not in base]
+    kinds = [
+        "none" if q not in base or q not in var
+        else "both" if failed(base[q]) and failed(var[q])
+        else "base" if failed(base[q])
+        else "var" if failed(var[q])
+        else "ok"
+        for q in ids
+    ]  # fmt: skip
+    assert (got.n_queries, got.left_no_record, got.left_failed_both) == (
+        len(ids),
+        kinds.count("none"),
+        kinds.count("both"),
+    )
+    assert (got.left_failed_baseline, got.left_failed_variant, got.n_ok_both) == (
+        kinds.count("base"),
+        kinds.count("var"),
+        kinds.count("ok"),
+    )
+    assert got.n_failed_baseline == sum(failed(r) for r in base.values()) > 0
+    assert got.n_failed_variant == sum(failed(r) for r in var.values()) > 0
+    assert got.failed_latency_ms_variant == float(
+        np.median([r["metrics"]["latency_ms"] for r in var.values() if failed(r)])
+    )
+    assert got.failed_latency_ms_baseline == float(
+        np.median([r["metrics"]["latency_ms"] for r in base.values() if failed(r)])
+    )

@@ -235,41 +235,43 @@ def _by_id(records: Sequence[Record], split: str) -> dict[str, Record]:
     return {r["query_id"]: r for r in records if r["split"] == split}
 
 
-def _pair(split: str, variant: str, base: Mapping[str, Record], var: Mapping[str, Record]) -> Pair:
-    ids = list(base) + [q for q in var if q not in base]
-    fb = fv = both = no_record = ok = 0
-    for q in ids:
-        b, v = base.get(q), var.get(q)
-        if b is None or v is None:
-            no_record += 1
-        elif failed(b) and failed(v):
-            both += 1
-        elif failed(b):
-            fb += 1
-        elif failed(v):
-            fv += 1
-        else:
-            ok += 1
+def _pair(
+    split: str,
+    variant: str,
+    base: Mapping[str, Record],
+    var: Mapping[str, Record],
+    base_failed: npt.NDArray[np.bool_],
+    var_failed: npt.NDArray[np.bool_],
+) -> Pair:
+    """How the split's queries pair: ``base_failed`` / ``var_failed``, over the baseline's ids in
+    order, say which have a failed record on each side (no record: not failed). Counted from these
+    masks, so the records are not read again; the variant's own queries (no baseline record) are
+    left out as having no record."""
+    in_var = np.array([q in var for q in base], dtype=bool)
+    var_only = [r for q, r in var.items() if q not in base]
+    failed_ids = [q for q, f in zip(base, base_failed.tolist(), strict=True) if f]
+    var_failed_ids = [q for q, f in zip(base, var_failed.tolist(), strict=True) if f]
 
-    def median_failed(by_id: Mapping[str, Record]) -> float | None:
-        times = [t for r in by_id.values() if (t := failed_latency(r)) is not None]
+    def median_failed(recs: Iterable[Record]) -> float | None:
+        times = [t for r in recs if (t := failed_latency(r)) is not None]
         return float(np.median(times)) if times else None
 
+    var_only_failed = [r for r in var_only if failed(r)]
     return Pair(
         split=split,
         variant=variant,
-        n_queries=len(ids),
+        n_queries=len(base) + len(var_only),
         n_baseline=len(base),
         n_variant=len(var),
-        n_failed_baseline=sum(1 for r in base.values() if failed(r)),
-        n_failed_variant=sum(1 for r in var.values() if failed(r)),
-        n_ok_both=ok,
-        left_failed_baseline=fb,
-        left_failed_variant=fv,
-        left_failed_both=both,
-        left_no_record=no_record,
-        failed_latency_ms_baseline=median_failed(base),
-        failed_latency_ms_variant=median_failed(var),
+        n_failed_baseline=int(base_failed.sum()),
+        n_failed_variant=int(var_failed.sum()) + len(var_only_failed),
+        n_ok_both=int((in_var & ~base_failed & ~var_failed).sum()),
+        left_failed_baseline=int((base_failed & in_var & ~var_failed).sum()),
+        left_failed_variant=int((~base_failed & var_failed).sum()),
+        left_failed_both=int((base_failed & var_failed).sum()),
+        left_no_record=int((~in_var).sum()) + len(var_only),
+        failed_latency_ms_baseline=median_failed(base[q] for q in failed_ids),
+        failed_latency_ms_variant=median_failed([*(var[q] for q in var_failed_ids), *var_only_failed]),
     )
 
 
@@ -505,13 +507,13 @@ def plan_compare(
         base_failed = np.array([failed(base_by_id[q]) for q in base_ids], dtype=bool)
         for var in others:
             var_by_id = _by_id(var.records, split)
-            pair = _pair(split, var.label, base_by_id, var_by_id)
+            var_failed = np.array([q in var_by_id and failed(var_by_id[q]) for q in base_ids], dtype=bool)
+            pair = _pair(split, var.label, base_by_id, var_by_id, base_failed, var_failed)
             pairs.append(pair)
             var_only = [r for q, r in var_by_id.items() if q not in base_by_id]
             ok_var_cols = _columns(var_by_id, base_ids, sources)
             # failure-aware columns of the metrics with a miss; the ok-only figures beside them
             base_cols, var_cols = dict(ok_base_cols), dict(ok_var_cols)
-            var_failed = np.array([q in var_by_id and failed(var_by_id[q]) for q in base_ids], dtype=bool)
             for src in sources:
                 base_cols[src] = _failure_aware(
                     base_by_id, base_ids, src, ok_base_cols[src], ok_var_cols[src], base_failed
