@@ -98,14 +98,19 @@ class Collector:
 
     compute: Callable[[Chunk], FloatArray]
     parts: list[FloatArray] = field(default_factory=list)
+    _whole: FloatArray | None = None
 
     def __call__(self, chunk: Chunk) -> None:
         self.parts.append(self.compute(chunk))
 
     def result(self) -> FloatArray:
-        if not self.parts:
-            raise RuntimeError("SharedDraws.run() has not run")
-        return np.concatenate(self.parts, axis=0)
+        """The rows of every chunk, concatenated once (the chunks' parts are then let go)."""
+        if self._whole is None:
+            if not self.parts:
+                raise RuntimeError("SharedDraws.run() has not run")
+            self._whole = np.concatenate(self.parts, axis=0)
+            self.parts = []
+        return self._whole
 
 
 @dataclass
