@@ -4,6 +4,8 @@ columns share their random signs keep each column's null distribution (docs/stat
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from scipy import stats as sps
@@ -133,10 +135,8 @@ def test_a_test_with_few_groups_enumerates_its_signs_instead_of_taking_the_strea
     assert res.p_exact[0] and (res.p_value[0], res.ci_low[0]) == (own.p_value[0], own.ci_low[0])
 
 
-def test_the_comparison_its_slices_and_its_trade_off_on_one_draw_equal_each_computed_alone() -> None:
-    """``run.statistics`` plans the comparison, its slices and its trade-off on one draw per split
-    and one sign stream per split: each number equals the one its own step computes on its own draws
-    (the same seeds), up to rounding (the products take other columns beside them)."""
+def _variants() -> list[VariantData]:
+    """A baseline and a variant over 300 queries in 90 groups, with tags and intents (slices)."""
     rng = np.random.default_rng(8)
     n = 300
     group = rng.integers(0, 90, n)
@@ -157,6 +157,14 @@ def test_the_comparison_its_slices_and_its_trade_off_on_one_draw_equal_each_comp
         variants.append(
             VariantData("baseline" if job == 0 else "v", recs, info={"role": "baseline"} if not job else {})
         )
+    return variants
+
+
+def test_the_comparison_its_slices_and_its_trade_off_on_one_draw_equal_each_computed_alone() -> None:
+    """``run.statistics`` plans the comparison, its slices and its trade-off on one draw per split
+    and one sign stream per split: each number equals the one its own step computes on its own draws
+    (the same seeds), up to rounding (the products take other columns beside them)."""
+    variants = _variants()
     settings = CompareConfig(B=300, metrics=["recall_at_5", "latency_p95_ms"], min_slice_groups=6)
     together = run.statistics(variants, settings, seed=4)
     alone = compare(variants, metrics=settings.metrics, B=300, seed=4)
@@ -182,3 +190,15 @@ def test_the_comparison_its_slices_and_its_trade_off_on_one_draw_equal_each_comp
             assert (a.variant, a.frontier) == (b.variant, b.frontier)
             for name in ("quality", "quality_low", "quality_high", "cost", "cost_low", "cost_high"):
                 assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-9), name
+
+
+def test_the_numbers_do_not_depend_on_how_many_threads_stream_the_draws(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = CompareConfig(B=300, metrics=["recall_at_5", "latency_p95_ms"], min_slice_groups=6)
+    out = []
+    for threads in ("1", "2"):
+        monkeypatch.setenv("RAG_ABLATE_DRAW_THREADS", threads)
+        c = run.statistics(_variants(), settings, seed=4)
+        out.append(json.dumps(c.to_dict(), sort_keys=True))
+    assert out[0] == out[1]
