@@ -1,6 +1,7 @@
 """The comparison step at scale (issue 15): a baseline and 2 variants over 10k and 100k queries.
 
     python benchmarks/bench_compare_scale.py [--sizes 10000,100000] [--B 10000] [--out DIR] [--cli]
+    python benchmarks/bench_compare_scale.py --sizes 10000,100000 --reuse --code OLD_CHECKOUT --code .
 
 Per size it generates a sweep folder in the layout the jobs write (``<out>/n<size>/``
 with ``sweep.json``, ``plan.json`` and job folders ``0``, ``1``, ``2``, each holding
@@ -20,14 +21,18 @@ variants differ from the baseline by a small overall gain (job 1) and a gain tha
 into a loss on one slice (job 2).
 
 Phases (run in-process through the same functions as ``rag-ablate compare``):
-``read records`` (load_source), ``compare`` (rag_ablate.compare.analysis.compare, split
-into the draws of the bootstrap counts, the per-metric paired tests, the latency
-percentiles and the production mix by timing those functions), ``slices``, ``guard +
-pairwise``, ``render`` (comparison.json/.md and the terminal table), ``trade-off`` and
-``report.html``. Peak RSS per phase: the kernel's high-water mark, reset
+``read records`` (load_source), ``guard``, ``statistics`` (rag_ablate.compare.run.statistics:
+the comparison, its slices and its trade-off on one draw per split, split into the draws of
+the bootstrap counts, the paired tests, the latency percentiles, the production mix and the
+flips by timing those functions), ``pairwise``, ``render`` (comparison.json/.md and the
+terminal table) and ``report.html``. Peak RSS per phase: the kernel's high-water mark, reset
 before each phase (``/proc/self/clear_refs``), read from ``/proc/self/status``; CPU per phase
 counts the worker processes that read records files side by side (the workers' own peak RSS
 is printed under the table).
+``--cli`` also times ``rag-ablate compare <sweep dir>`` as a subprocess (wall and max RSS).
+``--code DIR`` (repeated) runs every size under each checkout's package in turn, one subprocess
+each, and prints one table side by side (a checkout without ``run.statistics``, before lane cmp29,
+runs the comparison, its slices and its trade-off one after the other as that code did).
 ``--read-only`` times the read phase alone, one row a size (with ``--reuse``, without generating
 or grouping anything). ``--generate-only`` writes the sweep folders and stops (1,000,000
 queries: 7.4 GB of records, written a line at a time, never held).
@@ -43,6 +48,7 @@ import math
 import os
 import platform
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -317,54 +323,115 @@ def write_sweep(sweep: Path, queries: list[dict[str, Any]], seed: int = 0) -> No
 
 def run_phases(sweep: Path, B: int, seed: int) -> tuple[Phases, Any]:
     """The comparison step of ``rag-ablate compare <sweep>``, phase by phase (module docstring)."""
-    from rag_ablate.compare import analysis, draws, pairwise, render, run, slices, stats, tradeoff
+    from rag_ablate.compare import analysis, draws, pairwise, render, run, stats, tradeoff
     from rag_ablate.compare.guard import check
     from rag_ablate.compare.load import pick_baseline
     from rag_ablate.config.schema import CompareConfig
     from rag_ablate.report.html import write_report
 
     ph = Phases()
-    ph.wrap(draws.SharedDraws, "run", "bootstrap draws, each streamed once to all its tests")
+    if hasattr(run, "statistics"):
+        ph.wrap(run, "plan_compare", "planning the comparison (pairing, columns, group sums)")
+        ph.wrap(run, "plan_slices", "planning the slices")
+        ph.wrap(tradeoff, "plan", "planning the trade-off")
+    ph.wrap(draws.SharedDraws, "run", "bootstrap draws and sign streams, each streamed once to all its tests")
     ph.wrap(stats, "paired_test", "paired tests (sign flip + interval, bootstrap summaries)")
     ph.wrap(stats, "paired_quantile_tests", "latency percentiles (summaries)")
     ph.wrap(analysis, "mix_rows", "production mix (summaries)")
     ph.wrap(analysis, "_add_flips", "flips")
-    settings = CompareConfig()
+    settings = CompareConfig(B=B, min_slice_groups=6)
     with ph.phase("read records"):
         src = run.load_source(sweep)
     with ph.phase("guard"):
         check(src.variants, pick_baseline(src.variants, settings.baseline)[0].label)
-    with ph.phase("compare (all metrics, production mix)"):
-        c = analysis.compare(
-            src.variants,
-            baseline=settings.baseline,
-            metrics=settings.metrics,
-            splits=settings.splits,
-            B=B,
-            seed=seed,
-            alpha=settings.alpha,
-            flip_threshold=settings.flip_threshold,
-        )
-        c.cap_flips()  # as the comparison step does (compare/run.py)
+    with ph.phase("statistics: compare, slices, trade-off (one draw per split)"):
+        if hasattr(run, "statistics"):
+            c = run.statistics(src.variants, settings, seed=seed)  # caps the flips, as the step does
+        else:  # a checkout before lane cmp29 (--code): the three steps one after the other
+            c = _statistics_before(src.variants, settings, seed)
     inner_compare = {k: list(v) for k, v in ph.inner.items()}
-    with ph.phase("slices"):
-        c.slices = slices.compare_slices(
-            src.variants, c, metrics=slices.resolve_metrics(src.variants, settings), min_groups=6
-        )
-    key = "paired tests (sign flip + interval, bootstrap summaries)"
-    slices_tests = ph.inner[key][1] - inner_compare[key][1]
     with ph.phase("pairwise"):
         c.pairwise = pairwise.pairwise_section(src.variants, c)
     with ph.phase("render (comparison.json/.md, terminal)"):
         render.write_outputs(c, src.out_dir)
         render.format_terminal(c)
-    with ph.phase("trade-off (quality against cost, its bootstrap)"):
-        c.tradeoff = tradeoff.compute(src.variants, settings, seed=seed, baseline=c.baseline)
     with ph.phase("report.html (plots, page)"):
         write_report(src.out_dir, c, src.variants)
-    ph.inner = {k: v for k, v in inner_compare.items()}
-    ph.inner["slices: paired tests"] = [0.0, float(slices_tests)]
+    ph.inner = inner_compare
     return ph, c
+
+
+def _statistics_before(variants: Any, settings: Any, seed: int) -> Any:
+    """The comparison, its slices and its trade-off as a checkout before lane cmp29 computes them."""
+    from rag_ablate.compare import analysis, slices, tradeoff
+
+    c = analysis.compare(
+        variants,
+        baseline=settings.baseline,
+        metrics=settings.metrics,
+        splits=settings.splits,
+        B=settings.B,
+        seed=seed,
+        alpha=settings.alpha,
+        flip_threshold=settings.flip_threshold,
+    )
+    c.cap_flips()
+    c.slices = slices.compare_slices(
+        variants, c, metrics=slices.resolve_metrics(variants, settings), min_groups=settings.min_slice_groups
+    )
+    tradeoff.attach(c, variants, settings, seed=seed)
+    return c
+
+
+def side_by_side(args: argparse.Namespace, sizes: list[int]) -> None:
+    """Each size under each ``--code`` checkout in turn (this script, that checkout's package, one
+    subprocess each), then one table: wall / CPU seconds per phase, peak RSS, the process's CPU."""
+    got: dict[tuple[int, str], dict[str, Any]] = {}
+    for n in sizes:
+        for code in args.code:
+            out = Path(args.out) / f"side_{n}_{Path(code).name}.json"
+            cmd = [sys.executable, __file__, "--sizes", str(n), "--B", str(args.B), "--seed", str(args.seed)]
+            cmd += ["--out", args.out, "--json", str(out)] + (["--reuse"] if args.reuse else [])
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            load = os.getloadavg()[0]
+            subprocess.run(cmd, env={**os.environ, "PYTHONPATH": code}, check=True, stdout=subprocess.DEVNULL)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            res = json.loads(out.read_text())
+            res["process CPU"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            res["load"] = (load, os.getloadavg()[0])
+            got[(n, code)] = res
+            print(f"- {n:,} queries, {code}: load average {load:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
+    cols = [(n, code) for n in sizes for code in args.code]
+    names = list(dict.fromkeys(p for key in cols for p in got[key]["phases"]))
+    print(
+        "\n| phase: wall s / CPU s (peak MB) | " + " | ".join(f"{n:,} {Path(c).name}" for n, c in cols) + " |"
+    )
+    print("|---|" + "---:|" * len(cols))
+    for name in names:
+        cells = []
+        for key in cols:
+            p = got[key]["phases"].get(name)
+            cells.append("-" if p is None else f"{p[0]:.2f} / {p[2]:.2f} ({p[1]:,.0f})")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(
+        "| **comparison step, total** | "
+        + " | ".join(
+            f"**{sum(p[0] for p in got[k]['phases'].values()):.2f} / {sum(p[2] for p in got[k]['phases'].values()):.2f}"
+            f" ({max(p[1] for p in got[k]['phases'].values()):,.0f})**"
+            for k in cols
+        )
+        + " |"
+    )
+    print(
+        "| the process, CPU s (user + sys, generation of the queries included) | "
+        + " | ".join(f"{got[k]['process CPU']:.1f}" for k in cols)
+        + " |"
+    )
+    print(
+        "| load average (start -> end) | "
+        + " | ".join(f"{got[k]['load'][0]:.1f} -> {got[k]['load'][1]:.1f}" for k in cols)
+        + " |"
+    )
 
 
 def _cli(sweep: Path, B: int) -> tuple[float, float]:
@@ -416,8 +483,19 @@ def main() -> None:
     ap.add_argument(
         "--read-only", action="store_true", help="time the read phase alone (with --reuse: no grouping)"
     )
+    ap.add_argument(
+        "--code",
+        action="append",
+        help="a checkout whose rag_ablate runs the phases (repeat it: each in turn, one table side by side)",
+    )
+    ap.add_argument("--json", help=argparse.SUPPRESS)  # one run's phases, for --code
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.code:
+        print(f"- command: python benchmarks/{Path(__file__).name} {' '.join(sys.argv[1:])}")
+        print(f"- machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs")
+        side_by_side(args, sizes)
+        return
     print(
         f"- machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, python {platform.python_version()}"
     )
@@ -461,10 +539,9 @@ def main() -> None:
         )
         for name, sec, peak, cpu in ph.rows:
             print(f"| {name} | {sec:.2f} | {cpu:.2f} | {peak:,.0f} |")
-            if name.startswith("compare"):
+            if name.startswith("statistics"):
                 for inner, (s, calls) in ph.inner.items():
-                    if not inner.startswith("slices"):
-                        print(f"| &nbsp;&nbsp;of which {inner} ({int(calls)} calls) | {s:.2f} | | |")
+                    print(f"| &nbsp;&nbsp;of which {inner} ({int(calls)} calls) | {s:.2f} | | |")
         total, cpu_total = sum(r[1] for r in ph.rows), sum(r[3] for r in ph.rows)
         peak = max(r[2] for r in ph.rows)
         print(f"| **comparison step, total** | **{total:.2f}** | **{cpu_total:.2f}** | **{peak:,.0f}** |")
@@ -480,6 +557,8 @@ def main() -> None:
             **{f"{r[0]} (wall, peak)": (r[1], r[2]) for r in ph.rows},
             "total (wall, CPU)": (total, cpu_total),
         }
+        if args.json:
+            Path(args.json).write_text(json.dumps({"phases": {r[0]: [r[1], r[2], r[3]] for r in ph.rows}}))
         if args.cli:
             wall, rss = _cli(sweep, args.B)
             print(

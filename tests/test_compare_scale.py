@@ -76,7 +76,7 @@ def test_a_large_comparison_gives_the_numbers_of_the_tests_run_on_the_whole_draw
             B=B,
             alpha=c.alpha,
             counts=counts,
-            signflip_seed=stats.derive_seed(SEED, split, "faster", "signflip"),
+            signflip_seed=split_draw(SEED, split, groups).sign_seed,  # the split's one sign stream
         )
         row = c.row(split, "faster", "hit_at_5")
         assert row is not None and row.n_queries == b.size > 5_000

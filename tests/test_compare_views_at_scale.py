@@ -11,6 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from rag_ablate.compare.analysis import _pair, compare, failed, plan_compare
+from rag_ablate.compare.draws import SharedDraws
 from rag_ablate.compare.load import load_sweep_dir
 from rag_ablate.compare.model import FLIPS_KEPT, Comparison, Flip, VariantData
 from rag_ablate.compare.render import format_markdown, format_terminal
@@ -43,6 +47,43 @@ def test_the_largest_changes_are_kept_and_every_flip_counted() -> None:
     back = Comparison.from_dict(json.loads(json.dumps(c.to_dict())))
     assert back.flips == c.flips and back.flip_counts == c.flip_counts
     assert back.n_flips("v", "recall_at_5", "dev", "regressed") == N_REGRESSED
+
+
+def test_the_comparison_cuts_its_flips_as_cap_flips_does_before_building_them() -> None:
+    """``plan_compare(keep_flips=...)`` keeps the same flips, in the same order, and counts the same
+    lists as :meth:`Comparison.cap_flips` on every flip: ties of a binary metric (every change is 1)
+    go to the smaller query ids, a short list keeps its query order."""
+    rng = np.random.default_rng(3)
+    n = 400
+    base_hit, var_hit = rng.random(n) < 0.5, rng.random(n) < 0.5
+    base_rec, var_rec = rng.random(n), rng.random(n)
+    var_rec[:5] = base_rec[:5] - 0.5  # 5 regressed by the same size: ties broken by query id
+
+    def records(hit: np.ndarray, recall: np.ndarray) -> list[dict[str, Any]]:
+        ids = rng.permutation(n)  # records in no particular order of their ids
+        return [
+            _record(
+                int(i), "dev", {"hit_at_5": float(hit[i]), "recall_at_5": float(recall[i])}, query=f"t{i}"
+            )
+            for i in ids
+        ]
+
+    variants = [
+        VariantData("baseline", records(base_hit, base_rec)),
+        VariantData("v", records(var_hit, var_rec)),
+    ]
+    whole = compare(variants, metrics=["hit_at_5", "recall_at_5"], splits=["dev"], B=100)
+    whole.cap_flips(keep=7)
+    draws = SharedDraws(100)
+    cut = plan_compare(
+        variants, metrics=["hit_at_5", "recall_at_5"], splits=["dev"], keep_flips=7, draws=draws
+    )
+    draws.run()
+    c = cut()
+    assert c.flips == whole.flips and c.flip_counts == whole.flip_counts
+    assert c.n_flips("v", "hit_at_5", "dev", "improved") == int(np.sum(~base_hit & var_hit)) > 7
+    kept = c.flips["v"]["hit_at_5"]["dev"]["improved"]
+    assert len(kept) == 7 and [f.query_id for f in kept] == sorted(f.query_id for f in kept)
 
 
 def test_every_view_prints_the_count_of_flips_not_what_was_kept() -> None:
@@ -119,3 +160,47 @@ def test_records_read_for_a_comparison_share_equal_numbers_and_keep_them_exact(t
     assert v.records[0]["timings_ms"]["total"] is v.records[1]["timings_ms"]["total"]
     assert str(a["d"]) == "-0.0" and str(b["d"]) == "0.0" and type(a["n"]) is int and a["x"] != a["x"]
     assert json.dumps(a) == json.dumps(metrics[0]) and json.dumps(b) == json.dumps(metrics[1])
+
+
+def test_the_pairing_counted_from_failure_masks_equals_the_count_over_the_records() -> None:
+    """The split's Pair (who failed where, who has no record, the median time of the failures) counted
+    from the comparison's failure masks equals the count over every record, failures, missing records
+    and the variant's own queries included."""
+    rng = np.random.default_rng(5)
+
+    def rec(i: int) -> dict[str, Any]:
+        bad = rng.random() < 0.2
+        return _record(i, "dev", {"latency_ms": float(rng.integers(1, 100))}, status="error" if bad else "ok")
+
+    base = {f"q{i}": rec(i) for i in range(300) if rng.random() < 0.9}
+    var = {f"q{i}": rec(i) for i in range(320) if rng.random() < 0.9}  # 20 queries of its own
+    b_failed = np.array([failed(r) for r in base.values()])
+    v_failed = np.array([q in var and failed(var[q]) for q in base])
+    got = _pair("dev", "v", base, var, b_failed, v_failed)
+    ids = list(base) + [q for q in var if q not in base]
+    kinds = [
+        "none" if q not in base or q not in var
+        else "both" if failed(base[q]) and failed(var[q])
+        else "base" if failed(base[q])
+        else "var" if failed(var[q])
+        else "ok"
+        for q in ids
+    ]  # fmt: skip
+    assert (got.n_queries, got.left_no_record, got.left_failed_both) == (
+        len(ids),
+        kinds.count("none"),
+        kinds.count("both"),
+    )
+    assert (got.left_failed_baseline, got.left_failed_variant, got.n_ok_both) == (
+        kinds.count("base"),
+        kinds.count("var"),
+        kinds.count("ok"),
+    )
+    assert got.n_failed_baseline == sum(failed(r) for r in base.values()) > 0
+    assert got.n_failed_variant == sum(failed(r) for r in var.values()) > 0
+    assert got.failed_latency_ms_variant == float(
+        np.median([r["metrics"]["latency_ms"] for r in var.values() if failed(r)])
+    )
+    assert got.failed_latency_ms_baseline == float(
+        np.median([r["metrics"]["latency_ms"] for r in base.values() if failed(r)])
+    )

@@ -4,13 +4,18 @@ columns share their random signs keep each column's null distribution (docs/stat
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from scipy import stats as sps
 
-from rag_ablate.compare import stats
-from rag_ablate.compare.analysis import split_draw
+from rag_ablate.compare import run, stats, tradeoff
+from rag_ablate.compare.analysis import compare, split_draw
 from rag_ablate.compare.draws import SharedDraws, domain_ratios
+from rag_ablate.compare.model import VariantData
+from rag_ablate.compare.slices import compare_slices
+from rag_ablate.config.schema import CompareConfig
 
 
 def _data(n_groups: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -83,3 +88,117 @@ def test_shared_sign_vectors_keep_every_columns_null_distribution() -> None:
     for j in range(5):
         assert sps.kstest(ps[:, j], "uniform").pvalue > 0.001, j
         assert 0.02 < np.mean(ps[:, j] < 0.05) < 0.09, j
+
+
+@pytest.mark.parametrize("every", [7, 23])  # 86 of 600 groups (in the split's product), 27 (gathered)
+def test_a_slices_sign_flip_test_from_the_splits_one_sign_stream_matches_its_own_stream(every: int) -> None:
+    """Every sign-flip test of a split takes its groups' signs from the split's one stream: a slice's
+    p and interval agree with those of its own stream within Monte Carlo error, and a test over all the
+    split's groups draws exactly the vectors of ``paired_test(signflip_seed=draw.sign_seed)``."""
+    b, v, labels = _data(600, 3)
+    in_slice = np.array([int(g[1:]) % every == 0 for g in labels])
+    groups = np.array([g for g, s in zip(labels, in_slice, strict=True) if s])
+    sb, sv = b[in_slice], v[in_slice] - 0.04  # an effect near the edge of the interval: p not 0 or 1
+    B = 4_000
+    draw = split_draw(0, "dev", labels)
+    shared = SharedDraws(B)
+    signs = draw.add_signs(shared, groups.tolist(), stats.group_sums_sizes(sv - sb, groups))
+    whole = draw.add_signs(shared, labels, stats.group_sums_sizes(v - b, np.array(labels)))
+    assert signs is not None and whole is not None
+    shared.run()
+    got = stats.paired_test(sb, sv, groups, B=B, seed=5, signs=signs.result())
+    own = stats.paired_test(sb, sv, groups, B=B, seed=5)
+    assert got.n_groups == own.n_groups == len(set(groups.tolist())) > 20
+    assert got.effect[0] == own.effect[0] and got.se[0] == own.se[0]  # the bootstrap is not the signs'
+    # Monte Carlo SD of the difference of two p from independent streams of B vectors
+    p = own.p_value[0]
+    assert 0.01 < p < 0.99 and abs(got.p_value[0] - p) < 4 * np.sqrt(2 * p * (1 - p) / B)
+    assert got.ci_low[0] == pytest.approx(own.ci_low[0], abs=0.15 * own.se[0])
+    assert got.ci_high[0] == pytest.approx(own.ci_high[0], abs=0.15 * own.se[0])
+    full = stats.paired_test(b, v, np.array(labels), B=B, signs=whole.result())
+    alone = stats.paired_test(b, v, np.array(labels), B=B, signflip_seed=draw.sign_seed)
+    assert full.p_value[0] == alone.p_value[0]
+    assert full.ci_low[0] == pytest.approx(alone.ci_low[0], rel=1e-9)
+    assert full.ci_high[0] == pytest.approx(alone.ci_high[0], rel=1e-9)
+
+
+def test_a_test_with_few_groups_enumerates_its_signs_instead_of_taking_the_stream() -> None:
+    b, v, labels = _data(200, 4)
+    in_slice = np.array([g in ("g0003", "g0040", "g0077", "g0100") for g in labels])
+    groups = [g for g, s in zip(labels, in_slice, strict=True) if s]
+    shared = SharedDraws(1_000)
+    sums_sizes = stats.group_sums_sizes(v[in_slice] - b[in_slice], np.array(groups))
+    assert split_draw(0, "dev", labels).add_signs(shared, groups, sums_sizes) is None  # 2**4 <= B
+    sb, sv, g = b[in_slice], v[in_slice], np.array(groups)
+    res = stats.paired_test(sb, sv, g, B=1_000, signs=np.zeros((1_000, 2)))  # the zeros are not read
+    own = stats.paired_test(sb, sv, g, B=1_000)
+    assert res.p_exact[0] and (res.p_value[0], res.ci_low[0]) == (own.p_value[0], own.ci_low[0])
+
+
+def _variants() -> list[VariantData]:
+    """A baseline and a variant over 300 queries in 90 groups, with tags and intents (slices)."""
+    rng = np.random.default_rng(8)
+    n = 300
+    group = rng.integers(0, 90, n)
+    tags = [["edge"] if i % 5 == 0 else ["numeric"] if i % 3 == 0 else [] for i in range(n)]
+    variants = []
+    for job, gain in enumerate((0.0, 0.08)):
+        recs = []
+        for i in range(n):
+            hit = float(rng.random() < 0.5 + gain)
+            recs.append(
+                {
+                    "query_id": f"q{i:03d}", "split": "dev" if i % 4 else "holdout", "group": f"g{group[i]}",
+                    "status": "ok", "tags": tags[i], "intent_gold": "K_a" if i % 2 else "K_b",
+                    "intent_gold_l1": "KNOWLEDGE",
+                    "metrics": {"recall_at_5": hit, "latency_ms": float(rng.lognormal(3, 0.3))},
+                }
+            )  # fmt: skip
+        variants.append(
+            VariantData("baseline" if job == 0 else "v", recs, info={"role": "baseline"} if not job else {})
+        )
+    return variants
+
+
+def test_the_comparison_its_slices_and_its_trade_off_on_one_draw_equal_each_computed_alone() -> None:
+    """``run.statistics`` plans the comparison, its slices and its trade-off on one draw per split
+    and one sign stream per split: each number equals the one its own step computes on its own draws
+    (the same seeds), up to rounding (the products take other columns beside them)."""
+    variants = _variants()
+    settings = CompareConfig(B=300, metrics=["recall_at_5", "latency_p95_ms"], min_slice_groups=6)
+    together = run.statistics(variants, settings, seed=4)
+    alone = compare(variants, metrics=settings.metrics, B=300, seed=4)
+    alone.slices = compare_slices(variants, alone, metrics=["recall_at_5"], min_groups=6)
+    tradeoff_alone = tradeoff.compute(
+        variants, tradeoff.settle_axes(variants, settings, alone.splits), seed=4
+    )
+    assert together.slices is not None and alone.slices is not None and together.tradeoff is not None
+    assert (
+        len(together.rows) == len(alone.rows) == 4 and len(together.slices.rows) == len(alone.slices.rows) > 4
+    )
+    pairs = [
+        *zip(together.rows, alone.rows, strict=True),
+        *zip(together.slices.rows, alone.slices.rows, strict=True),
+    ]
+    for got, want in pairs:
+        for name in ("effect", "ci_low", "ci_high", "p_value"):
+            assert getattr(got, name) == pytest.approx(getattr(want, name), rel=1e-9, abs=1e-12), name
+    for got_t, want_t in zip(together.rows, alone.rows, strict=True):
+        assert got_t.se == pytest.approx(want_t.se, rel=1e-9)
+    for got_p, want_p in zip(together.tradeoff.splits, tradeoff_alone.splits, strict=True):
+        for a, b in zip(got_p.points, want_p.points, strict=True):
+            assert (a.variant, a.frontier) == (b.variant, b.frontier)
+            for name in ("quality", "quality_low", "quality_high", "cost", "cost_low", "cost_high"):
+                assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-9), name
+
+
+def test_the_numbers_do_not_depend_on_how_many_threads_stream_the_draws(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = CompareConfig(B=300, metrics=["recall_at_5", "latency_p95_ms"], min_slice_groups=6)
+    out = []
+    for threads in ("1", "2"):
+        monkeypatch.setenv("RAG_ABLATE_DRAW_THREADS", threads)
+        c = run.statistics(_variants(), settings, seed=4)
+        out.append(json.dumps(c.to_dict(), sort_keys=True))
+    assert out[0] == out[1]

@@ -24,9 +24,10 @@ variant, say) becomes a row with a ``note`` and no numbers, never a silent gap.
 Seeds: one bootstrap draw per split (derived from the run seed, the split and its
 groups), shared by every variant, metric, percentile and weighting, and by the slices
 and the trade-off: a test over some of the split's queries is a domain of it
-(:mod:`rag_ablate.compare.draws`). The sign-flip tests of a variant's metrics share
-one stream of sign vectors, seeded by (seed, split, variant), so adding or removing a
-variant never changes another variant's numbers. See docs/statistics.md.
+(:mod:`rag_ablate.compare.draws`). Likewise one stream of sign vectors per split, from
+which every sign-flip test of the split (every variant, metric and slice) takes its
+groups' signs, so adding or removing a variant never changes another variant's numbers.
+See docs/statistics.md.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -49,6 +51,7 @@ from rag_ablate.compare.model import Comparison, Flip, Flips, Pair, Row, Variant
 from rag_ablate.core.errors import ComparisonError
 from rag_ablate.dataset.weights import TagWeights
 from rag_ablate.metrics.registry import (
+    MetricSpec,
     default_compare_metrics,
     direction_of,
     display_name,
@@ -84,6 +87,22 @@ def quantile_of(metric: str) -> float | None:
     return spec_of(metric).quantile
 
 
+_SPECS: dict[str, MetricSpec] = {}
+
+
+def _spec(metric: str) -> MetricSpec:
+    """:func:`spec_of`, looked up once per name (the comparison asks it for every record)."""
+    spec = _SPECS.get(metric)
+    if spec is None:
+        spec = _SPECS[metric] = spec_of(metric)
+    return spec
+
+
+def metric_names(records: Iterable[Record]) -> set[str]:
+    """Every metric name some record of ``records`` has (one C-level union over their dicts)."""
+    return set().union(*[r.get("metrics") or () for r in records])
+
+
 def failed(rec: Record) -> bool:
     return bool(rec.get("status", "ok") != "ok")
 
@@ -98,7 +117,7 @@ def value(rec: Record, metric: str) -> float | None:
     v = values.get(metric)
     if metric == LATENCY and v is None:
         v = (rec.get("timings_ms") or {}).get("total")
-    spec = spec_of(metric)
+    spec = _spec(metric)
     if failed(rec) and not spec.uses_failed:
         return spec.miss if spec.miss is not None and metric in values else None
     if v is None:
@@ -142,20 +161,54 @@ class SplitDraw:
     def add(
         self,
         shared: SharedDraws,
-        groups: Sequence[str],
+        groups: Sequence[str] | npt.NDArray[np.intp],
         cols: npt.NDArray[np.float64],
         finish: Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]],
     ) -> Collector:
-        """A linear consumer of the draw over the queries whose group labels are ``groups``: ``cols``
-        has one row per distinct label, in sorted order (as :func:`stats.group_sums` gives them). A
-        subset of more than 1/:data:`GATHER_BELOW` of the split's groups joins the draw's one product
-        with every group (the other groups' rows 0); a smaller one multiplies its own groups' counts."""
-        rows = self.codes(sorted(set(groups)))
+        """A linear consumer of the draw over the queries whose group labels are ``groups`` (or their
+        :meth:`codes`, which sort alike): ``cols`` has one row per distinct label, in sorted order
+        (as :func:`stats.group_sums` gives them). A subset of more than 1/:data:`GATHER_BELOW` of the
+        split's groups joins the draw's one product with every group (the other groups' rows 0); a
+        smaller one multiplies its own groups' counts."""
+        cols, rows = self._domain(groups, cols)
+        return shared.add_linear(self.key, self.seed, self.n_groups, cols, finish, rows)
+
+    @property
+    def sign_seed(self) -> int:
+        """The seed of the split's one stream of sign vectors, shared by every sign-flip test of the
+        split (``paired_test(signflip_seed=...)`` draws the same vectors)."""
+        return stats.derive_seed(self.seed, "signs")
+
+    def add_signs(
+        self,
+        shared: SharedDraws,
+        groups: Sequence[str] | npt.NDArray[np.intp],
+        sums_sizes: npt.NDArray[np.float64],
+    ) -> Collector | None:
+        """The sign-flip sums of a paired test over the queries whose group labels are ``groups``
+        (``sums_sizes``: :func:`stats.group_sums_sizes` of their differences), from the split's one
+        stream of sign vectors, each test taking the signs of its own groups (the ``signs`` of
+        :func:`stats.paired_test`); None when the test enumerates every sign vector (2**G <= B)."""
+        n = sums_sizes.shape[0]
+        if n < 63 and (1 << n) <= shared.B:
+            return None
+        cols, rows = self._domain(groups, sums_sizes)
+        return shared.add_signs((*self.key, "signs"), self.sign_seed, self.n_groups, cols, rows)
+
+    def _domain(
+        self, groups: Sequence[str] | npt.NDArray[np.intp], cols: npt.NDArray[np.float64]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp] | None]:
+        """``cols`` of the groups ``groups`` (labels, or their :meth:`codes`) as a consumer of the
+        split takes them (:meth:`add`)."""
+        if isinstance(groups, np.ndarray) and groups.dtype.kind in "iu":
+            rows = np.unique(groups).astype(np.intp)
+        else:
+            rows = self.codes(sorted(set(groups)))
         if GATHER_BELOW * rows.shape[0] > self.n_groups:
             full = np.zeros((self.n_groups, cols.shape[1]))
             full[rows] = cols
-            return shared.add_linear(self.key, self.seed, self.n_groups, full, finish)
-        return shared.add_linear(self.key, self.seed, self.n_groups, cols, finish, rows)
+            return full, None
+        return cols, rows
 
 
 #: a test over fewer than 1/16 of its split's groups gathers their counts instead of joining the
@@ -182,41 +235,43 @@ def _by_id(records: Sequence[Record], split: str) -> dict[str, Record]:
     return {r["query_id"]: r for r in records if r["split"] == split}
 
 
-def _pair(split: str, variant: str, base: Mapping[str, Record], var: Mapping[str, Record]) -> Pair:
-    ids = list(base) + [q for q in var if q not in base]
-    fb = fv = both = no_record = ok = 0
-    for q in ids:
-        b, v = base.get(q), var.get(q)
-        if b is None or v is None:
-            no_record += 1
-        elif failed(b) and failed(v):
-            both += 1
-        elif failed(b):
-            fb += 1
-        elif failed(v):
-            fv += 1
-        else:
-            ok += 1
+def _pair(
+    split: str,
+    variant: str,
+    base: Mapping[str, Record],
+    var: Mapping[str, Record],
+    base_failed: npt.NDArray[np.bool_],
+    var_failed: npt.NDArray[np.bool_],
+) -> Pair:
+    """How the split's queries pair: ``base_failed`` / ``var_failed``, over the baseline's ids in
+    order, say which have a failed record on each side (no record: not failed). Counted from these
+    masks, so the records are not read again; the variant's own queries (no baseline record) are
+    left out as having no record."""
+    in_var = np.array([q in var for q in base], dtype=bool)
+    var_only = [r for q, r in var.items() if q not in base]
+    failed_ids = [q for q, f in zip(base, base_failed.tolist(), strict=True) if f]
+    var_failed_ids = [q for q, f in zip(base, var_failed.tolist(), strict=True) if f]
 
-    def median_failed(by_id: Mapping[str, Record]) -> float | None:
-        times = [t for r in by_id.values() if (t := failed_latency(r)) is not None]
+    def median_failed(recs: Iterable[Record]) -> float | None:
+        times = [t for r in recs if (t := failed_latency(r)) is not None]
         return float(np.median(times)) if times else None
 
+    var_only_failed = [r for r in var_only if failed(r)]
     return Pair(
         split=split,
         variant=variant,
-        n_queries=len(ids),
+        n_queries=len(base) + len(var_only),
         n_baseline=len(base),
         n_variant=len(var),
-        n_failed_baseline=sum(1 for r in base.values() if failed(r)),
-        n_failed_variant=sum(1 for r in var.values() if failed(r)),
-        n_ok_both=ok,
-        left_failed_baseline=fb,
-        left_failed_variant=fv,
-        left_failed_both=both,
-        left_no_record=no_record,
-        failed_latency_ms_baseline=median_failed(base),
-        failed_latency_ms_variant=median_failed(var),
+        n_failed_baseline=int(base_failed.sum()),
+        n_failed_variant=int(var_failed.sum()) + len(var_only_failed),
+        n_ok_both=int((in_var & ~base_failed & ~var_failed).sum()),
+        left_failed_baseline=int((base_failed & in_var & ~var_failed).sum()),
+        left_failed_variant=int((~base_failed & var_failed).sum()),
+        left_failed_both=int((base_failed & var_failed).sum()),
+        left_no_record=int((~in_var).sum()) + len(var_only),
+        failed_latency_ms_baseline=median_failed(base[q] for q in failed_ids),
+        failed_latency_ms_variant=median_failed([*(var[q] for q in var_failed_ids), *var_only_failed]),
     )
 
 
@@ -292,18 +347,36 @@ def _columns(
     """:func:`value` of each metric for each id, as arrays (NaN: no value, or no record)."""
     nan = math.nan
     recs = [by_id.get(q) for q in ids]
-    # the plain metrics (every one but error_rate and latency_ms): no value for a failed query
-    plain = [None if r is None or failed(r) else (r.get("metrics") or {}) for r in recs]
     out = {}
+    # the plain metrics (every one but error_rate and latency_ms): no value for a failed query; read
+    # one record at a time, all of them at once (C-level gets), into one table
+    plain = [m for m in metrics if not _spec(m).uses_failed]
+    if plain:
+        none = [nan] * len(plain)
+        rows = [
+            none if r is None or failed(r) else list(map((r.get("metrics") or {}).get, plain, repeat(nan)))
+            for r in recs
+        ]
+        table = _floats(rows, len(plain))
+        for j, m in enumerate(plain):
+            out[m] = np.ascontiguousarray(table[:, j])
     for m in metrics:
-        if spec_of(m).uses_failed:
-            vals = [nan if r is None else value(r, m) for r in recs]
-        else:
-            vals = [nan if d is None else d.get(m) for d in plain]
-        col = np.array([nan if x is None else x for x in vals], dtype=np.float64)
-        col[~np.isfinite(col)] = nan
-        out[m] = col
-    return out
+        if m not in out:
+            out[m] = _floats([[nan if r is None else value(r, m)] for r in recs], 1)[:, 0]
+    return {m: out[m] for m in metrics}
+
+
+def _floats(rows: list[list[Any]], width: int) -> npt.NDArray[np.float64]:
+    """``rows`` of numbers as a (len(rows), width) float64 table, None and non-finite values NaN."""
+    try:
+        table = np.array(rows, dtype=np.float64).reshape(len(rows), width)
+    except TypeError:  # a None among them
+        cells = np.array(rows, dtype=object).reshape(len(rows), width)
+        missing = np.array([[x is None for x in row] for row in rows], dtype=bool)
+        cells[missing.reshape(cells.shape)] = math.nan
+        table = cells.astype(np.float64)
+    table[~np.isfinite(table)] = math.nan
+    return table
 
 
 def _failure_aware(
@@ -318,7 +391,7 @@ def _failure_aware(
     a failed query scores the miss where the metric applies to it (its record names the metric,
     or the other side has a value and this side measures the metric at all). ``failed_ids``: which
     of ``ids`` have a failed record on this side."""
-    miss = spec_of(metric).miss
+    miss = _spec(metric).miss
     if miss is None:
         return own
     measures = bool(np.isfinite(own).any())
@@ -354,15 +427,50 @@ def compare(
     flip_threshold: float = 0.2,
     weights: TagWeights | None = None,
 ) -> Comparison:
-    """Compare every variant with the baseline. See the module docstring.
+    """Compare every variant with the baseline on draws of its own (:func:`plan_compare`, then
+    the draws, then the second pass). See the module docstring."""
+    draws = SharedDraws(B)
+    done = plan_compare(
+        variants,
+        baseline=baseline,
+        metrics=metrics,
+        splits=splits,
+        seed=seed,
+        alpha=alpha,
+        flip_threshold=flip_threshold,
+        weights=weights,
+        draws=draws,
+    )
+    draws.run()
+    return done()
+
+
+def plan_compare(
+    variants: Sequence[VariantData],
+    *,
+    baseline: str | None = None,
+    metrics: Sequence[str] | None = None,
+    splits: Sequence[str] = ("dev", "holdout"),
+    seed: int = 0,
+    alpha: float = 0.05,
+    flip_threshold: float = 0.2,
+    weights: TagWeights | None = None,
+    keep_flips: int | None = None,
+    draws: SharedDraws,
+) -> Callable[[], Comparison]:
+    """Plan the comparison of every variant with the baseline. See the module docstring.
 
     ``metrics``: None or empty = the registry's default set (``MetricSpec.default_compare``).
     ``weights``: the production mix (:mod:`rag_ablate.dataset.weights`); None = the baseline's
-    ``dataset.slice_weights``/``edge_tags``. Its rows go to ``Comparison.mix``.
+    ``dataset.slice_weights``/``edge_tags``. Its rows go to ``Comparison.mix``. ``keep_flips``:
+    each list of flips keeps its largest changes, chosen before they are built
+    (:meth:`Comparison.cap_flips`'s cut); None keeps every flip.
 
-    Two passes: the first pairs the queries and registers every test's use of its split's
-    bootstrap draw; each draw is then streamed once (:mod:`rag_ablate.compare.draws`) and
-    the second pass finishes the tests in the order they were planned.
+    Two passes: this first one pairs the queries and registers every test's use of its split's
+    bootstrap draw on ``draws``; after ``draws.run()`` (each draw streamed once to the tests of the
+    comparison and of whatever else registered on it: the slices, the trade-off;
+    :mod:`rag_ablate.compare.draws`) the returned function finishes the tests in the order they were
+    planned and returns the comparison. :func:`compare` does both.
     """
     # canonical names (recall@5 -> recall_at_5); unknown names fail with the valid ones
     metrics = [
@@ -372,7 +480,7 @@ def compare(
     others = [v for v in variants if v is not base]
     if not others:
         raise ComparisonError("a comparison needs at least one variant besides the baseline")
-    counts = SharedDraws(B)
+    counts, B = draws, draws.B
     others_cfg = {o.label: o.config for o in others}
     tw, mix_notes = settle_weights(weights, base.config, base.records, others_cfg)
     notes += mix_notes
@@ -380,6 +488,7 @@ def compare(
     rows: list[Row] = []
     pairs: list[Pair] = []
     flips: Flips = {}
+    cap = FlipCap(keep_flips)
     finish: list[Callable[[], None]] = []  # the second pass, in the order of the first
     ok_only: dict[tuple[str, str, str], tuple[float, float, float, int]] = {}
     for split in splits:
@@ -388,19 +497,23 @@ def compare(
             notes.append(f"the baseline has no queries in split '{split}'")
             continue
         base_ids = list(base_by_id)
-        draw = split_draw(seed, split, split_groups(base_by_id))
+        labels = split_groups(base_by_id)
+        draw = split_draw(seed, split, labels)
+        # each query's group as its position among the split's sorted labels, once per split: codes
+        # sort as the labels do, so every test groups and orders its groups alike (and faster)
+        base_codes = draw.codes(labels)
         sources = list(dict.fromkeys(per_query(m) for m in metrics))
         ok_base_cols = _columns(base_by_id, base_ids, sources)
         base_failed = np.array([failed(base_by_id[q]) for q in base_ids], dtype=bool)
         for var in others:
             var_by_id = _by_id(var.records, split)
-            pair = _pair(split, var.label, base_by_id, var_by_id)
+            var_failed = np.array([q in var_by_id and failed(var_by_id[q]) for q in base_ids], dtype=bool)
+            pair = _pair(split, var.label, base_by_id, var_by_id, base_failed, var_failed)
             pairs.append(pair)
             var_only = [r for q, r in var_by_id.items() if q not in base_by_id]
             ok_var_cols = _columns(var_by_id, base_ids, sources)
             # failure-aware columns of the metrics with a miss; the ok-only figures beside them
             base_cols, var_cols = dict(ok_base_cols), dict(ok_var_cols)
-            var_failed = np.array([q in var_by_id and failed(var_by_id[q]) for q in base_ids], dtype=bool)
             for src in sources:
                 base_cols[src] = _failure_aware(
                     base_by_id, base_ids, src, ok_base_cols[src], ok_var_cols[src], base_failed
@@ -432,22 +545,23 @@ def compare(
                 qids = [q for q, ok in zip(base_ids, paired, strict=True) if ok]
                 finish.append(
                     _plan_quantiles(
-                        split, var.label, ms, qids, base_by_id, paired, base_cols, var_cols, pair
+                        split, var.label, ms, base_codes[paired], paired, base_cols, var_cols, pair
                     )(counts, draw, alpha, rows)
                 )
             for paired, ms in by_subset.values():
                 qids = [q for q, ok in zip(base_ids, paired, strict=True) if ok]
                 b = np.column_stack([base_cols[m][paired] for m in ms])
                 v = np.column_stack([var_cols[m][paired] for m in ms])
-                groups = [str(base_by_id[q]["group"]) for q in qids]
-                sums_sizes = stats.group_sums_sizes(v - b, np.array(groups))
+                groups = base_codes[paired]
+                sums_sizes = stats.group_sums_sizes(v - b, groups)
                 theta = draw.add(counts, groups, sums_sizes, domain_ratios)
+                signs = draw.add_signs(counts, groups, sums_sizes)
                 mixed = None
                 if tw is not None:  # the production-weighted and the edge-case effects, same draw
                     tags = [base_by_id[q].get("tags") or () for q in qids]
                     _, mix_w = mix_weights(tags, tw)
                     if mix_w is not None:
-                        wsums = weighted_group_sums(b, v, np.array(groups), mix_w)
+                        wsums = weighted_group_sums(b, v, groups, mix_w)
                         mixed = (tags, draw.add(counts, groups, wsums, _same))
                 finish.append(
                     _plan_means(
@@ -459,6 +573,7 @@ def compare(
                         v,
                         groups,
                         theta,
+                        signs,
                         mixed,
                         base_by_id,
                         var_by_id,
@@ -470,38 +585,43 @@ def compare(
                         flip_threshold=flip_threshold,
                         rows=rows,
                         flips=flips,
+                        cap=cap,
                         mix=mix,
                     )
                 )
-    counts.run()
-    for step in finish:
-        step()
-    for r in rows:
-        if r.tested and (r.split, r.variant, r.metric) in ok_only:
-            r.ok_baseline_mean, r.ok_variant_mean, r.ok_effect, r.n_ok_queries = ok_only[
-                (r.split, r.variant, r.metric)
-            ]
-    order = {(s, v, m): i for i, (s, v, m) in enumerate(_keys(splits, [o.label for o in others], metrics))}
-    rows.sort(key=lambda r: order[(r.split, r.variant, r.metric)])
-    _adjust(rows, alpha)
-    label_rows(rows, alpha)
-    _flag_disagreements(rows)
-    notes += gap_notes(base, others, splits)
-    return Comparison(
-        baseline=base.label,
-        variants=[v.label for v in others],
-        metrics=list(metrics),
-        splits=list(splits),
-        B=B,
-        seed=seed,
-        alpha=alpha,
-        rows=rows,
-        flips=flips,
-        pairs=pairs,
-        notes=notes,
-        mix=mix,
-        mix_weights=tw.describe() if tw is not None else "",
-    )
+
+    def done() -> Comparison:
+        for step in finish:
+            step()
+        for r in rows:
+            if r.tested and (r.split, r.variant, r.metric) in ok_only:
+                r.ok_baseline_mean, r.ok_variant_mean, r.ok_effect, r.n_ok_queries = ok_only[
+                    (r.split, r.variant, r.metric)
+                ]
+        keys = _keys(splits, [o.label for o in others], metrics)
+        order = {(s, v, m): i for i, (s, v, m) in enumerate(keys)}
+        rows.sort(key=lambda r: order[(r.split, r.variant, r.metric)])
+        _adjust(rows, alpha)
+        label_rows(rows, alpha)
+        _flag_disagreements(rows)
+        return Comparison(
+            baseline=base.label,
+            variants=[v.label for v in others],
+            metrics=list(metrics),
+            splits=list(splits),
+            B=B,
+            seed=seed,
+            alpha=alpha,
+            rows=rows,
+            flips=flips,
+            flip_counts=cap.counts,
+            pairs=pairs,
+            notes=notes + gap_notes(base, others, splits),
+            mix=mix,
+            mix_weights=tw.describe() if tw is not None else "",
+        )
+
+    return done
 
 
 def _same(prod: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -515,8 +635,10 @@ def gap_notes(base: VariantData, others: Sequence[VariantData], splits: Sequence
     notes: list[str] = []
     for split in splits:
         base_by_id = _by_id(base.records, split)
-        names = {n for r in base_by_id.values() for n in r.get("metrics") or {}}
+        names = metric_names(base_by_id.values())
         watched = [n for n in sorted(names) if spec_of(n).warn_gap is not None]
+        if not watched:
+            continue
         for var in others:
             var_by_id = _by_id(var.records, split)
             worst: dict[str, tuple[float, str, float, float, int]] = {}  # base -> its largest gap
@@ -551,8 +673,9 @@ def _plan_means(
     qids: list[str],
     b: npt.NDArray[np.float64],
     v: npt.NDArray[np.float64],
-    groups: list[str],
+    groups: npt.NDArray[np.intp],
     theta: Collector,
+    signs: Collector | None,
     mixed: tuple[list[Any], Collector] | None,
     base_by_id: Mapping[str, Record],
     var_by_id: Mapping[str, Record],
@@ -565,21 +688,23 @@ def _plan_means(
     flip_threshold: float,
     rows: list[Row],
     flips: Flips,
+    cap: FlipCap,
     mix: list[MixRow],
 ) -> Callable[[], None]:
     """The second pass of one subset of metrics: the paired test on its streamed draw, the rows,
     flips and production-mix rows."""
 
     def done() -> None:
+        ids = np.array(qids)
         res = stats.paired_test(
             b,
             v,
-            np.array(groups),
+            groups,
             B=B,
             seed=seed,
             alpha=alpha,
             theta=theta.result(),
-            signflip_seed=stats.derive_seed(seed, split, var.label, "signflip"),
+            signs=None if signs is None else signs.result(),
         )
         for j, m in enumerate(ms):
             rows.append(
@@ -608,7 +733,9 @@ def _plan_means(
             )
             for field_name, spread in judge_spread(m, qids, base_by_id, var_by_id).items():
                 setattr(rows[-1], field_name, spread)
-            _add_flips(flips, var.label, m, split, qids, b[:, j], v[:, j], base_by_id, flip_threshold)
+            _add_flips(
+                flips, var.label, m, split, qids, b[:, j], v[:, j], base_by_id, flip_threshold, cap, ids
+            )
         if mixed is not None and tw is not None:
             tags, drawn = mixed
             named = [(m, direction_of(m)) for m in ms]
@@ -621,31 +748,28 @@ def _plan_quantiles(
     split: str,
     variant: str,
     ms: list[str],
-    qids: list[str],
-    base_by_id: Mapping[str, Record],
+    groups: npt.NDArray[np.intp],
     paired: npt.NDArray[np.bool_],
     base_cols: Mapping[str, npt.NDArray[np.float64]],
     var_cols: Mapping[str, npt.NDArray[np.float64]],
     pair: Pair,
 ) -> Callable[[SharedDraws, SplitDraw, float, list[Row]], Callable[[], None]]:
-    """Latency percentiles over the same paired queries: one running sum per resample serves them all,
-    their intervals from the split's shared draw (:func:`stats.paired_quantile_tests`)."""
+    """Latency percentiles over the same paired queries (``groups``: their groups' codes in the
+    split's draw): one running sum per resample serves them all, their intervals from the split's
+    shared draw (:func:`stats.paired_quantile_tests`)."""
     src = per_query(ms[0])  # grouped by paired queries of one source: latency_ms for the latency ones
     b = base_cols[src][paired]
     v = var_cols[src][paired]
-    groups = [str(base_by_id[q]["group"]) for q in qids]
     qs = tuple(spec_of(m).quantile or 0.0 for m in ms)
 
     def plan(counts: SharedDraws, draw: SplitDraw, alpha: float, rows: list[Row]) -> Callable[[], None]:
-        setup = stats.quantile_setup(b, v, draw.codes(groups), qs, n_groups=draw.n_groups)
+        setup = stats.quantile_setup(b, v, groups, qs, n_groups=draw.n_groups)
         effects = counts.add_linear_chunk(
             draw.key, draw.seed, draw.n_groups, setup.sizes_before, quantiles(setup)
         )
 
         def done() -> None:
-            results = stats.paired_quantile_tests(
-                b, v, np.array(groups), qs, alpha=alpha, effects=effects.result()
-            )
+            results = stats.paired_quantile_tests(b, v, groups, qs, alpha=alpha, effects=effects.result())
             for m, res in zip(ms, results, strict=True):
                 rows.append(_quantile_row(split, variant, m, res, pair))
 
@@ -718,6 +842,16 @@ def _keys(
     return [(s, v, m) for s in splits for v in variants for m in metrics]
 
 
+@dataclass
+class FlipCap:
+    """How many flips of each list a comparison keeps (``keep``: the largest changes, in
+    :func:`~rag_ablate.compare.model.flip_order`; None keeps every flip) and the count of each list
+    it cut (``Comparison.flip_counts``)."""
+
+    keep: int | None = None
+    counts: dict[str, dict[str, dict[str, dict[str, int]]]] = field(default_factory=dict)
+
+
 def _add_flips(
     flips: Flips,
     variant: str,
@@ -728,30 +862,42 @@ def _add_flips(
     v: npt.NDArray[np.float64],
     base_by_id: Mapping[str, Record],
     threshold: float,
+    cap: FlipCap,
+    ids: npt.NDArray[np.str_],
 ) -> None:
+    """The queries whose value of ``metric`` changed by more than ``threshold`` (any change for a
+    binary metric; relative to the larger value for an unbounded one), improved and regressed; a list
+    longer than ``cap.keep`` keeps its largest changes, chosen from the arrays before any object is
+    built (``ids``: ``qids`` as an array, for the ties) and counted in
+    ``cap.counts``, as :meth:`~rag_ablate.compare.model.Comparison.cap_flips` would cut it."""
     spec, _ = parse_metric_name(metric)
     lower = direction_of(metric) == "lower"
     relative = not spec.bounded
     b = np.asarray(b, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
     d = v - b
+    size = np.abs(d)
     if spec.binary:
         changed = d != 0
     elif relative:
-        changed = np.abs(d) > threshold * np.maximum(np.abs(b), np.abs(v))
+        changed = size > threshold * np.maximum(np.abs(b), np.abs(v))
     else:
-        changed = np.abs(d) > threshold
-    improved: list[Flip] = []
-    regressed: list[Flip] = []
-    bl, vl, dl = b.tolist(), v.tolist(), d.tolist()  # Python floats: no numpy scalar per flip
-    for i in np.flatnonzero(changed).tolist():
-        q = qids[i]
-        f = Flip(q, str(base_by_id[q].get("query", "")), bl[i], vl[i])
-        (improved if (dl[i] < 0) == lower else regressed).append(f)
-    flips.setdefault(variant, {}).setdefault(metric, {})[split] = {
-        "improved": improved,
-        "regressed": regressed,
-    }
+        changed = size > threshold
+    better = (d < 0) == lower
+    out: dict[str, list[Flip]] = {}
+    for direction, mask in (("improved", changed & better), ("regressed", changed & ~better)):
+        idx = np.flatnonzero(mask)
+        if cap.keep is not None and idx.size > cap.keep:
+            cap.counts.setdefault(variant, {}).setdefault(metric, {}).setdefault(split, {})[direction] = (
+                idx.size
+            )
+            idx = idx[np.lexsort((ids[idx], -size[idx]))[: cap.keep]]  # largest change, then query id
+        # Python floats: no numpy scalar per flip
+        out[direction] = [
+            Flip(qids[i], str(base_by_id[qids[i]].get("query", "")), x, y)
+            for i, x, y in zip(idx.tolist(), b[idx].tolist(), v[idx].tolist(), strict=True)
+        ]
+    flips.setdefault(variant, {}).setdefault(metric, {})[split] = out
 
 
 def _adjust(rows: list[Row], alpha: float) -> None:

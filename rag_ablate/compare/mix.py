@@ -221,7 +221,7 @@ def mix_rows(
     metrics: Sequence[tuple[str, str]],
     b: FloatArray,
     v: FloatArray,
-    groups: Sequence[str],
+    groups: npt.ArrayLike,
     tag_lists: Sequence[Sequence[str]],
     tw: TagWeights,
     counts: Counts | None,

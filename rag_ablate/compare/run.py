@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rag_ablate.compare import tradeoff
-from rag_ablate.compare.analysis import compare
+from rag_ablate.compare.analysis import plan_compare
+from rag_ablate.compare.draws import SharedDraws
 from rag_ablate.compare.gate import evaluate, result_line
 from rag_ablate.compare.guard import check, no_ops
 from rag_ablate.compare.load import (
@@ -28,12 +29,12 @@ from rag_ablate.compare.load import (
     load_sweep_dir,
     pick_baseline,
 )
-from rag_ablate.compare.model import Comparison, VariantData
+from rag_ablate.compare.model import FLIPS_KEPT, Comparison, VariantData
 from rag_ablate.compare.pairwise import pairwise_section
 from rag_ablate.compare.ppi import ppi_section
 from rag_ablate.compare.render import format_terminal, write_outputs
 from rag_ablate.compare.repeats import repeat_means
-from rag_ablate.compare.slices import compare_slices, resolve_metrics
+from rag_ablate.compare.slices import plan_slices, resolve_metrics
 from rag_ablate.compare.stages import stage_section
 from rag_ablate.compare.timing import apply_timing
 from rag_ablate.config.schema import CompareConfig
@@ -124,6 +125,48 @@ def _default_seed(variants: Sequence[VariantData]) -> int:
     return 0
 
 
+def statistics(variants: Sequence[VariantData], settings: CompareConfig, *, seed: int) -> Comparison:
+    """The comparison of ``variants`` with its slices (``Comparison.slices``) and its trade-off
+    (``Comparison.tradeoff``, the quality and cost axes set), every test a domain of its split's one
+    bootstrap draw: each draw is streamed once, chunk by chunk, to the tests of all three, and one
+    product per chunk serves them (:mod:`rag_ablate.compare.draws`). Each list of flips keeps its
+    largest changes (:meth:`Comparison.cap_flips`'s cut, made before the flips are built); every
+    query's values stay in the records."""
+    draws = SharedDraws(settings.B)
+    finish = plan_compare(
+        variants,
+        baseline=settings.baseline,
+        metrics=settings.metrics,
+        splits=settings.splits,
+        seed=seed,
+        alpha=settings.alpha,
+        flip_threshold=settings.flip_threshold,
+        keep_flips=FLIPS_KEPT,
+        draws=draws,
+    )
+    base, _ = pick_baseline(variants, settings.baseline)
+    splits = list(settings.splits)
+    finish_slices = plan_slices(
+        variants,
+        baseline=base.label,
+        compared=[v.label for v in variants if v is not base],
+        splits=splits,
+        metrics=resolve_metrics(variants, settings),
+        min_groups=settings.min_slice_groups,
+        seed=seed,
+        alpha=settings.alpha,
+        draws=draws,
+    )
+    axes = tradeoff.settle_axes(variants, settings, splits)
+    finish_tradeoff = tradeoff.plan(variants, axes, seed=seed, baseline=base.label, draws=draws)
+    draws.run()
+    c = finish()
+    c.slices = finish_slices()
+    c.quality_metric, c.cost_metric = axes.quality_metric, axes.cost_metric
+    c.tradeoff = finish_tradeoff()
+    return c
+
+
 def run_comparison(
     source: str | Path | Source,
     settings: CompareConfig,
@@ -165,26 +208,11 @@ def run_comparison(
     src = replace(src, variants=means)
     run_seed = _default_seed(src.variants) if seed is None else seed
     latency_method = apply_timing(src.variants, src.timing)  # the interleaved times, when measured
-    c = compare(
-        src.variants,
-        baseline=settings.baseline,
-        metrics=settings.metrics,
-        splits=settings.splits,
-        B=settings.B,
-        seed=run_seed,
-        alpha=settings.alpha,
-        flip_threshold=settings.flip_threshold,
-    )
+    # the comparison, where it helps and hurts (the same test within each slice: exploratory, BH across
+    # slices) and each variant's quality against its cost (the sweep's quality and cost axes too)
+    c = statistics(src.variants, settings, seed=run_seed)
     c.latency_method = latency_method
     c.repeats = repeated
-    c.cap_flips()  # the largest changes of each list; every query's values stay in the records
-    # where it helps and hurts: the same test within each slice (exploratory, BH across slices)
-    c.slices = compare_slices(
-        src.variants,
-        c,
-        metrics=resolve_metrics(src.variants, settings),
-        min_groups=settings.min_slice_groups,
-    )
     # which stage lost the queries, and how each stage's share moved (the same paired group test)
     c.stages = stage_section(src.variants, c)
     # judge.mode=pairwise (in the baseline's config): the judge compares each variant's answers with
@@ -196,8 +224,6 @@ def run_comparison(
     if guard:
         c.confounded = {label: f.differences for label, f in findings.items() if f.confounded}
         c.unchecked = {label: f.unchecked for label, f in findings.items() if f.unchecked}
-    # each variant's quality against its cost, with intervals, the Pareto frontier and the iso-quality choice
-    tradeoff.attach(c, src.variants, settings, seed=run_seed)  # the sweep's quality and cost axes too
     c.gate = evaluate(c, settings.fail_on)  # each rule's verdict per variant, in every view
     paths = write_outputs(c, src.out_dir)
     failures = [result_line(g) for g in c.gate if not g.passed]

@@ -19,7 +19,7 @@ when the records have one, else ``recall_at_5``):
   from :func:`rag_ablate.compare.stats.paired_test` on the slice's queries alone: its
   bootstrap is the slice's domain of the split's one draw (the comparison's: each resample's
   mean over the slice's queries it drew, :mod:`rag_ablate.compare.draws`), its sign flips
-  come from a seed derived from (seed, split, variant, slice, metric);
+  are its groups' signs in the split's one stream of sign vectors;
 * p is adjusted by Benjamini-Hochberg over the slices tested for the same split,
   variant and metric. This is exploratory: slices are many, overlap, and were not
   chosen in advance; a slice verdict is a lead to look at, not a release decision;
@@ -34,7 +34,7 @@ See docs/statistics.md, "Slices".
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,9 +43,10 @@ import numpy.typing as npt
 from rag_ablate.compare import stats
 from rag_ablate.compare.analysis import (
     _by_id,
-    _pair,
     _untested_note,
     detectable,
+    failed,
+    metric_names,
     quantile_of,
     split_draw,
     split_groups,
@@ -92,7 +93,7 @@ def resolve_metrics(variants: Sequence[VariantData], settings: CompareConfig) ->
             if settings.quality_metric != AUTO:
                 m = settings.quality_metric
             else:
-                present = {k for v in variants for r in v.records for k in (r.get("metrics") or {})}
+                present = metric_names(r for v in variants for r in v.records)
                 m = auto_quality(present)
         name = _canonical(m)
         if name not in out:
@@ -120,17 +121,45 @@ def compare_slices(
     seed: int | None = None,
     alpha: float | None = None,
 ) -> SliceSection:
-    """Per-slice effects of every variant of ``comparison`` (see the module docstring).
+    """Per-slice effects of every variant of ``comparison`` (see the module docstring), on draws of
+    their own (:func:`plan_slices`, then the draws). ``B``, ``seed`` and ``alpha`` default to the
+    comparison's."""
+    draws = SharedDraws(comparison.B if B is None else B)
+    done = plan_slices(
+        variants,
+        baseline=comparison.baseline,
+        compared=comparison.variants,
+        splits=comparison.splits,
+        metrics=metrics,
+        min_groups=min_groups,
+        seed=comparison.seed if seed is None else seed,
+        alpha=comparison.alpha if alpha is None else alpha,
+        draws=draws,
+    )
+    draws.run()
+    return done()
 
-    ``B``, ``seed`` and ``alpha`` default to the comparison's.
-    """
+
+def plan_slices(
+    variants: Sequence[VariantData],
+    *,
+    baseline: str,
+    compared: Sequence[str],
+    splits: Sequence[str],
+    metrics: Sequence[str],
+    min_groups: int,
+    seed: int,
+    alpha: float,
+    draws: SharedDraws,
+) -> Callable[[], SliceSection]:
+    """Plan the per-slice effects of the variants ``compared`` against ``baseline`` (labels), each
+    slice's bootstrap a domain of its split's draw on ``draws`` (the comparison's, when it registers
+    on the same ``draws``); after ``draws.run()`` the returned function finishes them."""
     if min_groups < 1:
         raise ConfigError(f"compare.min_slice_groups must be >= 1, got {min_groups}")
-    B = comparison.B if B is None else B
-    seed = comparison.seed if seed is None else seed
-    alpha = comparison.alpha if alpha is None else alpha
-    base, _ = pick_baseline(variants, comparison.baseline)
-    others = [v for v in variants if v.label in comparison.variants]
+    B = draws.B
+    base, _ = pick_baseline(variants, baseline)
+    others = [v for v in variants if v.label in compared]
     section = SliceSection(list(metrics), min_groups, alpha)
     untagged = {
         v.label: n for v in (base, *others) if (n := sum(1 for r in v.records if record_tags(r) is None))
@@ -142,86 +171,148 @@ def compare_slices(
             "slices only"
         )
     rows: list[SliceRow] = []
-    # every slice test is a domain of its split's draw (the comparison's): each draw runs once, and one
-    # product per chunk serves every slice test of the split
-    draws = SharedDraws(B)
+    # every slice test is a domain of its split's draw: each draw runs once, and one product per chunk
+    # serves every test of the split (the comparison's, the slices', the trade-off's)
     tests: list[tuple[SliceRow, _Test]] = []
-    for split in comparison.splits:
+    for split in splits:
         base_by_id = _by_id(base.records, split)
         if not base_by_id:
             continue
-        draw = split_draw(seed, split, split_groups(base_by_id))
-        base_values: dict[str, dict[str, float | None]] = {}
+        labels = split_groups(base_by_id)
+        draw = split_draw(seed, split, labels)
+        base_side = _Side.of(list(base_by_id.values()), metrics)
+        base_codes = draw.codes(labels)
+        base_members = _members(base_by_id.values())
         for var in others:
             var_by_id = _by_id(var.records, split)
-            for m in metrics:
-                if m not in base_values:
-                    base_values[m] = {q: value(r, m) for q, r in base_by_id.items()}
-            var_values = {m: {q: value(r, m) for q, r in var_by_id.items()} for m in metrics}
-            for key, ids in _members(base_by_id, var_by_id).items():
-                b_sub = {q: base_by_id[q] for q in ids if q in base_by_id}
-                v_sub = {q: var_by_id[q] for q in ids if q in var_by_id}
+            extra = [r for q, r in var_by_id.items() if q not in base_by_id]
+            # every array over the split's queries: the baseline's, then the variant's own
+            table = _Table(
+                list(base_by_id) + [r["query_id"] for r in extra],
+                base_side.padded(len(extra)),
+                _Side.of([*(var_by_id.get(q) for q in base_by_id), *extra], metrics),
+                np.concatenate([base_codes, np.full(len(extra), -1, dtype=np.intp)]),
+            )
+            members = {k: list(v) for k, v in base_members.items()}
+            for i, rec in enumerate(extra, start=len(base_by_id)):
+                for key in slice_keys(rec):
+                    members.setdefault(key, []).append(i)
+            for key, positions in sliced(members).items():
+                idx = np.asarray(positions, dtype=np.intp)
                 for m in metrics:
                     planned = _slice_row(
-                        split, var.label, m, key, b_sub, v_sub, base_values[m], var_values[m], min_groups
+                        split, var.label, m, key, idx, table, base_by_id, var_by_id, min_groups
                     )
                     if planned is None:
                         continue
                     row, test = planned
                     rows.append(row)
                     if test is not None:
-                        test.theta = draw.add(draws, test.groups.tolist(), test.sums_sizes, domain_ratios)
+                        test.theta = draw.add(draws, test.groups, test.sums_sizes, domain_ratios)
+                        test.signs = draw.add_signs(draws, test.groups, test.sums_sizes)
                         tests.append((row, test))
-    draws.run()
-    for row, test in tests:
-        res = stats.paired_test(
-            test.b,
-            test.v,
-            test.groups,
-            B=B,
-            seed=stats.derive_seed(seed, "slice", row.split, row.kind, row.value),
-            alpha=alpha,
-            theta=test.theta.result() if test.theta is not None else None,
-            signflip_seeds=[
-                stats.derive_seed(seed, "slice", row.split, row.variant, row.kind, row.value, row.metric)
-            ],
+
+    def done() -> SliceSection:
+        for row, test in tests:
+            res = stats.paired_test(
+                test.b,
+                test.v,
+                test.groups,
+                B=B,
+                seed=stats.derive_seed(seed, "slice", row.split, row.kind, row.value),
+                alpha=alpha,
+                theta=test.theta.result() if test.theta is not None else None,
+                signs=test.signs.result() if test.signs is not None else None,
+            )
+            row.effect = float(res.effect[0])
+            row.ci_low, row.ci_high = float(res.ci_low[0]), float(res.ci_high[0])
+            row.p_value, row.p_exact = float(res.p_value[0]), bool(res.p_exact[0])
+            row.mde = detectable(float(res.se[0]), row.ci_low, row.ci_high, alpha)
+            row.verdict = "no evidence"  # until the adjustment says otherwise
+        _adjust(rows, alpha)
+        variant_order = {v: i for i, v in enumerate(compared)}
+        split_order = {s: i for i, s in enumerate(splits)}
+        metric_order = {m: i for i, m in enumerate(metrics)}
+        rows.sort(
+            key=lambda r: (
+                variant_order[r.variant],
+                split_order[r.split],
+                metric_order[r.metric],
+                *_order_key(r),
+            )
         )
-        row.effect = float(res.effect[0])
-        row.ci_low, row.ci_high = float(res.ci_low[0]), float(res.ci_high[0])
-        row.p_value, row.p_exact = float(res.p_value[0]), bool(res.p_exact[0])
-        row.mde = detectable(float(res.se[0]), row.ci_low, row.ci_high, alpha)
-        row.verdict = "no evidence"  # until the adjustment says otherwise
-    _adjust(rows, alpha)
-    variant_order = {v: i for i, v in enumerate(comparison.variants)}
-    split_order = {s: i for i, s in enumerate(comparison.splits)}
-    metric_order = {m: i for i, m in enumerate(metrics)}
-    rows.sort(
-        key=lambda r: (variant_order[r.variant], split_order[r.split], metric_order[r.metric], *_order_key(r))
-    )
-    section.rows = rows
-    return section
+        section.rows = rows
+        return section
+
+    return done
 
 
-def _members(base_by_id: Mapping[str, Record], var_by_id: Mapping[str, Record]) -> dict[SliceKey, list[str]]:
-    """Each slice's query ids (the baseline's record says which slices, else the variant's)."""
-    out: dict[SliceKey, list[str]] = {}
-    for q in (*base_by_id, *(q for q in var_by_id if q not in base_by_id)):
-        rec = base_by_id.get(q) or var_by_id[q]
+def _members(records: Iterable[Record]) -> dict[SliceKey, list[int]]:
+    """Each slice's positions among ``records`` (in their order; not yet :func:`sliced`)."""
+    out: dict[SliceKey, list[int]] = {}
+    for i, rec in enumerate(records):
         for key in slice_keys(rec):
-            out.setdefault(key, []).append(q)
-    return sliced(out)
+            out.setdefault(key, []).append(i)
+    return out
+
+
+@dataclass
+class _Side:
+    """One side's records of a split as arrays: which queries have a record, which failed, and each
+    slice metric's :func:`value` (NaN: none)."""
+
+    has: npt.NDArray[np.bool_]
+    failed: npt.NDArray[np.bool_]
+    values: dict[str, npt.NDArray[np.float64]]
+
+    @classmethod
+    def of(cls, recs: Sequence[Record | None], metrics: Sequence[str]) -> _Side:
+        nan = math.nan
+        return cls(
+            np.array([r is not None for r in recs], dtype=bool),
+            np.array([r is not None and failed(r) for r in recs], dtype=bool),
+            {
+                m: np.array(
+                    [nan if r is None or (x := value(r, m)) is None else x for r in recs], dtype=np.float64
+                )
+                for m in metrics
+            },
+        )
+
+    def padded(self, n: int) -> _Side:
+        """The same with ``n`` queries without a record after these."""
+        no = np.zeros(n, dtype=bool)
+        nan = np.full(n, math.nan)
+        return _Side(
+            np.concatenate([self.has, no]),
+            np.concatenate([self.failed, no]),
+            {m: np.concatenate([x, nan]) for m, x in self.values.items()},
+        )
+
+
+@dataclass
+class _Table:
+    """A split's queries for one variant against the baseline (the baseline's, then the variant's
+    own), both sides as arrays, and each query's group code in the split's draw (-1: none)."""
+
+    ids: list[str]
+    base: _Side
+    var: _Side
+    codes: npt.NDArray[np.intp]
 
 
 @dataclass
 class _Test:
-    """A slice's paired test, planned: its values, groups and (after the draws ran) bootstrap ratios."""
+    """A slice's paired test, planned: its values, groups (codes in the split's draw) and (after the
+    draws ran) bootstrap ratios and sign-flip sums."""
 
     b: npt.NDArray[np.float64]
     v: npt.NDArray[np.float64]
-    groups: npt.NDArray[np.str_]
+    groups: npt.NDArray[np.intp]
     n_groups: int
     sums_sizes: npt.NDArray[np.float64]
     theta: Collector | None = None
+    signs: Collector | None = None  # None: the test enumerates every sign vector
 
 
 def _slice_row(
@@ -229,18 +320,22 @@ def _slice_row(
     variant: str,
     metric: str,
     key: SliceKey,
-    b_sub: Mapping[str, Record],
-    v_sub: Mapping[str, Record],
-    b_values: Mapping[str, float | None],
-    v_values: Mapping[str, float | None],
+    idx: npt.NDArray[np.intp],
+    table: _Table,
+    base_by_id: Mapping[str, Record],
+    var_by_id: Mapping[str, Record],
     min_groups: int,
 ) -> tuple[SliceRow, _Test | None] | None:
     """One slice's row and its test to run (None: too small or untested); None when the metric
-    applies to none of its queries (recall on chitchat). ``b_values``/``v_values``: :func:`value`
-    of ``metric`` per query id of the split."""
-    pair = _pair(split, variant, b_sub, v_sub)
-    qids = [q for q in b_sub if q in v_sub and b_values[q] is not None and v_values[q] is not None]
-    groups = [str(b_sub[q]["group"]) for q in qids]
+    applies to none of its queries (recall on chitchat). ``idx``: the slice's positions in ``table``
+    (the queries paired as :func:`~rag_ablate.compare.analysis._pair` pairs them)."""
+    bs, vs = table.base, table.var
+    bv, vv = bs.values[metric][idx], vs.values[metric][idx]
+    ok_both = bs.has[idx] & vs.has[idx] & ~bs.failed[idx] & ~vs.failed[idx]
+    paired = bs.has[idx] & vs.has[idx] & np.isfinite(bv) & np.isfinite(vv)
+    codes = table.codes[idx[paired]]
+    n_groups = int(np.unique(codes).shape[0])
+    n_ok_both = int(ok_both.sum())
     row = SliceRow(
         split=split,
         variant=variant,
@@ -248,29 +343,30 @@ def _slice_row(
         kind=key.kind,
         value=key.value,
         direction=direction_of(metric),
-        n_slice=pair.n_queries,
-        n_queries=len(qids),
-        n_groups=len(set(groups)),
-        n_failed_baseline=pair.n_failed_baseline,
-        n_failed_variant=pair.n_failed_variant,
-        n_left_out=pair.n_left_out,
+        n_slice=int(idx.shape[0]),
+        n_queries=int(paired.sum()),
+        n_groups=n_groups,
+        n_failed_baseline=int(bs.failed[idx].sum()),
+        n_failed_variant=int(vs.failed[idx].sum()),
+        n_left_out=int(idx.shape[0]) - n_ok_both,  # every query ok on both sides is paired
     )
-    if not qids:
-        applies = any(b_values[q] is not None for q in b_sub) or any(v_values[q] is not None for q in v_sub)
-        if not applies and pair.n_ok_both > 0:
+    if not row.n_queries:
+        applies = bool(np.isfinite(bv).any() or np.isfinite(vv).any())
+        if not applies and n_ok_both > 0:
             return None
+        ids = [table.ids[i] for i in idx.tolist()]
+        b_sub = {q: base_by_id[q] for q in ids if q in base_by_id}
+        v_sub = {q: var_by_id[q] for q in ids if q in var_by_id}
         row.verdict, row.note = "untested", _untested_note(metric, b_sub, v_sub)
         return row, None
-    b = np.array([b_values[q] for q in qids], dtype=np.float64)
-    v = np.array([v_values[q] for q in qids], dtype=np.float64)
+    b, v = bv[paired], vv[paired]
     row.baseline_mean, row.variant_mean = float(b.mean()), float(v.mean())
     row.effect = row.variant_mean - row.baseline_mean
     if row.n_groups < min_groups:
         row.verdict = "too small"
         row.note = f"{row.n_groups} group(s) < compare.min_slice_groups={min_groups}: not tested"
         return row, None
-    g = np.array(groups)
-    return row, _Test(b, v, g, row.n_groups, stats.group_sums_sizes(v - b, g))
+    return row, _Test(b, v, codes, row.n_groups, stats.group_sums_sizes(v - b, codes))
 
 
 def _adjust(rows: Sequence[SliceRow], alpha: float) -> None:

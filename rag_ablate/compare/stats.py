@@ -50,7 +50,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -266,11 +266,10 @@ def bootstrap_counts(
     n_groups, B, chunk = int(n_groups), int(B), int(chunk)
     dtype = _count_dtype(n_groups)
     block = max(1, min(chunk, COUNT_BLOCK_ELEMS // n_groups))
-    # uint32 draws are the int64 draws (numpy uses the same 32-bit bounded generator for both when
-    # G < 2**32), in half the memory; row offsets stay in uint32 while they fit
-    idx_dtype: type[np.unsignedinteger[Any]] | type[np.signedinteger[Any]] = (
-        np.int64 if block * n_groups >= 1 << 32 else np.uint32
-    )
+    # drawn as np.intp, the type np.bincount counts in: given uint32 indices (the same values: numpy
+    # uses one 32-bit bounded generator for both when G < 2**32) it converts them first, which took
+    # 7 ns an index against 1.4 ns for the count itself
+    idx_dtype = np.intp
     buffer = np.empty((min(chunk, B), n_groups), dtype=dtype) if reuse else None
     done = 0
     while done < B:
@@ -456,6 +455,18 @@ def _draw_signflips(
         t[:, j] = both[:, 0]
         w[:, j] = both[:, 1]
     return _SignFlips(t, w, False, B)
+
+
+def _given_signs(signs: npt.ArrayLike, sums: FloatArray, sizes: FloatArray, B: int) -> _SignFlips:
+    """``paired_test(signs=...)``'s null draws: the sums given, or every sign vector when the test
+    enumerates them (``2**G <= B``)."""
+    n_groups, m = sums.shape
+    if n_groups < 63 and (1 << n_groups) <= B:
+        return _enumerate_signs(sums, sizes)
+    both = np.asarray(signs, dtype=np.float64)
+    if both.ndim != 2 or both.shape[1] != m + 1 or both.shape[0] == 0:
+        raise ComparisonError(f"signs: expected shape (R, {m + 1}) with R >= 1, got {both.shape}")
+    return _SignFlips(np.ascontiguousarray(both[:, :m]), both[:, m:], False, both.shape[0])
 
 
 def _pvalue_at(flips: _SignFlips, sums: FloatArray, sizes: FloatArray, delta: FloatArray) -> FloatArray:
@@ -719,6 +730,7 @@ def paired_test(
     signflip_seeds: Sequence[int] | None = None,
     theta: npt.ArrayLike | None = None,
     signflip_seed: int | None = None,
+    signs: npt.ArrayLike | None = None,
 ) -> PairedResult:
     """Group bootstrap + group sign-flip comparison of ``variant`` vs ``baseline``.
 
@@ -749,6 +761,11 @@ def paired_test(
     :mod:`rag_ablate.compare.draws`); it is left out, like scipy's bootstrap
     leaves out a resample whose statistic is undefined, and ``n_resamples``
     counts the rest.
+    ``signs``: the Monte Carlo sign-flip sums already computed from a shared
+    stream of sign vectors, (R, m + 1): per vector ``sum_g eps_g S_g`` of each
+    column, then ``sum_g eps_g n_g`` (:meth:`rag_ablate.compare.draws.SharedDraws.add_signs`;
+    a comparison's tests of a split take their groups' signs from one stream);
+    the seeds are then not used. Ignored when the test enumerates (``2**G <= B``).
     """
     base = _as_matrix(baseline, "baseline")
     var = _as_matrix(variant, "variant")
@@ -800,7 +817,11 @@ def paired_test(
     above = np.count_nonzero(boot >= -tol, axis=0)
     p_boot = np.minimum(1.0, 2.0 * np.minimum(below, above) / n_boot)
 
-    flips = _draw_signflips(sums, sizes_f, int(B), rngs)
+    flips = (
+        _draw_signflips(sums, sizes_f, int(B), rngs)
+        if signs is None
+        else _given_signs(signs, sums, sizes_f, B)
+    )
     p = _pvalue_at(flips, sums, sizes_f, np.zeros(m))
     p_exact = np.full(m, flips.exact)
     lo, hi = np.zeros(m), np.zeros(m)
@@ -1167,21 +1188,28 @@ def percentile_setup(values: npt.ArrayLike, codes: npt.ArrayLike, n_groups: int,
 
 
 def resample_percentiles(
-    counts: npt.NDArray[np.generic], setup: PercentileSetup, counts_f64: FloatArray | None = None
+    counts: npt.NDArray[np.generic],
+    setup: PercentileSetup,
+    counts_f64: FloatArray | None = None,
+    sums: FloatArray | None = None,
 ) -> FloatArray:
     """The q-th percentile (numpy's linear) of the values repeated by their group's count, per row
     of ``counts`` (c, G); NaN for a row that draws no value. Equal to
-    :func:`weighted_percentiles` over every position, found mostly in a window of positions."""
+    :func:`weighted_percentiles` over every position, found mostly in a window of positions.
+    ``sums``: the chunk's product with ``setup.cols``, already taken (a shared draw takes it with
+    every other test's columns)."""
     c = np.asarray(counts)
-    cf = c.astype(np.float64) if counts_f64 is None else counts_f64
-    sums = np.rint(cf @ setup.cols).astype(np.int64)
-    total = sums[:, 0]
+    if sums is None:
+        cf = c.astype(np.float64) if counts_f64 is None else counts_f64
+        sums = cf @ setup.cols
+    whole = np.rint(sums).astype(np.int64)
+    total = whole[:, 0]
     out = np.full(c.shape[0], np.nan)
     ok = total > 0
     if np.all(ok):
-        out[:] = _side_percentiles(setup.side, c, total, sums[:, 1:], (setup.q,))[:, 0]
+        out[:] = _side_percentiles(setup.side, c, total, whole[:, 1:], (setup.q,))[:, 0]
     elif np.any(ok):
-        out[ok] = _side_percentiles(setup.side, c[ok], total[ok], sums[ok, 1:], (setup.q,))[:, 0]
+        out[ok] = _side_percentiles(setup.side, c[ok], total[ok], whole[ok, 1:], (setup.q,))[:, 0]
     return out
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,8 +35,8 @@ import numpy as np
 import numpy.typing as npt
 
 from rag_ablate.compare import stats
-from rag_ablate.compare.analysis import LATENCY, split_draw, value
-from rag_ablate.compare.draws import CHUNK
+from rag_ablate.compare.analysis import LATENCY, SplitDraw, metric_names, split_draw, value
+from rag_ablate.compare.draws import SharedDraws, domain_ratios
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import Comparison, Point, SplitTradeoff, Tradeoff, VariantData
 from rag_ablate.config.schema import CompareConfig, ModelPrice
@@ -168,9 +168,13 @@ def _values(records: Sequence[Record], split: str, measure: Measure) -> tuple[li
     :func:`rag_ablate.run.cost.cost_metrics` does; everything else only the queries
     that have a value.
     """
+    return _row_values([r for r in records if r.get("split") == split], measure)
+
+
+def _row_values(rows: Sequence[Record], measure: Measure) -> tuple[list[float], list[str]]:
+    """:func:`_values` of a split's records ``rows``."""
     vals: list[float] = []
     groups: list[str] = []
-    rows = [r for r in records if r.get("split") == split]
     money = measure.name.startswith("usd_")
     if money and not any(r.get("usage") for r in rows):
         return [], []
@@ -218,7 +222,7 @@ def choose_metrics(
     """
     quality = settings.quality_metric
     if quality == AUTO:
-        present = {k for v in variants for r in v.records for k in (r.get("metrics") or {})}
+        present = metric_names(r for v in variants for r in v.records)
         quality = auto_quality(present)
     quality_measure(quality)
     cost_name = settings.cost_metric
@@ -288,44 +292,40 @@ def point_stat(values: Sequence[float], q: float | None) -> float:
     return float(arr.mean()) if q is None else float(np.percentile(arr, q))
 
 
-def bootstrap_distribution(
+def _register(
+    draws: SharedDraws,
+    draw: SplitDraw,
     values: Sequence[float],
     groups: Sequence[str],
-    group_index: Mapping[str, int],
-    counts: Iterable[npt.NDArray[Any]],
+    index: Mapping[str, int],
     q: float | None,
-) -> FloatArray:
-    """The statistic over every resample of ``counts`` (chunks of (c, G) group counts)."""
-    stat = _chunk_statistic(values, groups, group_index, q)
-    parts = [stat(ch, np.asarray(ch, dtype=np.float64)) for ch in counts]
-    return np.concatenate(parts) if parts else np.array([], dtype=np.float64)
-
-
-def _chunk_statistic(
-    values: Sequence[float], groups: Sequence[str], group_index: Mapping[str, int], q: float | None
-) -> Callable[[npt.NDArray[Any], FloatArray], FloatArray]:
-    """The statistic of one chunk of (c, G) group counts and the same counts as float64, (c,):
-    :func:`bootstrap_distribution` per chunk (:func:`weighted_stat`'s numbers)."""
+) -> Callable[[], FloatArray]:
+    """Register the statistic of ``values`` (the mean, or the q-th percentile) over every resample of
+    the split's draw on ``draws``: a linear consumer whose columns join the draw's one product per
+    chunk (:mod:`rag_ablate.compare.draws`); the returned function gives its (B,) distribution after
+    the draws ran (:func:`weighted_stat`'s numbers, NaN for a resample without any value)."""
     vals = np.asarray(values, dtype=np.float64)
-    codes = np.asarray([group_index[g] for g in groups], dtype=np.int64)
-    n_groups = len(group_index)
-    if q is None:  # the mean needs only group sums and sizes: (c, G) @ (G, 2) per chunk
+    if not vals.size:
+        return lambda: np.full(draws.B, np.nan)
+    codes = np.asarray([index[g] for g in groups], dtype=np.int64)
+    n_groups = draw.n_groups
+    if q is None:  # the mean: the resampled sum over the resampled count
         sm = np.stack(
             [np.bincount(codes, weights=vals, minlength=n_groups), np.bincount(codes, minlength=n_groups)],
             axis=1,
         ).astype(np.float64)
-
-        def mean(ch: npt.NDArray[Any], f64: FloatArray) -> FloatArray:
-            num_den = np.dot(f64, sm)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                return np.asarray(np.where(num_den[:, 1] > 0, num_den[:, 0] / num_den[:, 1], np.nan))
-
-        return mean
-    if not vals.size:
-        return lambda ch, f64: np.full(ch.shape[0], np.nan)
+        got = draws.add_linear(draw.key, draw.seed, n_groups, sm, domain_ratios)
+        return lambda: got.result()[:, 0]
     # a percentile: searched in a window of sorted positions (stats.resample_percentiles), exactly
     setup = stats.percentile_setup(vals, codes, n_groups, q)
-    return lambda ch, f64: stats.resample_percentiles(ch, setup, f64)
+    got = draws.add_linear_chunk(
+        draw.key,
+        draw.seed,
+        n_groups,
+        setup.cols,
+        lambda prod, ch: stats.resample_percentiles(ch.counts, setup, sums=prod),
+    )
+    return got.result
 
 
 def _interval(boot: FloatArray, alpha: float) -> tuple[float, float]:
@@ -394,7 +394,25 @@ def compute(
     seed: int,
     baseline: str | None = None,
 ) -> Tradeoff:
-    """The trade-off of every variant, per split of ``settings.splits``; see the module docstring."""
+    """The trade-off of every variant, per split of ``settings.splits``, on draws of its own
+    (:func:`plan`, then the draws); see the module docstring."""
+    draws = SharedDraws(settings.B)
+    done = plan(variants, settings, seed=seed, baseline=baseline, draws=draws)
+    draws.run()
+    return done()
+
+
+def plan(
+    variants: Sequence[VariantData],
+    settings: CompareConfig,
+    *,
+    seed: int,
+    baseline: str | None = None,
+    draws: SharedDraws,
+) -> Callable[[], Tradeoff]:
+    """Plan the trade-off: each split's statistics registered on its draw on ``draws`` (the comparison's
+    draw when the groups are the baseline's and the comparison registers on the same ``draws``); after
+    ``draws.run()`` the returned function finishes it (``draws.B`` resamples: ``settings.B`` is not read)."""
     if not variants:
         raise ConfigError("the trade-off needs at least one variant")
     base, _ = pick_baseline(variants, baseline if baseline is not None else settings.baseline)
@@ -402,95 +420,126 @@ def compute(
     quality, cost_name = choose_metrics(variants, settings, splits)
     qm = quality_measure(quality)
     notes: list[str] = []
-    out_splits: list[SplitTradeoff] = []
     cost_unit = cost_measure(cost_name).unit
+    planned = []
+    by_split: list[dict[str, list[Record]]] = []
+    for v in variants:  # each variant's records by split, in one pass
+        rows: dict[str, list[Record]] = {split: [] for split in splits}
+        for r in v.records:
+            got = rows.get(r.get("split"))
+            if got is not None:
+                got.append(r)
+        by_split.append(rows)
     for split in splits:
         per_variant = []
         all_groups: set[str] = set()
-        for v in variants:
+        for v, rows in zip(variants, by_split, strict=True):
             cm = cost_measure(cost_name, price_of(v))
-            qv, qg = _values(v.records, split, qm)
-            cv, cg = _values(v.records, split, cm)
+            qv, qg = _row_values(rows[split], qm)
+            cv, cg = _row_values(rows[split], cm)
             all_groups.update(qg)
             all_groups.update(cg)
             per_variant.append((v, cm, qv, qg, cv, cg))
         if not all_groups:
             notes.append(f"no variant has {quality} or {cost_name} values on split '{split}'")
             continue
-        index = {g: i for i, g in enumerate(sorted(all_groups))}
-        # the comparison's draw of the split (the same seed when the groups are the baseline's)
-        rng = np.random.default_rng(split_draw(seed, split, all_groups).seed)
-        # the draw is streamed once, chunk by chunk, to every variant's two statistics (never held whole)
-        stats_of = [
-            (_chunk_statistic(qv, qg, index, None), _chunk_statistic(cv, cg, index, cm.q))
+        # the comparison's draw of the split (the same draw when the groups are the baseline's)
+        draw = split_draw(seed, split, all_groups)
+        index = {g: i for i, g in enumerate(draw.labels.tolist())}
+        drawn = [
+            (_register(draws, draw, qv, qg, index, None), _register(draws, draw, cv, cg, index, cm.q))
             for _, cm, qv, qg, cv, cg in per_variant
         ]
-        drawn: list[tuple[list[FloatArray], list[FloatArray]]] = [([], []) for _ in per_variant]
-        f64 = np.empty((min(settings.B, CHUNK), len(index)))
-        for ch in stats.bootstrap_counts(len(index), settings.B, rng, CHUNK, reuse=True):
-            as_float = f64[: ch.shape[0]]
-            as_float[...] = ch  # converted once per chunk, shared by every statistic
-            for (of_q, of_c), (parts_q, parts_c) in zip(stats_of, drawn, strict=True):
-                parts_q.append(of_q(ch, as_float))
-                parts_c.append(of_c(ch, as_float))
-        points, effects = [], []
-        base_i = next(i for i, pv in enumerate(per_variant) if pv[0] is base)
-        base_cost = np.concatenate(drawn[base_i][1])
-        for (v, cm, qv, _qg, cv, _cg), (parts_q, parts_c) in zip(per_variant, drawn, strict=True):
-            q_lo, q_hi = _interval(np.concatenate(parts_q), settings.alpha)
-            boot_c = np.concatenate(parts_c)
-            c_lo, c_hi = _interval(boot_c, settings.alpha)
-            # the cost against the baseline's: both drawn from the same resamples, so the difference
-            # of each resample's two statistics is the difference's bootstrap distribution
-            effects.append(_interval(boot_c - base_cost, settings.alpha))
-            if not cv:
-                notes.append(f"{v.label} has no {cost_name} on split '{split}'")
-            points.append(
-                Point(
-                    variant=v.label,
-                    quality=point_stat(qv, None),
-                    quality_low=q_lo,
-                    quality_high=q_hi,
-                    n_quality=len(qv),
-                    cost=point_stat(cv, cm.q),
-                    cost_low=c_lo,
-                    cost_high=c_hi,
-                    n_cost=len(cv),
-                    baseline=v is base,
-                )
+        planned.append((split, len(index), per_variant, drawn))
+
+    def done() -> Tradeoff:
+        out_splits = [
+            _split(split, n_groups, per_variant, drawn, base, qm, cost_name, settings, notes)
+            for split, n_groups, per_variant, drawn in planned
+        ]
+        return Tradeoff(
+            quality_metric=quality,
+            cost_metric=cost_name,
+            quality_higher=qm.higher,
+            cost_unit=cost_unit,
+            baseline=base.label,
+            quality_bar=settings.quality_bar,
+            B=draws.B,
+            seed=seed,
+            alpha=settings.alpha,
+            splits=out_splits,
+            notes=notes,
+        )
+
+    return done
+
+
+def _split(
+    split: str,
+    n_groups: int,
+    per_variant: Sequence[tuple[VariantData, Measure, list[float], list[str], list[float], list[str]]],
+    drawn: Sequence[tuple[Callable[[], FloatArray], Callable[[], FloatArray]]],
+    base: VariantData,
+    qm: Measure,
+    cost_name: str,
+    settings: CompareConfig,
+    notes: list[str],
+) -> SplitTradeoff:
+    """One split's points, intervals, frontier and bar, from its drawn statistics."""
+    points, effects = [], []
+    base_i = next(i for i, pv in enumerate(per_variant) if pv[0] is base)
+    base_cost = drawn[base_i][1]()
+    for (v, cm, qv, _qg, cv, _cg), (boot_q, boot_c_of) in zip(per_variant, drawn, strict=True):
+        q_lo, q_hi = _interval(boot_q(), settings.alpha)
+        boot_c = boot_c_of()
+        c_lo, c_hi = _interval(boot_c, settings.alpha)
+        # the cost against the baseline's: both drawn from the same resamples, so the difference
+        # of each resample's two statistics is the difference's bootstrap distribution
+        effects.append(_interval(boot_c - base_cost, settings.alpha))
+        if not cv:
+            notes.append(f"{v.label} has no {cost_name} on split '{split}'")
+        points.append(
+            Point(
+                variant=v.label,
+                quality=point_stat(qv, None),
+                quality_low=q_lo,
+                quality_high=q_hi,
+                n_quality=len(qv),
+                cost=point_stat(cv, cm.q),
+                cost_low=c_lo,
+                cost_high=c_hi,
+                n_cost=len(cv),
+                baseline=v is base,
             )
-        base_value = points[base_i].cost
-        for p, (d_lo, d_hi) in zip(points, effects, strict=True):
-            p.cost_effect, p.cost_effect_low, p.cost_effect_high = p.cost - base_value, d_lo, d_hi
-        st = SplitTradeoff(split, len(index), points)
-        front = pareto_frontier([(p.quality, p.cost) for p in points], quality_higher=qm.higher)
-        for p, f in zip(points, front, strict=True):
-            p.frontier = f
-        if settings.quality_bar is not None:
-            _apply_bar(st, settings.quality_bar, qm.higher)
-        out_splits.append(st)
-    return Tradeoff(
-        quality_metric=quality,
-        cost_metric=cost_name,
-        quality_higher=qm.higher,
-        cost_unit=cost_unit,
-        baseline=base.label,
-        quality_bar=settings.quality_bar,
-        B=settings.B,
-        seed=seed,
-        alpha=settings.alpha,
-        splits=out_splits,
-        notes=notes,
-    )
+        )
+    base_value = points[base_i].cost
+    for p, (d_lo, d_hi) in zip(points, effects, strict=True):
+        p.cost_effect, p.cost_effect_low, p.cost_effect_high = p.cost - base_value, d_lo, d_hi
+    st = SplitTradeoff(split, n_groups, points)
+    front = pareto_frontier([(p.quality, p.cost) for p in points], quality_higher=qm.higher)
+    for p, f in zip(points, front, strict=True):
+        p.frontier = f
+    if settings.quality_bar is not None:
+        _apply_bar(st, settings.quality_bar, qm.higher)
+    return st
 
 
 def attach(c: Comparison, variants: Sequence[VariantData], settings: CompareConfig, *, seed: int) -> None:
     """Choose the sweep's quality and cost axes once (``compare.quality_metric`` / ``cost_metric``,
     ``auto`` resolved by :func:`choose_metrics`), set them on ``c`` and compute its trade-off on them.
     Every view reads the axes from the comparison (``Comparison.quality_metric`` / ``cost_metric``)."""
-    c.quality_metric, c.cost_metric = choose_metrics(variants, settings, c.splits)
-    axes = replace(settings, splits=c.splits, quality_metric=c.quality_metric, cost_metric=c.cost_metric)
+    axes = settle_axes(variants, settings, c.splits)
+    c.quality_metric, c.cost_metric = axes.quality_metric, axes.cost_metric
     c.tradeoff = compute(variants, axes, seed=seed, baseline=c.baseline)
+
+
+def settle_axes(
+    variants: Sequence[VariantData], settings: CompareConfig, splits: Sequence[str]
+) -> CompareConfig:
+    """``settings`` over ``splits`` with the quality and cost axes chosen (:func:`choose_metrics`:
+    ``auto`` resolved), as :func:`attach` computes the trade-off and sets the comparison's axes."""
+    quality, cost_name = choose_metrics(variants, settings, splits)
+    return replace(settings, splits=list(splits), quality_metric=quality, cost_metric=cost_name)
 
 
 def _apply_bar(st: SplitTradeoff, bar: float, higher: bool) -> None:
