@@ -74,6 +74,7 @@ from rag_ablate.records.scoring import (
     aggregate_counted,
     make_record,
     metric_items,
+    run_cutoffs,
     scored,
     weighted_metrics,
 )
@@ -176,6 +177,7 @@ def evaluate(
     tokens = TokenCounts(getattr(target, "chunk_token_counts", None))
     # a system that generates answers: its failed queries miss the answer metrics too
     answered = bool(getattr(target, "generates_answers", False))
+    checked_ks = run_cutoffs(ks)  # checked once, not per query
 
     def finish(q: Query, trace: Trace) -> None:
         """One query is final: score it, hand it on, count it (a repeat report is ignored)."""
@@ -187,7 +189,7 @@ def evaluate(
             make_record(q, trace),
             q,
             dataset.documents,
-            ks,
+            checked_ks,
             routed=target.routes_intents,
             answers=answers,
             tokens=tokens,
