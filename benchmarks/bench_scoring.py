@@ -324,6 +324,8 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
     counts = {k: seed.count(*k, ds.documents) for k in list(seed._memo)}
     folder = Path(tempfile.mkdtemp())
     weights = TagWeights.from_config({})  # the default config's production mix (edge-tagged queries weigh 0)
+    # the run's cutoffs checked once, as the runner does (where the code has it)
+    ks = records_mod.run_cutoffs(RECORD_KS) if hasattr(records_mod, "run_cutoffs") else RECORD_KS
 
     def once() -> tuple[dict[str, float], bytes]:
         t: dict[str, float] = {}
@@ -332,7 +334,7 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
         tokens = records_mod.TokenCounts(counts)
         out = [
             records_mod.scored(
-                records_mod.make_record(q, trace), q, ds.documents, RECORD_KS, routed=routed, tokens=tokens
+                records_mod.make_record(q, trace), q, ds.documents, ks, routed=routed, tokens=tokens
             )
             for q, trace in traces
         ]
