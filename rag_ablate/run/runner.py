@@ -74,6 +74,7 @@ from rag_ablate.records.scoring import (
     aggregate_counted,
     make_record,
     metric_items,
+    paused_gc,
     run_cutoffs,
     scored,
     weighted_metrics,
@@ -389,7 +390,7 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     out.wall = time.perf_counter() - t_start  # loading, querying and judging
     with prof.stage("write"):
         _write_records(job, inputs.dataset, out)
-    with prof.stage("score"):  # the aggregate metrics, cost, slices
+    with prof.stage("score"), paused_gc():  # the aggregate metrics, cost, slices
         metrics, slice_logged, calibration_error = _score_run(s, job, inputs, out, prof)
     with prof.stage("write"):
         _write_job_files(cfg, job, inputs.dataset, metrics)
