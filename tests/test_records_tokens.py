@@ -160,6 +160,7 @@ def test_a_query_scored_against_another_corpus_uses_that_corpus() -> None:
     assert scored(rec, q, both, [1], routed=False)["failure_stage"] == "not_retrieved"
     assert scored(rec, q, other, [1], routed=False)["failure_stage"] == "no_relevant_in_corpus"
     assert scored(rec, q, both, [1], routed=False)["failure_stage"] == "not_retrieved"
+    assert all(labels.docs is both for labels in records_mod._LABELS.values())  # the other corpus is not held
 
 
 def _sample_run() -> tuple[Dataset, list[dict[str, Any]], list[tuple[str, int, int]]]:

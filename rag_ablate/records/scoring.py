@@ -206,18 +206,21 @@ class _Labels:
         )
 
 
-_LABELS: dict[int, _Labels] = {}  # id(query) -> its _Labels
+_LABELS: dict[int, _Labels] = {}  # id(query) -> its _Labels, all against one corpus
+_LABELS_CORPUS: list[Mapping[str, Document]] = []  # that corpus
 _LABELS_MAX = 1 << 16
 
 
 def _labels_of(query: Query, docs: Mapping[str, Document]) -> _Labels:
     """The query's :class:`_Labels` against ``docs``, remembered (a run scores each query once per
-    repeat, a rescore and the judge's pass again)."""
+    repeat, a rescore and the judge's pass again). Only one corpus's queries are kept: another corpus
+    starts afresh, so a finished job's dataset is not held."""
     known = _LABELS.get(id(query))
     if known is not None and known.query is query and known.docs is docs:
         return known
-    if len(_LABELS) >= _LABELS_MAX:
+    if len(_LABELS) >= _LABELS_MAX or not _LABELS_CORPUS or _LABELS_CORPUS[0] is not docs:
         _LABELS.clear()
+        _LABELS_CORPUS[:] = [docs]
     made = _LABELS[id(query)] = _Labels(query, docs)
     return made
 
