@@ -44,6 +44,7 @@ Run it on the current code, and on an older checkout to compare (``PYTHONPATH=<o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
 import json
@@ -324,6 +325,8 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
     counts = {k: seed.count(*k, ds.documents) for k in list(seed._memo)}
     folder = Path(tempfile.mkdtemp())
     weights = TagWeights.from_config({})  # the default config's production mix (edge-tagged queries weigh 0)
+    # the run's cutoffs checked once, as the runner does (where the code has it)
+    ks = records_mod.run_cutoffs(RECORD_KS) if hasattr(records_mod, "run_cutoffs") else RECORD_KS
 
     def once() -> tuple[dict[str, float], bytes]:
         t: dict[str, float] = {}
@@ -332,7 +335,7 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
         tokens = records_mod.TokenCounts(counts)
         out = [
             records_mod.scored(
-                records_mod.make_record(q, trace), q, ds.documents, RECORD_KS, routed=routed, tokens=tokens
+                records_mod.make_record(q, trace), q, ds.documents, ks, routed=routed, tokens=tokens
             )
             for q, trace in traces
         ]
@@ -342,28 +345,33 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
             for rec in out:
                 w.write(rec)
         c, t["writer"] = clock(), clock() - c
-        # each record's values read once for the run and its slices, as the runner does (where the code has it)
-        items = [records_mod.metric_items(r) for r in out] if hasattr(records_mod, "metric_items") else None
-        whole = None  # the unweighted aggregate, shared with a slice of every record (where the code has it)
-        if hasattr(records_mod, "weighted_metrics"):
-            whole = records_mod.aggregate_counted(out, items=items)
-            metrics = {**whole[0], **records_mod.weighted_metrics(out, weights)}
-        elif items is None:
-            metrics = records_mod.aggregate(out, weights)
-        else:
-            metrics = records_mod.aggregate(out, weights, items)
-        c, t["aggregate"] = clock(), clock() - c
-        costs = cost.run_cost_metrics(out, ("dev", "holdout"))
-        c, t["cost"] = clock(), clock() - c
-        judged = {**judge_run_metrics(out, price=None), **repeat_metrics(out)}
-        c, t["judge_repeats"] = clock(), clock() - c
-        if whole is not None:
-            table = slices.slice_metrics(out, items, whole)
-        else:
-            table = slices.slice_metrics(out) if items is None else slices.slice_metrics(out, items)
-        c, t["slices"] = clock(), clock() - c
-        slices.write_slices(table, folder, ["recall_at_5", "ndcg_at_10"])
-        t["slice_files"] = clock() - c
+        # the runner's score stage pauses the cyclic garbage collector (where the code has it)
+        paused = records_mod.paused_gc() if hasattr(records_mod, "paused_gc") else contextlib.nullcontext()
+        with paused:
+            # each record's values read once for the run and its slices, as the runner does (where the
+            # code has it); the unweighted aggregate shared with a slice of every record (the same)
+            has_items = hasattr(records_mod, "metric_items")
+            items = [records_mod.metric_items(r) for r in out] if has_items else None
+            whole = None
+            if hasattr(records_mod, "weighted_metrics"):
+                whole = records_mod.aggregate_counted(out, items=items)
+                metrics = {**whole[0], **records_mod.weighted_metrics(out, weights)}
+            elif items is None:
+                metrics = records_mod.aggregate(out, weights)
+            else:
+                metrics = records_mod.aggregate(out, weights, items)
+            c, t["aggregate"] = clock(), clock() - c
+            costs = cost.run_cost_metrics(out, ("dev", "holdout"))
+            c, t["cost"] = clock(), clock() - c
+            judged = {**judge_run_metrics(out, price=None), **repeat_metrics(out)}
+            c, t["judge_repeats"] = clock(), clock() - c
+            if whole is not None:
+                table = slices.slice_metrics(out, items, whole)
+            else:
+                table = slices.slice_metrics(out) if items is None else slices.slice_metrics(out, items)
+            c, t["slices"] = clock(), clock() - c
+            slices.write_slices(table, folder, ["recall_at_5", "ndcg_at_10"])
+            t["slice_files"] = clock() - c
         per_query = [[r["metrics"], r["failure_stage"], r["status"]] for r in out]
         digest = dumps_sorted([per_query, metrics, costs, judged, table.to_dict()])
         return t, digest

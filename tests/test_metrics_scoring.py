@@ -21,11 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rag_ablate.core.errors import ConfigError
-from rag_ablate.metrics.registry import metric_name
+from rag_ablate.metrics.registry import metric_name, metric_names_at
 from rag_ablate.metrics.retrieval import (
     RETRIEVAL_BASES,
+    cutoffs,
     evidence_recall,
     evidence_recall_at,
+    judged_at,
     retrieval_metrics,
     unique_docs,
 )
@@ -242,6 +244,20 @@ def test_cutoff_errors_are_unchanged() -> None:
             retrieval_metrics(["a"], {"a": 1}, [1, bad])  # type: ignore[list-item]
         with pytest.raises(ConfigError, match="positive integer"):
             evidence_recall_at([("a", 0, 5)], [("a", 0, 5)], [bad])  # type: ignore[list-item]
+
+
+def test_checked_cutoffs_are_shared_and_an_equal_tuple_with_a_bool_is_still_refused() -> None:
+    key, max_k = cutoffs([1, 5])
+    assert key == (1, 5) and max_k == 5 and cutoffs([1, 5])[0] is key and cutoffs(key) == (key, 5)
+    assert metric_names_at("judged", key) == ("judged_at_1", "judged_at_5")
+    assert key == (True, 5)  # equal (and of equal hash), so a cache by value would let it through
+    with pytest.raises(ConfigError, match="positive integer"):
+        cutoffs((True, 5))
+    with pytest.raises(ConfigError, match="positive integer"):
+        judged_at(["a"], {"a"}, (True, 5))
+    with pytest.raises(ConfigError, match="positive integer"):
+        metric_names_at("judged", (True, 5))
+    assert metric_names_at("judged", key) == ("judged_at_1", "judged_at_5")
 
 
 # ------------------------------------------------------------------ evidence recall at every k

@@ -135,6 +135,34 @@ def test_unknown_document_fails_the_query_even_past_the_largest_cutoff() -> None
         score_record({**rec, "retrieved": retrieved[:1]}, q, docs, [0], routed=False)
 
 
+def test_a_runs_cutoffs_are_checked_once_and_bad_ones_still_fail_each_record() -> None:
+    docs = _docs(["abc def"])
+    q = Query("q", "x", {"D0": 1}, (), True, True, (), None, None, "dev", "g")
+    rec = {"query_id": "q", "status": "ok", "retrieved": [{"doc_id": "D0", "start": 0, "end": 3}]}
+    key = records_mod.run_cutoffs([1, 5])
+    assert key == (1, 5) and records_mod.run_cutoffs([1, 5]) is key  # one shared tuple per run
+    assert (
+        scored(rec, q, docs, key, routed=False)["metrics"]
+        == scored(rec, q, docs, [1, 5], routed=False)["metrics"]
+    )
+    for bad in ([1, 0], [True, 5], [1, 2.0]):
+        assert records_mod.run_cutoffs(bad) is bad  # left as given: each record's scoring fails, as before
+        out = scored(rec, q, docs, bad, routed=False)  # type: ignore[arg-type]
+        assert out["status"] == "failed" and "cutoff k must be a positive integer" in out["error"]
+
+
+def test_a_query_scored_against_another_corpus_uses_that_corpus() -> None:
+    """The labels scoring remembers per query (its relevant documents, whether the user may see one)
+    belong to one corpus: the same query against a corpus without its document has none present."""
+    q = Query("q", "x", {"D0": 1}, (), True, True, (), None, None, "dev", "g")
+    rec = {"query_id": "q", "status": "ok", "retrieved": [{"doc_id": "D1", "start": 0, "end": 3}]}
+    both, other = _docs(["abc def", "ghi"]), {"D1": Document("D1", "ghi")}
+    assert scored(rec, q, both, [1], routed=False)["failure_stage"] == "not_retrieved"
+    assert scored(rec, q, other, [1], routed=False)["failure_stage"] == "no_relevant_in_corpus"
+    assert scored(rec, q, both, [1], routed=False)["failure_stage"] == "not_retrieved"
+    assert all(labels.docs is both for labels in records_mod._LABELS.values())  # the other corpus is not held
+
+
 def _sample_run() -> tuple[Dataset, list[dict[str, Any]], list[tuple[str, int, int]]]:
     ds = load_dataset()
     chunks, _ = chunk_corpus(list(ds.documents.values()), 256, 32, "char")

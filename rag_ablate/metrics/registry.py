@@ -57,6 +57,7 @@ __all__ = [
     "judged_metrics",
     "measured_summary_metrics",
     "metric_name",
+    "metric_names_at",
     "metrics_where",
     "parse_metric_name",
     "quality_axes",
@@ -322,6 +323,23 @@ def metric_name(base: str, k: int | None = None) -> str:
     spec = _spec_of(base)
     checked = _check_k(spec, k)
     return spec.base if checked is None else f"{spec.base}_at_{checked}"
+
+
+_NAMES_AT: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], tuple[str, ...]]] = {}
+
+
+def metric_names_at(base: str, ks: tuple[int, ...]) -> tuple[str, ...]:
+    """:func:`metric_name` of ``base`` at every k of ``ks``, in that order. Remembered for the tuple
+    of cutoffs that :func:`rag_ablate.metrics.retrieval.cutoffs` hands out (scoring asks for every
+    query) by the tuple's identity, so another tuple (a bool equals its int) is checked."""
+    known = _NAMES_AT.get((base, ks))
+    if known is not None and known[0] is ks:
+        return known[1]
+    names = tuple(metric_name(base, k) for k in ks)
+    if len(_NAMES_AT) >= 1024:
+        _NAMES_AT.clear()
+    _NAMES_AT[base, ks] = (ks, names)  # the tuple last asked for is remembered
+    return names
 
 
 def parse_metric_name(name: str) -> tuple[MetricSpec, int | None]:

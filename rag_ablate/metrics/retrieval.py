@@ -27,14 +27,13 @@ values are bit-identical to summing gains rank by rank over the whole ranking.
 
 from __future__ import annotations
 
-import heapq
 import math
 from bisect import bisect_right
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import accumulate, islice
 
 from rag_ablate.core.errors import ConfigError
-from rag_ablate.metrics.registry import metric_name
+from rag_ablate.metrics.registry import metric_name, metric_names_at
 
 __all__ = [
     "CHUNK_BASES",
@@ -42,6 +41,7 @@ __all__ = [
     "SET_BASES",
     "bpref",
     "chunk_metrics",
+    "cutoffs",
     "evidence_at",
     "evidence_coverage_at",
     "evidence_recall",
@@ -109,18 +109,46 @@ def _log2(rank: int) -> float:
     return table[rank]
 
 
-def _cutoffs(ks: Sequence[int]) -> tuple[tuple[int, ...], int]:
-    """``ks`` as a tuple and its largest value (0 for none); ConfigError for a bad k."""
+_CHECKED: dict[int, tuple[tuple[int, ...], int]] = {}  # id(checked tuple) -> (the tuple, max k)
+_CANONICAL: dict[tuple[int, ...], tuple[int, ...]] = {}  # a tuple of plain ints -> its checked tuple
+
+
+def cutoffs(ks: Sequence[int]) -> tuple[tuple[int, ...], int]:
+    """``ks`` as a tuple and its largest value (0 for none); ConfigError for a bad k.
+
+    The tuple returned for plain ints is one shared object per value, and passing it back is not
+    checked again (a tuple cannot change): scoring checks a run's cutoffs once per query, and each
+    metric function it calls finds them checked by identity."""
+    known = _CHECKED.get(id(ks))
+    if known is not None and known[0] is ks:
+        return known
     if isinstance(ks, (str, bytes)):
         raise TypeError("ks must be a sequence of integers, not a string")
     key = tuple(ks)
     max_k = 0
+    plain = True
     for k in key:
-        if (type(k) is not int and (isinstance(k, bool) or not isinstance(k, int))) or k < 1:
+        if type(k) is not int:
+            if isinstance(k, bool) or not isinstance(k, int):
+                raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
+            plain = False
+        if k < 1:
             raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
         if k > max_k:
             max_k = k
-    return key, max_k
+    if not plain:
+        return key, max_k
+    canonical = _CANONICAL.get(key)
+    if canonical is None:
+        if len(_CANONICAL) >= 64:
+            _CANONICAL.clear()
+            _CHECKED.clear()
+        canonical = _CANONICAL[key] = key
+    checked = _CHECKED[id(canonical)] = (
+        canonical,
+        max_k,
+    )  # the tuple is kept: its id is not reused meanwhile
+    return checked
 
 
 def _names(ks: tuple[int, ...]) -> tuple[str, ...]:
@@ -134,7 +162,7 @@ def _names(ks: tuple[int, ...]) -> tuple[str, ...]:
 
 def _ideal(grades: list[int], max_k: int) -> list[float]:
     """Ideal DCG prefix sums (index i: the best i grades), cached per grade pattern."""
-    top = tuple(heapq.nlargest(max_k, grades))
+    top = tuple(sorted(grades, reverse=True)[:max_k])  # heapq.nlargest's result, without its overhead
     ideal = _IDEAL.get(top)
     if ideal is None:
         if len(_IDEAL) > 4096:
@@ -174,7 +202,7 @@ def retrieval_metrics(
     """
     if isinstance(ranked_doc_ids, (str, bytes)):
         raise TypeError("ranked_doc_ids must be a sequence of doc ids, not a string")
-    key, max_k = _cutoffs(ks)
+    key, max_k = cutoffs(ks)
     n = len(ranked_doc_ids)
     grades: list[int] = []
     found: list[tuple[int, int]] = []  # (index of the first occurrence in the ranking, grade)
@@ -386,26 +414,25 @@ def evidence_at(
     """:func:`evidence_recall_at` and :func:`evidence_coverage_at` from one pass over the chunks (what
     scoring calls): a chunk overlaps a span exactly when its clipped range is not empty, so a span's
     first piece is where it is covered for recall."""
-    key, max_k = _cutoffs(ks)
+    key, max_k = cutoffs(ks)
     spans = _checked_spans(evidence)
-    # per span, the (position, clipped range) of every chunk among the first max_k that overlaps it
-    pieces: list[list[tuple[int, int, int]]] = [[] for _ in spans]
-    by_doc: dict[str, list[int]] = {}
-    for i, (doc_id, _, _) in enumerate(spans):
-        by_doc.setdefault(doc_id, []).append(i)
-    for pos, (doc_id, start, end) in enumerate(_checked_chunks(ranked_chunks, max_k), start=1):
-        for i in by_doc.get(doc_id, ()):
-            _, s, e = spans[i]
-            lo, hi = max(s, start), min(e, end)
+    top = _checked_chunks(ranked_chunks, max_k)
+    top_docs = [chunk[0] for chunk in top]
+    # per span overlapped by a chunk among the first max_k: its length, the (position, clipped range)
+    # of each such chunk in chunk order, and their positions; the chunks of the span's document are
+    # found by scans in C (a span no chunk overlaps adds 0.0 to every total: skipped, bit for bit)
+    hit: list[tuple[int, list[tuple[int, int, int]], list[int]]] = []
+    for doc_id, s, e in spans:
+        found: list[tuple[int, int, int]] = []
+        i = -1
+        for _ in range(top_docs.count(doc_id)):
+            i = top_docs.index(doc_id, i + 1)
+            _, start, end = top[i]
+            lo, hi = (s if s > start else start), (e if e < end else end)
             if lo < hi:
-                pieces[i].append((pos, lo, hi))
-    # a span no chunk overlaps adds 0.0 (the total, never negative, stays bit for bit the same): skipped;
-    # a span's pieces come in chunk order, so those within the first k are a prefix
-    hit = [
-        (e - s, found, [pos for pos, _, _ in found])
-        for (_, s, e), found in zip(spans, pieces, strict=True)
-        if found
-    ]
+                found.append((i + 1, lo, hi))
+        if found:
+            hit.append((e - s, found, [pos for pos, _, _ in found]))
     n = len(spans)
     covered_at = sorted(positions[0] for _, _, positions in hit)  # each covered span's first chunk
     recall = [bisect_right(covered_at, k) / n for k in key]
@@ -445,11 +472,11 @@ def judged_at(ranked_doc_ids: Sequence[str], labels: Collection[str], ks: Sequen
     """
     if isinstance(ranked_doc_ids, (str, bytes)):
         raise TypeError("ranked_doc_ids must be a sequence of doc ids, not a string")
-    key, max_k = _cutoffs(ks)
+    key, max_k = cutoffs(ks)
     top = islice(dict.fromkeys(ranked_doc_ids), max_k)  # the first max_k unique documents, in order
     marks = list(accumulate(map(labels.__contains__, top), initial=0))
     n = len(marks) - 1
-    return {f"judged_at_{k}": marks[k if k < n else n] / k for k in key}
+    return dict(zip(metric_names_at("judged", key), [marks[k if k < n else n] / k for k in key], strict=True))
 
 
 def bpref(ranked_doc_ids: Sequence[str], relevant: Mapping[str, int]) -> float:

@@ -15,8 +15,10 @@ atomically with exactly one final record per query, in dataset order.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from itertools import accumulate, chain
 from operator import itemgetter
 from typing import cast
@@ -31,10 +33,11 @@ from rag_ablate.metrics import stages
 from rag_ablate.metrics.acl import acl_metrics, has_restrictions, may_see
 from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
 from rag_ablate.metrics.intent import intent_top1
-from rag_ablate.metrics.registry import spec_of
+from rag_ablate.metrics.registry import metric_names_at, spec_of
 from rag_ablate.metrics.retrieval import (
     bpref,
     chunk_metrics,
+    cutoffs,
     evidence_at,
     judged_at,
     retrieval_metrics,
@@ -104,6 +107,7 @@ def make_record(query: Query, trace: Trace) -> Record:
 
 
 _DOC_ID, _CHUNK_ID = itemgetter("doc_id"), itemgetter("chunk_id")  # an entry's ids
+_CHUNK_KEY = itemgetter("doc_id", "start", "end")  # an entry's ChunkKey
 _INDICATORS = {stage: stages.indicators(stage) for stage in stages.STAGES}  # copied into a record's metrics
 
 ChunkKey = tuple[str, int, int]  # (doc_id, start, end): a chunk's character range in its document
@@ -161,19 +165,64 @@ class TokenCounts:
         fewer), from prefix sums over the chunks' counts; equal to
         :func:`~rag_ablate.text.count.context_tokens` of their texts. Every chunk's document
         must exist (KeyError otherwise); only the first ``max(ks)`` chunks are counted."""
+        chunks = [(r["doc_id"] or "", r["start"], r["end"]) for r in retrieved]  # no document: KeyError
+        key = tuple(ks)
+        return dict(
+            zip(metric_names_at("context_tokens", key), self.tokens_at(chunks, docs, key), strict=True)
+        )
+
+    def tokens_at(
+        self, chunks: Sequence[ChunkKey], docs: Mapping[str, Document], ks: Sequence[int]
+    ) -> list[float]:
+        """:meth:`context_tokens_at`'s values, in the order of ``ks``, from the retrieved chunks' keys."""
         limit = max(ks, default=0)
-        counts: list[int] = []
-        memo = self._memo
-        for r in retrieved[:limit]:
-            key = (r["doc_id"] or "", r["start"], r["end"])  # no document: KeyError below
-            n = memo.get(key)
-            counts.append(self._first(key, docs) if n is None else n)
-        for r in retrieved[limit:]:
-            if r["doc_id"] not in docs:
-                raise KeyError(r["doc_id"])
-        prefix = [0, *accumulate(counts)]
+        top = chunks[:limit]
+        counts: list[int | None] = list(map(self._memo.get, top))  # the counts met before, in C
+        if None in counts:  # a chunk not met before (which may repeat): counted once, in order
+            counts = [self.count(*key, docs) if n is None else n for key, n in zip(top, counts, strict=True)]
+        for doc_id, _, _ in chunks[limit:]:
+            if doc_id not in docs:
+                raise KeyError(doc_id)
+        prefix = list(accumulate(cast(list[int], counts), initial=0))
         n = len(counts)
-        return {f"context_tokens_at_{k}": float(prefix[k if k < n else n]) for k in ks}
+        return [float(prefix[k if k < n else n]) for k in ks]
+
+
+class _Labels:
+    """What scoring reads of one query's labels for each of its records, made once per query and
+    corpus (:func:`_labels_of`): the judged labels (``judged_at_k``, ``bpref``), the evidence spans,
+    the relevant documents and chunks (grade > 0) and whether the user may see one of the documents."""
+
+    __slots__ = ("docs", "judged", "query", "rel_chunks", "rel_docs", "spans", "visible")
+
+    def __init__(self, query: Query, docs: Mapping[str, Document]) -> None:
+        self.query, self.docs = query, docs  # kept: the ids the cache is keyed by are never reused meanwhile
+        self.judged = {**dict.fromkeys(query.nonrelevant, 0), **query.relevant}  # judged either way
+        self.spans = [(e.doc_id, e.start, e.end) for e in query.evidence]
+        self.rel_docs = {d for d, grade in query.relevant.items() if grade > 0}
+        self.rel_chunks = {c for c, grade in query.relevant_chunks.items() if grade > 0}
+        self.visible = any(
+            d in docs and may_see(docs[d].allowed_groups, query.user_groups) for d in self.rel_docs
+        )
+
+
+_LABELS: dict[int, _Labels] = {}  # id(query) -> its _Labels, all against one corpus
+_LABELS_CORPUS: list[Mapping[str, Document]] = []  # that corpus
+_LABELS_MAX = 1 << 16
+
+
+def _labels_of(query: Query, docs: Mapping[str, Document]) -> _Labels:
+    """The query's :class:`_Labels` against ``docs``, remembered (a run scores each query once per
+    repeat, a rescore and the judge's pass again). Only one corpus's queries are kept: another corpus
+    starts afresh, so a finished job's dataset is not held."""
+    known = _LABELS.get(id(query))
+    if known is not None and known.query is query and known.docs is docs:
+        return known
+    if len(_LABELS) >= _LABELS_MAX or not _LABELS_CORPUS or _LABELS_CORPUS[0] is not docs:
+        _LABELS.clear()
+        _LABELS_CORPUS[:] = [docs]
+    made = _LABELS[id(query)] = _Labels(query, docs)
+    return made
 
 
 def score_record(
@@ -218,35 +267,31 @@ def score_record(
     retrieved = rec.get("retrieved")
     if query.kind == "no_rag" or retrieved is None:  # None: the system reports no evidence
         return out
-    ids = [r["doc_id"] for r in retrieved]
+    ids = list(map(_DOC_ID, retrieved))
     if None in ids:  # chunks named by id only: no document-level metrics
         return out
     ranked = cast(list[str], ids)  # every chunk names its document
-    for k in ks:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ConfigError(f"cutoff k must be a positive integer, got {k!r}")
-    out.update((TokenCounts() if tokens is None else tokens).context_tokens_at(retrieved, docs, ks))
+    key = cutoffs(ks)[0]
+    chunks = cast(list[ChunkKey], list(map(_CHUNK_KEY, retrieved)))  # (doc_id, start, end), in C
+    counted = (TokenCounts() if tokens is None else tokens).tokens_at(chunks, docs, key)
+    out.update(zip(metric_names_at("context_tokens", key), counted, strict=True))
     if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
-        out.update(acl_metrics(ranked, docs, query.user_groups, ks))
+        out.update(acl_metrics(ranked, docs, query.user_groups, key))
     if query.kind == "answerable":
         if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
-            out.update(retrieval_metrics(ranked, query.relevant, ks))
-            labels = {**dict.fromkeys(query.nonrelevant, 0), **query.relevant}  # judged either way
-            out.update(judged_at(ranked, labels, ks))
+            out.update(retrieval_metrics(ranked, query.relevant, key))
+            labels = _labels_of(query, docs).judged
+            out.update(judged_at(ranked, labels, key))
             out["bpref"] = bpref(ranked, labels)
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
-            out.update(set_metrics(ranked, query.relevant_sets, ks))
+            out.update(set_metrics(ranked, query.relevant_sets, key))
         # gold chunk ids: scored when every retrieved item carries a chunk id (no items: a miss)
         if query.relevant_chunks and all(r.get("chunk_id") for r in retrieved):
-            out.update(chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, ks))
+            out.update(chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, key))
         if query.evidence:
-            chunks = [(d, r["start"], r["end"]) for d, r in zip(ranked, retrieved, strict=True)]
-            spans = [(e.doc_id, e.start, e.end) for e in query.evidence]
-            recall, coverage = evidence_at(chunks, spans, ks)
-            for k, value in zip(ks, recall, strict=True):
-                out[f"evidence_recall_at_{k}"] = value
-            for k, value in zip(ks, coverage, strict=True):
-                out[f"evidence_coverage_at_{k}"] = value
+            recall, coverage = evidence_at(chunks, _labels_of(query, docs).spans, key)
+            out.update(zip(metric_names_at("evidence_recall", key), recall, strict=True))
+            out.update(zip(metric_names_at("evidence_coverage", key), coverage, strict=True))
     return out
 
 
@@ -282,9 +327,8 @@ def failure_stage(
     and its metric ``values`` (refusal, token_f1); None for a failed or a no_rag query."""
     if rec["status"] != "ok" or query.kind == "no_rag":
         return None
-    rel_docs = {d for d, grade in query.relevant.items() if grade > 0}
-    rel_chunks = {c for c, grade in query.relevant_chunks.items() if grade > 0}
-    visible = any(d in docs and may_see(docs[d].allowed_groups, query.user_groups) for d in rel_docs)
+    labels = _labels_of(query, docs)
+    rel_docs, rel_chunks = labels.rel_docs, labels.rel_chunks
     candidates, retrieved, context = rec.get("candidates"), rec.get("retrieved"), rec.get("context")
 
     def relevant(doc_id: str | None, chunk_id: str | None) -> bool:
@@ -293,27 +337,30 @@ def failure_stage(
 
     def hits(listed: Sequence[RetrievedEntry] | None) -> list[bool] | None:
         """Whether some entry is relevant, as a one-element list (``diagnose`` reads a list only
-        through ``any``): two set tests in C instead of a call per entry (a document id or chunk id
-        of None is in neither set)."""
+        through ``any``): set tests in C instead of a call per entry (a document id or chunk id of
+        None is in neither set)."""
         if listed is None:
             return None
-        doc_ids, chunk_ids = list(map(_DOC_ID, listed)), list(map(_CHUNK_ID, listed))
-        return [not (rel_docs.isdisjoint(doc_ids) and rel_chunks.isdisjoint(chunk_ids))]
+        found = not rel_docs.isdisjoint(map(_DOC_ID, listed))
+        return [found or (bool(rel_chunks) and not rel_chunks.isdisjoint(map(_CHUNK_ID, listed)))]
 
     # citation entries are read with get: a hand-written record's citation may name only a chunk,
     # whose document is then the one the listed chunks give it
     citations = rec.get("citations") or []
-    doc_of: dict[str | None, str | None] = {}
-    if any(not c.get("doc_id") for c in citations):
-        entries = [*(candidates or []), *(retrieved or []), *(context or [])]
-        doc_of = {e["chunk_id"]: e["doc_id"] for e in entries}
-    cited = [
-        relevant(c.get("doc_id") or doc_of.get(c.get("chunk_id") or ""), c.get("chunk_id")) for c in citations
-    ]
+    cited: list[bool] = []
+    if citations:
+        doc_of: dict[str | None, str | None] = {}
+        if any(not c.get("doc_id") for c in citations):
+            entries = [*(candidates or []), *(retrieved or []), *(context or [])]
+            doc_of = {e["chunk_id"]: e["doc_id"] for e in entries}
+        cited = [
+            relevant(c.get("doc_id") or doc_of.get(c.get("chunk_id") or ""), c.get("chunk_id"))
+            for c in citations
+        ]
     refused = values.get("refusal") == 1.0
     return stages.diagnose(
         answerable=query.kind == "answerable",
-        relevant_present=visible or bool(rel_chunks),
+        relevant_present=labels.visible or bool(rel_chunks),
         candidates=hits(candidates),
         retrieved=hits(retrieved),
         context=hits(context),
@@ -363,6 +410,30 @@ def scored(
         return failed
 
 
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused (when it was on): a run's aggregates, cost and slices make
+    hundreds of thousands of small containers and almost no cycles, and each full collection they set
+    off walks every record of the run again (about a fifth of the stage's CPU on 6,000 queries)."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+def run_cutoffs(ks: Sequence[int]) -> Sequence[int]:
+    """A run's ``ks`` checked once for all its records: the shared tuple of
+    :func:`~rag_ablate.metrics.retrieval.cutoffs` (each record's scoring then finds them checked), or
+    ``ks`` as given when they are bad (each record's scoring fails with the error, as before)."""
+    try:
+        return cutoffs(ks)[0]
+    except (ConfigError, TypeError):
+        return ks
+
+
 def rescore(
     records: Sequence[Record],
     dataset: Dataset,
@@ -377,6 +448,7 @@ def rescore(
     """
     by_id = {q.query_id: q for q in dataset.queries}
     memo = TokenCounts() if tokens is None else tokens
+    ks = run_cutoffs(ks)
     docs = dataset.documents
     answered = any(r.get("answer") is not None for r in records)
     return [

@@ -74,6 +74,8 @@ from rag_ablate.records.scoring import (
     aggregate_counted,
     make_record,
     metric_items,
+    paused_gc,
+    run_cutoffs,
     scored,
     weighted_metrics,
 )
@@ -176,6 +178,7 @@ def evaluate(
     tokens = TokenCounts(getattr(target, "chunk_token_counts", None))
     # a system that generates answers: its failed queries miss the answer metrics too
     answered = bool(getattr(target, "generates_answers", False))
+    checked_ks = run_cutoffs(ks)  # checked once, not per query
 
     def finish(q: Query, trace: Trace) -> None:
         """One query is final: score it, hand it on, count it (a repeat report is ignored)."""
@@ -187,7 +190,7 @@ def evaluate(
             make_record(q, trace),
             q,
             dataset.documents,
-            ks,
+            checked_ks,
             routed=target.routes_intents,
             answers=answers,
             tokens=tokens,
@@ -388,7 +391,7 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     out.wall = time.perf_counter() - t_start  # loading, querying and judging
     with prof.stage("write"):
         _write_records(job, inputs.dataset, out)
-    with prof.stage("score"):  # the aggregate metrics, cost, slices
+    with prof.stage("score"), paused_gc():  # the aggregate metrics, cost, slices
         metrics, slice_logged, calibration_error = _score_run(s, job, inputs, out, prof)
     with prof.stage("write"):
         _write_job_files(cfg, job, inputs.dataset, metrics)
