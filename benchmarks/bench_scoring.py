@@ -47,6 +47,7 @@ import argparse
 import contextlib
 import gc
 import hashlib
+import importlib
 import json
 import os
 import platform
@@ -346,7 +347,8 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
                 w.write(rec)
         c, t["writer"] = clock(), clock() - c
         # the runner's score stage pauses the cyclic garbage collector (where the code has it)
-        paused = records_mod.paused_gc() if hasattr(records_mod, "paused_gc") else contextlib.nullcontext()
+        jsonl = importlib.import_module("rag_ablate.records.jsonl")
+        paused = jsonl.gc_paused() if hasattr(jsonl, "gc_paused") else contextlib.nullcontext()
         with paused:
             # each record's values read once for the run and its slices, as the runner does (where the
             # code has it); the unweighted aggregate shared with a slice of every record (the same)
@@ -416,7 +418,15 @@ def bench_stage(datasets: list[str], code: Path, rounds: int, pairs: int) -> lis
         for _ in range(pairs):
             for side, tree in (("before", code), ("after", REPO)):
                 env = {**os.environ, "PYTHONPATH": str(tree)}
-                cmd = [sys.executable, str(here), "--stage-child", dataset, str(records_path), "--rounds", str(rounds)]
+                cmd = [
+                    sys.executable,
+                    str(here),
+                    "--stage-child",
+                    dataset,
+                    str(records_path),
+                    "--rounds",
+                    str(rounds),
+                ]
                 done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
                 results[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
         best = {side: min(rs, key=lambda r: sum(r["ms"].values())) for side, rs in results.items()}
@@ -431,8 +441,10 @@ def bench_stage(datasets: list[str], code: Path, rounds: int, pairs: int) -> lis
             label = f"**total** ({a / n:.3f} ms a query after)" if part == "total" else part
             lines.append(f"| {name} | {n:,} | {label} | {b:.1f} | {a:.1f} | {b / a:.2f}x |")
         same = digests["before"] == digests["after"] and len(digests["after"]) == 1
-        lines.append(f"| {name} | | values | digest {sorted(digests['before'])} | {sorted(digests['after'])} | "
-                     f"{'equal' if same else '**DIFFER**'} |")
+        lines.append(
+            f"| {name} | | values | digest {sorted(digests['before'])} | {sorted(digests['after'])} | "
+            f"{'equal' if same else '**DIFFER**'} |"
+        )
     return lines
 
 

@@ -9,13 +9,11 @@ that applied), NaN values, stages and times to first token.
 
 from __future__ import annotations
 
-import gc
 import math
 import struct
 from typing import Any, cast
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +21,7 @@ from rag_ablate.dataset.model import SPLITS
 from rag_ablate.dataset.weights import TagWeights, effective_n, run_metrics, weighted_mean
 from rag_ablate.metrics import stages
 from rag_ablate.metrics.registry import spec_of
-from rag_ablate.records.scoring import _mean, _means, aggregate, aggregate_counted, metric_items, paused_gc
+from rag_ablate.records.scoring import _mean, _means, aggregate, aggregate_counted, metric_items
 from rag_ablate.records.trace import Record
 from rag_ablate.run.slices import slice_metrics
 
@@ -217,19 +215,3 @@ def test_the_means_of_many_columns_are_numpys_bit_for_bit(columns: list[list[flo
     assert got.keys() == {name for name, column in named.items() if column}
     for name, mean in got.items():
         assert struct.pack("<d", mean) == struct.pack("<d", float(np.mean(named[name])))
-
-
-def test_the_score_stage_pauses_the_garbage_collector_and_restores_it() -> None:
-    was_on = gc.isenabled()
-    try:
-        gc.enable()
-        with pytest.raises(RuntimeError), paused_gc():
-            assert not gc.isenabled()
-            raise RuntimeError("a failed stage still restores it")
-        assert gc.isenabled()
-        gc.disable()
-        with paused_gc():
-            assert not gc.isenabled()
-        assert not gc.isenabled()  # left off, as it was
-    finally:
-        (gc.enable if was_on else gc.disable)()

@@ -15,10 +15,8 @@ atomically with exactly one final record per query, in dataset order.
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain
 from operator import itemgetter
 from typing import cast
@@ -408,20 +406,6 @@ def scored(
         total = (rec.get("timings_ms") or {}).get("total")
         failed["metrics"] = {} if total is None else {"latency_ms": float(total)}
         return failed
-
-
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused (when it was on): a run's aggregates, cost and slices make
-    hundreds of thousands of small containers and almost no cycles, and each full collection they set
-    off walks every record of the run again (about a fifth of the stage's CPU on 6,000 queries)."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
 
 
 def run_cutoffs(ks: Sequence[int]) -> Sequence[int]:

@@ -67,14 +67,13 @@ from rag_ablate.judges.calibration import run_calibration
 from rag_ablate.metrics.answers import AnswerScoring
 from rag_ablate.metrics.intent import intent_report
 from rag_ablate.metrics.registry import human_metrics, judged_metrics
-from rag_ablate.records.jsonl import RecordWriter, write_records
+from rag_ablate.records.jsonl import RecordWriter, gc_paused, write_records
 from rag_ablate.records.repeats import first_runs, has_repeats, repeat_metrics, spreads_json
 from rag_ablate.records.scoring import (
     TokenCounts,
     aggregate_counted,
     make_record,
     metric_items,
-    paused_gc,
     run_cutoffs,
     scored,
     weighted_metrics,
@@ -391,7 +390,7 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     out.wall = time.perf_counter() - t_start  # loading, querying and judging
     with prof.stage("write"):
         _write_records(job, inputs.dataset, out)
-    with prof.stage("score"), paused_gc():  # the aggregate metrics, cost, slices
+    with prof.stage("score"), gc_paused():  # the aggregate metrics, cost, slices
         metrics, slice_logged, calibration_error = _score_run(s, job, inputs, out, prof)
     with prof.stage("write"):
         _write_job_files(cfg, job, inputs.dataset, metrics)
