@@ -13,9 +13,11 @@ from scipy import stats as sps
 from rag_ablate.compare import run, stats, tradeoff
 from rag_ablate.compare.analysis import compare, split_draw
 from rag_ablate.compare.draws import SharedDraws, domain_ratios
+from rag_ablate.compare.mix import mix_columns, mix_weights, pick_mixes
 from rag_ablate.compare.model import VariantData
 from rag_ablate.compare.slices import compare_slices
 from rag_ablate.config.schema import CompareConfig
+from rag_ablate.dataset.weights import TagWeights
 
 
 def _data(n_groups: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -202,3 +204,34 @@ def test_the_numbers_do_not_depend_on_how_many_threads_stream_the_draws(
         c = run.statistics(_variants(), settings, seed=4)
         out.append(json.dumps(c.to_dict(), sort_keys=True))
     assert out[0] == out[1]
+
+
+def test_a_domain_given_as_group_codes_takes_the_same_rows_as_given_as_labels() -> None:
+    labels = [f"g{i:03d}" for i in range(40)]
+    draw = split_draw(0, "dev", labels)
+    rng = np.random.default_rng(3)
+    for size in (5, 39):  # a gathered domain (few groups) and a dense one (most groups, zero rows)
+        picked = sorted(rng.choice(40, size, replace=False).tolist())
+        groups = [labels[i] for i in picked for _ in range(2)]  # each group twice, out of order below
+        rng.shuffle(groups)
+        cols = rng.random((size, 2))
+        from_codes = draw._domain(draw.codes(groups), cols)
+        from_labels = draw._domain(groups, cols)
+        for got, want in zip(from_codes, from_labels, strict=True):
+            assert (got is None) == (want is None)
+            if want is not None:
+                np.testing.assert_array_equal(got, want)
+
+
+def test_mix_weights_picked_per_subset_from_the_splits_columns_equal_mix_weights_of_the_subset() -> None:
+    tw = TagWeights({"numeric": 0.5}, ("edge",))
+    tags = [["numeric"], [], ["edge"], ["numeric", "edge"], ["other"], []]
+    w, edge = mix_columns(tags, tw)
+    for keep in ([0, 1, 2, 3, 4, 5], [0, 1, 4], [2, 3], []):  # both mixes, production only, edge, none
+        mask = np.isin(np.arange(len(tags)), keep)
+        names, cols = pick_mixes(w[mask], edge[mask])
+        want_names, want_cols = mix_weights([tags[i] for i in keep], tw)
+        assert names == want_names
+        assert (cols is None) == (want_cols is None)
+        if want_cols is not None:
+            np.testing.assert_array_equal(cols, want_cols)

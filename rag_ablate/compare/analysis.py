@@ -45,7 +45,7 @@ import numpy.typing as npt
 from rag_ablate.compare import stats
 from rag_ablate.compare.draws import Collector, SharedDraws, domain_ratios, quantiles
 from rag_ablate.compare.load import pick_baseline
-from rag_ablate.compare.mix import MixRow, mix_rows, mix_weights, weighted_group_sums
+from rag_ablate.compare.mix import MixRow, mix_columns, mix_rows, pick_mixes, weighted_group_sums
 from rag_ablate.compare.mix import settle as settle_weights
 from rag_ablate.compare.model import Comparison, Flip, Flips, Pair, Row, VariantData
 from rag_ablate.core.errors import ComparisonError
@@ -201,7 +201,10 @@ class SplitDraw:
         """``cols`` of the groups ``groups`` (labels, or their :meth:`codes`) as a consumer of the
         split takes them (:meth:`add`)."""
         if isinstance(groups, np.ndarray) and groups.dtype.kind in "iu":
-            rows = np.unique(groups).astype(np.intp)
+            # the distinct codes, sorted: a mask over the split's groups (np.unique hashes or sorts)
+            seen = np.zeros(self.n_groups, dtype=bool)
+            seen[groups] = True
+            rows = np.flatnonzero(seen).astype(np.intp, copy=False)
         else:
             rows = self.codes(sorted(set(groups)))
         if GATHER_BELOW * rows.shape[0] > self.n_groups:
@@ -505,6 +508,9 @@ def plan_compare(
         sources = list(dict.fromkeys(per_query(m) for m in metrics))
         ok_base_cols = _columns(base_by_id, base_ids, sources)
         base_failed = np.array([failed(base_by_id[q]) for q in base_ids], dtype=bool)
+        # the queries' tags and mix weights, once per split (each test picks its queries')
+        split_tags = [r.get("tags") or () for r in base_by_id.values()]
+        mix_cols = None if tw is None else mix_columns(split_tags, tw)
         for var in others:
             var_by_id = _by_id(var.records, split)
             var_failed = np.array([q in var_by_id and failed(var_by_id[q]) for q in base_ids], dtype=bool)
@@ -557,9 +563,9 @@ def plan_compare(
                 theta = draw.add(counts, groups, sums_sizes, domain_ratios)
                 signs = draw.add_signs(counts, groups, sums_sizes)
                 mixed = None
-                if tw is not None:  # the production-weighted and the edge-case effects, same draw
-                    tags = [base_by_id[q].get("tags") or () for q in qids]
-                    _, mix_w = mix_weights(tags, tw)
+                if mix_cols is not None:  # the production-weighted and the edge-case effects, same draw
+                    tags = [split_tags[i] for i in np.flatnonzero(paired).tolist()]
+                    _, mix_w = pick_mixes(mix_cols[0][paired], mix_cols[1][paired])
                     if mix_w is not None:
                         wsums = weighted_group_sums(b, v, groups, mix_w)
                         mixed = (tags, draw.add(counts, groups, wsums, _same))

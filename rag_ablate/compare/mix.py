@@ -266,6 +266,12 @@ def mix_weights(tag_lists: Sequence[Sequence[str]], tw: TagWeights) -> tuple[lis
     """The mixes of :func:`mix_rows` and their (n, k) weight columns: ``production`` (the
     weights) and ``edge`` (the edge-case indicator), each only when some query weighs > 0
     there; ([], None) when neither applies. Queries with the same tags share one lookup."""
+    return pick_mixes(*mix_columns(tag_lists, tw))
+
+
+def mix_columns(tag_lists: Sequence[Sequence[str]], tw: TagWeights) -> tuple[FloatArray, FloatArray]:
+    """Each query's production weight and edge-case indicator (0 or 1), before :func:`pick_mixes`
+    (a comparison computes them once per split and picks them for each subset of its queries)."""
     known: dict[tuple[str, ...], tuple[float, float]] = {}
     w = np.empty(len(tag_lists))
     edge = np.empty(len(tag_lists))
@@ -274,6 +280,11 @@ def mix_weights(tag_lists: Sequence[Sequence[str]], tw: TagWeights) -> tuple[lis
         if key not in known:
             known[key] = (tw.weight(t), 1.0 if tw.is_edge(t) else 0.0)
         w[i], edge[i] = known[key]
+    return w, edge
+
+
+def pick_mixes(w: FloatArray, edge: FloatArray) -> tuple[list[str], FloatArray | None]:
+    """:func:`mix_weights` of the queries whose :func:`mix_columns` are ``w`` and ``edge``."""
     mixes = [(name, x) for name, x in (("production", w), ("edge", edge)) if x.sum() > 0]
     if not mixes:
         return [], None

@@ -203,10 +203,16 @@ def price_of(variant: VariantData) -> ModelPrice | None:
 
 
 def _has_values(variants: Sequence[VariantData], name: str, splits: Sequence[str]) -> bool:
+    """Whether some variant has a value of cost ``name`` on one of ``splits`` (as :func:`_values`
+    would give one; it stops at the first)."""
     for v in variants:
         m = cost_measure(name, price_of(v))
-        if any(_values(v.records, s, m)[0] for s in splits):
-            return True
+        for s in splits:
+            rows = [r for r in v.records if r.get("split") == s]
+            if m.name.startswith("usd_") and not any(r.get("usage") for r in rows):
+                continue
+            if any(x is not None and math.isfinite(x) for x in map(m.extract, rows)):
+                return True
     return False
 
 
