@@ -39,6 +39,8 @@ See docs/statistics.md, "Memory and time at scale".
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -242,16 +244,27 @@ class SharedDraws:
         up to :func:`workers` at a time, BLAS in one thread per product (see the module docstring)."""
         todo = [draw for draw in self._draws.values() if draw.consumers or draw.linear]
         self._draws.clear()
-        n = min(workers(), len(todo))
+        # every draw's columns side by side first, here: the consumers' own columns freed, their
+        # pages are handed back before the draws allocate their buffers
+        jobs = [(draw, draw.products()) for draw in todo]
+        del todo
+        release_freed()
+        n = min(workers(), len(jobs))
         with threadpool_limits(limits=1, user_api="blas"):
             if n <= 1:
-                for draw in todo:
-                    self._stream(draw)
+                for job in jobs:
+                    self._stream(*job)
             else:
                 with ThreadPoolExecutor(n) as pool:
-                    list(pool.map(self._stream, todo))  # re-raises the first consumer's error
+                    list(pool.map(lambda job: self._stream(*job), jobs))  # re-raises the first error
+        del jobs
+        release_freed()  # the draws' buffers and columns
 
-    def _stream(self, draw: _Draw) -> None:
+    def _stream(
+        self,
+        draw: _Draw,
+        products: list[tuple[npt.NDArray[np.intp] | None, FloatArray, list[tuple[int, _Linear]]]],
+    ) -> None:
         rng = np.random.default_rng(draw.seed)
         chunks: Iterator[npt.NDArray[np.integer[Any]]] = (
             _sign_bits(draw.n_groups, self.B, rng)
@@ -260,7 +273,6 @@ class SharedDraws:
         )
         block = np.empty((min(BLOCK_ROWS, self.B), draw.n_groups))
         buffer = np.empty((min(CHUNK, self.B), draw.n_groups)) if draw.consumers else None
-        products = draw.products()
         for counts in chunks:
             ch = Chunk(counts, buffer)
             for rows, cols, members in products:
@@ -272,6 +284,15 @@ class SharedDraws:
                     lin.collector.parts.append(lin.finish(prod[:, start : start + lin.width], ch))
             for consumer in draw.consumers:
                 consumer(ch)
+        products.clear()  # this draw's columns go now, not when every draw is done
+
+
+def release_freed() -> None:
+    """Hand the memory pages freed so far back to the system (glibc's ``malloc_trim``: freed blocks
+    below its mmap threshold otherwise stay in the process, counted in its RSS); nothing where the
+    C library has no such call."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def workers() -> int:
