@@ -291,7 +291,7 @@ def release_freed() -> None:
     """Hand the memory pages freed so far back to the system (glibc's ``malloc_trim``: freed blocks
     below its mmap threshold otherwise stay in the process, counted in its RSS); nothing where the
     C library has no such call."""
-    with contextlib.suppress(OSError, AttributeError):
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # no glibc, no ctypes handle
         ctypes.CDLL(None).malloc_trim(0)
 
 
