@@ -9,6 +9,8 @@ own ``counts=`` path on a materialised draw.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -144,3 +146,25 @@ def test_resample_percentiles_equal_the_written_out_percentile(
             want.append(weighted_stat(values, counts[:, codes], q))
         assert 0 < np.isnan(np.concatenate(got)).sum() < 100
         np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))
+
+
+def test_a_draw_lets_its_consumers_columns_go_and_keeps_their_results() -> None:
+    """Memory at scale: once run, the draw holds none of the (G, k) columns its consumers planned
+    (at 100,000 queries 140 MB), while the consumers' results stay; the same numbers as a product
+    written out."""
+    rng = np.random.default_rng(2)
+    n_groups, B = 40, 300
+    cols = rng.random((n_groups, 3))
+    signs = rng.random((n_groups, 2))
+    shared = SharedDraws(B)
+    linear = shared.add_linear("g", 7, n_groups, cols, lambda prod: prod)
+    flips = shared.add_signs(("g", "signs"), 8, n_groups, signs)
+    gone = [weakref.ref(cols), weakref.ref(signs)]
+    expected = np.vstack(
+        [c @ cols for c in stats.bootstrap_counts(n_groups, B, np.random.default_rng(7), CHUNK)]
+    )
+    del cols, signs
+    shared.run()
+    assert [ref() for ref in gone] == [None, None]
+    np.testing.assert_array_equal(linear.result(), expected)
+    assert flips.result().shape == (B, 2)

@@ -39,6 +39,8 @@ See docs/statistics.md, "Memory and time at scale".
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +58,9 @@ FloatArray = npt.NDArray[np.float64]
 #: count vectors per chunk: the products are taken over exactly these row blocks (see above)
 CHUNK = 250
 
+
+#: what a linear consumer's columns become once its draw has copied them (:meth:`_Draw.products`)
+_RELEASED: FloatArray = np.empty((0, 0))
 
 #: rows of a chunk converted to float64 and multiplied at once: the float64 copy is BLOCK_ROWS x G x
 #: 8 bytes (28 MB at 56,000 groups, against 112 MB for a whole chunk)
@@ -122,6 +127,10 @@ class _Linear:
     finish: Callable[[FloatArray, Chunk], FloatArray]
     collector: Collector
     rows: npt.NDArray[np.intp] | None
+    width: int = 0  # the columns' count, kept when the columns are let go (:meth:`_Draw.products`)
+
+    def __post_init__(self) -> None:
+        self.width = self.cols.shape[1]
 
 
 @dataclass
@@ -134,20 +143,18 @@ class _Draw:
 
     def products(self) -> list[tuple[npt.NDArray[np.intp] | None, FloatArray, list[tuple[int, _Linear]]]]:
         """The linear consumers by group subset: (rows, their columns side by side, each with its
-        first column)."""
+        first column). Each consumer's own columns are let go once copied side by side: a draw holds
+        its columns once (the planned columns of a split are 64 MB at 100,000 queries)."""
         by_rows: dict[bytes | None, list[_Linear]] = {}
         for lin in self.linear:
             by_rows.setdefault(None if lin.rows is None else lin.rows.tobytes(), []).append(lin)
         out = []
         for members in by_rows.values():
-            starts = np.cumsum([0] + [lin.cols.shape[1] for lin in members[:-1]]).tolist()
-            out.append(
-                (
-                    members[0].rows,
-                    np.hstack([lin.cols for lin in members]),
-                    list(zip(starts, members, strict=True)),
-                )
-            )
+            starts = np.cumsum([0] + [lin.width for lin in members[:-1]]).tolist()
+            cols = np.hstack([lin.cols for lin in members])
+            for lin in members:
+                lin.cols = _RELEASED
+            out.append((members[0].rows, cols, list(zip(starts, members, strict=True))))
         return out
 
 
@@ -221,7 +228,7 @@ class SharedDraws:
     ) -> Collector:
         if cols.ndim != 2 or cols.shape[0] != (n_groups if rows is None else len(rows)):
             raise ValueError(f"draw {key!r}: columns of shape {cols.shape} for {n_groups} groups")
-        collector = Collector(lambda ch: finish(ch.f64 @ cols, ch))
+        collector = Collector(lambda ch: finish(ch.f64 @ lin.cols, ch))
         lin = _Linear(cols, finish, collector, None if rows is None else np.asarray(rows, dtype=np.intp))
         self._draw(key, seed, n_groups, signs).linear.append(lin)
         return collector
@@ -237,16 +244,27 @@ class SharedDraws:
         up to :func:`workers` at a time, BLAS in one thread per product (see the module docstring)."""
         todo = [draw for draw in self._draws.values() if draw.consumers or draw.linear]
         self._draws.clear()
-        n = min(workers(), len(todo))
+        # every draw's columns side by side first, here: the consumers' own columns freed, their
+        # pages are handed back before the draws allocate their buffers
+        jobs = [(draw, draw.products()) for draw in todo]
+        del todo
+        release_freed()
+        n = min(workers(), len(jobs))
         with threadpool_limits(limits=1, user_api="blas"):
             if n <= 1:
-                for draw in todo:
-                    self._stream(draw)
+                for job in jobs:
+                    self._stream(*job)
             else:
                 with ThreadPoolExecutor(n) as pool:
-                    list(pool.map(self._stream, todo))  # re-raises the first consumer's error
+                    list(pool.map(lambda job: self._stream(*job), jobs))  # re-raises the first error
+        del jobs
+        release_freed()  # the draws' buffers and columns
 
-    def _stream(self, draw: _Draw) -> None:
+    def _stream(
+        self,
+        draw: _Draw,
+        products: list[tuple[npt.NDArray[np.intp] | None, FloatArray, list[tuple[int, _Linear]]]],
+    ) -> None:
         rng = np.random.default_rng(draw.seed)
         chunks: Iterator[npt.NDArray[np.integer[Any]]] = (
             _sign_bits(draw.n_groups, self.B, rng)
@@ -255,7 +273,6 @@ class SharedDraws:
         )
         block = np.empty((min(BLOCK_ROWS, self.B), draw.n_groups))
         buffer = np.empty((min(CHUNK, self.B), draw.n_groups)) if draw.consumers else None
-        products = draw.products()
         for counts in chunks:
             ch = Chunk(counts, buffer)
             for rows, cols, members in products:
@@ -264,9 +281,18 @@ class SharedDraws:
                 else:
                     prod = counts[:, rows].astype(np.float64) @ cols
                 for start, lin in members:
-                    lin.collector.parts.append(lin.finish(prod[:, start : start + lin.cols.shape[1]], ch))
+                    lin.collector.parts.append(lin.finish(prod[:, start : start + lin.width], ch))
             for consumer in draw.consumers:
                 consumer(ch)
+        products.clear()  # this draw's columns go now, not when every draw is done
+
+
+def release_freed() -> None:
+    """Hand the memory pages freed so far back to the system (glibc's ``malloc_trim``: freed blocks
+    below its mmap threshold otherwise stay in the process, counted in its RSS); nothing where the
+    C library has no such call."""
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # no glibc, no ctypes handle
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def workers() -> int:
