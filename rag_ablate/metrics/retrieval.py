@@ -144,10 +144,8 @@ def cutoffs(ks: Sequence[int]) -> tuple[tuple[int, ...], int]:
             _CANONICAL.clear()
             _CHECKED.clear()
         canonical = _CANONICAL[key] = key
-    checked = _CHECKED[id(canonical)] = (
-        canonical,
-        max_k,
-    )  # the tuple is kept: its id is not reused meanwhile
+    # keyed by id: the tuple stays in _CANONICAL, so its id is not reused while the entry lives
+    checked = _CHECKED[id(canonical)] = (canonical, max_k)
     return checked
 
 
