@@ -60,7 +60,7 @@ from rag_ablate.run.summary import markdown_table, print_table, ui_hint
 from rag_ablate.run.timing import TimingJob, timing_pass
 from rag_ablate.settings import to_settings
 from rag_ablate.sweep.plan import Plan, write_plan
-from rag_ablate.sweep.publish import publish_sweep
+from rag_ablate.sweep.publish import SweepEnd, publish_sweep
 from rag_ablate.tracking import background
 from rag_ablate.tracking import store as tracking
 
@@ -382,7 +382,7 @@ def _finish_sweep(
         report_paths = report.paths if report is not None else []
         timing_file = [p for p in [sweep_dir / TIMING_FILE] if p.is_file()]
         try:
-            published = publish_sweep(
+            sweep_end = SweepEnd(
                 s,
                 sweep_dir,
                 info,
@@ -393,6 +393,9 @@ def _finish_sweep(
                 files=[sweep_dir / SWEEP_SUMMARY_MD, info_path, failures_path, *report_paths, *timing_file],
                 failed=[f.line() for f in failures],
                 n_failed_jobs=sum(1 for f in failures if f.step == "job"),
+            )
+            published = publish_sweep(
+                sweep_end,
                 write_profile=lambda: _stop_and_write_profile(prof, sweep_dir, plan),
                 status="FAILED" if failures or gate_failures else "FINISHED",
             )

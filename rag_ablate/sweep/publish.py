@@ -57,88 +57,76 @@ class Published:
     trace_links: list[str]
 
 
-def publish_sweep(
-    s: RunConfig,
-    sweep_dir: Path,
-    info: dict[str, Any],
-    summaries: Sequence[dict[str, Any]],
-    *,
-    comparison: Comparison | None,
-    comparison_files: Sequence[Path],
-    variants: Sequence[VariantData],
-    files: Sequence[Path],
-    failed: Sequence[str],
-    n_failed_jobs: int,
-    write_profile: Callable[[], Path],
-    status: str,
-) -> background.Pending:
-    """Log the end of a sweep to its parent run (``info`` is ``sweep.json``) and end the run.
+@dataclass(frozen=True)
+class SweepEnd:
+    """What a sweep's end logs to its parent run (``info`` is ``sweep.json``).
 
     ``comparison`` and ``comparison_files``: the comparison step's result and files (None and
     empty when it did not run); ``files``: every other file to keep with the run (the summary,
     ``sweep.json``, ``failures.json``, the report and its plots); ``failed``: one line per failed
-    step (the sweep run's description lists them); ``write_profile``: called once everything else
-    is logged, writes the sweep's ``profile.json`` (this logging's time included), whose stages
-    become the run's ``time/<stage>_s``; ``status``: how the run ends.
+    step (the sweep run's description lists them).
+    """
+
+    s: RunConfig
+    sweep_dir: Path
+    info: dict[str, Any]
+    summaries: Sequence[dict[str, Any]]
+    comparison: Comparison | None
+    comparison_files: Sequence[Path]
+    variants: Sequence[VariantData]
+    files: Sequence[Path]
+    failed: Sequence[str]
+    n_failed_jobs: int
+
+
+def publish_sweep(end: SweepEnd, *, write_profile: Callable[[], Path], status: str) -> background.Pending:
+    """Log the end of a sweep to its parent run and end the run.
+
+    ``write_profile``: called once everything else is logged, writes the sweep's ``profile.json``
+    (this logging's time included), whose stages become the run's ``time/<stage>_s``; ``status``:
+    how the run ends.
 
     Done by the background writer when there is one (:mod:`rag_ablate.tracking.background`);
     returns the :class:`Published` links as a :class:`~rag_ablate.tracking.background.Pending`.
     """
-    uri, run_id = info["tracking_uri"], info["parent_run_id"]
+    uri, run_id = end.info["tracking_uri"], end.info["parent_run_id"]
     # the variants' labels and run ids are what is logged of them: their records stay here
-    light = [dataclasses.replace(v, records=[]) for v in variants]
-    done = background.call(
-        "logging the sweep's end",
-        "log",
-        _publish,
-        s,
-        sweep_dir,
-        info,
-        list(summaries),
-        comparison,
-        list(comparison_files),
-        light,
-        list(files),
-        list(failed),
-        n_failed_jobs,
+    light = dataclasses.replace(
+        end,
+        summaries=list(end.summaries),
+        comparison_files=list(end.comparison_files),
+        variants=[dataclasses.replace(v, records=[]) for v in end.variants],
+        files=list(end.files),
+        failed=list(end.failed),
     )
+    done = background.call("logging the sweep's end", "log", _publish, light)
     profile = write_profile()
-    metrics = profiling.Profile.metrics_of(profiling.read_profile(sweep_dir) or {})
-    end = tracking.finish_run
-    background.call("ending the sweep's run", "log", end, uri, run_id, metrics, [profile], status)
+    metrics = profiling.Profile.metrics_of(profiling.read_profile(end.sweep_dir) or {})
+    finish = tracking.finish_run
+    background.call("ending the sweep's run", "log", finish, uri, run_id, metrics, [profile], status)
     return done
 
 
-def _publish(
-    s: RunConfig,
-    sweep_dir: Path,
-    info: dict[str, Any],
-    summaries: Sequence[dict[str, Any]],
-    comparison: Comparison | None,
-    comparison_files: Sequence[Path],
-    variants: Sequence[VariantData],
-    files: Sequence[Path],
-    failed: Sequence[str],
-    n_failed_jobs: int,
-) -> Published:
+def _publish(end: SweepEnd) -> Published:
     """What :func:`publish_sweep` logs before the profile, in one transaction."""
+    info = end.info
     uri, run_id, experiment_id = info["tracking_uri"], info["parent_run_id"], info["experiment_id"]
     done: list[Published] = []
 
     def write() -> None:
         done.clear()
-        if comparison is not None:
-            publish_comparison(uri, run_id, variants, comparison, comparison_files)
-        tracking.log_artifacts(uri, run_id, list(files))
+        if end.comparison is not None:
+            publish_comparison(uri, run_id, end.variants, end.comparison, end.comparison_files)
+        tracking.log_artifacts(uri, run_id, list(end.files))
         tracking.log_metrics(
             uri,
             run_id,
-            {"sweep/n_variants": float(len(summaries)), "sweep/n_failed_jobs": float(n_failed_jobs)},
+            {"sweep/n_variants": float(len(end.summaries)), "sweep/n_failed_jobs": float(end.n_failed_jobs)},
         )
-        link = _publish_ui(s, sweep_dir, info, summaries, comparison, failed)
-        baseline = comparison.baseline if comparison is not None else None
+        link = _publish_ui(end.s, end.sweep_dir, end.info, end.summaries, end.comparison, end.failed)
+        baseline = end.comparison.baseline if end.comparison is not None else None
         trace_links = mlflow_traces.sweep_links(  # per-query compare views, when traces exist
-            uri, experiment_id, summaries, baseline, tracking_ui.ui_base(uri, s.tracking.ui_port)
+            uri, experiment_id, end.summaries, baseline, tracking_ui.ui_base(uri, end.s.tracking.ui_port)
         )
         done.append(Published(link, trace_links))
 
