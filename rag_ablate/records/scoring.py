@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain
-from operator import itemgetter
+from operator import is_, itemgetter
 from typing import cast
 
 import numpy as np
@@ -33,12 +33,10 @@ from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
 from rag_ablate.metrics.intent import intent_top1
 from rag_ablate.metrics.registry import metric_names_at, spec_of
 from rag_ablate.metrics.retrieval import (
-    bpref,
     chunk_metrics,
     cutoffs,
     evidence_at,
-    judged_at,
-    retrieval_metrics,
+    ranking_metrics,
     set_metrics,
 )
 from rag_ablate.records.trace import Record, RetrievedChunk, RetrievedEntry, Trace
@@ -90,7 +88,7 @@ def make_record(query: Query, trace: Trace) -> Record:
     if trace.filters is not None:
         rec["filters"] = dict(trace.filters)
     if trace.candidates is not None:
-        rec["candidates"] = RetrievedChunk.entries(trace.candidates)
+        rec["candidates"] = _candidate_entries(trace.candidates, trace.retrieved, rec["retrieved"])
     if trace.context is not None:
         rec["context"] = [c.to_context_entry() for c in trace.context]
     if trace.versions:
@@ -102,6 +100,21 @@ def make_record(query: Query, trace: Trace) -> Record:
     if query.expected_behavior is not None:
         rec["expected_behavior"] = query.expected_behavior
     return rec
+
+
+def _candidate_entries(
+    candidates: Sequence[RetrievedChunk],
+    retrieved: Sequence[RetrievedChunk] | None,
+    entries: list[RetrievedEntry] | None,
+) -> list[RetrievedEntry]:
+    """The ``candidates`` entries of a record whose ``retrieved`` chunks made ``entries``: a new list of
+    the same entry dicts when the two lists hold the very same chunk objects (a system without a
+    reranker hands its candidates on as they are; nothing changes an entry once made), else each
+    candidate's own entry."""
+    same = entries is not None and retrieved is not None and len(candidates) == len(retrieved)
+    if same and all(map(is_, candidates, cast(Sequence[RetrievedChunk], retrieved))):
+        return list(cast(list[RetrievedEntry], entries))
+    return RetrievedChunk.entries(candidates)
 
 
 _DOC_ID, _CHUNK_ID = itemgetter("doc_id"), itemgetter("chunk_id")  # an entry's ids
@@ -276,18 +289,17 @@ def score_record(
     if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
         out.update(acl_metrics(ranked, docs, query.user_groups, key))
     if query.kind == "answerable":
+        labels = _labels_of(query, docs)
         if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
-            out.update(retrieval_metrics(ranked, query.relevant, key))
-            labels = _labels_of(query, docs).judged
-            out.update(judged_at(ranked, labels, key))
-            out["bpref"] = bpref(ranked, labels)
+            # retrieval metrics, judged_at_k and bpref from one pass over the ranking
+            out.update(ranking_metrics(ranked, labels.judged, key))
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
             out.update(set_metrics(ranked, query.relevant_sets, key))
         # gold chunk ids: scored when every retrieved item carries a chunk id (no items: a miss)
         if query.relevant_chunks and all(r.get("chunk_id") for r in retrieved):
             out.update(chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, key))
         if query.evidence:
-            recall, coverage = evidence_at(chunks, _labels_of(query, docs).spans, key)
+            recall, coverage = evidence_at(chunks, labels.spans, key)
             out.update(zip(metric_names_at("evidence_recall", key), recall, strict=True))
             out.update(zip(metric_names_at("evidence_coverage", key), coverage, strict=True))
     return out
