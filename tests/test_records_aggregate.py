@@ -21,6 +21,7 @@ from rag_ablate.dataset.model import SPLITS
 from rag_ablate.dataset.weights import TagWeights, effective_n, run_metrics, weighted_mean
 from rag_ablate.metrics import stages
 from rag_ablate.metrics.registry import spec_of
+from rag_ablate.records import scoring
 from rag_ablate.records.scoring import _mean, _means, aggregate, aggregate_counted, metric_items
 from rag_ablate.records.trace import Record
 from rag_ablate.run.slices import slice_metrics
@@ -123,6 +124,13 @@ def test_aggregate_equals_its_definition_bit_for_bit(records: list[dict[str, Any
     got, got_counts = aggregate_counted(records)
     assert _bits(got) == _bits(expected)
     assert got_counts == counts
+    # a split of many records takes its means from one matrix (_Matrix): the same, here on every split
+    small, scoring._MATRIX_ROWS = scoring._MATRIX_ROWS, 1
+    try:
+        by_matrix, matrix_counts = aggregate_counted(records)
+        assert (_bits(by_matrix), matrix_counts) == (_bits(expected), counts)
+    finally:
+        scoring._MATRIX_ROWS = small
     assert _bits(aggregate(records)) == _bits(expected)
     # each slice is the aggregate of its rows (the slices share each record's values)
     for s in slice_metrics(records).slices:

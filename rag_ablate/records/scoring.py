@@ -562,6 +562,81 @@ class _SplitValues:
         return out
 
 
+_MATRIX_ROWS = 64  # a split of at least this many records: its means from one matrix (_Matrix)
+
+
+class _Matrix:
+    """A split's values as one float64 matrix (a row per record, a column per metric), each metric's
+    mean summed by numpy over its values in record order, as :func:`_means` sums them (bit for bit):
+    the metrics present in the same groups of records (one group per list of names,
+    :data:`MetricItems`) form one sub-matrix, transposed to contiguous rows and reduced along them
+    (each row summed pairwise as alone). Filled in C from each group's values (``np.fromiter``), where
+    :meth:`_SplitValues.columns` makes a list per metric and numpy then converts every list."""
+
+    __slots__ = ("_col", "_m", "_rows", "counts", "means")
+
+    def __init__(self, part: _SplitValues) -> None:
+        rows = part.values
+        groups: dict[int, tuple[tuple[str, ...], list[int]]] = {}  # names -> positions of their records
+        for i, shape in enumerate(part.shapes):
+            groups.setdefault(id(shape), (shape, []))[1].append(i)
+        col: dict[str, int] = {}
+        present: dict[str, list[int]] = {}  # metric -> the groups that have it
+        for gid, (shape, _) in groups.items():
+            for name in shape:
+                col.setdefault(name, len(col))
+                present.setdefault(name, []).append(gid)
+        m = np.empty((len(rows), len(col)), dtype=np.float64)
+        for shape, positions in groups.values():
+            flat = chain.from_iterable(map(dict.values, map(rows.__getitem__, positions)))
+            group = np.fromiter(flat, np.float64, len(positions) * len(shape))
+            m[np.ix_(positions, [col[name] for name in shape])] = group.reshape(len(positions), len(shape))
+        classes: dict[tuple[int, ...], list[str]] = {}  # the metrics present in the same groups
+        for name, gids in present.items():
+            classes.setdefault(tuple(gids), []).append(name)
+        self._m, self._col = m, col
+        self._rows: dict[str, list[int] | None] = {}  # metric -> its records' rows (None: every row)
+        self.means: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        for among, names in classes.items():
+            picked = None  # every group has them: every row
+            if len(among) < len(groups):
+                picked = sorted(chain.from_iterable(groups[g][1] for g in among))
+            n = len(rows) if picked is None else len(picked)
+            self._rows.update(dict.fromkeys(names, picked))
+            self.counts.update(dict.fromkeys(names, n))
+            if n < 8:  # summed as _mean sums a short list
+                self.means.update({name: _mean(self.column(name)) for name in names})
+                continue
+            cols = [col[name] for name in names]
+            sub = m[:, cols] if picked is None else m[np.ix_(picked, cols)]
+            sums = np.add.reduce(np.ascontiguousarray(sub.T), axis=1)
+            self.means.update(zip(names, (total / n for total in sums.tolist()), strict=True))
+
+    def column(self, name: str) -> list[float]:
+        """The metric's values in record order (none: an empty list)."""
+        if name not in self._col:
+            return []
+        picked = self._rows[name]
+        values = self._m[:, self._col[name]]
+        return cast(list[float], (values if picked is None else values[picked]).tolist())
+
+
+class _Lists:
+    """:class:`_Matrix`'s answers from a small split's lists (:meth:`_SplitValues.columns`, :func:`_means`):
+    a slice's few records."""
+
+    __slots__ = ("_columns", "counts", "means")
+
+    def __init__(self, columns: dict[str, list[float]]) -> None:
+        self._columns = columns
+        self.means = _means(columns)
+        self.counts = {name: len(values) for name, values in columns.items()}
+
+    def column(self, name: str) -> list[float]:
+        return self._columns.get(name, [])
+
+
 def _split_values(records: Sequence[Record], items: Sequence[MetricItems]) -> dict[str, _SplitValues]:
     """Every split's (and ``all``'s) :class:`_SplitValues`, each record read once, in record order."""
     out = {split: _SplitValues() for split in (*SPLITS, "all")}
@@ -646,22 +721,26 @@ def aggregate_counted(
             out.update({p + "n_" + stages.stage_metric(st): float(part.stages[st]) for st in stages.STAGES})
         if part.ttft:
             out[p + "ttft_ms_p50"], out[p + "ttft_ms_p95"] = _p50_p95(part.ttft)
-        values, misses = part.columns(), part.misses
-        means = _means(values)
-        for name in sorted({*values, *misses}):
-            ok = values.get(name, [])
+        misses = part.misses
+        if n >= _MATRIX_ROWS:
+            matrix: _Matrix | _Lists = _Matrix(part)
+        else:
+            matrix = _Lists(part.columns())
+        means, n_values, column = matrix.means, matrix.counts, matrix.column
+        for name in sorted({*n_values, *misses}):
+            has = n_values.get(name, 0) > 0
             miss = spec_of(name).miss if name in misses else None
             if miss is None:
-                if ok:
+                if has:
                     out[p + name] = means[name]
                 continue
+            ok = column(name)
             out[p + name] = (sum(ok) + miss * misses[name]) / (len(ok) + misses[name])
-            if ok:
+            if has:
                 out[p + "ok/" + name] = means[name]
-        lat = values.get("latency_ms")
-        if lat:
-            out[p + "latency_ms_p50"], out[p + "latency_ms_p95"] = _p50_p95(lat)
-        counts[split] = {name: len(values[name]) for name in sorted(values)}
+        if n_values.get("latency_ms"):
+            out[p + "latency_ms_p50"], out[p + "latency_ms_p95"] = _p50_p95(column("latency_ms"))
+        counts[split] = {name: n_values[name] for name in sorted(n_values)}
     if weights is not None:
         out.update(weighted_metrics(records, weights))
     return out, counts
