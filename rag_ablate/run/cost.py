@@ -159,18 +159,25 @@ class _QueryCosts:
     def __init__(self, records: Sequence[Record], price: ModelPrice | None) -> None:
         names = _context_names(records)  # a name no record of a split has is None in each of them
         self.price = price
-        self.splits = [r.get("split") for r in records]
-        timings = [r.get("timings_ms") or {} for r in records]
-        self.latency = [
-            query_latency_ms(r) if (total := t.get(TOTAL)) is None else float(total)
-            for r, t in zip(records, timings, strict=True)
-        ]
-        self.stages = [
-            [(str(s), float(ms)) for s, ms in t.items() if s != TOTAL and ms is not None] for t in timings
-        ]
-        self.ttft = [None if (t := r.get("ttft_ms")) is None else float(t) for r in records]
-        self.context = [_final_context(r, names) for r in records]
-        usages: list[Mapping[str, Any] | None] = [r.get("usage") for r in records]
+        # one pass over the records (each read once: a large run's records do not stay in the caches)
+        self.splits: list[str | None] = []
+        self.latency: list[float | None] = []
+        self.stages: list[list[tuple[str, float]]] = []
+        self.ttft: list[float | None] = []
+        self.context: list[float | None] = []
+        usages: list[Mapping[str, Any] | None] = []
+        for r in records:
+            self.splits.append(r.get("split"))
+            timings = r.get("timings_ms") or {}
+            total = timings.get(TOTAL)
+            self.latency.append(query_latency_ms(r) if total is None else float(total))
+            self.stages.append(
+                [(str(s), float(ms)) for s, ms in timings.items() if s != TOTAL and ms is not None]
+            )
+            ttft = r.get("ttft_ms")
+            self.ttft.append(None if ttft is None else float(ttft))
+            self.context.append(_final_context(r, names))
+            usages.append(r.get("usage"))
         tokens = {  # a record without usage has no count (the local pipeline's every record)
             name: [None if not u or (v := u.get(name)) is None else float(v) for u in usages]
             for name in USAGE_FIELDS
