@@ -14,7 +14,7 @@ import struct
 from typing import Any, cast
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rag_ablate.dataset.model import SPLITS
@@ -117,8 +117,22 @@ def _records(draw: st.DrawFn) -> list[dict[str, Any]]:
     return out
 
 
+def _row(i: int, split: str, status: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "query_id": str(i), "split": split, "kind": "answerable", "status": status, "failure_stage": None,
+        "ttft_ms": None, "tags": [], "intent_gold": None, "intent_gold_l1": None, "metrics": metrics,
+    }  # fmt: skip
+
+
 @settings(max_examples=25, deadline=None)
 @given(records=_records())
+@example(  # a metric the run has but a split has only for its failed queries (from the run's matrix)
+    records=[
+        _row(0, "dev", "ok", {"recall_at_5": None, "ndcg_at_10": 0.0}),
+        _row(1, "dev", "ok", {}),
+        _row(2, "holdout", "timeout", {"ndcg_at_10": None}),
+    ]
+)
 def test_aggregate_equals_its_definition_bit_for_bit(records: list[dict[str, Any]]) -> None:
     expected, counts = _reference(records)
     got, got_counts = aggregate_counted(records)

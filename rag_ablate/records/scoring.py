@@ -22,6 +22,7 @@ from operator import is_, itemgetter
 from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
@@ -528,7 +529,7 @@ def metric_items(rec: Record) -> MetricItems:
 class _SplitValues:
     """One split's records in one pass: counts by kind, status and stage, and every record's values."""
 
-    __slots__ = ("kinds", "misses", "n", "shapes", "stages", "statuses", "ttft", "values")
+    __slots__ = ("kinds", "misses", "n", "rows", "shapes", "stages", "statuses", "ttft", "values")
 
     def __init__(self) -> None:
         self.n = 0
@@ -539,6 +540,7 @@ class _SplitValues:
         self.values: list[dict[str, float]] = []  # each record's values (ok queries', NaN left out)
         self.shapes: list[tuple[str, ...]] = []  # each record's names of its values (MetricItems)
         self.misses: Counter[str] = Counter()  # failed queries a failure-aware metric applies to
+        self.rows: list[int] = []  # each record's position among all the records
 
     def columns(self) -> dict[str, list[float]]:
         """metric -> its values in record order, transposed in C: the records with one list of names
@@ -573,26 +575,32 @@ class _Matrix:
     the metrics present in the same groups of records (one group per list of names,
     :data:`MetricItems`) form one sub-matrix, transposed to contiguous rows and reduced along them
     (each row summed pairwise as alone). Filled in C from each group's values (``np.fromiter``), where
-    :meth:`_SplitValues.columns` makes a list per metric and numpy then converts every list."""
+    :meth:`_SplitValues.columns` makes a list per metric and numpy then converts every list; a split's
+    rows are taken from the matrix of all the records (``base``) instead of filled again."""
 
     __slots__ = ("_col", "_m", "_rows", "counts", "means")
+    _col: dict[str, int]  # metric -> its column
+    _m: npt.NDArray[np.float64]
 
-    def __init__(self, part: _SplitValues) -> None:
+    def __init__(self, part: _SplitValues, base: _Matrix | None = None) -> None:
         rows = part.values
         groups: dict[int, tuple[tuple[str, ...], list[int]]] = {}  # names -> positions of their records
         for i, shape in enumerate(part.shapes):
             groups.setdefault(id(shape), (shape, []))[1].append(i)
-        col: dict[str, int] = {}
+        col: dict[str, int] = {} if base is None else base._col
         present: dict[str, list[int]] = {}  # metric -> the groups that have it
         for gid, (shape, _) in groups.items():
             for name in shape:
                 col.setdefault(name, len(col))
                 present.setdefault(name, []).append(gid)
-        m = np.empty((len(rows), len(col)), dtype=np.float64)
-        for shape, positions in groups.values():
-            flat = chain.from_iterable(map(dict.values, map(rows.__getitem__, positions)))
-            group = np.fromiter(flat, np.float64, len(positions) * len(shape))
-            m[np.ix_(positions, [col[name] for name in shape])] = group.reshape(len(positions), len(shape))
+        if base is not None:  # the rows of this split's records (a metric's rows: of groups that have it)
+            m = base._m[part.rows]
+        else:
+            m = np.empty((len(rows), len(col)), dtype=np.float64)
+            for shape, positions in groups.values():
+                flat = chain.from_iterable(map(dict.values, map(rows.__getitem__, positions)))
+                group = np.fromiter(flat, np.float64, len(positions) * len(shape)).reshape(len(positions), -1)
+                m[np.ix_(positions, [col[name] for name in shape])] = group
         classes: dict[tuple[int, ...], list[str]] = {}  # the metrics present in the same groups
         for name, gids in present.items():
             classes.setdefault(tuple(gids), []).append(name)
@@ -617,7 +625,7 @@ class _Matrix:
 
     def column(self, name: str) -> list[float]:
         """The metric's values in record order (none: an empty list)."""
-        if name not in self._col:
+        if name not in self._rows:  # (the columns may be the whole run's: name them all)
             return []
         picked = self._rows[name]
         values = self._m[:, self._col[name]]
@@ -643,7 +651,7 @@ def _split_values(records: Sequence[Record], items: Sequence[MetricItems]) -> di
     """Every split's (and ``all``'s) :class:`_SplitValues`, each record read once, in record order."""
     out = {split: _SplitValues() for split in (*SPLITS, "all")}
     everything = out["all"]
-    for r, (values, nones, shape) in zip(records, items, strict=True):
+    for i, (r, (values, nones, shape)) in enumerate(zip(records, items, strict=True)):
         own = out.get(r["split"])
         parts = (everything,) if own is None or own is everything else (own, everything)
         status = str(r["status"])
@@ -658,6 +666,7 @@ def _split_values(records: Sequence[Record], items: Sequence[MetricItems]) -> di
                 part.ttft.append(float(ttft))
             part.values.append(values)
             part.shapes.append(shape)
+            part.rows.append(i)
             if nones and status != "ok":
                 part.misses.update(nones)
     return out
@@ -706,7 +715,9 @@ def aggregate_counted(
     diagnosed = any(r.get("failure_stage") is not None for r in records)
     if items is None:
         items = [metric_items(r) for r in records]
-    for split, part in _split_values(records, items).items():
+    parts = _split_values(records, items)
+    base = _Matrix(parts["all"]) if parts["all"].n >= _MATRIX_ROWS else None  # every record's values
+    for split, part in parts.items():
         p = f"{split}/"
         n = part.n
         out[p + "n_queries"] = float(n)
@@ -724,8 +735,8 @@ def aggregate_counted(
         if part.ttft:
             out[p + "ttft_ms_p50"], out[p + "ttft_ms_p95"] = _p50_p95(part.ttft)
         misses = part.misses
-        if n >= _MATRIX_ROWS:
-            matrix: _Matrix | _Lists = _Matrix(part)
+        if base is not None and n >= _MATRIX_ROWS:
+            matrix: _Matrix | _Lists = base if split == "all" else _Matrix(part, base)
         else:
             matrix = _Lists(part.columns())
         means, n_values, column = matrix.means, matrix.counts, matrix.column
