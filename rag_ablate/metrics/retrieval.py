@@ -252,9 +252,15 @@ def retrieval_metrics(
         ranks.append(rank)
         acc = acc + _gain(grade) / _log2(rank)
         dcg.append(acc)
-    ideal = _ideal(grades, max_k)
-    first_rank = ranks[0] if ranks else 0
+    return dict(zip(_names(key), _values_at(key, ranks, dcg, _ideal(grades, max_k), n_rel), strict=True))
 
+
+def _values_at(
+    key: tuple[int, ...], ranks: list[int], dcg: list[float], ideal: list[float], n_rel: int
+) -> list[float]:
+    """The values of :data:`RETRIEVAL_BASES` at every k of ``key``, grouped by k: from the relevant
+    documents' ranks (ascending, within the largest k), the DCG and ideal DCG prefix sums."""
+    first_rank = ranks[0] if ranks else 0
     values: list[float] = []
     for k in key:
         hits = bisect_right(ranks, k)
@@ -268,7 +274,7 @@ def retrieval_metrics(
                 1.0 if hits == n_rel else 0.0,
             )
         )
-    return dict(zip(_names(key), values, strict=True))
+    return values
 
 
 _JUDGED_NAMES: dict[tuple[int, ...], tuple[str, ...]] = {}  # ks -> ranking_metrics's names
@@ -317,22 +323,8 @@ def ranking_metrics(
             judged.append(n_judged)
     if not key:
         return {"bpref": total / n_rel}
-    ideal = _ideal(rel_grades, max_k)
-    first_rank = ranks[0] if ranks else 0
+    values = _values_at(key, ranks, dcg, _ideal(rel_grades, max_k), n_rel)
     n = len(judged) - 1
-    values: list[float] = []
-    for k in key:
-        hits = bisect_right(ranks, k)
-        values.extend(
-            (
-                1.0 if hits > 0 else 0.0,
-                hits / n_rel,
-                hits / k,
-                1.0 / first_rank if 0 < first_rank <= k else 0.0,
-                dcg[hits] / ideal[k if k < n_rel else n_rel],
-                1.0 if hits == n_rel else 0.0,
-            )
-        )
     values.extend([judged[k if k < n else n] / k for k in key])
     values.append(total / n_rel)
     names = _JUDGED_NAMES.get(key)
