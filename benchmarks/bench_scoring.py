@@ -317,6 +317,9 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
     recs = read_records(records_path)
     by_id = {q.query_id: q for q in ds.queries}
     traces = [(by_id[r["query_id"]], Trace.from_dict(r)) for r in recs]  # what the system handed over
+    for _, trace in traces:  # a local system without a reranker hands on its candidates' own chunks
+        if trace.candidates is not None and trace.candidates == trace.retrieved:
+            trace.retrieved = list(trace.candidates)
     routed = any(r.get("intent_pred") is not None for r in recs)
     seed = records_mod.TokenCounts()  # what a local system hands over: every chunk's count
     for r in recs:

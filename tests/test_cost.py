@@ -242,3 +242,46 @@ def test_comparison_has_p95_rows_from_the_shared_draw() -> None:
     p50 = c.row("dev", "slow", "latency_p50_ms")
     assert p50 is not None
     assert p50.effect == pytest.approx(np.percentile(v[ok], 50) - np.percentile(b[ok], 50))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["dev", "holdout"]),
+            st.floats(0, 1e5),
+            st.none() | st.floats(0, 50),
+            st.dictionaries(st.sampled_from([1, 3, 5, 10]), st.floats(0, 5000), max_size=4),
+            st.integers(0, 12),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_run_cost_metrics_are_each_records_values_by_definition(
+    rows: list[tuple[str, float, float | None, dict[int, float], int]],
+) -> None:
+    """The run's and each split's cost metrics (read once for all of them, the percentiles of a list
+    from one numpy call) are each metric's definition over the split's records, bit for bit."""
+    recs = [
+        _rec(f"q{i}", split, total, stages={"bm25": total / 3}, ctx=ctx, n_retrieved=n)
+        for i, (split, total, _, ctx, n) in enumerate(rows)
+    ]
+    for rec, (*_, route, _, _) in zip(recs, rows, strict=True):
+        if route is not None:
+            rec["timings_ms"]["route"] = route
+    got = run_cost_metrics(recs, ("dev", "holdout"))
+    for prefix, split in (("cost/", None), ("dev/cost/", "dev"), ("holdout/cost/", "holdout")):
+        mine = [r for r in recs if split is None or r["split"] == split]
+        expected: dict[str, float] = {}
+        for name, key in (("latency", "total"), ("bm25", "bm25"), ("route", "route")):
+            values = [r["timings_ms"][key] for r in mine if key in r["timings_ms"]]
+            if values:
+                expected.update({f"{name}_p{q}_ms": percentile(values, q) for q in (50, 95)})
+        ctx = [v for r in mine if (v := final_context_tokens(r)) is not None]
+        if ctx:
+            expected["context_tokens"] = float(np.mean(ctx))
+        got_split = {k.removeprefix(prefix): v for k, v in got.items() if k.startswith(prefix)}
+        if split is None:
+            got_split = {k: v for k, v in got_split.items() if "/" not in k}
+        assert {k: v.hex() for k, v in got_split.items()} == {k: v.hex() for k, v in expected.items()}

@@ -58,6 +58,7 @@ from rag_ablate.metrics.retrieval import (
     evidence_coverage_at,
     evidence_recall,
     judged_at,
+    ranking_metrics,
     retrieval_metrics,
     unique_docs,
 )
@@ -499,6 +500,31 @@ def _cross_check_judged(cases: Sequence[tuple[list[str], dict[str, int]]], ks: S
     for i, (ranking, rel) in enumerate(cases):
         ours = {**judged_at(ranking, rel, ks), "bpref": bpref(ranking, rel)}
         _assert_close(ours, ref[f"q{i:04d}"], "pytrec_eval", f"q{i:04d}")
+        fused = ranking_metrics(ranking, rel, ks)  # what scoring calls: the same values
+        assert {name: fused[name] for name in ours} == ours
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ranking=st.lists(st.sampled_from([f"d{i}" for i in range(12)]), max_size=20),
+    labels=st.dictionaries(st.sampled_from([f"d{i}" for i in range(14)]), st.integers(-1, 70), min_size=1),
+    ks=st.lists(st.integers(1, 15), max_size=4),
+)
+def test_ranking_metrics_are_the_three_functions_bit_for_bit(
+    ranking: list[str], labels: dict[str, int], ks: list[int]
+) -> None:
+    """ranking_metrics (one pass: what scoring calls) equals retrieval_metrics, judged_at and bpref
+    called one after the other: the same names in the same order, the same floats bit for bit, the
+    same error when no document is relevant."""
+    if not any(g >= 1 for g in labels.values()):
+        with pytest.raises(ValueError, match="at least one relevant document"):
+            ranking_metrics(ranking, labels, ks)
+        return
+    expected = {**retrieval_metrics(ranking, labels, ks), **judged_at(ranking, labels, ks)}
+    expected["bpref"] = bpref(ranking, labels)
+    got = ranking_metrics(ranking, labels, ks)
+    assert list(got) == list(expected)
+    assert [v.hex() for v in got.values()] == [v.hex() for v in expected.values()]
 
 
 def test_judged_and_bpref_match_pytrec_eval_seeded_batch() -> None:

@@ -241,11 +241,21 @@ def _trace_with_every_field() -> Trace:
     )
 
 
+def _trace_without_reranker() -> Trace:
+    """A local system without a reranker: its retrieved list holds the candidates' own chunk objects."""
+    chunks = [RetrievedChunk(1, "D#1", "D", 40, 80, 0.9), RetrievedChunk(2, "D#0", "D", 0, 40, 0.5)]
+    return Trace("q1", retrieved=list(chunks), candidates=chunks)
+
+
 # the Trace fields a record carries only when the system reported them (absent: None, or no versions)
 STAGE_FIELDS = {"rewritten_query", "filters", "candidates", "context", "versions"}
 
 
-@pytest.mark.parametrize("trace", [Trace("q1"), _trace_with_every_field()], ids=["defaults", "every-field"])
+@pytest.mark.parametrize(
+    "trace",
+    [Trace("q1"), _trace_with_every_field(), _trace_without_reranker()],
+    ids=["defaults", "every-field", "no-reranker"],
+)
 def test_make_record_carries_the_whole_trace(trace: Trace) -> None:
     """Every Trace field but the query id is a record key, with the value Trace.to_dict gives it; the
     stage fields only when reported. Trace.from_dict reads the record back into the same trace."""
@@ -262,6 +272,8 @@ def test_make_record_carries_the_whole_trace(trace: Trace) -> None:
     assert {k: rec[k] for k in names} == expected
     check(json.loads(json.dumps(rec)), Record, "record", {})
     assert Trace.from_dict(json.loads(json.dumps(rec))) == trace
+    if rec.get("candidates") is not None:  # its own list (the entries may be shared: never changed)
+        assert rec["candidates"] is not rec["retrieved"]
 
 
 def _readme_fields() -> tuple[set[str], set[str]]:

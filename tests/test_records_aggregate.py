@@ -14,13 +14,14 @@ import struct
 from typing import Any, cast
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rag_ablate.dataset.model import SPLITS
 from rag_ablate.dataset.weights import TagWeights, effective_n, run_metrics, weighted_mean
 from rag_ablate.metrics import stages
 from rag_ablate.metrics.registry import spec_of
+from rag_ablate.records import scoring
 from rag_ablate.records.scoring import _mean, _means, aggregate, aggregate_counted, metric_items
 from rag_ablate.records.trace import Record
 from rag_ablate.run.slices import slice_metrics
@@ -116,13 +117,34 @@ def _records(draw: st.DrawFn) -> list[dict[str, Any]]:
     return out
 
 
+def _row(i: int, split: str, status: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "query_id": str(i), "split": split, "kind": "answerable", "status": status, "failure_stage": None,
+        "ttft_ms": None, "tags": [], "intent_gold": None, "intent_gold_l1": None, "metrics": metrics,
+    }  # fmt: skip
+
+
 @settings(max_examples=25, deadline=None)
 @given(records=_records())
+@example(  # a metric the run has but a split has only for its failed queries (from the run's matrix)
+    records=[
+        _row(0, "dev", "ok", {"recall_at_5": None, "ndcg_at_10": 0.0}),
+        _row(1, "dev", "ok", {}),
+        _row(2, "holdout", "timeout", {"ndcg_at_10": None}),
+    ]
+)
 def test_aggregate_equals_its_definition_bit_for_bit(records: list[dict[str, Any]]) -> None:
     expected, counts = _reference(records)
     got, got_counts = aggregate_counted(records)
     assert _bits(got) == _bits(expected)
     assert got_counts == counts
+    # a split of many records takes its means from one matrix (_Matrix): the same, here on every split
+    small, scoring._MATRIX_ROWS = scoring._MATRIX_ROWS, 1
+    try:
+        by_matrix, matrix_counts = aggregate_counted(records)
+        assert (_bits(by_matrix), matrix_counts) == (_bits(expected), counts)
+    finally:
+        scoring._MATRIX_ROWS = small
     assert _bits(aggregate(records)) == _bits(expected)
     # each slice is the aggregate of its rows (the slices share each record's values)
     for s in slice_metrics(records).slices:

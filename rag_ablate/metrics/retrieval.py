@@ -47,6 +47,7 @@ __all__ = [
     "evidence_recall",
     "evidence_recall_at",
     "judged_at",
+    "ranking_metrics",
     "retrieval_metrics",
     "set_metrics",
     "unique_docs",
@@ -251,9 +252,15 @@ def retrieval_metrics(
         ranks.append(rank)
         acc = acc + _gain(grade) / _log2(rank)
         dcg.append(acc)
-    ideal = _ideal(grades, max_k)
-    first_rank = ranks[0] if ranks else 0
+    return dict(zip(_names(key), _values_at(key, ranks, dcg, _ideal(grades, max_k), n_rel), strict=True))
 
+
+def _values_at(
+    key: tuple[int, ...], ranks: list[int], dcg: list[float], ideal: list[float], n_rel: int
+) -> list[float]:
+    """The values of :data:`RETRIEVAL_BASES` at every k of ``key``, grouped by k: from the relevant
+    documents' ranks (ascending, within the largest k), the DCG and ideal DCG prefix sums."""
+    first_rank = ranks[0] if ranks else 0
     values: list[float] = []
     for k in key:
         hits = bisect_right(ranks, k)
@@ -267,7 +274,66 @@ def retrieval_metrics(
                 1.0 if hits == n_rel else 0.0,
             )
         )
-    return dict(zip(_names(key), values, strict=True))
+    return values
+
+
+_JUDGED_NAMES: dict[tuple[int, ...], tuple[str, ...]] = {}  # ks -> ranking_metrics's names
+
+
+def ranking_metrics(
+    ranked_doc_ids: Sequence[str], labels: Mapping[str, int], ks: Sequence[int]
+) -> dict[str, float]:
+    """:func:`retrieval_metrics`, :func:`judged_at` and ``bpref`` (:func:`bpref`) in that order, from one
+    pass over the ranking's unique documents (what scoring calls): ``labels`` maps every judged document
+    to its grade (a judged non-relevant one to 0 or less), so ``R`` is its documents with grade >= 1.
+
+    The same values bit for bit as the three functions (``retrieval_metrics(ranked, R's grades, ks)``,
+    ``judged_at(ranked, labels, ks)``, ``bpref(ranked, labels)``): the same sums in the same order;
+    the same ValueError when no document has grade >= 1."""
+    key, max_k = cutoffs(ks)
+    rel_grades = [g for g in labels.values() if g >= 1]
+    n_rel = len(rel_grades)
+    if n_rel == 0:
+        raise ValueError(
+            "retrieval metrics need at least one relevant document (grade >= 1); "
+            "unanswerable cases must not enter retrieval means"
+        )
+    unique = list(dict.fromkeys(ranked_doc_ids))  # the ranking de-duplicated, first occurrences, in C
+    grades = list(map(labels.get, unique))  # each unique document's grade, None when unlabelled
+    n_nonrel = len(labels) - n_rel
+    ranks: list[int] = []  # ranks (1-based, among unique documents) of the relevant ones within max_k
+    dcg = [0.0]  # DCG prefix sums over them
+    judged = [0]  # labelled documents among the first i unique ones (up to max_k)
+    acc = 0.0
+    above = 0  # bpref: judged non-relevant documents ranked so far
+    total = 0.0
+    n_judged = 0
+    for rank, grade in enumerate(grades, start=1):
+        if grade is not None:
+            n_judged += 1
+            if grade >= 1:
+                total += 1.0 - min(above, n_rel) / min(n_nonrel, n_rel) if above else 1.0
+                if rank <= max_k:
+                    ranks.append(rank)
+                    acc = acc + _gain(grade) / _log2(rank)
+                    dcg.append(acc)
+            else:
+                above += 1
+        if rank <= max_k:
+            judged.append(n_judged)
+    if not key:
+        return {"bpref": total / n_rel}
+    values = _values_at(key, ranks, dcg, _ideal(rel_grades, max_k), n_rel)
+    n = len(judged) - 1
+    values.extend([judged[k if k < n else n] / k for k in key])
+    values.append(total / n_rel)
+    names = _JUDGED_NAMES.get(key)
+    if names is None:
+        if len(_JUDGED_NAMES) > 256:
+            _JUDGED_NAMES.clear()
+        names = (*_names(key), *metric_names_at("judged", key), metric_name("bpref"))
+        _JUDGED_NAMES[key] = names
+    return dict(zip(names, values, strict=True))
 
 
 def set_metrics(

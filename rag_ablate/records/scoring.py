@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain
-from operator import itemgetter
+from operator import is_, itemgetter
 from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.core.layout import RECORDS_FILE as RECORDS_FILE  # re-exported
@@ -33,12 +34,10 @@ from rag_ablate.metrics.answers import AnswerScoring, answer_metrics
 from rag_ablate.metrics.intent import intent_top1
 from rag_ablate.metrics.registry import metric_names_at, spec_of
 from rag_ablate.metrics.retrieval import (
-    bpref,
     chunk_metrics,
     cutoffs,
     evidence_at,
-    judged_at,
-    retrieval_metrics,
+    ranking_metrics,
     set_metrics,
 )
 from rag_ablate.records.trace import Record, RetrievedChunk, RetrievedEntry, Trace
@@ -90,7 +89,7 @@ def make_record(query: Query, trace: Trace) -> Record:
     if trace.filters is not None:
         rec["filters"] = dict(trace.filters)
     if trace.candidates is not None:
-        rec["candidates"] = RetrievedChunk.entries(trace.candidates)
+        rec["candidates"] = _candidate_entries(trace.candidates, trace.retrieved, rec["retrieved"])
     if trace.context is not None:
         rec["context"] = [c.to_context_entry() for c in trace.context]
     if trace.versions:
@@ -102,6 +101,21 @@ def make_record(query: Query, trace: Trace) -> Record:
     if query.expected_behavior is not None:
         rec["expected_behavior"] = query.expected_behavior
     return rec
+
+
+def _candidate_entries(
+    candidates: Sequence[RetrievedChunk],
+    retrieved: Sequence[RetrievedChunk] | None,
+    entries: list[RetrievedEntry] | None,
+) -> list[RetrievedEntry]:
+    """The ``candidates`` entries of a record whose ``retrieved`` chunks made ``entries``: a new list of
+    the same entry dicts when the two lists hold the very same chunk objects (a system without a
+    reranker hands its candidates on as they are; nothing changes an entry once made), else each
+    candidate's own entry."""
+    same = entries is not None and retrieved is not None and len(candidates) == len(retrieved)
+    if same and all(map(is_, candidates, cast(Sequence[RetrievedChunk], retrieved))):
+        return list(cast(list[RetrievedEntry], entries))
+    return RetrievedChunk.entries(candidates)
 
 
 _DOC_ID, _CHUNK_ID = itemgetter("doc_id"), itemgetter("chunk_id")  # an entry's ids
@@ -276,18 +290,17 @@ def score_record(
     if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
         out.update(acl_metrics(ranked, docs, query.user_groups, key))
     if query.kind == "answerable":
+        labels = _labels_of(query, docs)
         if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
-            out.update(retrieval_metrics(ranked, query.relevant, key))
-            labels = _labels_of(query, docs).judged
-            out.update(judged_at(ranked, labels, key))
-            out["bpref"] = bpref(ranked, labels)
+            # retrieval metrics, judged_at_k and bpref from one pass over the ranking
+            out.update(ranking_metrics(ranked, labels.judged, key))
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
             out.update(set_metrics(ranked, query.relevant_sets, key))
         # gold chunk ids: scored when every retrieved item carries a chunk id (no items: a miss)
         if query.relevant_chunks and all(r.get("chunk_id") for r in retrieved):
             out.update(chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, key))
         if query.evidence:
-            recall, coverage = evidence_at(chunks, _labels_of(query, docs).spans, key)
+            recall, coverage = evidence_at(chunks, labels.spans, key)
             out.update(zip(metric_names_at("evidence_recall", key), recall, strict=True))
             out.update(zip(metric_names_at("evidence_coverage", key), coverage, strict=True))
     return out
@@ -444,8 +457,9 @@ def rescore(
 
 
 MetricItems = tuple[dict[str, float], list[str], tuple[str, ...]]
-"""A record's metric values (name -> value; None and NaN left out), the names whose value is None,
-and the values' names in order (one tuple object for every record with the same names)."""
+"""A record's metric values (name -> value; None and NaN left out: the record's own ``metrics`` dict,
+read only, when it holds floats only and none NaN), the names whose value is None, and the values'
+names in order (one tuple object for every record with the same names)."""
 
 _FLOAT = {float}
 _SECOND = itemgetter(1)
@@ -495,10 +509,11 @@ def metric_items(rec: Record) -> MetricItems:
     metrics = rec.get("metrics") or {}
     kept = metrics.values()
     values: dict[str, float]
-    # floats only, none NaN (nor their sum): the values are a copy made in C
+    # floats only, none NaN (nor their sum): the values are the record's own dict, nothing left out
+    # (read only, never changed: a copy of 50 values per record cost more than the rest of this)
     floats = set(map(type, kept)) == _FLOAT  # (no None: an `in` test compares each float with None)
     if floats and (sum_ := sum(cast(Iterable[float], kept))) == sum_:
-        values, nones = cast(dict[str, float], dict(metrics)), []
+        values, nones = cast(dict[str, float], metrics), []
     else:
         values = {name: float(v) for name, v in metrics.items() if v is not None and v == v}  # v != v: NaN
         nones = [name for name, v in metrics.items() if v is None] if None in kept else []
@@ -514,7 +529,7 @@ def metric_items(rec: Record) -> MetricItems:
 class _SplitValues:
     """One split's records in one pass: counts by kind, status and stage, and every record's values."""
 
-    __slots__ = ("kinds", "misses", "n", "shapes", "stages", "statuses", "ttft", "values")
+    __slots__ = ("kinds", "misses", "n", "rows", "shapes", "stages", "statuses", "ttft", "values")
 
     def __init__(self) -> None:
         self.n = 0
@@ -525,6 +540,7 @@ class _SplitValues:
         self.values: list[dict[str, float]] = []  # each record's values (ok queries', NaN left out)
         self.shapes: list[tuple[str, ...]] = []  # each record's names of its values (MetricItems)
         self.misses: Counter[str] = Counter()  # failed queries a failure-aware metric applies to
+        self.rows: list[int] = []  # each record's position among all the records
 
     def columns(self) -> dict[str, list[float]]:
         """metric -> its values in record order, transposed in C: the records with one list of names
@@ -550,11 +566,92 @@ class _SplitValues:
         return out
 
 
+_MATRIX_ROWS = 64  # a split of at least this many records: its means from one matrix (_Matrix)
+
+
+class _Matrix:
+    """A split's values as one float64 matrix (a row per record, a column per metric), each metric's
+    mean summed by numpy over its values in record order, as :func:`_means` sums them (bit for bit):
+    the metrics present in the same groups of records (one group per list of names,
+    :data:`MetricItems`) form one sub-matrix, transposed to contiguous rows and reduced along them
+    (each row summed pairwise as alone). Filled in C from each group's values (``np.fromiter``), where
+    :meth:`_SplitValues.columns` makes a list per metric and numpy then converts every list; a split's
+    rows are taken from the matrix of all the records (``base``) instead of filled again."""
+
+    __slots__ = ("_col", "_m", "_rows", "counts", "means")
+    _col: dict[str, int]  # metric -> its column
+    _m: npt.NDArray[np.float64]
+
+    def __init__(self, part: _SplitValues, base: _Matrix | None = None) -> None:
+        rows = part.values
+        groups: dict[int, tuple[tuple[str, ...], list[int]]] = {}  # names -> positions of their records
+        for i, shape in enumerate(part.shapes):
+            groups.setdefault(id(shape), (shape, []))[1].append(i)
+        col: dict[str, int] = {} if base is None else base._col
+        present: dict[str, list[int]] = {}  # metric -> the groups that have it
+        for gid, (shape, _) in groups.items():
+            for name in shape:
+                col.setdefault(name, len(col))
+                present.setdefault(name, []).append(gid)
+        if base is not None:  # the rows of this split's records (a metric's rows: of groups that have it)
+            m = base._m[part.rows]
+        else:
+            m = np.empty((len(rows), len(col)), dtype=np.float64)
+            for shape, positions in groups.values():
+                flat = chain.from_iterable(map(dict.values, map(rows.__getitem__, positions)))
+                group = np.fromiter(flat, np.float64, len(positions) * len(shape)).reshape(len(positions), -1)
+                m[np.ix_(positions, [col[name] for name in shape])] = group
+        classes: dict[tuple[int, ...], list[str]] = {}  # the metrics present in the same groups
+        for name, gids in present.items():
+            classes.setdefault(tuple(gids), []).append(name)
+        self._m, self._col = m, col
+        self._rows: dict[str, list[int] | None] = {}  # metric -> its records' rows (None: every row)
+        self.means: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        for among, names in classes.items():
+            picked = None  # every group has them: every row
+            if len(among) < len(groups):
+                picked = sorted(chain.from_iterable(groups[g][1] for g in among))
+            n = len(rows) if picked is None else len(picked)
+            self._rows.update(dict.fromkeys(names, picked))
+            self.counts.update(dict.fromkeys(names, n))
+            if n < 8:  # summed as _mean sums a short list
+                self.means.update({name: _mean(self.column(name)) for name in names})
+                continue
+            cols = [col[name] for name in names]
+            sub = m[:, cols] if picked is None else m[np.ix_(picked, cols)]
+            sums = np.add.reduce(np.ascontiguousarray(sub.T), axis=1)
+            self.means.update(zip(names, (total / n for total in sums.tolist()), strict=True))
+
+    def column(self, name: str) -> list[float]:
+        """The metric's values in record order (none: an empty list)."""
+        if name not in self._rows:  # (the columns may be the whole run's: name them all)
+            return []
+        picked = self._rows[name]
+        values = self._m[:, self._col[name]]
+        return cast(list[float], (values if picked is None else values[picked]).tolist())
+
+
+class _Lists:
+    """:class:`_Matrix`'s answers from a small split's lists (:meth:`_SplitValues.columns`, :func:`_means`):
+    a slice's few records."""
+
+    __slots__ = ("_columns", "counts", "means")
+
+    def __init__(self, columns: dict[str, list[float]]) -> None:
+        self._columns = columns
+        self.means = _means(columns)
+        self.counts = {name: len(values) for name, values in columns.items()}
+
+    def column(self, name: str) -> list[float]:
+        return self._columns.get(name, [])
+
+
 def _split_values(records: Sequence[Record], items: Sequence[MetricItems]) -> dict[str, _SplitValues]:
     """Every split's (and ``all``'s) :class:`_SplitValues`, each record read once, in record order."""
     out = {split: _SplitValues() for split in (*SPLITS, "all")}
     everything = out["all"]
-    for r, (values, nones, shape) in zip(records, items, strict=True):
+    for i, (r, (values, nones, shape)) in enumerate(zip(records, items, strict=True)):
         own = out.get(r["split"])
         parts = (everything,) if own is None or own is everything else (own, everything)
         status = str(r["status"])
@@ -569,6 +666,7 @@ def _split_values(records: Sequence[Record], items: Sequence[MetricItems]) -> di
                 part.ttft.append(float(ttft))
             part.values.append(values)
             part.shapes.append(shape)
+            part.rows.append(i)
             if nones and status != "ok":
                 part.misses.update(nones)
     return out
@@ -617,7 +715,9 @@ def aggregate_counted(
     diagnosed = any(r.get("failure_stage") is not None for r in records)
     if items is None:
         items = [metric_items(r) for r in records]
-    for split, part in _split_values(records, items).items():
+    parts = _split_values(records, items)
+    base = _Matrix(parts["all"]) if parts["all"].n >= _MATRIX_ROWS else None  # every record's values
+    for split, part in parts.items():
         p = f"{split}/"
         n = part.n
         out[p + "n_queries"] = float(n)
@@ -634,22 +734,26 @@ def aggregate_counted(
             out.update({p + "n_" + stages.stage_metric(st): float(part.stages[st]) for st in stages.STAGES})
         if part.ttft:
             out[p + "ttft_ms_p50"], out[p + "ttft_ms_p95"] = _p50_p95(part.ttft)
-        values, misses = part.columns(), part.misses
-        means = _means(values)
-        for name in sorted({*values, *misses}):
-            ok = values.get(name, [])
+        misses = part.misses
+        if base is not None and n >= _MATRIX_ROWS:
+            matrix: _Matrix | _Lists = base if split == "all" else _Matrix(part, base)
+        else:
+            matrix = _Lists(part.columns())
+        means, n_values, column = matrix.means, matrix.counts, matrix.column
+        for name in sorted({*n_values, *misses}):
+            has = n_values.get(name, 0) > 0
             miss = spec_of(name).miss if name in misses else None
             if miss is None:
-                if ok:
+                if has:
                     out[p + name] = means[name]
                 continue
+            ok = column(name)
             out[p + name] = (sum(ok) + miss * misses[name]) / (len(ok) + misses[name])
-            if ok:
+            if has:
                 out[p + "ok/" + name] = means[name]
-        lat = values.get("latency_ms")
-        if lat:
-            out[p + "latency_ms_p50"], out[p + "latency_ms_p95"] = _p50_p95(lat)
-        counts[split] = {name: len(values[name]) for name in sorted(values)}
+        if n_values.get("latency_ms"):
+            out[p + "latency_ms_p50"], out[p + "latency_ms_p95"] = _p50_p95(column("latency_ms"))
+        counts[split] = {name: n_values[name] for name in sorted(n_values)}
     if weights is not None:
         out.update(weighted_metrics(records, weights))
     return out, counts

@@ -75,20 +75,25 @@ def final_context_tokens(rec: Record) -> float | None:
 
 
 def _context_names(records: Sequence[Record]) -> list[tuple[int, str]]:
-    """(k, name) of every ``context_tokens_at_k`` metric some record has (the names collected in C)."""
+    """(k, name) of every ``context_tokens_at_k`` metric some record has (the names collected in C),
+    by k ascending."""
     names: set[str] = set().union(*((r.get("metrics") or {}) for r in records))
-    return [(int(m.group(1)), name) for name in names if (m := _CONTEXT_RE.match(name))]
+    return sorted((int(m.group(1)), name) for name in names if (m := _CONTEXT_RE.match(name)))
 
 
 def _final_context(rec: Record, names: Sequence[tuple[int, str]]) -> float | None:
-    """:func:`final_context_tokens`, looking up only ``names`` (:func:`_context_names` of the run)."""
+    """:func:`final_context_tokens`, looking up only ``names`` (:func:`_context_names` of the run, k
+    ascending): the value at the first k that covers the list, else at the last k with a value."""
     metrics = rec.get("metrics") or {}
-    by_k = {k: float(v) for k, name in names if (v := metrics.get(name)) is not None}
-    if not by_k:
-        return None
     n = len(rec.get("retrieved") or [])
-    covering = [k for k in by_k if k >= n]
-    return by_k[min(covering)] if covering else by_k[max(by_k)]
+    last = None
+    for k, name in names:
+        v = metrics.get(name)
+        if v is not None:
+            if k >= n:
+                return float(v)
+            last = v
+    return None if last is None else float(last)
 
 
 def query_tokens(rec: Record, name: str) -> float | None:
@@ -116,9 +121,11 @@ def query_usd_parts(rec: Record, price: ModelPrice) -> tuple[float, float]:
 
 
 def _quantiles(out: dict[str, float], name: str, values: list[float]) -> None:
+    """Every one of :data:`PERCENTILES` of ``values`` from one numpy call (each what :func:`percentile`
+    gives alone: the same order statistics, interpolated alike)."""
     if values:
-        for q in PERCENTILES:
-            out[f"{name}_p{q}_ms"] = percentile(values, q)
+        found = np.percentile(np.asarray(values, dtype=np.float64), PERCENTILES).tolist()
+        out.update({f"{name}_p{q}_ms": v for q, v in zip(PERCENTILES, found, strict=True)})
 
 
 def cost_metrics(
@@ -152,13 +159,31 @@ class _QueryCosts:
     def __init__(self, records: Sequence[Record], price: ModelPrice | None) -> None:
         names = _context_names(records)  # a name no record of a split has is None in each of them
         self.price = price
-        self.splits = [r.get("split") for r in records]
-        self.latency = [query_latency_ms(r) for r in records]
-        timings = [(r.get("timings_ms") or {}).items() for r in records]
-        self.stages = [[(str(s), float(ms)) for s, ms in t if s != TOTAL and ms is not None] for t in timings]
-        self.ttft = [None if (t := r.get("ttft_ms")) is None else float(t) for r in records]
-        self.context = [_final_context(r, names) for r in records]
-        self.tokens = {name: [query_tokens(r, name) for r in records] for name in USAGE_FIELDS}
+        # one pass over the records (each read once: a large run's records do not stay in the caches)
+        self.splits: list[str | None] = []
+        self.latency: list[float | None] = []
+        self.stages: list[list[tuple[str, float]]] = []
+        self.ttft: list[float | None] = []
+        self.context: list[float | None] = []
+        usages: list[Mapping[str, Any] | None] = []
+        for r in records:
+            self.splits.append(r.get("split"))
+            timings = r.get("timings_ms") or {}
+            total = timings.get(TOTAL)
+            self.latency.append(query_latency_ms(r) if total is None else float(total))
+            self.stages.append(
+                [(str(s), float(ms)) for s, ms in timings.items() if s != TOTAL and ms is not None]
+            )
+            ttft = r.get("ttft_ms")
+            self.ttft.append(None if ttft is None else float(ttft))
+            self.context.append(_final_context(r, names))
+            usages.append(r.get("usage"))
+        tokens = {  # a record without usage has no count (the local pipeline's every record)
+            name: [None if not u or (v := u.get(name)) is None else float(v) for u in usages]
+            for name in USAGE_FIELDS
+        }
+        # a count no record reports is left out (no split has a value of it)
+        self.tokens = {name: values for name, values in tokens.items() if values.count(None) < len(values)}
         self.usd = None if price is None else [query_usd(r, price) for r in records]
 
     def metrics(self, split: str | None) -> dict[str, float]:
