@@ -204,3 +204,19 @@ def test_a_sweep_whose_variant_fails_every_query(tmp_path: Path) -> None:
         pair = next(p for p in data["pairs"] if p["split"] == split)
         assert (pair["n_failed_variant"], pair["left_failed_variant"], pair["n_ok_both"]) == (n, n, 0)
     assert "all" in proc.stdout and "failed in variant" in proc.stdout and "left out" in proc.stdout
+
+
+def test_the_progress_bar_ends_with_the_final_counts_however_fast_queries_finish() -> None:
+    """The live counts are formatted at most every 0.1 s; the last query's counts are always shown."""
+    from rag_ablate.run.runner import RunProgress
+
+    on = RunProgress(object(), 5, "x", enabled=True)  # type: ignore[arg-type]
+    for status in ["ok", "failed", "ok", "ok", "failed"]:
+        on.update(status)
+    assert on.bar.postfix is not None and on.bar.postfix.startswith("ok=3, failed=2, req/s=")
+    on.close()
+    off = RunProgress(object(), 2, "x", enabled=False)  # type: ignore[arg-type]
+    off.update("ok")
+    off.update("failed")
+    assert (off.ok, off.failed) == (1, 1) and not getattr(off.bar, "postfix", None)
+    off.close()
