@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from rag_ablate.core.errors import RagAblateError
-from rag_ablate.records.jsonl import dumps_sorted, gc_paused, read_records
+from rag_ablate.records.jsonl import dumps_sorted, gc_paused, read_records, scan_records
 from rag_ablate.records.trace import Record
 
 
@@ -177,45 +177,99 @@ def read_slim(path: Path) -> tuple[list[Record], str]:
     return records, slimmer.outputs()
 
 
-def reshare(records: list[Record]) -> list[Record]:
-    """Records read back from a worker process with their floats shared again (pickle keeps the
-    sharing of strings, not of floats), in place."""
+@dataclass(frozen=True)
+class Piece:
+    """The lines of a records file from byte ``start`` to byte ``end`` (line boundaries, see
+    :func:`line_boundary`): a file is read in pieces side by side (:class:`SlimFile`)."""
+
+    path: Path
+    start: int
+    end: int
+
+
+def line_boundary(path: Path, offset: int) -> int:
+    """The first line boundary of ``path`` at or after byte ``offset`` (where a line starts, or the
+    file's end)."""
+    if offset <= 0:
+        return 0
+    pos = offset - 1  # a line starts at offset when the byte before it is a newline
+    with path.open("rb") as f:
+        f.seek(pos)
+        while block := f.read(1 << 16):
+            i = block.find(b"\n")
+            if i >= 0:
+                return pos + i + 1
+            pos += len(block)
+    return pos
+
+
+#: a piece's records, slimmed, and the digest of each query's outputs (``_Slimmer.digests``)
+PieceRead = tuple[list[Record], dict[str, bytes]]
+
+
+def read_piece(piece: Piece) -> PieceRead:
+    """A piece's records as :func:`read_slim` keeps them, and its queries' output digests."""
     slimmer = _Slimmer()
-    for rec in records:
-        for k in NUMBER_FIELDS:
-            v = rec.get(k)
-            if type(v) is dict:
-                rec[k] = slimmer._numbers(v)  # type: ignore[literal-required]
-    return records
+    return scan_records(piece.path, slimmer, piece.start, piece.end).records, slimmer.digests
 
 
-def start_worker(paths: Sequence[Path]) -> subprocess.Popen[bytes]:
-    """A process reading ``paths`` one after another by :func:`read_slim` that writes each result,
-    pickled, to its stdout (or the RagAblateError it met, and stops); read them back with
-    :func:`worker_results`."""
+class SlimFile:
+    """A records file read piece by piece, in file order, here (:meth:`read`) or in a worker
+    process (:meth:`take`): the records and fingerprint :func:`read_slim` gives (:meth:`result`),
+    names shared within each piece, floats across the file."""
+
+    def __init__(self) -> None:
+        self._slimmer = _Slimmer()
+        self._records: list[Record] = []
+
+    def read(self, piece: Piece) -> None:
+        self._records += scan_records(piece.path, self._slimmer, piece.start, piece.end).records
+
+    def take(self, got: PieceRead) -> None:
+        """A piece a worker read, its floats shared again (pickle keeps the sharing of strings, not
+        of floats)."""
+        records, digests = got
+        self._slimmer.digests.update(digests)  # a later piece's record of a query counts
+        numbers = self._slimmer._numbers
+        for rec in records:
+            for k in NUMBER_FIELDS:
+                v = rec.get(k)
+                if type(v) is dict:
+                    rec[k] = numbers(v)  # type: ignore[literal-required]
+        self._records += records
+
+    def result(self) -> tuple[list[Record], str]:
+        return self._records, self._slimmer.outputs()
+
+
+def start_worker(pieces: Sequence[Piece]) -> subprocess.Popen[bytes]:
+    """A process reading ``pieces`` one after another by :func:`read_piece` that writes each result,
+    pickled, to its stdout once it has read them all (this process takes them once it has read its
+    own: a worker writing as it goes would wait for it), or the RagAblateError it met, and stops;
+    read them back with :func:`worker_results`."""
     root = str(Path(__file__).resolve().parents[2])  # this very package, whatever the cwd
     code = f"import sys; sys.path.insert(0, {root!r}); from rag_ablate.compare.slim import _work; _work()"
+    args = [str(x) for p in pieces for x in (p.path, p.start, p.end)]
     return subprocess.Popen(
-        [sys.executable, "-I", "-c", code, *map(str, paths)],
+        [sys.executable, "-I", "-c", code, *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
 
 
-def worker_results(proc: subprocess.Popen[bytes], n: int) -> list[tuple[list[Record], str] | None]:
-    """What :func:`start_worker`'s process read from its ``n`` files, in order; None for a file it
+def worker_results(proc: subprocess.Popen[bytes], n: int) -> list[PieceRead | None]:
+    """What :func:`start_worker`'s process read from its ``n`` pieces, in order; None for a piece it
     did not finish (read it in this process instead: its error, if any, is raised there). A
     RagAblateError it met is raised."""
-    out: list[tuple[list[Record], str] | None] = []
+    out: list[PieceRead | None] = []
     try:
         with gc_paused():
             while len(out) < n:
                 got = pickle.load(cast(IO[bytes], proc.stdout))
                 if isinstance(got, RagAblateError):
                     raise got
-                records, outputs = got
-                out.append((reshare(records), outputs))
+                out.append(got)
     except RagAblateError:
         raise
     except Exception:  # a worker killed or failing: the caller reads what is left itself
@@ -227,13 +281,18 @@ def worker_results(proc: subprocess.Popen[bytes], n: int) -> list[tuple[list[Rec
 
 
 def _work() -> None:
-    """A worker process's body (see :func:`start_worker`)."""
+    """A worker process's body (see :func:`start_worker`): each piece's result pickled as soon as
+    it is read (the bytes take a sixth of the records' memory), written once all are read."""
+    args = sys.argv[1:]
+    done: list[bytes] = []
+    for i in range(0, len(args), 3):
+        try:
+            result: object = read_piece(Piece(Path(args[i]), int(args[i + 1]), int(args[i + 2])))
+        except RagAblateError as exc:
+            done.append(pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL))
+            break
+        done.append(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+        del result  # its records, before the next piece's
     with os.fdopen(sys.stdout.fileno(), "wb", closefd=False) as out:
-        for path in sys.argv[1:]:
-            try:
-                result: object = read_slim(Path(path))
-            except RagAblateError as exc:
-                pickle.dump(exc, out, protocol=pickle.HIGHEST_PROTOCOL)
-                return
-            pickle.dump(result, out, protocol=pickle.HIGHEST_PROTOCOL)
-            del result  # its records, before the next file's
+        for blob in done:
+            out.write(blob)
