@@ -14,8 +14,10 @@ import os
 import pickle
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -128,13 +130,16 @@ class _Slimmer:
         new dict, built from the items (the parser's dicts hold spare room, a third of their size).
         The values are equal, only shared; -0.0 keeps its sign (it equals 0.0, so zeros are never
         looked up in the table)."""
+        return dict(zip(self._names_of(tuple(d)), self.shared(d.values()), strict=True))
+
+    def shared(self, values: Iterable[Any]) -> list[Any]:
+        """``values`` with each float the table's equal one (see :meth:`_numbers`)."""
         floats = self.floats
         share = floats.setdefault if len(floats) < SHARED_FLOATS else floats.get
-        values = [
+        return [
             (share(x, x) if x else _ZERO if math.copysign(1.0, x) > 0 else x) if type(x) is float else x
-            for x in d.values()
+            for x in values
         ]
-        return dict(zip(self._names_of(tuple(d)), values, strict=True))
 
     def __call__(self, rec: Record) -> Record:
         self.digests[str(rec.get("query_id"))] = _outputs(rec)
@@ -203,14 +208,51 @@ def line_boundary(path: Path, offset: int) -> int:
     return pos
 
 
-#: a piece's records, slimmed, and the digest of each query's outputs (``_Slimmer.digests``)
-PieceRead = tuple[list[Record], dict[str, bytes]]
+@dataclass(frozen=True)
+class Packed:
+    """A piece's records as a worker process sends them (:func:`pack`): each dict of
+    :data:`NUMBER_FIELDS` taken out (None in its place) and sent as columns, its key set's number in
+    ``shapes`` (one a record and field, 0: not a dict, left as it was) and its values' numbers in
+    ``codes``, into ``values`` (each value object once): a few arrays instead of 40 floats a record,
+    which this process would unpickle one by one and then share again. ``digests``: each query's
+    outputs (``_Slimmer.digests``)."""
+
+    records: list[Record]
+    key_sets: list[tuple[str, ...]]
+    shapes: array[int]
+    codes: array[int]
+    values: list[Any]
+    digests: dict[str, bytes]
 
 
-def read_piece(piece: Piece) -> PieceRead:
-    """A piece's records as :func:`read_slim` keeps them, and its queries' output digests."""
+def pack(records: list[Record], digests: dict[str, bytes]) -> Packed:
+    """``records`` as :class:`Packed` (their number fields taken out, in place)."""
+    key_sets: dict[tuple[str, ...], int] = {}
+    shapes, codes = array("I"), array("I")
+    values: list[Any] = []
+    number: dict[int, int] = {}  # a value object's id -> its place in values (the records hold them)
+    for rec in records:
+        for k in NUMBER_FIELDS:
+            d = rec.get(k)
+            if type(d) is not dict:
+                shapes.append(0)
+                continue
+            shapes.append(key_sets.setdefault(tuple(d), len(key_sets) + 1))
+            ids = list(map(id, d.values()))
+            for x, i in zip(d.values(), ids, strict=True):
+                if i not in number:
+                    number[i] = len(values)
+                    values.append(x)
+            codes.extend(map(number.__getitem__, ids))
+            rec[k] = None  # type: ignore[literal-required]
+    return Packed(records, list(key_sets), shapes, codes, values, digests)
+
+
+def read_piece(piece: Piece) -> Packed:
+    """A piece's records as :func:`read_slim` keeps them, packed for sending, and its queries'
+    output digests."""
     slimmer = _Slimmer()
-    return scan_records(piece.path, slimmer, piece.start, piece.end).records, slimmer.digests
+    return pack(scan_records(piece.path, slimmer, piece.start, piece.end).records, slimmer.digests)
 
 
 class SlimFile:
@@ -225,18 +267,23 @@ class SlimFile:
     def read(self, piece: Piece) -> None:
         self._records += scan_records(piece.path, self._slimmer, piece.start, piece.end).records
 
-    def take(self, got: PieceRead) -> None:
-        """A piece a worker read, its floats shared again (pickle keeps the sharing of strings, not
-        of floats)."""
-        records, digests = got
-        self._slimmer.digests.update(digests)  # a later piece's record of a query counts
-        numbers = self._slimmer._numbers
-        for rec in records:
+    def take(self, got: Packed) -> None:
+        """A piece a worker read, its number fields put back (their names and floats shared with
+        the file's other pieces)."""
+        slimmer = self._slimmer
+        slimmer.digests.update(got.digests)  # a later piece's record of a query counts
+        key_sets = [slimmer._names_of(keys) for keys in got.key_sets]
+        table: list[Any] = []
+        for i in range(0, len(got.values), 1 << 12):  # a chunk at a time: the table's size limit
+            table += slimmer.shared(got.values[i : i + (1 << 12)])
+        values, shapes = map(table.__getitem__, got.codes), iter(got.shapes)
+        for rec in got.records:
             for k in NUMBER_FIELDS:
-                v = rec.get(k)
-                if type(v) is dict:
-                    rec[k] = numbers(v)  # type: ignore[literal-required]
-        self._records += records
+                shape = next(shapes)
+                if shape:
+                    keys = key_sets[shape - 1]
+                    rec[k] = dict(zip(keys, islice(values, len(keys)), strict=True))  # type: ignore[literal-required]
+        self._records += got.records
 
     def result(self) -> tuple[list[Record], str]:
         return self._records, self._slimmer.outputs()
@@ -258,11 +305,11 @@ def start_worker(pieces: Sequence[Piece]) -> subprocess.Popen[bytes]:
     )
 
 
-def worker_results(proc: subprocess.Popen[bytes], n: int) -> list[PieceRead | None]:
+def worker_results(proc: subprocess.Popen[bytes], n: int) -> list[Packed | None]:
     """What :func:`start_worker`'s process read from its ``n`` pieces, in order; None for a piece it
     did not finish (read it in this process instead: its error, if any, is raised there). A
     RagAblateError it met is raised."""
-    out: list[PieceRead | None] = []
+    out: list[Packed | None] = []
     try:
         with gc_paused():
             while len(out) < n:
