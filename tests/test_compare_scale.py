@@ -286,14 +286,12 @@ def test_a_sweep_read_side_by_side_is_the_sweep_read_one_file_after_another(
     side_by_side = load_sweep_dir(sweep)
     frozen = gc.get_freeze_count()  # kept out of the collector's sight: the later phases skip them
     gc.unfreeze()
-    size = (sweep / "1" / RECORDS_FILE).stat().st_size
-    assert (
-        [(p.path.parent.name, p.start, p.end) for p in started[0]]
-        == [("1", started[0][0].start, size), ("2", 0, size), ("3", 0, size)]
-        and 0 < started[0][0].start < size
-        and len(started) == 1
-        and frozen > 0
-    )
+    size = (sweep / "2" / RECORDS_FILE).stat().st_size  # the worker: 1.8 of the 4 files, at their end
+    assert [(p.path.parent.name, p.start, p.end) for p in started[0]] == [
+        ("2", started[0][0].start, size),
+        ("3", 0, size),
+    ]
+    assert 0 < started[0][0].start < size and len(started) == 1 and frozen > 0
     for a, b in zip(one_by_one, side_by_side, strict=True):
         assert (a.label, a.outputs) == (b.label, b.outputs)
         assert json.dumps([dict(r, retrieved=len(r["retrieved"])) for r in a.records]) == json.dumps(
@@ -306,16 +304,16 @@ def test_a_sweep_read_side_by_side_is_the_sweep_read_one_file_after_another(
     (sweep / "3" / RECORDS_FILE).write_text("\n".join(broken) + "\n")
     with pytest.raises(RecordsError, match=r"3/records.jsonl:5: not a JSON record"):
         load_sweep_dir(sweep)
-    shared = (sweep / "1" / RECORDS_FILE).read_text().splitlines()
+    shared = (sweep / "2" / RECORDS_FILE).read_text().splitlines()
     shared[28] = "[]"  # in the worker's piece of a file both read
-    (sweep / "1" / RECORDS_FILE).write_text("\n".join(shared) + "\n")
-    with pytest.raises(RecordsError, match=r"1/records.jsonl:29: not a record"):
+    (sweep / "2" / RECORDS_FILE).write_text("\n".join(shared) + "\n")
+    with pytest.raises(RecordsError, match=r"2/records.jsonl:29: not a record"):
         load_sweep_dir(sweep)
-    (sweep / "1" / RECORDS_FILE).write_text("\n".join(shared[:28]) + "\n")
+    (sweep / "2" / RECORDS_FILE).write_text("\n".join(shared[:28]) + "\n")
     (sweep / "3" / RECORDS_FILE).write_text("\n".join(broken[:4]) + "\n")
     dead = [sys.executable, "-c", "raise SystemExit(1)"]
     monkeypatch.setattr(load, "start_worker", lambda p: subprocess.Popen(dead, stdout=subprocess.PIPE))
-    assert [len(v.records) for v in load_sweep_dir(sweep)] == [30, 28, 30, 4]
+    assert [len(v.records) for v in load_sweep_dir(sweep)] == [30, 30, 28, 4]
     gc.unfreeze()
 
 

@@ -32,10 +32,10 @@ from rag_ablate.records.trace import Record
 #: a record)
 PARALLEL_BYTES = 64 << 20
 #: what a byte of records read by a worker process costs, against this process reading it: the
-#: worker parses and pickles it (``WORKER_COST``, of its own time), this process unpickles it and
-#: shares its floats again (``TAKE_COST``, of this process's time); measured at 100,000 queries
-#: (benchmarks/RESULTS.md, read30): :func:`plan_pieces` balances the processes by them
-WORKER_COST, TAKE_COST = 1.15, 0.33
+#: worker parses, packs and pickles it (``WORKER_COST``, of its own time), this process unpickles
+#: it and puts its number fields back (``TAKE_COST``, of this process's time); measured at 100,000
+#: queries (benchmarks/RESULTS.md, read30): :func:`plan_pieces` balances the processes by them
+WORKER_COST, TAKE_COST = 1.45, 0.25
 
 
 def read_config(path: Path) -> tuple[dict[str, Any] | None, str]:
@@ -101,7 +101,7 @@ def plan_pieces(paths: Sequence[Path], n_workers: int) -> list[list[Piece]]:
     """The pieces of ``paths`` this process reads (first) and each of ``n_workers`` worker processes
     reads, so that all finish together: the files laid end to end, each worker the share ``1 /
     (WORKER_COST + n_workers * (1 - TAKE_COST))`` of the bytes at their end (one worker on 3 equal
-    files: 1.65 files), this process the rest at their start; each cut moved on to a line boundary."""
+    files: 1.36 files), this process the rest at their start; each cut moved on to a line boundary."""
     sizes = [p.stat().st_size for p in paths]
     firsts = list(itertools.accumulate(sizes, initial=0))  # each file's first byte, laid end to end
     total = firsts[-1]

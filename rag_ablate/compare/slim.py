@@ -8,6 +8,7 @@ sweep's records files side by side, one worker process a file, when they are lar
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import math
 import os
@@ -238,12 +239,12 @@ def pack(records: list[Record], digests: dict[str, bytes]) -> Packed:
                 shapes.append(0)
                 continue
             shapes.append(key_sets.setdefault(tuple(d), len(key_sets) + 1))
-            ids = list(map(id, d.values()))
-            for x, i in zip(d.values(), ids, strict=True):
-                if i not in number:
-                    number[i] = len(values)
+            for x in d.values():
+                code = number.get(id(x))
+                if code is None:
+                    code = number[id(x)] = len(values)
                     values.append(x)
-            codes.extend(map(number.__getitem__, ids))
+                codes.append(code)
             rec[k] = None  # type: ignore[literal-required]
     return Packed(records, list(key_sets), shapes, codes, values, digests)
 
@@ -277,12 +278,13 @@ class SlimFile:
         for i in range(0, len(got.values), 1 << 12):  # a chunk at a time: the table's size limit
             table += slimmer.shared(got.values[i : i + (1 << 12)])
         values, shapes = map(table.__getitem__, got.codes), iter(got.shapes)
-        for rec in got.records:
-            for k in NUMBER_FIELDS:
-                shape = next(shapes)
-                if shape:
-                    keys = key_sets[shape - 1]
-                    rec[k] = dict(zip(keys, islice(values, len(keys)), strict=True))  # type: ignore[literal-required]
+        with gc_paused():  # a dict a record and field: each full collection would walk every record
+            for rec in got.records:
+                for k in NUMBER_FIELDS:
+                    shape = next(shapes)
+                    if shape:
+                        keys = key_sets[shape - 1]
+                        rec[k] = dict(zip(keys, islice(values, len(keys)), strict=True))  # type: ignore[literal-required]
         self._records += got.records
 
     def result(self) -> tuple[list[Record], str]:
@@ -330,6 +332,7 @@ def worker_results(proc: subprocess.Popen[bytes], n: int) -> list[Packed | None]
 def _work() -> None:
     """A worker process's body (see :func:`start_worker`): each piece's result pickled as soon as
     it is read (the bytes take a sixth of the records' memory), written once all are read."""
+    gc.disable()  # records are acyclic (see gc_paused), and this process ends once they are sent
     args = sys.argv[1:]
     done: list[bytes] = []
     for i in range(0, len(args), 3):
