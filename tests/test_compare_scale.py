@@ -247,8 +247,8 @@ def test_a_file_read_in_pieces_here_and_by_a_worker_is_the_file_read_whole(tmp_p
 
 def test_the_pieces_give_a_worker_its_share_of_the_bytes_at_line_boundaries(tmp_path: Path) -> None:
     """The files laid end to end, this process reads the first bytes and each worker the next
-    share (1 / (WORKER_COST + n (1 - TAKE_COST)) of them: a worker's records cost this process
-    TAKE_COST of reading them), every byte once, each cut at a line's start."""
+    share (1 / (n + WORKER_COST) of them: a byte costs a worker WORKER_COST of what it costs this
+    process, so all end their reading together), every byte once, each cut at a line's start."""
     sweep = _four_jobs(tmp_path / "s")
     paths = [sweep / str(j) / RECORDS_FILE for j in range(3)]
     total = sum(p.stat().st_size for p in paths)
@@ -262,7 +262,7 @@ def test_the_pieces_give_a_worker_its_share_of_the_bytes_at_line_boundaries(tmp_
             assert all(
                 a[1] == b[0] and path.read_bytes()[b[0] - 1] == ord("\n") for a, b in itertools.pairwise(mine)
             )
-        share = 1 / (load.WORKER_COST + n * (1 - load.TAKE_COST))
+        share = 1 / (n + load.WORKER_COST)
         for worker in shares[1:]:
             assert sum(pc.end - pc.start for pc in worker) == pytest.approx(share * total, abs=300)
     assert [(pc.path, pc.start) for pc in load.plan_pieces(paths, 1)[1]][1:] == [(paths[2], 0)]
@@ -286,7 +286,7 @@ def test_a_sweep_read_side_by_side_is_the_sweep_read_one_file_after_another(
     side_by_side = load_sweep_dir(sweep)
     frozen = gc.get_freeze_count()  # kept out of the collector's sight: the later phases skip them
     gc.unfreeze()
-    size = (sweep / "2" / RECORDS_FILE).stat().st_size  # the worker: 1.8 of the 4 files, at their end
+    size = (sweep / "2" / RECORDS_FILE).stat().st_size  # the worker: 1.7 of the 4 files, at their end
     assert [(p.path.parent.name, p.start, p.end) for p in started[0]] == [
         ("2", started[0][0].start, size),
         ("3", 0, size),

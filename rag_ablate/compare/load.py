@@ -31,11 +31,11 @@ from rag_ablate.records.trace import Record
 #: worker processes (:func:`read_all`): parsing is the comparison's largest serial cost (about 35 us
 #: a record)
 PARALLEL_BYTES = 64 << 20
-#: what a byte of records read by a worker process costs, against this process reading it: the
-#: worker parses, packs and pickles it (``WORKER_COST``, of its own time), this process unpickles
-#: it and puts its number fields back (``TAKE_COST``, of this process's time); measured at 100,000
-#: queries (benchmarks/RESULTS.md, read30): :func:`plan_pieces` balances the processes by them
-WORKER_COST, TAKE_COST = 1.45, 0.25
+#: what a byte of records costs a worker process (parsing, packing, pickling it), against this
+#: process reading it; measured at 100,000 queries (benchmarks/RESULTS.md, read30). A worker sends
+#: its pieces once it has read them all, and this process takes them once it has read its own:
+#: :func:`plan_pieces` has both reads end together
+WORKER_COST = 1.4
 
 
 def read_config(path: Path) -> tuple[dict[str, Any] | None, str]:
@@ -82,7 +82,7 @@ def read_all(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
     they hold :data:`PARALLEL_BYTES` or more and there are cores to spare, else one by one. Side by
     side, the files are cut into pieces at line boundaries (:func:`plan_pieces`): this process reads
     the first bytes, each worker process (a core but one, at most one a file) the next share, so
-    that all finish together. The same records either way (errors naming the same file and line);
+    that all end their reading together. The same records either way (errors naming the same file and line);
     what a worker could not read is read here.
 
     Records that large are kept out of the cyclic collector's sight once read (``gc.freeze``,
@@ -99,13 +99,13 @@ def read_all(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
 
 def plan_pieces(paths: Sequence[Path], n_workers: int) -> list[list[Piece]]:
     """The pieces of ``paths`` this process reads (first) and each of ``n_workers`` worker processes
-    reads, so that all finish together: the files laid end to end, each worker the share ``1 /
-    (WORKER_COST + n_workers * (1 - TAKE_COST))`` of the bytes at their end (one worker on 3 equal
-    files: 1.36 files), this process the rest at their start; each cut moved on to a line boundary."""
+    reads, so that all end their reading together: the files laid end to end, each worker the share
+    ``1 / (n_workers + WORKER_COST)`` of the bytes at their end (one worker on 3 equal files: 1.25
+    files), this process the rest at their start; each cut moved on to a line boundary."""
     sizes = [p.stat().st_size for p in paths]
     firsts = list(itertools.accumulate(sizes, initial=0))  # each file's first byte, laid end to end
     total = firsts[-1]
-    share = 1 / (WORKER_COST + n_workers * (1 - TAKE_COST))
+    share = 1 / (n_workers + WORKER_COST)
     cuts = [0]
     for j in range(n_workers, 0, -1):  # where each share starts, this process's end first
         cut = max(cuts[-1], round(total * (1 - j * share)))
@@ -125,8 +125,7 @@ def plan_pieces(paths: Sequence[Path], n_workers: int) -> list[list[Piece]]:
 
 
 def _read_side_by_side(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
-    # more workers than WORKER_COST / TAKE_COST would leave this process only taking their records
-    n_workers = min((os.cpu_count() or 1) - 1, len(paths), int(WORKER_COST / TAKE_COST))
+    n_workers = min((os.cpu_count() or 1) - 1, len(paths))
     if n_workers < 1:
         return [read_slim(p) for p in paths]
     mine, *shares = plan_pieces(paths, n_workers)
