@@ -25,6 +25,7 @@ from rag_ablate.compare.slim import Piece, SlimFile, line_boundary, read_slim, s
 from rag_ablate.compare.slim import slim_record as slim_record  # re-exported
 from rag_ablate.core.errors import ComparisonError
 from rag_ablate.core.layout import CONFIG_FILE, RECORDS_FILE, SUMMARY_FILE, VARIANT_FILE
+from rag_ablate.records.jsonl import gc_paused
 from rag_ablate.records.trace import Record
 
 #: a sweep's records files at least this large in all are read side by side, by this process and
@@ -92,8 +93,9 @@ def read_all(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
     if sum(p.stat().st_size for p in paths) < PARALLEL_BYTES:
         return [read_slim(p) for p in paths]
     gc.collect()
-    out = _read_side_by_side(paths)
-    gc.freeze()
+    with gc_paused():  # across the pieces too: each piece's end set off a full collection
+        out = _read_side_by_side(paths)
+        gc.freeze()
     return out
 
 

@@ -102,10 +102,14 @@ class _Slimmer:
         self.digests: dict[str, bytes] = {}
 
     def outputs(self) -> str:
-        """One fingerprint of every query's outputs (the last record of each query counts)."""
+        """One fingerprint of every query's outputs (the last record of each query counts). The
+        ids are sorted alone: sorting the items made a tuple each, and the collector's full
+        collections they set off walked every record read (0.5 s of CPU a file at 100,000
+        queries)."""
         h = hashlib.blake2b(digest_size=16)
-        for query_id, digest in sorted(self.digests.items()):
-            h.update(query_id.encode("utf-8") + b"\0" + digest)
+        digests = self.digests
+        for query_id in sorted(digests):
+            h.update(query_id.encode("utf-8") + b"\0" + digests[query_id])
         return h.hexdigest()
 
     def _names_of(self, keys: tuple[str, ...]) -> tuple[str, ...]:
