@@ -286,7 +286,7 @@ def test_a_sweep_read_side_by_side_is_the_sweep_read_one_file_after_another(
     side_by_side = load_sweep_dir(sweep)
     frozen = gc.get_freeze_count()  # kept out of the collector's sight: the later phases skip them
     gc.unfreeze()
-    size = (sweep / "2" / RECORDS_FILE).stat().st_size  # the worker: 1.7 of the 4 files, at their end
+    size = (sweep / "2" / RECORDS_FILE).stat().st_size  # the worker: 1.6 of the 4 files, at their end
     assert [(p.path.parent.name, p.start, p.end) for p in started[0]] == [
         ("2", started[0][0].start, size),
         ("3", 0, size),

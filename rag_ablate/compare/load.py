@@ -36,7 +36,7 @@ PARALLEL_BYTES = 64 << 20
 #: process reading it; measured at 100,000 queries (benchmarks/RESULTS.md, read30). A worker sends
 #: its pieces once it has read them all, and this process takes them once it has read its own:
 #: :func:`plan_pieces` has both reads end together
-WORKER_COST = 1.4
+WORKER_COST = 1.5
 
 
 def read_config(path: Path) -> tuple[dict[str, Any] | None, str]:
@@ -102,7 +102,7 @@ def read_all(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
 def plan_pieces(paths: Sequence[Path], n_workers: int) -> list[list[Piece]]:
     """The pieces of ``paths`` this process reads (first) and each of ``n_workers`` worker processes
     reads, so that all end their reading together: the files laid end to end, each worker the share
-    ``1 / (n_workers + WORKER_COST)`` of the bytes at their end (one worker on 3 equal files: 1.25
+    ``1 / (n_workers + WORKER_COST)`` of the bytes at their end (one worker on 3 equal files: 1.2
     files), this process the rest at their start; each cut moved on to a line boundary."""
     sizes = [p.stat().st_size for p in paths]
     firsts = list(itertools.accumulate(sizes, initial=0))  # each file's first byte, laid end to end
