@@ -83,8 +83,8 @@ def read_all(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
     they hold :data:`PARALLEL_BYTES` or more and there are cores to spare, else one by one. Side by
     side, the files are cut into pieces at line boundaries (:func:`plan_pieces`): this process reads
     the first bytes, each worker process (a core but one, at most one a file) the next share, so
-    that all end their reading together. The same records either way (errors naming the same file and line);
-    what a worker could not read is read here.
+    that all end their reading together. The same records either way (errors naming the same file
+    and line); what a worker could not read is read here.
 
     Records that large are kept out of the cyclic collector's sight once read (``gc.freeze``,
     after a collection before reading, so no garbage is frozen): they are acyclic, reference

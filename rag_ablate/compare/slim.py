@@ -1,9 +1,11 @@
 """Records as the comparison keeps them (:func:`slim_record`), and reading a records file that way,
-in this process or in a worker process (:func:`read_slim`, :func:`start_worker`).
+whole or in pieces, in this process or in a worker process (:func:`read_slim`, :class:`SlimFile`,
+:func:`start_worker`).
 
 This module imports only what reading needs (no numpy, no config), so a worker process started
 with ``python -c`` is ready in a fraction of a second: :mod:`rag_ablate.compare.load` reads a
-sweep's records files side by side, one worker process a file, when they are large.
+sweep's records files side by side, cut into pieces between this process and worker processes,
+when they are large.
 """
 
 from __future__ import annotations
