@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import json
 import math
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +28,7 @@ from rag_ablate.compare import load, stats, tradeoff
 from rag_ablate.compare.analysis import compare, split_draw
 from rag_ablate.compare.load import load_sweep_dir
 from rag_ablate.compare.model import VariantData
+from rag_ablate.compare.slim import Piece, SlimFile, line_boundary, read_piece, read_slim
 from rag_ablate.config.schema import CompareConfig
 from rag_ablate.core.layout import RECORDS_FILE, VARIANT_FILE
 from rag_ablate.records.jsonl import RecordsError, read_records
@@ -194,24 +197,101 @@ def _four_jobs(root: Path) -> Path:
     return root
 
 
+def _pieces_read(pieces: list[Piece], here: int) -> tuple[list[Any], str]:
+    """A file read piece by piece as :func:`load.read_all` reads it: the first ``here`` pieces in
+    this process, the others as a worker process sends them (pickled)."""
+    file = SlimFile()
+    for i, piece in enumerate(pieces):
+        if i < here:
+            file.read(piece)
+        else:
+            file.take(pickle.loads(pickle.dumps(read_piece(piece), protocol=pickle.HIGHEST_PROTOCOL)))
+    return file.result()
+
+
+def test_a_file_read_in_pieces_here_and_by_a_worker_is_the_file_read_whole(tmp_path: Path) -> None:
+    """A records file cut at line boundaries and read in pieces, some in this process and some sent
+    by a worker (number fields as columns): the same records (NaN, -0.0, ints, 2**70, a metrics
+    that is not a dict), floats shared across the pieces, the same outputs fingerprint (a query's
+    later record in a later piece counts); a broken line in a piece names the file's line."""
+    sweep = _four_jobs(tmp_path / "s")
+    path = sweep / "1" / RECORDS_FILE
+    first = {"query_id": "a", "status": "ok", "metrics": {"s": 0.25}}
+    extra = [
+        {"query_id": "q3", "status": "error", "metrics": None},
+        {"query_id": "z", "metrics": {"a": -0.0, "s": 0.25, "n": 2}},
+        {"query_id": "y"},
+    ]
+    lines = [json.dumps(first), *path.read_text().splitlines(), *map(json.dumps, extra)]
+    path.write_text("\n".join(lines) + "\n")
+    whole, outputs = read_slim(path)
+    size, data = path.stat().st_size, path.read_bytes()
+    cuts = [0, line_boundary(path, size // 3), line_boundary(path, 2 * size // 3), size]
+    assert data[cuts[1] - 1] == ord("\n") and b"\n" not in data[size // 3 - 1 : cuts[1] - 1]
+    pieces = [Piece(path, a, b) for a, b in itertools.pairwise(cuts)]
+    for here in (3, 1, 0):
+        records, fingerprint = _pieces_read(pieces, here)
+        assert fingerprint == outputs
+        assert json.dumps([dict(r, retrieved=len(r.get("retrieved") or ())) for r in records]) == json.dumps(
+            [dict(r, retrieved=len(r.get("retrieved") or ())) for r in whole]
+        )  # NaN, 2**70, ints included
+        assert records[0]["metrics"]["s"] is records[-2]["metrics"]["s"]  # first and last pieces
+        assert math.copysign(1.0, records[-2]["metrics"]["a"]) == -1.0 and records[-3]["metrics"] is None
+        assert "metrics" not in records[-1]
+        assert all(e is load.NO_ENTRY for r in records for e in r.get("retrieved") or ())
+    lines[25] = '{"query_id": "q24", "metrics": {1.5}}'
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RecordsError, match=r"1/records.jsonl:26: not a JSON record"):
+        read_piece(Piece(path, line_boundary(path, 2 * size // 3), path.stat().st_size))
+
+
+def test_the_pieces_give_a_worker_its_share_of_the_bytes_at_line_boundaries(tmp_path: Path) -> None:
+    """The files laid end to end, this process reads the first bytes and each worker the next
+    share (1 / (n + WORKER_COST) of them: a byte costs a worker WORKER_COST of what it costs this
+    process, so all end their reading together), every byte once, each cut at a line's start."""
+    sweep = _four_jobs(tmp_path / "s")
+    paths = [sweep / str(j) / RECORDS_FILE for j in range(3)]
+    total = sum(p.stat().st_size for p in paths)
+    for n in (1, 2):
+        shares = load.plan_pieces(paths, n)
+        assert len(shares) == n + 1
+        flat = [piece for share in shares for piece in share]
+        for path in paths:  # each file covered once, in order, from its first byte to its last
+            mine = [(pc.start, pc.end) for pc in flat if pc.path == path]
+            assert mine[0][0] == 0 and mine[-1][1] == path.stat().st_size
+            assert all(
+                a[1] == b[0] and path.read_bytes()[b[0] - 1] == ord("\n") for a, b in itertools.pairwise(mine)
+            )
+        share = 1 / (n + load.WORKER_COST)
+        for worker in shares[1:]:
+            assert sum(pc.end - pc.start for pc in worker) == pytest.approx(share * total, abs=300)
+    assert [(pc.path, pc.start) for pc in load.plan_pieces(paths, 1)[1]][1:] == [(paths[2], 0)]
+
+
 @pytest.mark.slow  # worker processes
 def test_a_sweep_read_side_by_side_is_the_sweep_read_one_file_after_another(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Large records files are read side by side (on 2 cores: this process the first half, a worker
-    process the rest): the same records, shared floats and outputs as read here; a broken line in
-    a worker's file still names file and line, and a worker that dies leaves its files here."""
+    """Large records files are read side by side (on 2 cores: this process the first bytes, a
+    worker process the rest, so that both finish together): the same records, shared floats and
+    outputs as read here; a broken line in a worker's file, or in the worker's piece of a file
+    shared by both, still names file and line, and a worker that dies leaves its pieces here."""
     sweep = _four_jobs(tmp_path / "s")
     one_by_one = load_sweep_dir(sweep)
     monkeypatch.setattr(load, "PARALLEL_BYTES", 0)
     monkeypatch.setattr(load.os, "cpu_count", lambda: 2)
-    started: list[list[Path]] = []
+    started: list[list[Piece]] = []
     start = load.start_worker
     monkeypatch.setattr(load, "start_worker", lambda p: started.append(list(p)) or start(p))
     side_by_side = load_sweep_dir(sweep)
     frozen = gc.get_freeze_count()  # kept out of the collector's sight: the later phases skip them
     gc.unfreeze()
-    assert started == [[sweep / "2" / RECORDS_FILE, sweep / "3" / RECORDS_FILE]] and frozen > 0
+    size = (sweep / "2" / RECORDS_FILE).stat().st_size  # the worker: 1.6 of the 4 files, at their end
+    assert [(p.path.parent.name, p.start, p.end) for p in started[0]] == [
+        ("2", started[0][0].start, size),
+        ("3", 0, size),
+    ]
+    assert 0 < started[0][0].start < size and len(started) == 1 and frozen > 0
     for a, b in zip(one_by_one, side_by_side, strict=True):
         assert (a.label, a.outputs) == (b.label, b.outputs)
         assert json.dumps([dict(r, retrieved=len(r["retrieved"])) for r in a.records]) == json.dumps(
@@ -224,10 +304,16 @@ def test_a_sweep_read_side_by_side_is_the_sweep_read_one_file_after_another(
     (sweep / "3" / RECORDS_FILE).write_text("\n".join(broken) + "\n")
     with pytest.raises(RecordsError, match=r"3/records.jsonl:5: not a JSON record"):
         load_sweep_dir(sweep)
+    shared = (sweep / "2" / RECORDS_FILE).read_text().splitlines()
+    shared[28] = "[]"  # in the worker's piece of a file both read
+    (sweep / "2" / RECORDS_FILE).write_text("\n".join(shared) + "\n")
+    with pytest.raises(RecordsError, match=r"2/records.jsonl:29: not a record"):
+        load_sweep_dir(sweep)
+    (sweep / "2" / RECORDS_FILE).write_text("\n".join(shared[:28]) + "\n")
     (sweep / "3" / RECORDS_FILE).write_text("\n".join(broken[:4]) + "\n")
     dead = [sys.executable, "-c", "raise SystemExit(1)"]
     monkeypatch.setattr(load, "start_worker", lambda p: subprocess.Popen(dead, stdout=subprocess.PIPE))
-    assert [len(v.records) for v in load_sweep_dir(sweep)] == [30, 30, 30, 4]
+    assert [len(v.records) for v in load_sweep_dir(sweep)] == [30, 30, 28, 4]
     gc.unfreeze()
 
 

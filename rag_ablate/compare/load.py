@@ -7,7 +7,9 @@ comparison reads only these, never anything held in memory.
 
 from __future__ import annotations
 
+import bisect
 import gc
+import itertools
 import json
 import os
 import tempfile
@@ -19,15 +21,22 @@ from typing import Any
 from rag_ablate.compare.guard import FINGERPRINTS
 from rag_ablate.compare.model import VariantData
 from rag_ablate.compare.slim import NO_ENTRY as NO_ENTRY  # re-exported
-from rag_ablate.compare.slim import read_slim, start_worker, worker_results
+from rag_ablate.compare.slim import Piece, SlimFile, line_boundary, read_slim, start_worker, worker_results
 from rag_ablate.compare.slim import slim_record as slim_record  # re-exported
 from rag_ablate.core.errors import ComparisonError
 from rag_ablate.core.layout import CONFIG_FILE, RECORDS_FILE, SUMMARY_FILE, VARIANT_FILE
+from rag_ablate.records.jsonl import gc_paused
 from rag_ablate.records.trace import Record
 
-#: a sweep's records files at least this large in all are read side by side, one worker process a
-#: file (:func:`read_all`): parsing is the comparison's largest serial cost (about 35 us a record)
+#: a sweep's records files at least this large in all are read side by side, by this process and
+#: worker processes (:func:`read_all`): parsing is the comparison's largest serial cost (about 35 us
+#: a record)
 PARALLEL_BYTES = 64 << 20
+#: what a byte of records costs a worker process (parsing, packing, pickling it), against this
+#: process reading it; measured at 100,000 queries (benchmarks/RESULTS.md, read30). A worker sends
+#: its pieces once it has read them all, and this process takes them once it has read its own:
+#: :func:`plan_pieces` has both reads end together
+WORKER_COST = 1.5
 
 
 def read_config(path: Path) -> tuple[dict[str, Any] | None, str]:
@@ -71,10 +80,11 @@ def _variant(
 
 def read_all(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
     """:func:`~rag_ablate.compare.slim.read_slim` of each records file, in order: side by side when
-    they hold :data:`PARALLEL_BYTES` or more and there are cores to spare, else one by one. This
-    process reads the first files, one worker process a core but one each a run of the others (a
-    file read by a worker costs this process a third of reading it: unpickling and sharing its
-    floats again). The same records either way; what a worker could not read is read here.
+    they hold :data:`PARALLEL_BYTES` or more and there are cores to spare, else one by one. Side by
+    side, the files are cut into pieces at line boundaries (:func:`plan_pieces`): this process reads
+    the first bytes, each worker process (a core but one, at most one a file) the next share, so
+    that all end their reading together. The same records either way (errors naming the same file
+    and line); what a worker could not read is read here.
 
     Records that large are kept out of the cyclic collector's sight once read (``gc.freeze``,
     after a collection before reading, so no garbage is frozen): they are acyclic, reference
@@ -83,25 +93,57 @@ def read_all(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
     if sum(p.stat().st_size for p in paths) < PARALLEL_BYTES:
         return [read_slim(p) for p in paths]
     gc.collect()
-    out = _read_side_by_side(paths)
-    gc.freeze()
+    with gc_paused():  # across the pieces too: each piece's end set off a full collection
+        out = _read_side_by_side(paths)
+        gc.freeze()
     return out
 
 
+def plan_pieces(paths: Sequence[Path], n_workers: int) -> list[list[Piece]]:
+    """The pieces of ``paths`` this process reads (first) and each of ``n_workers`` worker processes
+    reads, so that all end their reading together: the files laid end to end, each worker the share
+    ``1 / (n_workers + WORKER_COST)`` of the bytes at their end (one worker on 3 equal files: 1.2
+    files), this process the rest at their start; each cut moved on to a line boundary."""
+    sizes = [p.stat().st_size for p in paths]
+    firsts = list(itertools.accumulate(sizes, initial=0))  # each file's first byte, laid end to end
+    total = firsts[-1]
+    share = 1 / (n_workers + WORKER_COST)
+    cuts = [0]
+    for j in range(n_workers, 0, -1):  # where each share starts, this process's end first
+        cut = max(cuts[-1], round(total * (1 - j * share)))
+        if cut < total:
+            i = bisect.bisect_right(firsts, cut) - 1  # the file the cut falls in
+            cut = firsts[i] + line_boundary(paths[i], cut - firsts[i])
+        cuts.append(cut)
+    cuts.append(total)
+    return [
+        [
+            Piece(path, max(lo - first, 0), min(hi - first, size))
+            for path, size, first in zip(paths, sizes, firsts, strict=False)
+            if max(lo - first, 0) < min(hi - first, size)
+        ]
+        for lo, hi in itertools.pairwise(cuts)
+    ]
+
+
 def _read_side_by_side(paths: Sequence[Path]) -> list[tuple[list[Record], str]]:
-    n_workers = min((os.cpu_count() or 1) - 1, len(paths) - 1)
+    n_workers = min((os.cpu_count() or 1) - 1, len(paths))
     if n_workers < 1:
         return [read_slim(p) for p in paths]
-    own = -(-len(paths) // (n_workers + 1))  # ceil
-    rest = list(paths[own:])
-    runs = [rest[len(rest) * j // n_workers : len(rest) * (j + 1) // n_workers] for j in range(n_workers)]
-    procs = [start_worker(run) for run in runs if run]
+    mine, *shares = plan_pieces(paths, n_workers)
+    theirs = [pieces for pieces in shares if pieces]
+    procs = [start_worker(pieces) for pieces in theirs]
     try:
-        out = [read_slim(p) for p in paths[:own]]
-        for proc, run in zip(procs, [r for r in runs if r], strict=True):
-            got = worker_results(proc, len(run))
-            out += [read_slim(p) if g is None else g for p, g in zip(run, got, strict=True)]
-        return out
+        files = {p: SlimFile() for p in paths}
+        for piece in mine:
+            files[piece.path].read(piece)
+        for proc, pieces in zip(procs, theirs, strict=True):
+            for piece, got in zip(pieces, worker_results(proc, len(pieces)), strict=True):
+                if got is None:
+                    files[piece.path].read(piece)
+                else:
+                    files[piece.path].take(got)
+        return [files[p].result() for p in paths]
     finally:
         for proc in procs:  # an error above: no worker left behind (wait() twice is harmless)
             if proc.poll() is None:

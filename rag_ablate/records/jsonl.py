@@ -7,6 +7,7 @@ import gc
 import json
 import operator
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -140,7 +141,9 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def scan_records(path: Path, project: Callable[[Record], Record] | None = None) -> RecordsScan:
+def scan_records(
+    path: Path, project: Callable[[Record], Record] | None = None, start: int = 0, end: int | None = None
+) -> RecordsScan:
     """Read a records file written by :class:`RecordWriter` (or :func:`write_records`).
 
     Lines end with a newline once they are complete. A last line without one that is
@@ -149,12 +152,18 @@ def scan_records(path: Path, project: Callable[[Record], Record] | None = None) 
     object only lacks its newline and is kept. Blank lines are skipped. Any other
     line that is not a JSON object raises :class:`RecordsError` naming file and line.
     ``project``: applied to each record as it is read (the comparison keeps less of each).
+    ``start``/``end``: only the lines from byte ``start`` to byte ``end`` (both at line boundaries:
+    a piece of the file, read side by side with the others); errors still name the file's line.
     """
     records: list[Record] = []
-    pos, lineno = 0, 0
+    pos, lineno = start, 0
+    stop = sys.maxsize if end is None else end
     torn = False
     with gc_paused(), path.open("rb") as f:  # line by line: the file is never held whole
+        f.seek(start)
         for line in f:
+            if pos >= stop:
+                break
             lineno += 1
             last = not line.endswith(b"\n")
             raw = line if last else line[:-1]
@@ -166,18 +175,31 @@ def scan_records(path: Path, project: Callable[[Record], Record] | None = None) 
                         torn = True
                         break
                     excerpt = raw[:80].decode("utf-8", errors="replace")
-                    raise RecordsError(f"{path}:{lineno}: not a JSON record ({exc}): {excerpt!r}") from exc
+                    where = f"{path}:{lineno + _lines_before(path, start)}"
+                    raise RecordsError(f"{where}: not a JSON record ({exc}): {excerpt!r}") from exc
                 if not isinstance(rec, dict) or "query_id" not in rec:
                     if last:
                         torn = True
                         break
-                    raise RecordsError(f"{path}:{lineno}: not a record (a JSON object with a query_id)")
+                    where = f"{path}:{lineno + _lines_before(path, start)}"
+                    raise RecordsError(f"{where}: not a record (a JSON object with a query_id)")
                 # the boundary: a JSON object with a query_id is taken to be a Record (written by
                 # make_record/scored; an older one may lack fields added since, see Record)
                 record = cast(Record, rec)
                 records.append(record if project is None else project(record))
             pos += len(line)
     return RecordsScan(records, pos, torn)
+
+
+def _lines_before(path: Path, offset: int) -> int:
+    """How many lines the first ``offset`` bytes of ``path`` hold (an error's line number in a piece
+    of the file: counted only then)."""
+    n = 0
+    with path.open("rb") as f:
+        while offset > 0 and (block := f.read(min(offset, 1 << 20))):
+            n += block.count(b"\n")
+            offset -= len(block)
+    return n
 
 
 def read_records(path: Path, project: Callable[[Record], Record] | None = None) -> list[Record]:
