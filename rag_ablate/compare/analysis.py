@@ -230,6 +230,21 @@ def split_draw(seed: int, split: str, groups: Iterable[str]) -> SplitDraw:
     return SplitDraw((split, digest), stats.derive_seed(seed, split, digest), np.array(uniq, dtype=np.str_))
 
 
+def base_draw(
+    cols: Columns, base: VariantData, seed: int, split: str
+) -> tuple[SplitDraw, npt.NDArray[np.intp]]:
+    """The draw of a split whose groups are the baseline's records' (:func:`split_draw`) and each of
+    the baseline's queries' group codes in it (in ``Columns.of(base).rows(split)``'s order), made
+    once for every planner sharing ``cols``."""
+
+    def make() -> tuple[SplitDraw, npt.NDArray[np.intp]]:
+        labels = cols.of(base).groups(cols.of(base).rows(split))
+        draw = split_draw(seed, split, labels)
+        return draw, draw.codes(labels)
+
+    return cols.memo(("draw", id(base.records), seed, split), make)
+
+
 def split_groups(by_id: Mapping[str, Record]) -> list[str]:
     """The group labels of a split's records (the universe of its draw)."""
     return [str(r["group"]) for r in by_id.values()]
@@ -507,24 +522,22 @@ def plan_compare(
             continue
         base_ids = list(base_by_id)
         base_rows = bc.rows(split)
-        labels = bc.groups(base_rows)
-        draw = split_draw(seed, split, labels)
         # each query's group as its position among the split's sorted labels, once per split: codes
         # sort as the labels do, so every test groups and orders its groups alike (and faster)
-        base_codes = draw.codes(labels)
+        draw, base_codes = base_draw(cols, base, seed, split)
         sources = list(dict.fromkeys(per_query(m) for m in metrics))
         ok_base_cols = bc.ok_only(sources, base_rows)
         base_failed = bc.failed[base_rows]
         # the queries' tags and mix weights, once per split (each test picks its queries')
-        split_tags = [] if tw is None else [r.get("tags") or () for r in base_by_id.values()]
+        split_tags = [] if tw is None else bc.tags(base_rows)
         mix_cols = None if tw is None else mix_columns(split_tags, tw)
         for var in others:
             vc = cols.of(var)
             var_by_id = vc.by_id(split)
-            var_rows = vc.aligned(base_ids, split)
+            var_rows = vc.aligned(bc, split)
             in_var = var_rows >= 0
             var_failed = take(vc.failed, var_rows, False)
-            var_only = [vc.records[i] for i in vc.own(split, base_by_id).tolist()]
+            var_only = [vc.records[i] for i in vc.own(split, bc).tolist()]
             pair = _pair(split, var.label, base_by_id, var_by_id, var_only, in_var, base_failed, var_failed)
             pairs.append(pair)
             ok_var_cols = vc.ok_only(sources, var_rows)

@@ -17,10 +17,10 @@ Every value is the one the record-at-a-time functions give
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from itertools import chain, repeat
-from operator import contains, eq, itemgetter, methodcaller, ne
-from typing import Any
+from operator import contains, eq, itemgetter, ne
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +36,35 @@ IndexArray = npt.NDArray[np.intp]
 ERROR_RATE = "error_rate"  # the record's status, not a stored value (as analysis.ERROR_RATE)
 LATENCY = "latency_ms"  # falls back to timings_ms.total (as analysis.LATENCY)
 _EMPTY: Mapping[str, Any] = {}
+_NONE = object()  # a field the record lacks
+#: the fields every planner reads, in one look at each record
+#: at most this many sets of metric names are told apart by one C-level pass each (more: one loop)
+_FEW_LAYOUTS = 8
+_FIELDS = ("status", "split", "query_id", "group", "tags", "metrics", "timings_ms")
+T = TypeVar("T")
+
+
+class ById(Mapping[str, Record]):
+    """A split's records by query id (``analysis._by_id``: each id's last record, the ids in the
+    order they first occur), read through the positions of :meth:`VariantColumns.index`."""
+
+    __slots__ = ("_index", "_records")
+
+    def __init__(self, index: Mapping[str, int], records: Sequence[Record]) -> None:
+        self._index = index
+        self._records = records
+
+    def __getitem__(self, query_id: str) -> Record:
+        return self._records[self._index[query_id]]
+
+    def __contains__(self, query_id: object) -> bool:
+        return query_id in self._index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
 
 
 class VariantColumns:
@@ -43,17 +72,34 @@ class VariantColumns:
 
     def __init__(self, records: Sequence[Record]) -> None:
         self.records = records
-        statuses = map(methodcaller("get", "status", "ok"), records)
-        self.failed = np.fromiter(map(ne, statuses, repeat("ok")), bool, len(records))
+        # one look at each record for the fields the planners read (the records lie all over memory:
+        # a pass a field would wait on each record again): one C-level lookup of them all a record,
+        # record by record where one lacks a field
+        try:
+            read = list(map(itemgetter(*_FIELDS), records))
+        except KeyError:
+            read = [tuple(r.get(f, _NONE) for f in _FIELDS) for r in records]
+        status, self._split_of, self._qids, self._group_of, self._tags, metrics, self._timings = (
+            tuple(map(itemgetter(j), read)) for j in range(len(_FIELDS))
+        )
+        self._dicts = [m or _EMPTY for m in metrics]
+        if _NONE in status:
+            status = tuple("ok" if x is _NONE else x for x in status)
+        if _NONE in self._split_of:
+            self._split_of = tuple(None if x is _NONE else x for x in self._split_of)
+        if _NONE in self._tags:
+            self._tags = tuple(None if x is _NONE else x for x in self._tags)
+        if _NONE in metrics:
+            self._dicts = [_EMPTY if m is _NONE else m for m in self._dicts]
+        self.failed = np.fromiter(map(ne, status, repeat("ok")), bool, len(records))
         self._splits: dict[Any, IndexArray] | None = None
         self._index: dict[str, dict[str, int]] = {}
-        self._by_id: dict[str, dict[str, Record]] = {}
-        self._dicts: list[Mapping[str, Any]] | None = None
+        self._by_id: dict[str, ById] = {}
+        self._aligned: dict[tuple[str, int], tuple[VariantColumns, IndexArray]] = {}
         self._names: set[str] | None = None
         self._by_names: list[tuple[tuple[str, ...], list[int]]] | None = None
         self._plain: dict[str, FloatArray] = {}
         self._values: dict[str, FloatArray] = {}
-        self._qids: list[str] | None = None
         self._group_or_id: list[str] | None = None
 
     def __len__(self) -> int:
@@ -61,17 +107,17 @@ class VariantColumns:
 
     def release(self) -> None:
         """Let the metric columns go (read again if asked for); the records by id stay."""
-        self._dicts = None
         self._by_names = None
         self._plain.clear()
         self._values.clear()
+        self._aligned.clear()
 
     # ------------------------------------------------------------------ rows
 
     def positions(self, split: str) -> IndexArray:
         """The positions of the records of ``split`` (``record.get("split")``), in order."""
         if self._splits is None:
-            splits = list(map(methodcaller("get", "split"), self.records))
+            splits = self._split_of
             self._splits = {
                 s: np.flatnonzero(np.fromiter(map(eq, splits, repeat(s)), bool, len(splits)))
                 for s in dict.fromkeys(splits)
@@ -79,86 +125,123 @@ class VariantColumns:
         got = self._splits.get(split)
         return got if got is not None else np.zeros(0, dtype=np.intp)
 
-    def query_ids(self) -> list[str]:
-        """Each record's ``query_id``."""
-        if self._qids is None:
-            self._qids = list(map(itemgetter("query_id"), self.records))
-        return self._qids
-
     def index(self, split: str) -> dict[str, int]:
         """Each query id of ``split`` -> the position of its last record, in the order the ids first
         occur (the keys and records of ``analysis._by_id``)."""
         got = self._index.get(split)
         if got is None:
             pos = self.positions(split).tolist()
-            got = self._index[split] = dict(zip(map(self.query_ids().__getitem__, pos), pos, strict=True))
+            qids = list(map(self._qids.__getitem__, pos))
+            if _NONE in qids:
+                raise KeyError("query_id")
+            got = self._index[split] = dict(zip(qids, pos, strict=True))
         return got
 
-    def by_id(self, split: str) -> dict[str, Record]:
-        """``analysis._by_id`` of the records of ``split`` (one dict, shared: read it, never change it)."""
+    def by_id(self, split: str) -> ById:
+        """``analysis._by_id`` of the records of ``split``, as a view of :meth:`index`."""
         got = self._by_id.get(split)
         if got is None:
-            index = self.index(split)
-            got = self._by_id[split] = dict(
-                zip(index, map(self.records.__getitem__, index.values()), strict=True)
-            )
+            got = self._by_id[split] = ById(self.index(split), self.records)
         return got
+
+    def tags(self, rows: IndexArray) -> list[Any]:
+        """``record.get("tags") or ()`` of the records at ``rows``."""
+        return [t or () for t in map(self._tags.__getitem__, rows.tolist())]
 
     def rows(self, split: str) -> IndexArray:
         """The positions of :meth:`index`'s records, in its order."""
         index = self.index(split)
         return np.fromiter(index.values(), np.intp, len(index))
 
-    def aligned(self, ids: Sequence[str], split: str) -> IndexArray:
-        """The position of the record of each of ``ids`` in ``split`` (its last one); -1: none."""
-        index = self.index(split)
-        return np.fromiter(map(index.get, ids, repeat(-1)), np.intp, len(ids))
+    def aligned(self, base: VariantColumns, split: str) -> IndexArray:
+        """The position of the record of each of ``base``'s queries of ``split`` (its
+        :meth:`index`'s order) among these records of ``split`` (their last one); -1: none."""
+        got = self._aligned.get((split, id(base)))
+        if got is None or got[0] is not base:
+            index, ids = self.index(split), base.index(split)
+            got = self._aligned[(split, id(base))] = (
+                base,
+                np.fromiter(map(index.get, ids, repeat(-1)), np.intp, len(ids)),
+            )
+        return got[1]
 
-    def own(self, split: str, other: Mapping[str, Any]) -> IndexArray:
-        """The positions of :meth:`index`'s records whose query ids ``other`` lacks, in its order."""
-        index = self.index(split)
-        if not index.keys() - other.keys():
+    def own(self, split: str, base: VariantColumns) -> IndexArray:
+        """The positions of :meth:`index`'s records whose query ids ``base`` lacks in ``split``, in
+        its order."""
+        index, other = self.index(split), base.index(split)
+        if len(index) == int((self.aligned(base, split) >= 0).sum()):  # every query is one of base's
             return np.zeros(0, dtype=np.intp)
         return np.array([i for q, i in index.items() if q not in other], dtype=np.intp)
 
     def groups(self, rows: IndexArray) -> list[str]:
         """``str(record["group"])`` of the records at ``rows``."""
-        return list(map(str, map(itemgetter("group"), map(self.records.__getitem__, rows.tolist()))))
+        got = list(map(self._group_of.__getitem__, rows.tolist()))
+        if _NONE in got:
+            raise KeyError("group")
+        return list(map(str, got))
 
     def group_or_id(self) -> list[str]:
         """Each record's group (its query id when it has none), as the trade-off groups it."""
         if self._group_or_id is None:
-            self._group_or_id = [str(r.get("group", r.get("query_id"))) for r in self.records]
+            self._group_or_id = list(map(str, self._group_of))
+            if _NONE in self._group_of:
+                for i, g in enumerate(self._group_of):
+                    if g is _NONE:
+                        q = self._qids[i]
+                        self._group_or_id[i] = str(None if q is _NONE else q)
         return self._group_or_id
 
     def untagged(self) -> int:
         """How many records have no ``tags`` (:func:`~rag_ablate.run.slices.record_tags` None)."""
-        return sum(1 for r in self.records if r.get("tags") is None)
+        return self._tags.count(None)
 
     def members(self, rows: IndexArray) -> dict[SliceKey, list[int]]:
         """Each slice's positions among the records at ``rows`` (in their order; not yet
-        :func:`~rag_ablate.run.slices.sliced`): the records with the same tags, intents, expected
-        behaviour and version, all strings, are in the same slices, whose keys are made once."""
-        recs = [self.records[i] for i in rows.tolist()]
-        sigs = _slice_signatures(recs)
+        :func:`~rag_ablate.run.slices.sliced`), as :func:`~rag_ablate.run.slices.slice_keys` puts
+        them: the records with the same tags, intents, expected behaviour and version (strings) are
+        in the same slices, whose keys are made once; a record with metadata (or a value of another
+        type: 1, 1.0 and True are equal keys but other slices) has its own."""
+        at = rows.tolist()
+        recs = list(map(self.records.__getitem__, at))
+        read = [
+            (
+                r.get("intent_gold_l1"),
+                r.get("intent_gold"),
+                r.get("expected_behavior"),
+                r.get("applicable_version"),
+                r.get("metadata"),
+            )
+            for r in recs
+        ]
+        tags = [None if t is None else tuple(t) for t in map(self._tags.__getitem__, at)]
+        plain = not (
+            set(map(type, chain.from_iterable(read))) - {str, type(None)}
+            or set(map(type, chain.from_iterable(filter(None, tags)))) - {str}
+        )
         alike: dict[object, list[int]] = {}
-        for j, sig in enumerate(sigs):
-            got = alike.get(j if sig is None else sig)
+        for j, (fields, tag_set) in enumerate(zip(read, tags, strict=True)):
+            if plain:
+                key: object = (fields, tag_set)
+            elif fields[4] or not all(
+                type(x) is str for x in (*fields[:4], *(tag_set or ())) if x is not None
+            ):
+                key = j  # its own slices
+            else:
+                key = (fields[:4], tag_set)
+            got = alike.get(key)
             if got is None:
-                alike[j if sig is None else sig] = [j]
+                alike[key] = [j]
             else:
                 got.append(j)
         parts: dict[SliceKey, list[list[int]]] = {}
         for positions in alike.values():
             for key in slice_keys(recs[positions[0]]):
                 parts.setdefault(key, []).append(positions)
-        return {k: p[0] if len(p) == 1 else sorted(j for part in p for j in part) for k, p in parts.items()}
+        return {k: p[0] if len(p) == 1 else sorted(chain.from_iterable(p)) for k, p in parts.items()}
 
     # ------------------------------------------------------------------ metrics
 
     def _metric_dicts(self) -> list[Mapping[str, Any]]:
-        if self._dicts is None:
-            self._dicts = [r.get("metrics") or _EMPTY for r in self.records]
         return self._dicts
 
     def names(self) -> set[str]:
@@ -177,15 +260,30 @@ class VariantColumns:
         """The records grouped by the names of their ``metrics``, in order: (names, positions). One
         look at each record (their mappings lie all over memory: a pass a name would wait on each)."""
         if self._by_names is None:
-            by: dict[tuple[str, ...], list[int]] = {}
-            for i, keys in enumerate(map(tuple, self._metric_dicts())):
-                got = by.get(keys)
-                if got is None:
-                    by[keys] = [i]
-                else:
-                    got.append(i)
-            self._by_names = list(by.items())
+            keys = list(map(tuple, self._metric_dicts()))
+            kinds = list(dict.fromkeys(keys))
+            if len(kinds) <= _FEW_LAYOUTS:  # one C-level comparison a record and kind
+                n = len(keys)
+                self._by_names = [
+                    (k, np.flatnonzero(np.fromiter(map(eq, keys, repeat(k)), bool, n)).tolist())
+                    for k in kinds
+                ]
+            else:
+                by: dict[tuple[str, ...], list[int]] = {k: [] for k in kinds}
+                for i, k in enumerate(keys):
+                    by[k].append(i)
+                self._by_names = list(by.items())
         return self._by_names
+
+    def stored(self, name: str) -> list[Any]:
+        """Each record's stored ``metrics[name]`` as it is (None kept; ``_NONE``: no such name)."""
+        out: list[Any] = [_NONE] * len(self.records)
+        dicts = self._metric_dicts()
+        for keys, pos in self._layouts():
+            if name in keys:
+                for i, v in zip(pos, map(itemgetter(name), map(dicts.__getitem__, pos)), strict=True):
+                    out[i] = v
+        return out
 
     def plain(self, names: Sequence[str]) -> dict[str, FloatArray]:
         """Each metric's stored number in every record, whatever its status (NaN: no value, None, or
@@ -219,19 +317,18 @@ class VariantColumns:
     def _value(self, metric: str) -> FloatArray:
         recs, failed = self.records, self.failed
         if metric == ERROR_RATE:  # a stored share (as stored: float() of it), else the status
-            shares = [d.get(ERROR_RATE) for d in self._metric_dicts()]
             out = np.where(failed, 1.0, 0.0)
-            for i, share in enumerate(shares):
-                if share is not None:
-                    out[i] = float(share)
+            if ERROR_RATE in self.names():
+                for i, share in enumerate(self.stored(ERROR_RATE)):
+                    if share is not None and share is not _NONE:
+                        out[i] = float(share)
             return out
         spec = spec_of(metric)
         if metric == LATENCY:  # the metric, else timings_ms.total
-            stored = [d.get(LATENCY) for d in self._metric_dicts()]
-            vals = [
-                (r.get("timings_ms") or _EMPTY).get("total") if v is None else v
-                for r, v in zip(recs, stored, strict=True)
-            ]
+            vals = self.stored(LATENCY)
+            for i, v in enumerate(vals):
+                if v is None or v is _NONE:
+                    vals[i] = self._total(i)
             out = np.array(vals, dtype=np.float64).reshape(len(recs))
             out[~np.isfinite(out)] = math.nan
             if spec.uses_failed:
@@ -240,7 +337,7 @@ class VariantColumns:
             out = self.plain([metric])[metric].copy()
         if not spec.uses_failed:  # a failed record: the miss where it names the metric, else none
             for i in np.flatnonzero(failed).tolist():
-                named = metric in (recs[i].get("metrics") or _EMPTY)
+                named = metric in self._dicts[i]
                 out[i] = spec.miss if spec.miss is not None and named else math.nan
         return out
 
@@ -249,12 +346,17 @@ class VariantColumns:
         metric when it has the name (None: NaN), else ``timings_ms.total``; failed ones too."""
         got = self._values.get("\0spent")
         if got is None:
-            vals = [
-                m[LATENCY] if LATENCY in m else (r.get("timings_ms") or _EMPTY).get("total")
-                for r, m in zip(self.records, self._metric_dicts(), strict=True)
-            ]
+            vals = self.stored(LATENCY)
+            for i, v in enumerate(vals):
+                if v is _NONE:
+                    vals[i] = self._total(i)
             got = self._values["\0spent"] = np.array(vals, dtype=np.float64).reshape(len(vals))
         return got
+
+    def _total(self, i: int) -> Any:
+        """Record ``i``'s ``timings_ms.total`` (None: none)."""
+        t = self._timings[i]
+        return (t if t is not _NONE and t else _EMPTY).get("total")
 
     def ok_only(self, metrics: Sequence[str], rows: IndexArray) -> dict[str, FloatArray]:
         """``analysis._columns`` of ``metrics`` at ``rows`` (-1: no record, NaN): a plain metric's
@@ -272,32 +374,6 @@ class VariantColumns:
                 col[failed] = math.nan
             out[m] = col
         return out
-
-
-def _slice_signatures(recs: Sequence[Record]) -> list[tuple[object, ...] | None]:
-    """What decides each record's slices (:func:`~rag_ablate.run.slices.slice_keys`) when it is
-    strings: its tags, intents, expected behaviour and version; None for a record with metadata or
-    a value of another type (its slices are its own)."""
-    read = [
-        (
-            r.get("intent_gold_l1"),
-            r.get("intent_gold"),
-            r.get("expected_behavior"),
-            r.get("applicable_version"),
-        )
-        for r in recs
-    ]
-    tags = [None if t is None else tuple(t) for t in map(methodcaller("get", "tags"), recs)]
-    odd = set(map(type, chain.from_iterable(filter(None, tags)))) - {str}
-    odd |= set(map(type, chain.from_iterable(read))) - {str, type(None)}
-    metadata = list(map(methodcaller("get", "metadata"), recs))
-    sigs: list[tuple[object, ...] | None] = [(t, *f) for t, f in zip(tags, read, strict=True)]
-    if odd or any(metadata):
-        for j, (t, f) in enumerate(zip(tags, read, strict=True)):
-            strings = all(type(x) is str for x in t or ()) and all(x is None or type(x) is str for x in f)
-            if metadata[j] or not strings:
-                sigs[j] = None
-    return sigs
 
 
 def _table(dicts: Sequence[Mapping[str, Any]], names: Sequence[str]) -> FloatArray:
@@ -328,6 +404,13 @@ class Columns:
 
     def __init__(self) -> None:
         self._of: dict[int, tuple[Sequence[Record], VariantColumns]] = {}
+        self._memo: dict[Hashable, Any] = {}
+
+    def memo(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``, made once per ``key`` (what several planners derive alike: a split's draw)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return cast(T, self._memo[key])
 
     def of(self, variant: VariantData) -> VariantColumns:
         got = self._of.get(id(variant.records))

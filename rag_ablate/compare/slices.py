@@ -43,9 +43,9 @@ import numpy.typing as npt
 from rag_ablate.compare import stats
 from rag_ablate.compare.analysis import (
     _untested_note,
+    base_draw,
     detectable,
     quantile_of,
-    split_draw,
     unconfirmed_words,
 )
 from rag_ablate.compare.columns import Columns, VariantColumns, take
@@ -180,21 +180,19 @@ def plan_slices(
             continue
         base_ids = list(base_by_id)
         base_rows = bc.rows(split)
-        labels = bc.groups(base_rows)
-        draw = split_draw(seed, split, labels)
+        draw, base_codes = base_draw(cols, base, seed, split)
         base_side = _Side.at(bc, base_rows, metrics)
-        base_codes = draw.codes(labels)
         base_members = bc.members(base_rows)
         for var in others:
             vc = cols.of(var)
             var_by_id = vc.by_id(split)
-            extra_rows = vc.own(split, base_by_id)
+            extra_rows = vc.own(split, bc)
             extra = [vc.records[i] for i in extra_rows.tolist()]
             # every array over the split's queries: the baseline's, then the variant's own
             table = _Table(
                 base_ids + [r["query_id"] for r in extra],
                 base_side.padded(len(extra)),
-                _Side.at(vc, np.concatenate([vc.aligned(base_ids, split), extra_rows]), metrics),
+                _Side.at(vc, np.concatenate([vc.aligned(bc, split), extra_rows]), metrics),
                 np.concatenate([base_codes, np.full(len(extra), -1, dtype=np.intp)]),
             )
             members = {k: list(v) for k, v in base_members.items()}
