@@ -20,11 +20,12 @@ import math
 from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from itertools import chain, repeat
 from operator import contains, eq, itemgetter, ne
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
+from rag_ablate.compare.draws import release_freed
 from rag_ablate.compare.model import VariantData
 from rag_ablate.metrics.registry import spec_of
 from rag_ablate.records.trace import Record
@@ -67,31 +68,47 @@ class ById(Mapping[str, Record]):
         return len(self._index)
 
 
+class _Fields(NamedTuple):
+    """The fields of a variant's records every planner reads, one tuple (list) a field."""
+
+    failed: npt.NDArray[np.bool_]
+    split: tuple[Any, ...]
+    query_id: tuple[Any, ...]  # _NONE: no query_id
+    group: tuple[Any, ...]  # _NONE: no group
+    tags: tuple[Any, ...]
+    metrics: list[Mapping[str, Any]]
+    timings: tuple[Any, ...]  # _NONE: no timings_ms
+
+
+def _read(records: Sequence[Record]) -> _Fields:
+    """The fields of :class:`_Fields`, one look at each record (the records lie all over memory: a
+    pass a field would wait on each record again): one C-level lookup of them all a record, record
+    by record where one lacks a field."""
+    try:
+        read = list(map(itemgetter(*_FIELDS), records))
+    except KeyError:
+        read = [tuple(r.get(f, _NONE) for f in _FIELDS) for r in records]
+    status, split, query_id, group, tags, metrics, timings = (
+        tuple(map(itemgetter(j), read)) for j in range(len(_FIELDS))
+    )
+    if _NONE in status:
+        status = tuple("ok" if x is _NONE else x for x in status)
+    if _NONE in split:
+        split = tuple(None if x is _NONE else x for x in split)
+    if _NONE in tags:
+        tags = tuple(None if x is _NONE else x for x in tags)
+    dicts = [_EMPTY if m is _NONE else m or _EMPTY for m in metrics]
+    failed = np.fromiter(map(ne, status, repeat("ok")), bool, len(records))
+    return _Fields(failed, split, query_id, group, tags, dicts, timings)
+
+
 class VariantColumns:
     """One variant's records as columns (each computed on first use, then kept)."""
 
     def __init__(self, records: Sequence[Record]) -> None:
         self.records = records
-        # one look at each record for the fields the planners read (the records lie all over memory:
-        # a pass a field would wait on each record again): one C-level lookup of them all a record,
-        # record by record where one lacks a field
-        try:
-            read = list(map(itemgetter(*_FIELDS), records))
-        except KeyError:
-            read = [tuple(r.get(f, _NONE) for f in _FIELDS) for r in records]
-        status, self._split_of, self._qids, self._group_of, self._tags, metrics, self._timings = (
-            tuple(map(itemgetter(j), read)) for j in range(len(_FIELDS))
-        )
-        self._dicts = [m or _EMPTY for m in metrics]
-        if _NONE in status:
-            status = tuple("ok" if x is _NONE else x for x in status)
-        if _NONE in self._split_of:
-            self._split_of = tuple(None if x is _NONE else x for x in self._split_of)
-        if _NONE in self._tags:
-            self._tags = tuple(None if x is _NONE else x for x in self._tags)
-        if _NONE in metrics:
-            self._dicts = [_EMPTY if m is _NONE else m for m in self._dicts]
-        self.failed = np.fromiter(map(ne, status, repeat("ok")), bool, len(records))
+        self._fields: _Fields | None = _read(records)
+        self.failed = self._fields.failed
         self._splits: dict[Any, IndexArray] | None = None
         self._index: dict[str, dict[str, int]] = {}
         self._by_id: dict[str, ById] = {}
@@ -105,9 +122,20 @@ class VariantColumns:
     def __len__(self) -> int:
         return len(self.records)
 
+    @property
+    def _f(self) -> _Fields:
+        """The records' fields (read again after :meth:`release`)."""
+        if self._fields is None:
+            self._fields = _read(self.records)
+        return self._fields
+
     def release(self) -> None:
-        """Let the metric columns go (read again if asked for); the records by id stay."""
+        """Let the columns go (read again if asked for); the records by id and the metric names
+        stay."""
+        self._fields = None
+        self._splits = None
         self._by_names = None
+        self._group_or_id = None
         self._plain.clear()
         self._values.clear()
         self._aligned.clear()
@@ -117,7 +145,7 @@ class VariantColumns:
     def positions(self, split: str) -> IndexArray:
         """The positions of the records of ``split`` (``record.get("split")``), in order."""
         if self._splits is None:
-            splits = self._split_of
+            splits = self._f.split
             self._splits = {
                 s: np.flatnonzero(np.fromiter(map(eq, splits, repeat(s)), bool, len(splits)))
                 for s in dict.fromkeys(splits)
@@ -131,7 +159,7 @@ class VariantColumns:
         got = self._index.get(split)
         if got is None:
             pos = self.positions(split).tolist()
-            qids = list(map(self._qids.__getitem__, pos))
+            qids = list(map(self._f.query_id.__getitem__, pos))
             if _NONE in qids:
                 raise KeyError("query_id")
             got = self._index[split] = dict(zip(qids, pos, strict=True))
@@ -146,7 +174,7 @@ class VariantColumns:
 
     def tags(self, rows: IndexArray) -> list[Any]:
         """``record.get("tags") or ()`` of the records at ``rows``."""
-        return [t or () for t in map(self._tags.__getitem__, rows.tolist())]
+        return [t or () for t in map(self._f.tags.__getitem__, rows.tolist())]
 
     def rows(self, split: str) -> IndexArray:
         """The positions of :meth:`index`'s records, in its order."""
@@ -175,7 +203,7 @@ class VariantColumns:
 
     def groups(self, rows: IndexArray) -> list[str]:
         """``str(record["group"])`` of the records at ``rows``."""
-        got = list(map(self._group_of.__getitem__, rows.tolist()))
+        got = list(map(self._f.group.__getitem__, rows.tolist()))
         if _NONE in got:
             raise KeyError("group")
         return list(map(str, got))
@@ -183,17 +211,17 @@ class VariantColumns:
     def group_or_id(self) -> list[str]:
         """Each record's group (its query id when it has none), as the trade-off groups it."""
         if self._group_or_id is None:
-            self._group_or_id = list(map(str, self._group_of))
-            if _NONE in self._group_of:
-                for i, g in enumerate(self._group_of):
+            self._group_or_id = list(map(str, self._f.group))
+            if _NONE in self._f.group:
+                for i, g in enumerate(self._f.group):
                     if g is _NONE:
-                        q = self._qids[i]
+                        q = self._f.query_id[i]
                         self._group_or_id[i] = str(None if q is _NONE else q)
         return self._group_or_id
 
     def untagged(self) -> int:
         """How many records have no ``tags`` (:func:`~rag_ablate.run.slices.record_tags` None)."""
-        return self._tags.count(None)
+        return self._f.tags.count(None)
 
     def members(self, rows: IndexArray) -> dict[SliceKey, list[int]]:
         """Each slice's positions among the records at ``rows`` (in their order; not yet
@@ -213,7 +241,7 @@ class VariantColumns:
             )
             for r in recs
         ]
-        tags = [None if t is None else tuple(t) for t in map(self._tags.__getitem__, at)]
+        tags = [None if t is None else tuple(t) for t in map(self._f.tags.__getitem__, at)]
         plain = not (
             set(map(type, chain.from_iterable(read))) - {str, type(None)}
             or set(map(type, chain.from_iterable(filter(None, tags)))) - {str}
@@ -242,7 +270,7 @@ class VariantColumns:
     # ------------------------------------------------------------------ metrics
 
     def _metric_dicts(self) -> list[Mapping[str, Any]]:
-        return self._dicts
+        return self._f.metrics
 
     def names(self) -> set[str]:
         """Every metric name some record has (``analysis.metric_names`` of the records)."""
@@ -337,7 +365,7 @@ class VariantColumns:
             out = self.plain([metric])[metric].copy()
         if not spec.uses_failed:  # a failed record: the miss where it names the metric, else none
             for i in np.flatnonzero(failed).tolist():
-                named = metric in self._dicts[i]
+                named = metric in self._f.metrics[i]
                 out[i] = spec.miss if spec.miss is not None and named else math.nan
         return out
 
@@ -355,7 +383,7 @@ class VariantColumns:
 
     def _total(self, i: int) -> Any:
         """Record ``i``'s ``timings_ms.total`` (None: none)."""
-        t = self._timings[i]
+        t = self._f.timings[i]
         return (t if t is not _NONE and t else _EMPTY).get("total")
 
     def ok_only(self, metrics: Sequence[str], rows: IndexArray) -> dict[str, FloatArray]:
@@ -422,6 +450,7 @@ class Columns:
         """:meth:`VariantColumns.release` of every variant: once planned, before the draws run."""
         for _, cols in self._of.values():
             cols.release()
+        release_freed()
 
     def present(self, variants: Sequence[VariantData]) -> Collection[str]:
         """The metric names some record of ``variants`` has, each looked for when asked."""
