@@ -133,3 +133,15 @@ def test_the_planners_share_one_read_of_each_variant_and_pair_queries_as_the_com
     assert [(r.name, r.n_slice, r.n_queries, r.n_groups) for r in together.slices.rows] == [
         (r.name, r.n_slice, r.n_queries, r.n_groups) for r in slices.rows
     ]
+
+
+def test_columns_let_go_after_planning_are_read_again_when_asked_for() -> None:
+    recs = _records(1)
+    cols = VariantColumns(recs)
+    want = cols.value("recall_at_5").copy()
+    names = cols.names()
+    by_id = cols.by_id("dev")
+    cols.release()
+    assert cols.by_id("dev") is by_id and cols.names() == names  # kept for the comparison's end
+    assert _same(cols.value("recall_at_5"), want.tolist())
+    assert cols.untagged() == sum(1 for r in recs if "tags" not in r) == 7
