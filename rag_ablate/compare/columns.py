@@ -41,7 +41,7 @@ _NONE = object()  # a field the record lacks
 #: the fields every planner reads, in one look at each record
 #: at most this many sets of metric names are told apart by one C-level pass each (more: one loop)
 _FEW_LAYOUTS = 8
-_FIELDS = ("status", "split", "query_id", "group", "tags", "metrics", "timings_ms")
+_FIELDS = ("status", "split", "query_id", "group", "tags", "metrics", "timings_ms", "usage")
 T = TypeVar("T")
 
 
@@ -78,6 +78,7 @@ class _Fields(NamedTuple):
     tags: tuple[Any, ...]
     metrics: list[Mapping[str, Any]]
     timings: tuple[Any, ...]  # _NONE: no timings_ms
+    usage: tuple[Any, ...]
 
 
 def _read(records: Sequence[Record]) -> _Fields:
@@ -86,20 +87,21 @@ def _read(records: Sequence[Record]) -> _Fields:
     by record where one lacks a field."""
     try:
         read = list(map(itemgetter(*_FIELDS), records))
+        lacking = False
     except KeyError:
         read = [tuple(r.get(f, _NONE) for f in _FIELDS) for r in records]
-    status, split, query_id, group, tags, metrics, timings = (
+        lacking = True
+    status, split, query_id, group, tags, metrics, timings, usage = (
         tuple(map(itemgetter(j), read)) for j in range(len(_FIELDS))
     )
-    if _NONE in status:
-        status = tuple("ok" if x is _NONE else x for x in status)
-    if _NONE in split:
-        split = tuple(None if x is _NONE else x for x in split)
-    if _NONE in tags:
-        tags = tuple(None if x is _NONE else x for x in tags)
+    if lacking:  # a record.get's default where a record lacks the field
+        status, split, tags, usage = (
+            tuple(default if x is _NONE else x for x in column)
+            for column, default in ((status, "ok"), (split, None), (tags, None), (usage, None))
+        )
     dicts = [_EMPTY if m is _NONE else m or _EMPTY for m in metrics]
     failed = np.fromiter(map(ne, status, repeat("ok")), bool, len(records))
-    return _Fields(failed, split, query_id, group, tags, dicts, timings)
+    return _Fields(failed, split, query_id, group, tags, dicts, timings, usage)
 
 
 class VariantColumns:
@@ -343,7 +345,7 @@ class VariantColumns:
         return got
 
     def _value(self, metric: str) -> FloatArray:
-        recs, failed = self.records, self.failed
+        failed = self.failed
         if metric == ERROR_RATE:  # a stored share (as stored: float() of it), else the status
             out = np.where(failed, 1.0, 0.0)
             if ERROR_RATE in self.names():
@@ -352,12 +354,12 @@ class VariantColumns:
                         out[i] = float(share)
             return out
         spec = spec_of(metric)
-        if metric == LATENCY:  # the metric, else timings_ms.total
-            vals = self.stored(LATENCY)
-            for i, v in enumerate(vals):
-                if v is None or v is _NONE:
-                    vals[i] = self._total(i)
-            out = np.array(vals, dtype=np.float64).reshape(len(recs))
+        if metric == LATENCY:  # the metric, else (None, or no such name) timings_ms.total
+            out = self.plain([LATENCY])[LATENCY].copy()
+            for i in np.flatnonzero(np.isnan(out)).tolist():
+                if self._f.metrics[i].get(LATENCY) is None:
+                    total = self._total(i)
+                    out[i] = math.nan if total is None else float(total)
             out[~np.isfinite(out)] = math.nan
             if spec.uses_failed:
                 return out
@@ -371,15 +373,22 @@ class VariantColumns:
 
     def spent_latency(self) -> FloatArray:
         """Each record's latency as the trade-off's cost (``tradeoff._latency``): its ``latency_ms``
-        metric when it has the name (None: NaN), else ``timings_ms.total``; failed ones too."""
+        metric when it has the name, else ``timings_ms.total``; failed ones too (NaN: None, or not
+        finite, as the trade-off leaves them out)."""
         got = self._values.get("\0spent")
         if got is None:
-            vals = self.stored(LATENCY)
-            for i, v in enumerate(vals):
-                if v is _NONE:
-                    vals[i] = self._total(i)
-            got = self._values["\0spent"] = np.array(vals, dtype=np.float64).reshape(len(vals))
+            got = self.plain([LATENCY])[LATENCY].copy()
+            for keys, pos in self._layouts():
+                if LATENCY not in keys:
+                    for i in pos:
+                        total = self._total(i)
+                        got[i] = math.nan if total is None else float(total)
+            self._values["\0spent"] = got
         return got
+
+    def has_usage(self, rows: IndexArray) -> bool:
+        """Whether one of the records at ``rows`` reports token usage (``record.get("usage")``)."""
+        return any(map(self._f.usage.__getitem__, rows.tolist()))
 
     def _total(self, i: int) -> Any:
         """Record ``i``'s ``timings_ms.total`` (None: none)."""

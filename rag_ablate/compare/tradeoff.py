@@ -204,6 +204,8 @@ def _column_values(
 ) -> tuple[list[float], list[str]]:
     """:func:`_row_values` of the records at ``rows`` of ``cols``."""
     if measure.column is None:
+        if measure.name.startswith("usd_") and not cols.has_usage(rows):
+            return [], []
         return _row_values([cols.records[i] for i in rows.tolist()], measure)
     vals = measure.column(cols)[rows]
     kept = np.isfinite(vals)
@@ -237,9 +239,9 @@ def _has_values(variants: Sequence[VariantData], name: str, splits: Sequence[str
                 if np.isfinite(m.column(cols)[cols.positions(s)]).any():
                     return True
                 continue
-            rows = [cols.records[i] for i in cols.positions(s).tolist()]
-            if m.name.startswith("usd_") and not any(r.get("usage") for r in rows):
+            if m.name.startswith("usd_") and not cols.has_usage(cols.positions(s)):
                 continue
+            rows = [cols.records[i] for i in cols.positions(s).tolist()]
             if any(x is not None and math.isfinite(x) for x in map(m.extract, rows)):
                 return True
     return False
