@@ -145,3 +145,15 @@ def test_columns_let_go_after_planning_are_read_again_when_asked_for() -> None:
     assert cols.by_id("dev") is by_id and cols.names() == names  # kept for the comparison's end
     assert _same(cols.value("recall_at_5"), want.tolist())
     assert cols.untagged() == sum(1 for r in recs if "tags" not in r) == 7
+
+
+def test_integer_group_codes_factorise_as_np_unique_numbers_them() -> None:
+    from rag_ablate.compare.stats import _factorise
+
+    rng = np.random.default_rng(2)
+    for n, high in ((1, 1), (50, 3), (500, 500), (500, 5000)):
+        g = rng.integers(0, high, n)
+        want = np.unique(g, return_inverse=True)[1]
+        for dtype in (np.int64, np.int32, np.uint16):
+            codes, k = _factorise(g.astype(dtype), n)
+            assert codes.dtype == np.int64 and np.array_equal(codes, want) and k == int(want.max()) + 1
