@@ -136,15 +136,16 @@ class Phases:
 
     def wrap(self, owner: Any, attr: str, name: str) -> None:
         fn: Callable[..., Any] = getattr(owner, attr)
-        acc = self.inner.setdefault(name, [0.0, 0.0])
+        acc = self.inner.setdefault(name, [0.0, 0.0, 0.0])  # wall s, calls, CPU s (the process's)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 acc[0] += time.perf_counter() - t
                 acc[1] += 1
+                acc[2] += time.process_time() - cpu
 
         setattr(owner, attr, timed)
 
@@ -320,6 +321,13 @@ def write_sweep(sweep: Path, queries: list[dict[str, Any]], seed: int = 0) -> No
 
 # --------------------------------------------------------------------------- the comparison step
 
+#: the inner timers of ``run.statistics``'s three planners (the columns are read by the first)
+PLANNERS = (
+    "planning the comparison (pairing, columns, group sums)",
+    "planning the slices",
+    "planning the trade-off",
+)
+
 
 def run_phases(sweep: Path, B: int, seed: int) -> tuple[Phases, Any]:
     """The comparison step of ``rag-ablate compare <sweep>``, phase by phase (module docstring)."""
@@ -331,9 +339,9 @@ def run_phases(sweep: Path, B: int, seed: int) -> tuple[Phases, Any]:
 
     ph = Phases()
     if hasattr(run, "statistics"):
-        ph.wrap(run, "plan_compare", "planning the comparison (pairing, columns, group sums)")
-        ph.wrap(run, "plan_slices", "planning the slices")
-        ph.wrap(tradeoff, "plan", "planning the trade-off")
+        planners = ((run, "plan_compare"), (run, "plan_slices"), (tradeoff, "plan"))
+        for (owner, attr), name in zip(planners, PLANNERS, strict=True):
+            ph.wrap(owner, attr, name)
     ph.wrap(draws.SharedDraws, "run", "bootstrap draws and sign streams, each streamed once to all its tests")
     ph.wrap(stats, "paired_test", "paired tests (sign flip + interval, bootstrap summaries)")
     ph.wrap(stats, "paired_quantile_tests", "latency percentiles (summaries)")
@@ -413,6 +421,15 @@ def side_by_side(args: argparse.Namespace, sizes: list[int]) -> None:
             p = got[key]["phases"].get(name)
             cells.append("-" if p is None else f"{p[0]:.2f} / {p[2]:.2f} ({p[1]:,.0f})")
         print(f"| {name} | " + " | ".join(cells) + " |")
+        if name.startswith("statistics"):  # planning: one core, before the draws (wall / CPU s)
+            planners = [k for k in PLANNERS if any(k in got[key].get("inner", {}) for key in cols)]
+            for inner, summed in [*((k, [k]) for k in planners), ("planning, the three", planners)]:
+                cells = []
+                for key in cols:
+                    parts = [got[key]["inner"][k] for k in summed if k in got[key].get("inner", {})]
+                    wall, cpu = sum(p[0] for p in parts), sum(p[2] for p in parts)
+                    cells.append(f"{wall:.2f} / {cpu:.2f}" if parts else "-")
+                print(f"| &nbsp;&nbsp;of which {inner} | " + " | ".join(cells) + " |")
     print(
         "| **comparison step, total** | "
         + " | ".join(
@@ -540,7 +557,7 @@ def main() -> None:
         for name, sec, peak, cpu in ph.rows:
             print(f"| {name} | {sec:.2f} | {cpu:.2f} | {peak:,.0f} |")
             if name.startswith("statistics"):
-                for inner, (s, calls) in ph.inner.items():
+                for inner, (s, calls, _) in ph.inner.items():
                     print(f"| &nbsp;&nbsp;of which {inner} ({int(calls)} calls) | {s:.2f} | | |")
         total, cpu_total = sum(r[1] for r in ph.rows), sum(r[3] for r in ph.rows)
         peak = max(r[2] for r in ph.rows)
@@ -558,7 +575,8 @@ def main() -> None:
             "total (wall, CPU)": (total, cpu_total),
         }
         if args.json:
-            Path(args.json).write_text(json.dumps({"phases": {r[0]: [r[1], r[2], r[3]] for r in ph.rows}}))
+            phases = {r[0]: [r[1], r[2], r[3]] for r in ph.rows}
+            Path(args.json).write_text(json.dumps({"phases": phases, "inner": ph.inner}))
         if args.cli:
             wall, rss = _cli(sweep, args.B)
             print(

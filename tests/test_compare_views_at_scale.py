@@ -176,7 +176,9 @@ def test_the_pairing_counted_from_failure_masks_equals_the_count_over_the_record
     var = {f"q{i}": rec(i) for i in range(320) if rng.random() < 0.9}  # 20 queries of its own
     b_failed = np.array([failed(r) for r in base.values()])
     v_failed = np.array([q in var and failed(var[q]) for q in base])
-    got = _pair("dev", "v", base, var, b_failed, v_failed)
+    in_var = np.array([q in var for q in base])
+    var_only = [r for q, r in var.items() if q not in base]
+    got = _pair("dev", "v", base, var, var_only, in_var, b_failed, v_failed)
     ids = list(base) + [q for q in var if q not in base]
     kinds = [
         "none" if q not in base or q not in var

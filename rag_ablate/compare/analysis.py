@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rag_ablate.compare import stats
+from rag_ablate.compare.columns import Columns, take
 from rag_ablate.compare.draws import Collector, SharedDraws, domain_ratios, quantiles
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.mix import MixRow, mix_columns, mix_rows, pick_mixes, weighted_group_sums
@@ -229,6 +230,21 @@ def split_draw(seed: int, split: str, groups: Iterable[str]) -> SplitDraw:
     return SplitDraw((split, digest), stats.derive_seed(seed, split, digest), np.array(uniq, dtype=np.str_))
 
 
+def base_draw(
+    cols: Columns, base: VariantData, seed: int, split: str
+) -> tuple[SplitDraw, npt.NDArray[np.intp]]:
+    """The draw of a split whose groups are the baseline's records' (:func:`split_draw`) and each of
+    the baseline's queries' group codes in it (in ``Columns.of(base).rows(split)``'s order), made
+    once for every planner sharing ``cols``."""
+
+    def make() -> tuple[SplitDraw, npt.NDArray[np.intp]]:
+        labels = cols.of(base).groups(cols.of(base).rows(split))
+        draw = split_draw(seed, split, labels)
+        return draw, draw.codes(labels)
+
+    return cols.memo(("draw", id(base.records), seed, split), make)
+
+
 def split_groups(by_id: Mapping[str, Record]) -> list[str]:
     """The group labels of a split's records (the universe of its draw)."""
     return [str(r["group"]) for r in by_id.values()]
@@ -243,17 +259,18 @@ def _pair(
     variant: str,
     base: Mapping[str, Record],
     var: Mapping[str, Record],
+    var_only: Sequence[Record],
+    in_var: npt.NDArray[np.bool_],
     base_failed: npt.NDArray[np.bool_],
     var_failed: npt.NDArray[np.bool_],
 ) -> Pair:
-    """How the split's queries pair: ``base_failed`` / ``var_failed``, over the baseline's ids in
-    order, say which have a failed record on each side (no record: not failed). Counted from these
-    masks, so the records are not read again; the variant's own queries (no baseline record) are
-    left out as having no record."""
-    in_var = np.array([q in var for q in base], dtype=bool)
-    var_only = [r for q, r in var.items() if q not in base]
-    failed_ids = [q for q, f in zip(base, base_failed.tolist(), strict=True) if f]
-    var_failed_ids = [q for q, f in zip(base, var_failed.tolist(), strict=True) if f]
+    """How the split's queries pair: ``in_var``, ``base_failed`` / ``var_failed``, over the baseline's
+    ids in order, say which have a record in the variant and which have a failed record on each side
+    (no record: not failed). Counted from these masks, so the records are not read again; the
+    variant's own queries (``var_only``, no baseline record) are left out as having no record."""
+    base_ids = list(base)
+    failed_ids = [base_ids[i] for i in np.flatnonzero(base_failed).tolist()]
+    var_failed_ids = [base_ids[i] for i in np.flatnonzero(var_failed).tolist()]
 
     def median_failed(recs: Iterable[Record]) -> float | None:
         times = [t for r in recs if (t := failed_latency(r)) is not None]
@@ -460,6 +477,7 @@ def plan_compare(
     weights: TagWeights | None = None,
     keep_flips: int | None = None,
     draws: SharedDraws,
+    columns: Columns | None = None,
 ) -> Callable[[], Comparison]:
     """Plan the comparison of every variant with the baseline. See the module docstring.
 
@@ -473,7 +491,8 @@ def plan_compare(
     bootstrap draw on ``draws``; after ``draws.run()`` (each draw streamed once to the tests of the
     comparison and of whatever else registered on it: the slices, the trade-off;
     :mod:`rag_ablate.compare.draws`) the returned function finishes the tests in the order they were
-    planned and returns the comparison. :func:`compare` does both.
+    planned and returns the comparison. :func:`compare` does both. ``columns``: the records as columns,
+    shared with the other planners of the same records (:mod:`rag_ablate.compare.columns`).
     """
     # canonical names (recall@5 -> recall_at_5); unknown names fail with the valid ones
     metrics = [
@@ -494,30 +513,34 @@ def plan_compare(
     cap = FlipCap(keep_flips)
     finish: list[Callable[[], None]] = []  # the second pass, in the order of the first
     ok_only: dict[tuple[str, str, str], tuple[float, float, float, int]] = {}
+    cols = columns if columns is not None else Columns()
+    bc = cols.of(base)
     for split in splits:
-        base_by_id = _by_id(base.records, split)
+        base_by_id = bc.by_id(split)
         if not base_by_id:
             notes.append(f"the baseline has no queries in split '{split}'")
             continue
         base_ids = list(base_by_id)
-        labels = split_groups(base_by_id)
-        draw = split_draw(seed, split, labels)
+        base_rows = bc.rows(split)
         # each query's group as its position among the split's sorted labels, once per split: codes
         # sort as the labels do, so every test groups and orders its groups alike (and faster)
-        base_codes = draw.codes(labels)
+        draw, base_codes = base_draw(cols, base, seed, split)
         sources = list(dict.fromkeys(per_query(m) for m in metrics))
-        ok_base_cols = _columns(base_by_id, base_ids, sources)
-        base_failed = np.array([failed(base_by_id[q]) for q in base_ids], dtype=bool)
+        ok_base_cols = bc.ok_only(sources, base_rows)
+        base_failed = bc.failed[base_rows]
         # the queries' tags and mix weights, once per split (each test picks its queries')
-        split_tags = [r.get("tags") or () for r in base_by_id.values()]
+        split_tags = [] if tw is None else bc.tags(base_rows)
         mix_cols = None if tw is None else mix_columns(split_tags, tw)
         for var in others:
-            var_by_id = _by_id(var.records, split)
-            var_failed = np.array([q in var_by_id and failed(var_by_id[q]) for q in base_ids], dtype=bool)
-            pair = _pair(split, var.label, base_by_id, var_by_id, base_failed, var_failed)
+            vc = cols.of(var)
+            var_by_id = vc.by_id(split)
+            var_rows = vc.aligned(bc, split)
+            in_var = var_rows >= 0
+            var_failed = take(vc.failed, var_rows, False)
+            var_only = [vc.records[i] for i in vc.own(split, bc).tolist()]
+            pair = _pair(split, var.label, base_by_id, var_by_id, var_only, in_var, base_failed, var_failed)
             pairs.append(pair)
-            var_only = [r for q, r in var_by_id.items() if q not in base_by_id]
-            ok_var_cols = _columns(var_by_id, base_ids, sources)
+            ok_var_cols = vc.ok_only(sources, var_rows)
             # failure-aware columns of the metrics with a miss; the ok-only figures beside them
             base_cols, var_cols = dict(ok_base_cols), dict(ok_var_cols)
             for src in sources:
@@ -548,14 +571,13 @@ def plan_compare(
                     note = _untested_note(src, base_by_id, var_by_id)
                     rows.append(_nan_row(split, var.label, m, pair, note))
             for paired, ms in quantile_ms.values():
-                qids = [q for q, ok in zip(base_ids, paired, strict=True) if ok]
                 finish.append(
                     _plan_quantiles(
                         split, var.label, ms, base_codes[paired], paired, base_cols, var_cols, pair
                     )(counts, draw, alpha, rows)
                 )
             for paired, ms in by_subset.values():
-                qids = [q for q, ok in zip(base_ids, paired, strict=True) if ok]
+                qids = list(map(base_ids.__getitem__, np.flatnonzero(paired).tolist()))
                 b = np.column_stack([base_cols[m][paired] for m in ms])
                 v = np.column_stack([var_cols[m][paired] for m in ms])
                 groups = base_codes[paired]
@@ -564,7 +586,7 @@ def plan_compare(
                 signs = draw.add_signs(counts, groups, sums_sizes)
                 mixed = None
                 if mix_cols is not None:  # the production-weighted and the edge-case effects, same draw
-                    tags = [split_tags[i] for i in np.flatnonzero(paired).tolist()]
+                    tags = list(map(split_tags.__getitem__, np.flatnonzero(paired).tolist()))
                     _, mix_w = pick_mixes(mix_cols[0][paired], mix_cols[1][paired])
                     if mix_w is not None:
                         wsums = weighted_group_sums(b, v, groups, mix_w)
@@ -622,7 +644,7 @@ def plan_compare(
             flips=flips,
             flip_counts=cap.counts,
             pairs=pairs,
-            notes=notes + gap_notes(base, others, splits),
+            notes=notes + gap_notes(base, others, splits, cols),
             mix=mix,
             mix_weights=tw.describe() if tw is not None else "",
         )
@@ -634,19 +656,22 @@ def _same(prod: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return prod
 
 
-def gap_notes(base: VariantData, others: Sequence[VariantData], splits: Sequence[str]) -> list[str]:
+def gap_notes(
+    base: VariantData, others: Sequence[VariantData], splits: Sequence[str], columns: Columns | None = None
+) -> list[str]:
     """A note per split, variant and metric with a ``MetricSpec.warn_gap`` (``judged_at_k``) whose
     means over the queries with a value on both sides differ by more than it; of a metric measured
-    at several cutoffs, the cutoff with the largest difference. The note names the lower side."""
+    at several cutoffs, the cutoff with the largest difference. The note names the lower side.
+    (A watched metric no record of a split names has no value there, failed or not: no note.)"""
     notes: list[str] = []
+    cols = columns if columns is not None else Columns()
+    watched = [n for n in sorted(cols.of(base).names()) if spec_of(n).warn_gap is not None]
+    if not watched:
+        return notes
     for split in splits:
-        base_by_id = _by_id(base.records, split)
-        names = metric_names(base_by_id.values())
-        watched = [n for n in sorted(names) if spec_of(n).warn_gap is not None]
-        if not watched:
-            continue
+        base_by_id = cols.of(base).by_id(split)
         for var in others:
-            var_by_id = _by_id(var.records, split)
+            var_by_id = cols.of(var).by_id(split)
             worst: dict[str, tuple[float, str, float, float, int]] = {}  # base -> its largest gap
             for name in watched:
                 both = [

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rag_ablate.compare import tradeoff
 from rag_ablate.compare.analysis import plan_compare
+from rag_ablate.compare.columns import Columns
 from rag_ablate.compare.draws import SharedDraws
 from rag_ablate.compare.gate import evaluate, result_line
 from rag_ablate.compare.guard import check, no_ops
@@ -131,8 +132,10 @@ def statistics(variants: Sequence[VariantData], settings: CompareConfig, *, seed
     bootstrap draw: each draw is streamed once, chunk by chunk, to the tests of all three, and one
     product per chunk serves them (:mod:`rag_ablate.compare.draws`). Each list of flips keeps its
     largest changes (:meth:`Comparison.cap_flips`'s cut, made before the flips are built); every
-    query's values stay in the records."""
+    query's values stay in the records. The three planners read the records as columns, each read
+    once (:mod:`rag_ablate.compare.columns`), let go before the draws run."""
     draws = SharedDraws(settings.B)
+    columns = Columns()
     finish = plan_compare(
         variants,
         baseline=settings.baseline,
@@ -143,6 +146,7 @@ def statistics(variants: Sequence[VariantData], settings: CompareConfig, *, seed
         flip_threshold=settings.flip_threshold,
         keep_flips=FLIPS_KEPT,
         draws=draws,
+        columns=columns,
     )
     base, _ = pick_baseline(variants, settings.baseline)
     splits = list(settings.splits)
@@ -151,14 +155,18 @@ def statistics(variants: Sequence[VariantData], settings: CompareConfig, *, seed
         baseline=base.label,
         compared=[v.label for v in variants if v is not base],
         splits=splits,
-        metrics=resolve_metrics(variants, settings),
+        metrics=resolve_metrics(variants, settings, columns),
         min_groups=settings.min_slice_groups,
         seed=seed,
         alpha=settings.alpha,
         draws=draws,
+        columns=columns,
     )
-    axes = tradeoff.settle_axes(variants, settings, splits)
-    finish_tradeoff = tradeoff.plan(variants, axes, seed=seed, baseline=base.label, draws=draws)
+    axes = tradeoff.settle_axes(variants, settings, splits, columns)
+    finish_tradeoff = tradeoff.plan(
+        variants, axes, seed=seed, baseline=base.label, draws=draws, columns=columns
+    )
+    columns.release()
     draws.run()
     c = finish()
     c.slices = finish_slices()

@@ -34,7 +34,7 @@ See docs/statistics.md, "Slices".
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,17 +42,13 @@ import numpy.typing as npt
 
 from rag_ablate.compare import stats
 from rag_ablate.compare.analysis import (
-    _by_id,
     _untested_note,
+    base_draw,
     detectable,
-    failed,
-    metric_names,
     quantile_of,
-    split_draw,
-    split_groups,
     unconfirmed_words,
-    value,
 )
+from rag_ablate.compare.columns import Columns, VariantColumns, take
 from rag_ablate.compare.draws import Collector, SharedDraws, domain_ratios
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import SLICE_VERDICTS, Comparison, SliceRow, SliceSection, VariantData
@@ -60,7 +56,7 @@ from rag_ablate.config.schema import CompareConfig
 from rag_ablate.core.errors import ConfigError
 from rag_ablate.metrics.registry import auto_quality, direction_of, metric_name, parse_metric_name
 from rag_ablate.records.trace import Record
-from rag_ablate.run.slices import SliceKey, record_tags, slice_keys, sliced
+from rag_ablate.run.slices import SliceKey, slice_keys, sliced
 
 AUTO = "auto"
 
@@ -85,16 +81,18 @@ def _canonical(m: str) -> str:
     return name
 
 
-def resolve_metrics(variants: Sequence[VariantData], settings: CompareConfig) -> list[str]:
+def resolve_metrics(
+    variants: Sequence[VariantData], settings: CompareConfig, columns: Columns | None = None
+) -> list[str]:
     """The slice metrics, ``auto`` resolved to the comparison's quality metric (see the module docstring)."""
     out: list[str] = []
+    cols = columns if columns is not None else Columns()
     for m in settings.slice_metrics:
         if m == AUTO:
             if settings.quality_metric != AUTO:
                 m = settings.quality_metric
             else:
-                present = metric_names(r for v in variants for r in v.records)
-                m = auto_quality(present)
+                m = auto_quality(cols.present(variants))
         name = _canonical(m)
         if name not in out:
             out.append(name)
@@ -151,19 +149,20 @@ def plan_slices(
     seed: int,
     alpha: float,
     draws: SharedDraws,
+    columns: Columns | None = None,
 ) -> Callable[[], SliceSection]:
     """Plan the per-slice effects of the variants ``compared`` against ``baseline`` (labels), each
     slice's bootstrap a domain of its split's draw on ``draws`` (the comparison's, when it registers
-    on the same ``draws``); after ``draws.run()`` the returned function finishes them."""
+    on the same ``draws``); after ``draws.run()`` the returned function finishes them. ``columns``:
+    the records as columns, shared with the other planners (:mod:`rag_ablate.compare.columns`)."""
     if min_groups < 1:
         raise ConfigError(f"compare.min_slice_groups must be >= 1, got {min_groups}")
     B = draws.B
     base, _ = pick_baseline(variants, baseline)
     others = [v for v in variants if v.label in compared]
     section = SliceSection(list(metrics), min_groups, alpha)
-    untagged = {
-        v.label: n for v in (base, *others) if (n := sum(1 for r in v.records if record_tags(r) is None))
-    }
+    cols = columns if columns is not None else Columns()
+    untagged = {v.label: n for v in (base, *others) if (n := cols.of(v).untagged())}
     if untagged:
         counts = ", ".join(f"{label} {n}" for label, n in untagged.items())
         section.notes.append(
@@ -174,23 +173,26 @@ def plan_slices(
     # every slice test is a domain of its split's draw: each draw runs once, and one product per chunk
     # serves every test of the split (the comparison's, the slices', the trade-off's)
     tests: list[tuple[SliceRow, _Test]] = []
+    bc = cols.of(base)
     for split in splits:
-        base_by_id = _by_id(base.records, split)
+        base_by_id = bc.by_id(split)
         if not base_by_id:
             continue
-        labels = split_groups(base_by_id)
-        draw = split_draw(seed, split, labels)
-        base_side = _Side.of(list(base_by_id.values()), metrics)
-        base_codes = draw.codes(labels)
-        base_members = _members(base_by_id.values())
+        base_ids = list(base_by_id)
+        base_rows = bc.rows(split)
+        draw, base_codes = base_draw(cols, base, seed, split)
+        base_side = _Side.at(bc, base_rows, metrics)
+        base_members = bc.members(base_rows)
         for var in others:
-            var_by_id = _by_id(var.records, split)
-            extra = [r for q, r in var_by_id.items() if q not in base_by_id]
+            vc = cols.of(var)
+            var_by_id = vc.by_id(split)
+            extra_rows = vc.own(split, bc)
+            extra = [vc.records[i] for i in extra_rows.tolist()]
             # every array over the split's queries: the baseline's, then the variant's own
             table = _Table(
-                list(base_by_id) + [r["query_id"] for r in extra],
+                base_ids + [r["query_id"] for r in extra],
                 base_side.padded(len(extra)),
-                _Side.of([*(var_by_id.get(q) for q in base_by_id), *extra], metrics),
+                _Side.at(vc, np.concatenate([vc.aligned(bc, split), extra_rows]), metrics),
                 np.concatenate([base_codes, np.full(len(extra), -1, dtype=np.intp)]),
             )
             members = {k: list(v) for k, v in base_members.items()}
@@ -247,15 +249,6 @@ def plan_slices(
     return done
 
 
-def _members(records: Iterable[Record]) -> dict[SliceKey, list[int]]:
-    """Each slice's positions among ``records`` (in their order; not yet :func:`sliced`)."""
-    out: dict[SliceKey, list[int]] = {}
-    for i, rec in enumerate(records):
-        for key in slice_keys(rec):
-            out.setdefault(key, []).append(i)
-    return out
-
-
 @dataclass
 class _Side:
     """One side's records of a split as arrays: which queries have a record, which failed, and each
@@ -266,17 +259,12 @@ class _Side:
     values: dict[str, npt.NDArray[np.float64]]
 
     @classmethod
-    def of(cls, recs: Sequence[Record | None], metrics: Sequence[str]) -> _Side:
-        nan = math.nan
+    def at(cls, cols: VariantColumns, rows: npt.NDArray[np.intp], metrics: Sequence[str]) -> _Side:
+        """The records at ``rows`` of ``cols`` (-1: no record)."""
         return cls(
-            np.array([r is not None for r in recs], dtype=bool),
-            np.array([r is not None and failed(r) for r in recs], dtype=bool),
-            {
-                m: np.array(
-                    [nan if r is None or (x := value(r, m)) is None else x for r in recs], dtype=np.float64
-                )
-                for m in metrics
-            },
+            rows >= 0,
+            take(cols.failed, rows, False),
+            {m: take(cols.value(m), rows, math.nan) for m in metrics},
         )
 
     def padded(self, n: int) -> _Side:
@@ -334,7 +322,7 @@ def _slice_row(
     ok_both = bs.has[idx] & vs.has[idx] & ~bs.failed[idx] & ~vs.failed[idx]
     paired = bs.has[idx] & vs.has[idx] & np.isfinite(bv) & np.isfinite(vv)
     codes = table.codes[idx[paired]]
-    n_groups = int(np.unique(codes).shape[0])
+    n_groups = int(np.count_nonzero(np.bincount(codes)))  # codes >= 0: the baseline's queries
     n_ok_both = int(ok_both.sum())
     row = SliceRow(
         split=split,

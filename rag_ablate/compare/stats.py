@@ -177,6 +177,13 @@ def _factorise(groups: npt.ArrayLike, n: int) -> tuple[IntArray, int]:
         raise ComparisonError("groups: NaN or inf group label")
     if g.dtype.kind == "O" and any(x is None for x in g):
         raise ComparisonError("groups: None group label")
+    if g.dtype.kind in "iu" and g.min() >= 0 and g.max() < 4 * n + 1024:
+        # codes already (a split's group codes): their ranks from a mask, as np.unique would number
+        # them without sorting
+        seen = np.zeros(int(g.max()) + 1, dtype=bool)
+        seen[g] = True
+        rank = np.cumsum(seen) - 1
+        return rank[g].astype(np.int64), int(rank[-1]) + 1
     try:
         _, codes = np.unique(g, return_inverse=True)
     except TypeError as exc:

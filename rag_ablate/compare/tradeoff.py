@@ -35,7 +35,8 @@ import numpy as np
 import numpy.typing as npt
 
 from rag_ablate.compare import stats
-from rag_ablate.compare.analysis import LATENCY, SplitDraw, metric_names, split_draw, value
+from rag_ablate.compare.analysis import LATENCY, SplitDraw, split_draw, value
+from rag_ablate.compare.columns import Columns, VariantColumns
 from rag_ablate.compare.draws import SharedDraws, domain_ratios
 from rag_ablate.compare.load import pick_baseline
 from rag_ablate.compare.model import Comparison, Point, SplitTradeoff, Tradeoff, VariantData
@@ -77,6 +78,8 @@ class Measure:
     q: float | None
     higher: bool
     unit: str = ""
+    #: ``extract`` of every record at once, NaN for None (None: read record by record)
+    column: Callable[[VariantColumns], FloatArray] | None = None
 
 
 def _stage_ms(stage: str) -> Callable[[Record], float | None]:
@@ -114,6 +117,14 @@ def _metric(name: str) -> Callable[[Record], float | None]:
     return lambda rec: value(rec, name)
 
 
+def _metric_column(name: str) -> Callable[[VariantColumns], FloatArray]:
+    return lambda cols: cols.value(name)
+
+
+def _latency_column(cols: VariantColumns) -> FloatArray:
+    return cols.spent_latency()
+
+
 def _usd(price: ModelPrice, scale: float) -> Callable[[Record], float | None]:
     return lambda rec: cost.query_usd(rec, price) * scale
 
@@ -121,7 +132,8 @@ def _usd(price: ModelPrice, scale: float) -> Callable[[Record], float | None]:
 def quality_measure(metric: str) -> Measure:
     """A quality metric: the mean of a registered per-query metric (``recall_at_5``)."""
     parse_metric_name(metric)  # unknown names fail listing the valid ones
-    return Measure(metric, _metric(metric), None, direction_of(metric) == "higher")
+    higher = direction_of(metric) == "higher"
+    return Measure(metric, _metric(metric), None, higher, column=_metric_column(metric))
 
 
 def cost_measure(name: str, price: ModelPrice | None = None) -> Measure:
@@ -138,7 +150,7 @@ def cost_measure(name: str, price: ModelPrice | None = None) -> Measure:
         if not 0 <= q <= 100:
             raise ConfigError(f"compare.cost_metric '{name}': percentile must be in [0, 100]")
         if base == "latency":
-            return Measure(name, _latency, q, False, "ms")
+            return Measure(name, _latency, q, False, "ms", _latency_column)
         if base == "ttft":
             return Measure(name, _ttft, q, False, "ms")
         return Measure(name, _stage_ms(base), q, False, "ms")
@@ -158,7 +170,7 @@ def cost_measure(name: str, price: ModelPrice | None = None) -> Measure:
             "<stage>_p95_ms, ttft_p95_ms, context_tokens, prompt_tokens, completion_tokens, "
             f"embedding_tokens, usd_per_1k, usd_per_query or a per-query metric ({exc})"
         ) from None
-    return Measure(name, _metric(name), None, spec.direction == "higher", "")
+    return Measure(name, _metric(name), None, spec.direction == "higher", "", _metric_column(name))
 
 
 def _values(records: Sequence[Record], split: str, measure: Measure) -> tuple[list[float], list[str]]:
@@ -187,6 +199,20 @@ def _row_values(rows: Sequence[Record], measure: Measure) -> tuple[list[float], 
     return vals, groups
 
 
+def _column_values(
+    cols: VariantColumns, rows: npt.NDArray[np.intp], measure: Measure
+) -> tuple[list[float], list[str]]:
+    """:func:`_row_values` of the records at ``rows`` of ``cols``."""
+    if measure.column is None:
+        if measure.name.startswith("usd_") and not cols.has_usage(rows):
+            return [], []
+        return _row_values([cols.records[i] for i in rows.tolist()], measure)
+    vals = measure.column(cols)[rows]
+    kept = np.isfinite(vals)
+    groups = cols.group_or_id()
+    return vals[kept].tolist(), list(map(groups.__getitem__, rows[kept].tolist()))
+
+
 def price_of(variant: VariantData) -> ModelPrice | None:
     """The price a variant's tokens are billed at, from its config's ``cost`` section."""
     c = (variant.config or {}).get("cost") or {}
@@ -202,22 +228,30 @@ def price_of(variant: VariantData) -> ModelPrice | None:
     )
 
 
-def _has_values(variants: Sequence[VariantData], name: str, splits: Sequence[str]) -> bool:
+def _has_values(variants: Sequence[VariantData], name: str, splits: Sequence[str], columns: Columns) -> bool:
     """Whether some variant has a value of cost ``name`` on one of ``splits`` (as :func:`_values`
     would give one; it stops at the first)."""
     for v in variants:
         m = cost_measure(name, price_of(v))
+        cols = columns.of(v)
         for s in splits:
-            rows = [r for r in v.records if r.get("split") == s]
-            if m.name.startswith("usd_") and not any(r.get("usage") for r in rows):
+            if m.column is not None:
+                if np.isfinite(m.column(cols)[cols.positions(s)]).any():
+                    return True
                 continue
+            if m.name.startswith("usd_") and not cols.has_usage(cols.positions(s)):
+                continue
+            rows = [cols.records[i] for i in cols.positions(s).tolist()]
             if any(x is not None and math.isfinite(x) for x in map(m.extract, rows)):
                 return True
     return False
 
 
 def choose_metrics(
-    variants: Sequence[VariantData], settings: CompareConfig, splits: Sequence[str]
+    variants: Sequence[VariantData],
+    settings: CompareConfig,
+    splits: Sequence[str],
+    columns: Columns | None = None,
 ) -> tuple[str, str]:
     """The quality and cost metric plotted: the configured ones, or the defaults for ``auto``.
 
@@ -225,15 +259,16 @@ def choose_metrics(
     metric: ``token_f1``, ``exact_match``), else ``recall_at_5`` (``registry.auto_quality``).
     Cost ``auto``: ``usd_per_1k`` when a price and token usage
     are known, else ``latency_p95_ms`` when queries are timed, else ``context_tokens``.
+    ``columns``: the records as columns, shared with the planners (:mod:`rag_ablate.compare.columns`).
     """
+    cols = columns if columns is not None else Columns()
     quality = settings.quality_metric
     if quality == AUTO:
-        present = metric_names(r for v in variants for r in v.records)
-        quality = auto_quality(present)
+        quality = auto_quality(cols.present(variants))
     quality_measure(quality)
     cost_name = settings.cost_metric
     if cost_name == AUTO:
-        cost_name = next((c for c in AUTO_COSTS if _has_values(variants, c, splits)), AUTO_COSTS[-1])
+        cost_name = next((c for c in AUTO_COSTS if _has_values(variants, c, splits, cols)), AUTO_COSTS[-1])
     cost_measure(cost_name)
     return quality, cost_name
 
@@ -313,7 +348,7 @@ def _register(
     vals = np.asarray(values, dtype=np.float64)
     if not vals.size:
         return lambda: np.full(draws.B, np.nan)
-    codes = np.asarray([index[g] for g in groups], dtype=np.int64)
+    codes = np.fromiter(map(index.__getitem__, groups), np.int64, len(groups))
     n_groups = draw.n_groups
     if q is None:  # the mean: the resampled sum over the resampled count
         sm = np.stack(
@@ -415,34 +450,32 @@ def plan(
     seed: int,
     baseline: str | None = None,
     draws: SharedDraws,
+    columns: Columns | None = None,
 ) -> Callable[[], Tradeoff]:
     """Plan the trade-off: each split's statistics registered on its draw on ``draws`` (the comparison's
     draw when the groups are the baseline's and the comparison registers on the same ``draws``); after
-    ``draws.run()`` the returned function finishes it (``draws.B`` resamples: ``settings.B`` is not read)."""
+    ``draws.run()`` the returned function finishes it (``draws.B`` resamples: ``settings.B`` is not read).
+    ``columns``: the records as columns, shared with the other planners
+    (:mod:`rag_ablate.compare.columns`)."""
     if not variants:
         raise ConfigError("the trade-off needs at least one variant")
     base, _ = pick_baseline(variants, baseline if baseline is not None else settings.baseline)
     splits = list(settings.splits)
-    quality, cost_name = choose_metrics(variants, settings, splits)
+    cols = columns if columns is not None else Columns()
+    quality, cost_name = choose_metrics(variants, settings, splits, cols)
     qm = quality_measure(quality)
     notes: list[str] = []
     cost_unit = cost_measure(cost_name).unit
     planned = []
-    by_split: list[dict[str, list[Record]]] = []
-    for v in variants:  # each variant's records by split, in one pass
-        rows: dict[str, list[Record]] = {split: [] for split in splits}
-        for r in v.records:
-            got = rows.get(r.get("split"))
-            if got is not None:
-                got.append(r)
-        by_split.append(rows)
     for split in splits:
         per_variant = []
         all_groups: set[str] = set()
-        for v, rows in zip(variants, by_split, strict=True):
+        for v in variants:
             cm = cost_measure(cost_name, price_of(v))
-            qv, qg = _row_values(rows[split], qm)
-            cv, cg = _row_values(rows[split], cm)
+            vc = cols.of(v)
+            rows = vc.positions(split)
+            qv, qg = _column_values(vc, rows, qm)
+            cv, cg = _column_values(vc, rows, cm)
             all_groups.update(qg)
             all_groups.update(cg)
             per_variant.append((v, cm, qv, qg, cv, cg))
@@ -540,11 +573,14 @@ def attach(c: Comparison, variants: Sequence[VariantData], settings: CompareConf
 
 
 def settle_axes(
-    variants: Sequence[VariantData], settings: CompareConfig, splits: Sequence[str]
+    variants: Sequence[VariantData],
+    settings: CompareConfig,
+    splits: Sequence[str],
+    columns: Columns | None = None,
 ) -> CompareConfig:
     """``settings`` over ``splits`` with the quality and cost axes chosen (:func:`choose_metrics`:
     ``auto`` resolved), as :func:`attach` computes the trade-off and sets the comparison's axes."""
-    quality, cost_name = choose_metrics(variants, settings, splits)
+    quality, cost_name = choose_metrics(variants, settings, splits, columns)
     return replace(settings, splits=list(splits), quality_metric=quality, cost_metric=cost_name)
 
 
