@@ -38,9 +38,9 @@ ERROR_RATE = "error_rate"  # the record's status, not a stored value (as analysi
 LATENCY = "latency_ms"  # falls back to timings_ms.total (as analysis.LATENCY)
 _EMPTY: Mapping[str, Any] = {}
 _NONE = object()  # a field the record lacks
-#: the fields every planner reads, in one look at each record
 #: at most this many sets of metric names are told apart by one C-level pass each (more: one loop)
 _FEW_LAYOUTS = 8
+#: the fields every planner reads, in one look at each record
 _FIELDS = ("status", "split", "query_id", "group", "tags", "metrics", "timings_ms", "usage")
 T = TypeVar("T")
 
