@@ -565,19 +565,67 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return len(os.sched_getaffinity(0)) + 1
 
 
+#: Test files that run one after another on one worker, as one unit of ``--dist loadfile``: each
+#: group's files load the same heavy libraries, which a worker then imports once instead of every
+#: worker once (sentence-transformers, torch and MiniLM: about 6 CPU-s a process; ranx and its numba
+#: kernels: about 5 CPU-s). A file not listed is a unit of its own.
+SAME_WORKER: dict[str, tuple[str, ...]] = {
+    "models": (
+        "test_dense.py",
+        "test_serve.py",
+        "test_stages.py",
+        "test_cache_keys.py",
+        "test_rerank.py",
+        "test_acl.py",
+    ),
+    "ranx": (
+        "test_metrics_retrieval.py",
+        "test_metrics_scoring.py",
+        "test_dataset_fields.py",
+        "test_export.py",
+    ),
+}
+_GROUP_OF = {name: group for group, names in SAME_WORKER.items() for name in names}
+
+
+def _unit(path: str) -> str:
+    """The unit of work of the test file at ``path`` (a node id's file part): its group or itself."""
+    return _GROUP_OF.get(path.rsplit("/", 1)[-1], path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (pyproject's addopts) with the files of a :data:`SAME_WORKER` group as one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileGroups(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid.split("::", 1)[0])
+
+    return FileGroups(config, log)
+
+
 @pytest.hookimpl(trylast=True)  # after -m has deselected: only the tests that will run count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files with the most ``slow`` tests first, each file's tests in their own order.
+    """The units of work (a file, or a :data:`SAME_WORKER` group) with the most ``slow`` tests first,
+    each unit's files and each file's tests in their own order.
 
-    pytest.ini_options runs the suite on pytest-xdist workers with ``--dist loadfile`` (each file
-    on one worker, so a module-scoped sweep runs once) and ``--no-loadscope-reorder`` (files handed
-    out in this order): the longest files start first and the short ones fill in at the end, so no
+    pytest.ini_options runs the suite on pytest-xdist workers with ``--dist loadfile`` (each unit
+    on one worker, so a module-scoped sweep runs once) and ``--no-loadscope-reorder`` (units handed
+    out in this order): the longest units start first and the short ones fill in at the end, so no
     worker is left with a long file while the other one idles."""
-    weight: dict[Path, float] = {}
+    unit = {item.nodeid: _unit(item.nodeid.split("::", 1)[0]) for item in items}
+    weight: dict[str, float] = {}
     for item in items:
-        weight[item.path] = weight.get(item.path, 0.0) + (10.0 if item.get_closest_marker("slow") else 0.1)
-    first_seen = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
-    items.sort(key=lambda item: (-weight[item.path], first_seen[item.path]))
+        weight[unit[item.nodeid]] = weight.get(unit[item.nodeid], 0.0) + (
+            10.0 if item.get_closest_marker("slow") else 0.1
+        )
+    unit_seen = {u: i for i, u in enumerate(dict.fromkeys(unit.values()))}
+    file_seen = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(
+        key=lambda item: (-weight[unit[item.nodeid]], unit_seen[unit[item.nodeid]], file_seen[item.path])
+    )
 
 
 @pytest.hookimpl(wrapper=True)
