@@ -439,11 +439,15 @@ def _session_root(factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-def shared_run(factory: pytest.TempPathFactory, name: str, args: list[str]) -> dict[str, Any]:
+def shared_run(
+    factory: pytest.TempPathFactory, name: str, args: list[str], *, process: bool = True
+) -> dict[str, Any]:
     """``python -m rag_ablate args...`` run once per session in a folder of its own, whichever
-    worker asks first (the others wait on a file lock and read its result). Returns ``cwd`` (the
-    folder it ran in), ``out`` (its ``outputs/``) and ``proc`` (exit code, stdout and stderr).
-    Callers only read the folder: a test that changes outputs runs its own sweep."""
+    worker asks first (the others wait on a file lock and read its result): as a process of its
+    own, as typed, or with ``process=False`` in the worker that asks (:func:`run_in_process`,
+    without a new interpreter's imports). Returns ``cwd`` (the folder it ran in), ``out`` (its
+    ``outputs/``) and ``proc`` (exit code, stdout and stderr). Callers only read the folder: a test
+    that changes outputs runs its own sweep."""
     root = _session_root(factory)
     cwd = root / f"shared-{name}"
     result = root / f"shared-{name}.json"
@@ -451,7 +455,7 @@ def shared_run(factory: pytest.TempPathFactory, name: str, args: list[str]) -> d
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not result.is_file():
             cwd.mkdir()
-            proc = run_module("rag_ablate", args, cwd, process=True)  # README's command, as typed
+            proc = run_module("rag_ablate", args, cwd, process=process)
             done = {"args": args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
             tmp = result.with_suffix(".tmp")
             tmp.write_text(json.dumps(done), encoding="utf-8")
@@ -543,7 +547,10 @@ def sample_answers_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     its job folders by label. Read it, never write to it."""
     args = ["-m", "generator=none,extractive", "retrieval.acl_filter=false,true"]
     run = shared_run(
-        tmp_path_factory, "sample-answers", [*args, "tracking=none", "progress=false", "compare.B=1000"]
+        tmp_path_factory,
+        "sample-answers",
+        [*args, "tracking=none", "progress=false", "compare.B=1000"],
+        process=False,
     )
     assert run["proc"].returncode == 0, run["proc"].stderr[-3000:]
     (sweep_dir,) = (run["out"] / "multirun").iterdir()
