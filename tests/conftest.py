@@ -401,7 +401,7 @@ def serving(
                     if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
                         break
                 assert proc.poll() is None, log_path.read_text()
-                time.sleep(1)
+                time.sleep(0.2)  # a server up between two looks waits at most this long
             else:
                 log_tail = log_path.read_text()[-2000:]
                 pytest.fail(f"{name} did not come up within {timeout_s:.0f} s: {log_tail}")
@@ -439,11 +439,15 @@ def _session_root(factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-def shared_run(factory: pytest.TempPathFactory, name: str, args: list[str]) -> dict[str, Any]:
+def shared_run(
+    factory: pytest.TempPathFactory, name: str, args: list[str], *, process: bool = True
+) -> dict[str, Any]:
     """``python -m rag_ablate args...`` run once per session in a folder of its own, whichever
-    worker asks first (the others wait on a file lock and read its result). Returns ``cwd`` (the
-    folder it ran in), ``out`` (its ``outputs/``) and ``proc`` (exit code, stdout and stderr).
-    Callers only read the folder: a test that changes outputs runs its own sweep."""
+    worker asks first (the others wait on a file lock and read its result): as a process of its
+    own, as typed, or with ``process=False`` in the worker that asks (:func:`run_in_process`,
+    without a new interpreter's imports). Returns ``cwd`` (the folder it ran in), ``out`` (its
+    ``outputs/``) and ``proc`` (exit code, stdout and stderr). Callers only read the folder: a test
+    that changes outputs runs its own sweep."""
     root = _session_root(factory)
     cwd = root / f"shared-{name}"
     result = root / f"shared-{name}.json"
@@ -451,7 +455,7 @@ def shared_run(factory: pytest.TempPathFactory, name: str, args: list[str]) -> d
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not result.is_file():
             cwd.mkdir()
-            proc = run_module("rag_ablate", args, cwd, process=True)  # README's command, as typed
+            proc = run_module("rag_ablate", args, cwd, process=process)
             done = {"args": args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
             tmp = result.with_suffix(".tmp")
             tmp.write_text(json.dumps(done), encoding="utf-8")
@@ -543,7 +547,11 @@ def sample_answers_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     its job folders by label. Read it, never write to it."""
     args = ["-m", "generator=none,extractive", "retrieval.acl_filter=false,true"]
     run = shared_run(
-        tmp_path_factory, "sample-answers", [*args, "tracking=none", "progress=false", "compare.B=1000"]
+        tmp_path_factory,
+        "sample-answers",
+        # no test of it reads latency: the interleaved timing pass after the four jobs is off
+        [*args, "tracking=none", "progress=false", "compare.B=1000", "timing.interleave=false"],
+        process=False,
     )
     assert run["proc"].returncode == 0, run["proc"].stderr[-3000:]
     (sweep_dir,) = (run["out"] / "multirun").iterdir()
@@ -565,19 +573,67 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return len(os.sched_getaffinity(0)) + 1
 
 
+#: Test files that run one after another on one worker, as one unit of ``--dist loadfile``: each
+#: group's files load the same heavy libraries, which a worker then imports once instead of every
+#: worker once (sentence-transformers, torch and MiniLM: about 6 CPU-s a process; ranx and its numba
+#: kernels: about 5 CPU-s). A file not listed is a unit of its own.
+SAME_WORKER: dict[str, tuple[str, ...]] = {
+    "models": (
+        "test_dense.py",
+        "test_serve.py",
+        "test_stages.py",
+        "test_cache_keys.py",
+        "test_rerank.py",
+        "test_acl.py",
+    ),
+    "ranx": (
+        "test_metrics_retrieval.py",
+        "test_metrics_scoring.py",
+        "test_dataset_fields.py",
+        "test_export.py",
+    ),
+}
+_GROUP_OF = {name: group for group, names in SAME_WORKER.items() for name in names}
+
+
+def _unit(path: str) -> str:
+    """The unit of work of the test file at ``path`` (a node id's file part): its group or itself."""
+    return _GROUP_OF.get(path.rsplit("/", 1)[-1], path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (pyproject's addopts) with the files of a :data:`SAME_WORKER` group as one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileGroups(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid.split("::", 1)[0])
+
+    return FileGroups(config, log)
+
+
 @pytest.hookimpl(trylast=True)  # after -m has deselected: only the tests that will run count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files with the most ``slow`` tests first, each file's tests in their own order.
+    """The units of work (a file, or a :data:`SAME_WORKER` group) with the most ``slow`` tests first,
+    each unit's files and each file's tests in their own order.
 
-    pytest.ini_options runs the suite on pytest-xdist workers with ``--dist loadfile`` (each file
-    on one worker, so a module-scoped sweep runs once) and ``--no-loadscope-reorder`` (files handed
-    out in this order): the longest files start first and the short ones fill in at the end, so no
+    pytest.ini_options runs the suite on pytest-xdist workers with ``--dist loadfile`` (each unit
+    on one worker, so a module-scoped sweep runs once) and ``--no-loadscope-reorder`` (units handed
+    out in this order): the longest units start first and the short ones fill in at the end, so no
     worker is left with a long file while the other one idles."""
-    weight: dict[Path, float] = {}
+    unit = {item.nodeid: _unit(item.nodeid.split("::", 1)[0]) for item in items}
+    weight: dict[str, float] = {}
     for item in items:
-        weight[item.path] = weight.get(item.path, 0.0) + (10.0 if item.get_closest_marker("slow") else 0.1)
-    first_seen = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
-    items.sort(key=lambda item: (-weight[item.path], first_seen[item.path]))
+        weight[unit[item.nodeid]] = weight.get(unit[item.nodeid], 0.0) + (
+            10.0 if item.get_closest_marker("slow") else 0.1
+        )
+    unit_seen = {u: i for i, u in enumerate(dict.fromkeys(unit.values()))}
+    file_seen = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(
+        key=lambda item: (-weight[unit[item.nodeid]], unit_seen[unit[item.nodeid]], file_seen[item.path])
+    )
 
 
 @pytest.hookimpl(wrapper=True)

@@ -388,6 +388,8 @@ def test_grid_sweep_tags_and_guard(tiny_dataset: Path, tmp_path: Path) -> None:
                 "ablation.mode=grid",
                 "progress=false",
                 "compare.B=500",
+                "timing.interleave=false",  # no latency read here: no timing pass after the jobs
+                "tracking.traces=none",  # nor per-query traces
             ],
             tmp_path,
         )

@@ -12,7 +12,7 @@ import pytest
 from rag_ablate.core.errors import TrackingError, WriterError
 from rag_ablate.core.layout import PROFILE_FILE, RUN_FILE, SUMMARY_FILE, SWEEP_FILE
 from rag_ablate.tracking import background
-from tests.conftest import run_module
+from tests.conftest import run_module, write_dataset
 
 
 def test_without_a_writer_a_call_runs_here_and_raises_as_it_is() -> None:
@@ -117,16 +117,23 @@ def test_a_failure_in_the_writer_fails_the_command_naming_it(tmp_path: Path) -> 
     failed and why (at the first query when it has failed by then, else at the job's end)."""
     from mlflow.tracking import MlflowClient
 
+    from rag_ablate.tracking import store
+
     uri = f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"
     (tmp_path / "outputs").mkdir()
+    # the store as a run makes it (from the machine's template, not through MLflow's migrations)
+    experiment = store.open_store(uri, "rag_ablate", tmp_path / "outputs" / "mlartifacts")
     client = MlflowClient(tracking_uri=uri)
-    client.delete_experiment(client.create_experiment("rag_ablate"))
-    proc = run_module("rag_ablate", ["progress=false"], tmp_path, process=True)
+    client.delete_experiment(experiment)
+    write_dataset(tmp_path / "tiny")  # the writer's failure is what is tested, not the sample
+    proc = run_module(
+        "rag_ablate", ["dataset=custom", "dataset.path=tiny", "progress=false"], tmp_path, process=True
+    )
     # 2 (TrackingError) when it had failed before the first query: nothing done; else 1 (WriterError):
     # the job's work is done and kept, its MLflow run is not
     assert proc.returncode in (1, 2), proc.stderr[-2000:]
     err = proc.stderr
     assert "rag_ablate: error: " in err and "Traceback" not in err, err[-2000:]
     why = "MlflowException: The experiment 1 must be in the 'active' state"
-    assert f"creating the run of baseline: {why}" in err
+    assert f"creating the run of dataset=custom,dataset.path=tiny: {why}" in err  # the variant's label
     assert not client.search_runs(["1"])

@@ -475,6 +475,7 @@ def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
 
     had = {r["query_id"]: r for r in read_records(records)}  # the torn line is not read as data
     assert len(had) == done_before
+    server.state.delay = 0.0  # slow only until the kill: the resume need not wait
     requests_before = server.state.requests
     out = run_module("rag_ablate", [f"resume={job}"], work)
     assert out.returncode == 0, out.stderr
@@ -608,6 +609,7 @@ def test_kill_a_sweep_then_resume_finishes_it_in_the_same_folder_and_runs(
         assert run.info.status == "KILLED"
         assert "ended without finishing it" in run.data.tags[tracking.ORPHAN_TAG]
 
+    server.state.delay = 0.0  # slow only until the kill: the resume (and its timing pass) need not wait
     out = run_module("rag_ablate", [f"resume={sweep}"], work)
     assert out.returncode == 0, out.stderr
     assert "baseline: finished earlier with every query ok" in out.stdout
@@ -690,6 +692,7 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_killed_runs_then_resume_finishes_
     failures = json.loads((sweep / "failures.json").read_text(encoding="utf-8"))
     assert failures["failed"] and failures["failures"][0]["step"] == "interrupted"
 
+    server.state.delay = 0.0  # slow only until the signal: the resume (and its timing pass) need not wait
     out = run_module("rag_ablate", [f"resume={sweep}"], work)
     assert out.returncode == 0, out.stderr
     assert client.get_run(info["parent_run_id"]).info.status == "FINISHED"
