@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -183,6 +184,13 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # with one). Set before any test imports numpy or torch; a variable the caller set is kept.
 for _threads in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
+
+# Ctrl-C as in a terminal: a shell starts a background job (`python -m pytest &`) with SIGINT
+# ignored, every process it starts inherits that, and the tests that press Ctrl-C on a run
+# (tests/test_resume.py) would see it finish as if never interrupted. Each test process, and so
+# each run it starts, takes SIGINT as Python does by default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
