@@ -36,7 +36,6 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -97,11 +96,6 @@ def _spec(metric: str) -> MetricSpec:
     if spec is None:
         spec = _SPECS[metric] = spec_of(metric)
     return spec
-
-
-def metric_names(records: Iterable[Record]) -> set[str]:
-    """Every metric name some record of ``records`` has (one C-level union over their dicts)."""
-    return set().union(*[r.get("metrics") or () for r in records])
 
 
 def failed(rec: Record) -> bool:
@@ -245,15 +239,6 @@ def base_draw(
     return cols.memo(("draw", id(base.records), seed, split), make)
 
 
-def split_groups(by_id: Mapping[str, Record]) -> list[str]:
-    """The group labels of a split's records (the universe of its draw)."""
-    return [str(r["group"]) for r in by_id.values()]
-
-
-def _by_id(records: Sequence[Record], split: str) -> dict[str, Record]:
-    return {r["query_id"]: r for r in records if r["split"] == split}
-
-
 def _pair(
     split: str,
     variant: str,
@@ -359,44 +344,6 @@ def _nan_row(split: str, variant: str, metric: str, pair: Pair, note: str) -> Ro
         n_failed_variant=pair.n_failed_variant,
         note=note,
     )
-
-
-def _columns(
-    by_id: Mapping[str, Record], ids: Sequence[str], metrics: Sequence[str]
-) -> dict[str, npt.NDArray[np.float64]]:
-    """:func:`value` of each metric for each id, as arrays (NaN: no value, or no record)."""
-    nan = math.nan
-    recs = [by_id.get(q) for q in ids]
-    out = {}
-    # the plain metrics (every one but error_rate and latency_ms): no value for a failed query; read
-    # one record at a time, all of them at once (C-level gets), into one table
-    plain = [m for m in metrics if not _spec(m).uses_failed]
-    if plain:
-        none = [nan] * len(plain)
-        rows = [
-            none if r is None or failed(r) else list(map((r.get("metrics") or {}).get, plain, repeat(nan)))
-            for r in recs
-        ]
-        table = _floats(rows, len(plain))
-        for j, m in enumerate(plain):
-            out[m] = np.ascontiguousarray(table[:, j])
-    for m in metrics:
-        if m not in out:
-            out[m] = _floats([[nan if r is None else value(r, m)] for r in recs], 1)[:, 0]
-    return {m: out[m] for m in metrics}
-
-
-def _floats(rows: list[list[Any]], width: int) -> npt.NDArray[np.float64]:
-    """``rows`` of numbers as a (len(rows), width) float64 table, None and non-finite values NaN."""
-    try:
-        table = np.array(rows, dtype=np.float64).reshape(len(rows), width)
-    except TypeError:  # a None among them
-        cells = np.array(rows, dtype=object).reshape(len(rows), width)
-        missing = np.array([[x is None for x in row] for row in rows], dtype=bool)
-        cells[missing.reshape(cells.shape)] = math.nan
-        table = cells.astype(np.float64)
-    table[~np.isfinite(table)] = math.nan
-    return table
 
 
 def _failure_aware(

@@ -10,8 +10,8 @@ index them. The metric values come from one pass over the records' metric mappin
 (one C-level ``values()`` a record, converted by numpy), not name by name.
 
 Every value is the one the record-at-a-time functions give
-(:func:`~rag_ablate.compare.analysis.value`, :func:`~rag_ablate.compare.analysis.failed`,
-``_by_id``): the columns change how often the records are read, never a number.
+(:func:`~rag_ablate.compare.analysis.value`, :func:`~rag_ablate.compare.analysis.failed`): the
+columns change how often the records are read, never a number.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ T = TypeVar("T")
 
 
 class ById(Mapping[str, Record]):
-    """A split's records by query id (``analysis._by_id``: each id's last record, the ids in the
-    order they first occur), read through the positions of :meth:`VariantColumns.index`."""
+    """A split's records by query id (each id's last record, the ids in the order they first
+    occur), read through the positions of :meth:`VariantColumns.index`."""
 
     __slots__ = ("_index", "_records")
 
@@ -119,6 +119,7 @@ class VariantColumns:
         self._by_names: list[tuple[tuple[str, ...], list[int]]] | None = None
         self._plain: dict[str, FloatArray] = {}
         self._values: dict[str, FloatArray] = {}
+        self._spent: FloatArray | None = None
         self._group_or_id: list[str] | None = None
 
     def __len__(self) -> int:
@@ -140,6 +141,7 @@ class VariantColumns:
         self._group_or_id = None
         self._plain.clear()
         self._values.clear()
+        self._spent = None
         self._aligned.clear()
 
     # ------------------------------------------------------------------ rows
@@ -157,7 +159,7 @@ class VariantColumns:
 
     def index(self, split: str) -> dict[str, int]:
         """Each query id of ``split`` -> the position of its last record, in the order the ids first
-        occur (the keys and records of ``analysis._by_id``)."""
+        occur."""
         got = self._index.get(split)
         if got is None:
             pos = self.positions(split).tolist()
@@ -168,7 +170,7 @@ class VariantColumns:
         return got
 
     def by_id(self, split: str) -> ById:
-        """``analysis._by_id`` of the records of ``split``, as a view of :meth:`index`."""
+        """The records of ``split`` by query id (:class:`ById`), a view of :meth:`index`."""
         got = self._by_id.get(split)
         if got is None:
             got = self._by_id[split] = ById(self.index(split), self.records)
@@ -275,7 +277,7 @@ class VariantColumns:
         return self._f.metrics
 
     def names(self) -> set[str]:
-        """Every metric name some record has (``analysis.metric_names`` of the records)."""
+        """Every metric name some record has."""
         if self._names is None:
             self._names = set().union(*(keys for keys, _ in self._layouts()))
         return self._names
@@ -375,16 +377,15 @@ class VariantColumns:
         """Each record's latency as the trade-off's cost (``tradeoff._latency``): its ``latency_ms``
         metric when it has the name, else ``timings_ms.total``; failed ones too (NaN: None, or not
         finite, as the trade-off leaves them out)."""
-        got = self._values.get("\0spent")
-        if got is None:
-            got = self.plain([LATENCY])[LATENCY].copy()
+        if self._spent is None:
+            spent = self.plain([LATENCY])[LATENCY].copy()
             for keys, pos in self._layouts():
                 if LATENCY not in keys:
                     for i in pos:
                         total = self._total(i)
-                        got[i] = math.nan if total is None else float(total)
-            self._values["\0spent"] = got
-        return got
+                        spent[i] = math.nan if total is None else float(total)
+            self._spent = spent
+        return self._spent
 
     def has_usage(self, rows: IndexArray) -> bool:
         """Whether one of the records at ``rows`` reports token usage (``record.get("usage")``)."""
@@ -396,8 +397,8 @@ class VariantColumns:
         return (t if t is not _NONE and t else _EMPTY).get("total")
 
     def ok_only(self, metrics: Sequence[str], rows: IndexArray) -> dict[str, FloatArray]:
-        """``analysis._columns`` of ``metrics`` at ``rows`` (-1: no record, NaN): a plain metric's
-        stored value over the records not failed, the others' :meth:`value`, finite."""
+        """Each metric of ``metrics`` at ``rows`` (-1: no record, NaN), counting ok queries only: a
+        plain metric's stored value over the records not failed, the others' :meth:`value`, finite."""
         uses_failed = {m for m in metrics if spec_of(m).uses_failed}
         stored = self.plain([m for m in metrics if m not in uses_failed])
         failed = take(self.failed, rows, False)

@@ -173,18 +173,13 @@ def cost_measure(name: str, price: ModelPrice | None = None) -> Measure:
     return Measure(name, _metric(name), None, spec.direction == "higher", "", _metric_column(name))
 
 
-def _values(records: Sequence[Record], split: str, measure: Measure) -> tuple[list[float], list[str]]:
-    """A split's per-query values of ``measure`` and the queries' groups.
+def _row_values(rows: Sequence[Record], measure: Measure) -> tuple[list[float], list[str]]:
+    """The per-query values of ``measure`` of a split's records ``rows`` and the queries' groups.
 
     Money counts every query of the split (a query without usage spent 0), as
     :func:`rag_ablate.run.cost.cost_metrics` does; everything else only the queries
     that have a value.
     """
-    return _row_values([r for r in records if r.get("split") == split], measure)
-
-
-def _row_values(rows: Sequence[Record], measure: Measure) -> tuple[list[float], list[str]]:
-    """:func:`_values` of a split's records ``rows``."""
     vals: list[float] = []
     groups: list[str] = []
     money = measure.name.startswith("usd_")
@@ -229,21 +224,11 @@ def price_of(variant: VariantData) -> ModelPrice | None:
 
 
 def _has_values(variants: Sequence[VariantData], name: str, splits: Sequence[str], columns: Columns) -> bool:
-    """Whether some variant has a value of cost ``name`` on one of ``splits`` (as :func:`_values`
-    would give one; it stops at the first)."""
+    """Whether some variant has a value of cost ``name`` on one of ``splits`` (:func:`_column_values`)."""
     for v in variants:
-        m = cost_measure(name, price_of(v))
-        cols = columns.of(v)
-        for s in splits:
-            if m.column is not None:
-                if np.isfinite(m.column(cols)[cols.positions(s)]).any():
-                    return True
-                continue
-            if m.name.startswith("usd_") and not cols.has_usage(cols.positions(s)):
-                continue
-            rows = [cols.records[i] for i in cols.positions(s).tolist()]
-            if any(x is not None and math.isfinite(x) for x in map(m.extract, rows)):
-                return True
+        m, cols = cost_measure(name, price_of(v)), columns.of(v)
+        if any(_column_values(cols, cols.positions(s), m)[0] for s in splits):
+            return True
     return False
 
 
