@@ -253,9 +253,6 @@ def query_key(q: Query) -> str:
     return repeat_key(q.query_id, q.repeat)
 
 
-POSTFIX_EVERY_S = 0.1  # the bar's live counts are formatted at most this often (tqdm redraws as often)
-
-
 class RunProgress:
     """The querying progress bar: queries done, live ok and failed counts, requests per second.
 
@@ -267,7 +264,7 @@ class RunProgress:
         self.target = target
         self.ok = 0
         self.failed = 0
-        self.t0 = self.shown = time.perf_counter()
+        self.t0 = time.perf_counter()
         self.bar = tqdm(total=total, desc=f"querying [{label}]", unit="q", disable=not enabled, leave=False)
 
     def update(self, status: str) -> None:
@@ -277,12 +274,13 @@ class RunProgress:
             self.failed += 1
         if self.bar.disable:  # progress=false: the counts only (formatting them cost 10 us a query)
             return
-        now = time.perf_counter()
-        if now - self.shown >= POSTFIX_EVERY_S or self.ok + self.failed == self.bar.total:
-            self.shown = now
+        # the counts formatted only when the bar may redraw (tqdm's own test, on its clock: its
+        # minimum interval since the last redraw), so the line it draws shows this query's counts
+        due = time.time() - self.bar.last_print_t >= self.bar.mininterval
+        if due or self.ok + self.failed == self.bar.total:
             sent = getattr(self.target, "requests_sent", None)
             count = sent if isinstance(sent, int) else self.ok + self.failed
-            rate = count / max(now - self.t0, 1e-9)
+            rate = count / max(time.perf_counter() - self.t0, 1e-9)
             counts = {"ok": self.ok, "failed": self.failed, "req/s": f"{rate:.1f}"}
             self.bar.set_postfix(counts, refresh=False)
         self.bar.update(1)
