@@ -394,7 +394,7 @@ def test_a_pinned_baseline_folder_must_exist(tmp_path: Path) -> None:
 def test_an_unquoted_non_ascii_value_is_refused_with_how_to_quote_it() -> None:
     """Hydra's grammar takes no unquoted non-ASCII value; the line says how to write it (issue 23's
     fault injection: ``dataset.name=客服数据`` said only "not a valid override")."""
-    from rag_ablate.__main__ import check_override_syntax
+    from rag_ablate.cli.command import check_override_syntax
 
     with pytest.raises(ConfigError) as refused:
         check_override_syntax(["dataset.name=客服数据"])

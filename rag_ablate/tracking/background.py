@@ -47,10 +47,12 @@ from rag_ablate.core.errors import TrackingError, WriterError, one_line
 
 ENV = "RAG_ABLATE_MLFLOW_WRITER"  # "0": never start the writer
 
-# imported by the child as soon as it starts: MLflow's client, its sqlite store, the trace client
+# imported by the child as soon as it starts: MLflow's client, its sqlite store, the trace client, and
+# what the calls' arguments are made of (the child is forked before the main process imports them)
 WARM = (
     "rag_ablate.tracking.store",
     "rag_ablate.tracking.traces",
+    "rag_ablate.dataset.model",
     "mlflow.tracking",
     "mlflow.tracing.client",
     "mlflow.store.tracking.sqlalchemy_store",
