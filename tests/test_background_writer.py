@@ -110,6 +110,25 @@ def test_an_artifact_folder_that_cannot_be_made_stops_the_run_before_the_writer_
     assert (tmp_path / "art").is_dir()
 
 
+@pytest.mark.parametrize("bad", ["retrieval=nope", "top k=3"])
+def test_a_command_stopped_by_a_bad_override_leaves_no_writer_behind(tmp_path: Path, bad: str) -> None:
+    """``python -m rag_ablate`` forks the writer before the overrides are checked (it imports MLflow
+    while the command imports Hydra); a command that stops at a bad one (exit 2, one line) stops the
+    unused writer too: no process with the command's own command line is left."""
+    marker = f"hydra.run.dir={tmp_path / 'never'}"
+    proc = run_module("rag_ablate", [bad, marker], tmp_path, timeout=120, process=True)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("rag_ablate: error: ") and "Traceback" not in proc.stderr
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                left.append(cmdline.parent.name)
+        except OSError:  # a process that ended meanwhile
+            continue
+    assert left == []
+
+
 @pytest.mark.slow
 def test_a_failure_in_the_writer_fails_the_command_naming_it(tmp_path: Path) -> None:
     """The writer cannot create the job's run (its experiment was deleted in MLflow): the job does
