@@ -237,3 +237,24 @@ def test_the_means_of_many_columns_are_numpys_bit_for_bit(columns: list[list[flo
     assert got.keys() == {name for name, column in named.items() if column}
     for name, mean in got.items():
         assert struct.pack("<d", mean) == struct.pack("<d", float(np.mean(named[name])))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    values=st.lists(st.floats(allow_nan=False), min_size=1, max_size=1100)
+    | st.lists(
+        st.sampled_from([0.0, -0.0, 0.1, 1 / 3, 5e-324, 1e308, -1e308, math.inf, -math.inf]), min_size=1
+    )
+    | st.lists(st.floats(), min_size=1, max_size=20)  # NaN: numpy's own answer
+)
+@example(values=[-0.0])
+@example(values=[1.0, math.nan])
+@example(values=[1e308, -1e308, 1e308])
+def test_p50_p95_are_numpys_percentiles_bit_for_bit(values: list[float]) -> None:
+    """A short list's percentiles are interpolated in Python as numpy does: ``np.percentile``'s of the
+    pair (50, 95), bit for bit (a NaN's payload and a zero's sign included; which zero numpy's partition
+    puts where depends on the percentiles asked for together, so a zero goes to numpy)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = np.percentile(np.asarray(values, dtype=np.float64), (50, 95)).tolist()
+        got = scoring._p50_p95(values)
+    assert [struct.pack("<d", v) for v in got] == [struct.pack("<d", v) for v in expected]

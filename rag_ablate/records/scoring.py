@@ -15,6 +15,7 @@ atomically with exactly one final record per query, in dataset order.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain
@@ -466,11 +467,42 @@ _SECOND = itemgetter(1)
 _SHAPES: dict[tuple[str, ...], tuple[str, ...]] = {}  # metric_items: each distinct tuple of names, once
 
 
+_SHORT = 1024  # _p50_p95: a list of floats shorter than this is interpolated in Python
+
+
 def _p50_p95(values: Sequence[float]) -> tuple[float, float]:
-    """The 50th and 95th percentiles (numpy's linear interpolation), from one call (each value is what
-    its own ``np.percentile`` call gives)."""
+    """The 50th and 95th percentiles (numpy's linear interpolation): ``np.percentile(values, (50, 95))``,
+    bit for bit. A short list of floats (none NaN: their sum is not) is sorted and
+    interpolated here with numpy's operations in numpy's order (:func:`_lerp_at`): a call of
+    ``np.percentile`` costs about 30 us whatever the length, and a run's slices make hundreds
+    (the sample's 29 slices: 87 calls). A longer list, or one with a NaN, a non-float or a zero goes
+    to numpy: 0.0 and -0.0 are equal, and which of them numpy's partition puts where is its own (it
+    depends on the percentiles asked for: a separate call for each can give the other zero)."""
+    if (
+        0 < len(values) < _SHORT
+        and set(map(type, values)) == _FLOAT
+        and (total := sum(values)) == total
+        and 0.0 not in values
+    ):
+        ordered = sorted(values)
+        return _lerp_at(ordered, 0.5), _lerp_at(ordered, 0.95)
     p50, p95 = np.percentile(np.asarray(values, dtype=np.float64), (50, 95)).tolist()
     return p50, p95
+
+
+def _lerp_at(ordered: list[float], q: float) -> float:
+    """numpy's ``linear`` quantile ``q`` (0.5 or 0.95: ``np.percentile``'s ``q / 100``) of sorted floats,
+    none NaN, step by step as numpy 2 computes it (``_quantile``, ``_get_indexes``, ``_lerp``): the
+    virtual index ``(n - 1) * q``; its floor and the next index, both the last one (index -1) when the
+    virtual index is at or past it; ``gamma`` the virtual index minus the floor index (-1 included);
+    ``a + (b - a) * gamma``, or ``b - (b - a) * (1 - gamma)`` when ``gamma >= 0.5``."""
+    n = len(ordered)
+    virtual = (n - 1) * q
+    below = -1 if virtual >= n - 1 else math.floor(virtual)
+    a, b = ordered[below], ordered[-1 if below == -1 else below + 1]
+    gamma = virtual - below
+    diff = b - a
+    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
 
 
 def aggregate(
