@@ -195,10 +195,28 @@ def _reference_mix(records: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-@settings(max_examples=15, deadline=None)
+def _tagged(i: int, split: str, tags: list[str], metrics: dict[str, Any]) -> dict[str, Any]:
+    return {**_row(i, split, "ok", metrics), "tags": tags}
+
+
+@settings(max_examples=60, deadline=None)
 @given(records=_records())
+@example(  # records kept whole in two groups of names, interleaved with records read value by value
+    records=[
+        _tagged(0, "dev", ["a"], {"recall_at_5": 0.5, "ndcg_at_10": 0.25}),
+        _tagged(1, "dev", ["edge"], {"ndcg_at_10": 1 / 3, "recall_at_5": 1.0}),
+        _tagged(2, "holdout", [], {"recall_at_5": math.inf, "ndcg_at_10": 0.75}),
+        _tagged(3, "holdout", ["a", "edge"], {"recall_at_5": 0.1, "ndcg_at_10": 0.2}),
+        _tagged(4, "dev", ["b"], {"recall_at_5": None, "ndcg_at_10": 1, "latency_ms": math.nan}),
+        _tagged(5, "holdout", ["edge"], {"ndcg_at_10": 0.5, "recall_at_5": 0.0}),
+        _tagged(6, "dev", ["a"], {"recall_at_5": 1e308, "ndcg_at_10": 1e308}),  # a sum that overflows
+        _tagged(7, "dev", ["edge"], {}),
+    ]
+)
 def test_the_production_mix_equals_its_definition_bit_for_bit(records: list[dict[str, Any]]) -> None:
-    """``<split>/prod/`` and ``<split>/edge/`` means: each metric's values gathered once for all splits."""
+    """``<split>/prod/`` and ``<split>/edge/`` means: each metric's values gathered once for all splits
+    (records whose values are all finite floats transposed by groups of names, the others value by
+    value, merged back in record order), what a metric's records give made once per list of records."""
     got = run_metrics(records, _MIX, (*SPLITS, "all"))
     if got:  # a mix is trivial (nothing returned) when no record has a tag it weighs
         assert _bits(got) == _bits(_reference_mix(records))
