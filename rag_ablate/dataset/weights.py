@@ -207,12 +207,15 @@ def run_metrics(
     0 in a split has no ``prod`` value there. Tags come from ``tags_of`` (query id ->
     tags) when given, else from each record's ``tags``.
     """
-    tag_lists = [_tags(r, tags_of) for r in records]
-    if trivial(tw, tag_lists):
+    tag_lists = [tuple(_tags(r, tags_of)) for r in records]
+    distinct = dict.fromkeys(tag_lists)  # each distinct list of tags weighed once (most runs have a few)
+    if trivial(tw, distinct):
         return {}
     out: dict[str, float] = {}
-    w_all = np.array([tw.weight(t) for t in tag_lists])
-    edge_all = np.array([tw.is_edge(t) for t in tag_lists], dtype=bool)
+    weight_of = {tags: tw.weight(tags) for tags in distinct}
+    edge_of = {tags: tw.is_edge(tags) for tags in distinct}
+    w_all = np.array([weight_of[t] for t in tag_lists])
+    edge_all = np.array([edge_of[t] for t in tag_lists], dtype=bool)
     arrays = _finite_columns(records)
     for split in splits:
         in_split = np.array([split == "all" or r["split"] == split for r in records], dtype=bool)
