@@ -187,7 +187,8 @@ def effective_n(weights: npt.ArrayLike) -> float:
 def _tags(rec: Mapping[str, Any], tags_of: Mapping[str, Sequence[str]] | None) -> Sequence[str]:
     if tags_of is not None and rec["query_id"] in tags_of:
         return tags_of[rec["query_id"]]
-    return [str(t) for t in rec.get("tags") or ()]
+    tags = rec.get("tags")
+    return [str(t) for t in tags] if tags else []
 
 
 def run_metrics(

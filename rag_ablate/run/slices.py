@@ -73,6 +73,8 @@ def record_tags(rec: Record) -> tuple[str, ...] | None:
     tags = rec.get("tags")
     if tags is None:
         return None
+    if not tags:  # (most imported sets' records)
+        return ()
     return tuple(dict.fromkeys(str(t) for t in tags))  # a tag listed twice is one slice
 
 
@@ -92,14 +94,17 @@ def _metadata_values(value: object) -> list[str]:
 def slice_keys(rec: Record) -> list[SliceKey]:
     """The slices a record belongs to: one per tag, its parent and its leaf gold intent, its expected
     behaviour and applicable version, and one per value of each metadata key (see the module docstring)."""
-    keys = [SliceKey("tag", t) for t in record_tags(rec) or ()]
-    if rec.get("intent_gold_l1") is not None:
-        keys.append(SliceKey("intent_l1", str(rec["intent_gold_l1"])))
-    if rec.get("intent_gold") is not None:
-        keys.append(SliceKey("intent_l2", str(rec["intent_gold"])))
-    for kind in ("expected_behavior", "applicable_version"):
-        if rec.get(kind) is not None:
-            keys.append(SliceKey(kind, str(rec.get(kind))))
+    tags = record_tags(rec)
+    keys = [SliceKey("tag", t) for t in tags] if tags else []
+    get = rec.get
+    if (l1 := get("intent_gold_l1")) is not None:
+        keys.append(SliceKey("intent_l1", str(l1)))
+    if (l2 := get("intent_gold")) is not None:
+        keys.append(SliceKey("intent_l2", str(l2)))
+    if (behavior := get("expected_behavior")) is not None:
+        keys.append(SliceKey("expected_behavior", str(behavior)))
+    if (version := get("applicable_version")) is not None:
+        keys.append(SliceKey("applicable_version", str(version)))
     for name, value in (rec.get("metadata") or {}).items():
         keys.extend(SliceKey(METADATA_KIND + str(name), v) for v in _metadata_values(value))
     return keys
@@ -255,7 +260,7 @@ def slice_metrics(
         return aggregate_counted(rows, items=[items_of[id(r)] for r in rows])
 
     slices = [Slice(key, *counted(rows)) for key, rows in members(records).items()]
-    n_without = sum(1 for r in records if record_tags(r) is None)
+    n_without = sum(1 for r in records if r.get("tags") is None)  # record_tags(r) is None
     kinds = [*KINDS, *dict.fromkeys(s.key.kind for s in slices if s.key.kind not in KINDS)]
     return SliceTable(slices, len(records), n_without, kinds)
 
