@@ -94,20 +94,25 @@ def _metadata_values(value: object) -> list[str]:
 def slice_keys(rec: Record) -> list[SliceKey]:
     """The slices a record belongs to: one per tag, its parent and its leaf gold intent, its expected
     behaviour and applicable version, and one per value of each metadata key (see the module docstring)."""
+    return [SliceKey(kind, value) for kind, value in _slice_pairs(rec)]
+
+
+def _slice_pairs(rec: Record) -> list[tuple[str, str]]:
+    """:func:`slice_keys` as (kind, value) pairs (a pair is hashed in C; a SliceKey is made per slice)."""
     tags = record_tags(rec)
-    keys = [SliceKey("tag", t) for t in tags] if tags else []
+    pairs = [("tag", t) for t in tags] if tags else []
     get = rec.get
     if (l1 := get("intent_gold_l1")) is not None:
-        keys.append(SliceKey("intent_l1", str(l1)))
+        pairs.append(("intent_l1", str(l1)))
     if (l2 := get("intent_gold")) is not None:
-        keys.append(SliceKey("intent_l2", str(l2)))
+        pairs.append(("intent_l2", str(l2)))
     if (behavior := get("expected_behavior")) is not None:
-        keys.append(SliceKey("expected_behavior", str(behavior)))
+        pairs.append(("expected_behavior", str(behavior)))
     if (version := get("applicable_version")) is not None:
-        keys.append(SliceKey("applicable_version", str(version)))
+        pairs.append(("applicable_version", str(version)))
     for name, value in (rec.get("metadata") or {}).items():
-        keys.extend(SliceKey(METADATA_KIND + str(name), v) for v in _metadata_values(value))
-    return keys
+        pairs.extend((METADATA_KIND + str(name), v) for v in _metadata_values(value))
+    return pairs
 
 
 def sliced(out: dict[SliceKey, list[Any]]) -> dict[SliceKey, list[Any]]:
@@ -125,11 +130,11 @@ def sliced(out: dict[SliceKey, list[Any]]) -> dict[SliceKey, list[Any]]:
 
 def members(records: Iterable[Record]) -> dict[SliceKey, list[Record]]:
     """Each slice's records (in the given order), slices by kind then value."""
-    out: dict[SliceKey, list[Record]] = {}
+    by_pair: dict[tuple[str, str], list[Record]] = {}
     for rec in records:
-        for key in slice_keys(rec):
-            out.setdefault(key, []).append(rec)
-    return sliced(out)
+        for pair in _slice_pairs(rec):
+            by_pair.setdefault(pair, []).append(rec)
+    return sliced({SliceKey(kind, value): rows for (kind, value), rows in by_pair.items()})
 
 
 @dataclass
