@@ -463,7 +463,7 @@ read only, when it holds floats only and none NaN), the names whose value is Non
 names in order (one tuple object for every record with the same names)."""
 
 _FLOAT = {float}
-_SECOND = itemgetter(1)
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 _SHAPES: dict[tuple[str, ...], tuple[str, ...]] = {}  # metric_items: each distinct tuple of names, once
 
 
@@ -680,27 +680,41 @@ class _Lists:
 
 
 def _split_values(records: Sequence[Record], items: Sequence[MetricItems]) -> dict[str, _SplitValues]:
-    """Every split's (and ``all``'s) :class:`_SplitValues`, each record read once, in record order."""
+    """Every split's (and ``all``'s) :class:`_SplitValues`, each record read once, in record order: a
+    record goes to its own split's values (or to the records of no known split); ``all`` takes every
+    record's values, shape and time to first token in record order, and the counts of the splits
+    and of those records added up (a count does not depend on the order it was made in)."""
     out = {split: _SplitValues() for split in (*SPLITS, "all")}
     everything = out["all"]
+    other = _SplitValues()  # the records of no known split: in ``all`` only
+    ttft_all = everything.ttft
     for i, (r, (values, nones, shape)) in enumerate(zip(records, items, strict=True)):
-        own = out.get(r["split"])
-        parts = (everything,) if own is None or own is everything else (own, everything)
+        part = out.get(r["split"])
+        if part is None or part is everything:
+            part = other
         status = str(r["status"])
-        stage = r.get("failure_stage")
+        part.n += 1
+        part.kinds[r["kind"]] += 1
+        part.statuses[status] += 1
+        part.stages[r.get("failure_stage")] += 1
         ttft = r.get("ttft_ms")
-        for part in parts:
-            part.n += 1
-            part.kinds[r["kind"]] += 1
-            part.statuses[status] += 1
-            part.stages[stage] += 1
-            if ttft is not None:
-                part.ttft.append(float(ttft))
-            part.values.append(values)
-            part.shapes.append(shape)
-            part.rows.append(i)
-            if nones and status != "ok":
-                part.misses.update(nones)
+        if ttft is not None:
+            part.ttft.append(float(ttft))
+            ttft_all.append(float(ttft))
+        part.values.append(values)
+        part.shapes.append(shape)
+        part.rows.append(i)
+        if nones and status != "ok":
+            part.misses.update(nones)
+    everything.values = list(map(_FIRST, items))
+    everything.shapes = list(map(_THIRD, items))
+    everything.rows = list(range(len(items)))
+    for part in (*(out[split] for split in SPLITS), other):
+        everything.n += part.n
+        everything.kinds.update(part.kinds)
+        everything.statuses.update(part.statuses)
+        everything.stages.update(part.stages)
+        everything.misses.update(part.misses)
     return out
 
 
