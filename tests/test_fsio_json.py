@@ -10,6 +10,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from rag_ablate.core import fsio
 from rag_ablate.core.fsio import indented_pieces, write_json_atomic
 
 
@@ -47,6 +48,11 @@ def test_indented_pieces_are_the_json_modules_text(data: Any, indent: int) -> No
     encoder = json.JSONEncoder(ensure_ascii=False, indent=indent)
     expected = json.dumps(data, ensure_ascii=False, indent=indent)
     assert "".join(indented_pieces(data, indent, 0, encoder)) == expected
+    whole, fsio._FLAT_ITEMS = fsio._FLAT_ITEMS, 2  # a flat dict or list encoded two items at a time
+    try:
+        assert "".join(indented_pieces(data, indent, 0, encoder)) == expected
+    finally:
+        fsio._FLAT_ITEMS = whole
 
 
 def test_write_json_atomic_writes_the_json_modules_bytes(tmp_path: Path) -> None:
@@ -54,5 +60,8 @@ def test_write_json_atomic_writes_the_json_modules_bytes(tmp_path: Path) -> None
     data = {"slices": [{"kind": "tag", "metrics": metrics, "n": {"all": {"x": 1}}, "name": "中文"}]}
     write_json_atomic(tmp_path / "a.json", data)
     assert (tmp_path / "a.json").read_text("utf-8") == json.dumps(data, ensure_ascii=False, indent=1)
+    many = {"values": [i / 7 for i in range(10_000)], "by": {str(i): i for i in range(9_000)}}  # chunks
+    write_json_atomic(tmp_path / "m.json", many)
+    assert (tmp_path / "m.json").read_text("utf-8") == json.dumps(many, ensure_ascii=False, indent=1)
     write_json_atomic(tmp_path / "b.json", {"b": 1, "a": [2]}, sort_keys=True)  # options: the json module's
     assert (tmp_path / "b.json").read_text() == json.dumps({"a": [2], "b": 1}, indent=1, sort_keys=True)
