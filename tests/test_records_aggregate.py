@@ -195,10 +195,28 @@ def _reference_mix(records: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-@settings(max_examples=15, deadline=None)
+def _tagged(i: int, split: str, tags: list[str], metrics: dict[str, Any]) -> dict[str, Any]:
+    return {**_row(i, split, "ok", metrics), "tags": tags}
+
+
+@settings(max_examples=60, deadline=None)
 @given(records=_records())
+@example(  # records kept whole in two groups of names, interleaved with records read value by value
+    records=[
+        _tagged(0, "dev", ["a"], {"recall_at_5": 0.5, "ndcg_at_10": 0.25}),
+        _tagged(1, "dev", ["edge"], {"ndcg_at_10": 1 / 3, "recall_at_5": 1.0}),
+        _tagged(2, "holdout", [], {"recall_at_5": math.inf, "ndcg_at_10": 0.75}),
+        _tagged(3, "holdout", ["a", "edge"], {"recall_at_5": 0.1, "ndcg_at_10": 0.2}),
+        _tagged(4, "dev", ["b"], {"recall_at_5": None, "ndcg_at_10": 1, "latency_ms": math.nan}),
+        _tagged(5, "holdout", ["edge"], {"ndcg_at_10": 0.5, "recall_at_5": 0.0}),
+        _tagged(6, "dev", ["a"], {"recall_at_5": 1e308, "ndcg_at_10": 1e308}),  # a sum that overflows
+        _tagged(7, "dev", ["edge"], {}),
+    ]
+)
 def test_the_production_mix_equals_its_definition_bit_for_bit(records: list[dict[str, Any]]) -> None:
-    """``<split>/prod/`` and ``<split>/edge/`` means: each metric's values gathered once for all splits."""
+    """``<split>/prod/`` and ``<split>/edge/`` means: each metric's values gathered once for all splits
+    (records whose values are all finite floats transposed by groups of names, the others value by
+    value, merged back in record order), what a metric's records give made once per list of records."""
     got = run_metrics(records, _MIX, (*SPLITS, "all"))
     if got:  # a mix is trivial (nothing returned) when no record has a tag it weighs
         assert _bits(got) == _bits(_reference_mix(records))
@@ -237,3 +255,24 @@ def test_the_means_of_many_columns_are_numpys_bit_for_bit(columns: list[list[flo
     assert got.keys() == {name for name, column in named.items() if column}
     for name, mean in got.items():
         assert struct.pack("<d", mean) == struct.pack("<d", float(np.mean(named[name])))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    values=st.lists(st.floats(allow_nan=False), min_size=1, max_size=1100)
+    | st.lists(
+        st.sampled_from([0.0, -0.0, 0.1, 1 / 3, 5e-324, 1e308, -1e308, math.inf, -math.inf]), min_size=1
+    )
+    | st.lists(st.floats(), min_size=1, max_size=20)  # NaN: numpy's own answer
+)
+@example(values=[-0.0])
+@example(values=[1.0, math.nan])
+@example(values=[1e308, -1e308, 1e308])
+def test_p50_p95_are_numpys_percentiles_bit_for_bit(values: list[float]) -> None:
+    """A short list's percentiles are interpolated in Python as numpy does: ``np.percentile``'s of the
+    pair (50, 95), bit for bit (a NaN's payload and a zero's sign included; which zero numpy's partition
+    puts where depends on the percentiles asked for together, so a zero goes to numpy)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = np.percentile(np.asarray(values, dtype=np.float64), (50, 95)).tolist()
+        got = scoring._p50_p95(values)
+    assert [struct.pack("<d", v) for v in got] == [struct.pack("<d", v) for v in expected]

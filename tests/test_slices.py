@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rag_ablate.compare.analysis import compare
 from rag_ablate.compare.load import load_sweep_dir
@@ -36,9 +39,12 @@ from rag_ablate.run.slices import (
     MLFLOW_MAX_SLICES,
     MLFLOW_MIN_QUERIES,
     SliceKey,
+    members,
     mlflow_key,
     mlflow_slice_metrics,
+    slice_keys,
     slice_metrics,
+    sliced,
 )
 from tests.conftest import QUERIES, chromium, run_module, write_dataset
 
@@ -445,3 +451,38 @@ def test_the_sample_sweep_logs_bounded_slice_metrics_and_names_them(sample_sweep
             assert "Hurts on slices: " in run.data.tags["mlflow.note.content"]
     parent = next(r for r in sample_sweep["runs"] if r.data.tags.get("rag_ablate.kind") == "sweep")
     assert "Slices where a variant hurts" in parent.data.tags["mlflow.note.content"]
+
+
+_SLICE_RECORD = st.fixed_dictionaries(
+    {},
+    optional={
+        "tags": st.lists(st.sampled_from(["a", "b", "edge"]), max_size=3) | st.none(),
+        "intent_gold_l1": st.sampled_from(["K", "O"]) | st.none(),
+        "intent_gold": st.sampled_from(["K_x", "O_y"]) | st.none(),
+        "expected_behavior": st.sampled_from(["answer", "refuse"]) | st.none(),
+        "applicable_version": st.sampled_from(["v1", "v2"]) | st.none(),
+        "metadata": st.dictionaries(
+            st.sampled_from(["p", "q"]),
+            st.sampled_from(["x", "y"])
+            | st.integers(0, 2)
+            | st.booleans()
+            | st.lists(st.sampled_from(["x", 1]))
+            | st.floats()
+            | st.none(),
+            max_size=2,
+        ),
+    },
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(records=st.lists(_SLICE_RECORD, max_size=12))
+def test_members_are_each_slice_keys_records_in_order(records: list[dict[str, Any]]) -> None:
+    """members() groups records by (kind, value) pairs: the slices and rows of grouping by slice_keys."""
+    expected: dict[SliceKey, list[Any]] = {}
+    for rec in records:
+        for key in slice_keys(rec):  # type: ignore[arg-type]
+            expected.setdefault(key, []).append(rec)
+    got = members(records)  # type: ignore[arg-type]
+    assert list(got) == list(sliced(expected))
+    assert all(got[k] == v and all(map(operator.is_, got[k], v)) for k, v in sliced(expected).items())

@@ -38,6 +38,8 @@ import numpy.typing as npt
 from rag_ablate.core.errors import ComparisonError, ConfigError
 
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+IntpArray = npt.NDArray[np.intp]
 Counts = Sequence[npt.NDArray[np.integer[Any]]]
 
 DEFAULT_EDGE_TAGS = ("edge",)
@@ -185,7 +187,8 @@ def effective_n(weights: npt.ArrayLike) -> float:
 def _tags(rec: Mapping[str, Any], tags_of: Mapping[str, Sequence[str]] | None) -> Sequence[str]:
     if tags_of is not None and rec["query_id"] in tags_of:
         return tags_of[rec["query_id"]]
-    return [str(t) for t in rec.get("tags") or ()]
+    tags = rec.get("tags")
+    return [str(t) for t in tags] if tags else []
 
 
 def run_metrics(
@@ -205,27 +208,16 @@ def run_metrics(
     0 in a split has no ``prod`` value there. Tags come from ``tags_of`` (query id ->
     tags) when given, else from each record's ``tags``.
     """
-    tag_lists = [_tags(r, tags_of) for r in records]
-    if trivial(tw, tag_lists):
+    tag_lists = [tuple(_tags(r, tags_of)) for r in records]
+    distinct = dict.fromkeys(tag_lists)  # each distinct list of tags weighed once (most runs have a few)
+    if trivial(tw, distinct):
         return {}
     out: dict[str, float] = {}
-    w_all = np.array([tw.weight(t) for t in tag_lists])
-    edge_all = np.array([tw.is_edge(t) for t in tag_lists], dtype=bool)
-    # every metric's finite values and the positions of their records, in record order, read once
-    # for all splits (a split takes the values of its records, in the same order)
-    columns: dict[str, tuple[list[float], list[int]]] = {}
-    for i, r in enumerate(records):
-        for name, v in (r.get("metrics") or {}).items():
-            if v is not None and math.isfinite(float(v)):
-                column = columns.get(name)
-                if column is None:
-                    column = columns[name] = ([], [])
-                column[0].append(float(v))
-                column[1].append(i)
-    arrays = {
-        name: (np.array(v, dtype=np.float64), np.array(at, dtype=np.intp))
-        for name, (v, at) in columns.items()
-    }
+    weight_of = {tags: tw.weight(tags) for tags in distinct}
+    edge_of = {tags: tw.is_edge(tags) for tags in distinct}
+    w_all = np.array([weight_of[t] for t in tag_lists])
+    edge_all = np.array([edge_of[t] for t in tag_lists], dtype=bool)
+    arrays = _finite_columns(records)
     for split in splits:
         in_split = np.array([split == "all" or r["split"] == split for r in records], dtype=bool)
         idx = np.flatnonzero(in_split)
@@ -233,17 +225,77 @@ def run_metrics(
         out[f"{split}/{PROD}/n_queries"] = float(np.count_nonzero(w > 0))
         out[f"{split}/{PROD}/n_eff"] = effective_n(w)
         out[f"{split}/{EDGE}/n_queries"] = float(np.count_nonzero(edge))
+        # what a metric's records give (which of its values are the split's, their normalised weights
+        # when they sum above 0, which are edge cases when some are), made once for all the metrics
+        # whose values come from the same records (most of a run's metrics)
+        of_rows: dict[bytes, tuple[BoolArray, FloatArray | None, BoolArray | None]] = {}
         for name in sorted(arrays):
             values, at = arrays[name]
-            keep = in_split[at]
+            found = of_rows.get(at_key := at.tobytes())
+            if found is None:
+                keep = in_split[at]
+                rows = at[keep]
+                wn, en = w_all[rows].astype(np.float64), edge_all[rows]
+                found = of_rows[at_key] = (
+                    keep,
+                    normalised(wn) if wn.sum() > 0 else None,
+                    en if en.any() else None,
+                )
+            keep, norm, en = found
             if not keep.any():  # no record of this split has a value
                 continue
-            x, rows = values[keep], at[keep]
-            wn, en = w_all[rows].astype(np.float64), edge_all[rows]
-            if wn.sum() > 0:
-                out[f"{split}/{PROD}/{name}"] = weighted_mean(x, wn)
-            if en.any():
+            x = values[keep]
+            if norm is not None:  # weighted_mean(x, wn)
+                out[f"{split}/{PROD}/{name}"] = float(np.dot(norm, np.asarray(x, dtype=np.float64)))
+            if en is not None:
                 out[f"{split}/{EDGE}/{name}"] = float(x[en].mean())
+    return out
+
+
+_FLOAT = {float}
+
+
+def _finite_columns(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[FloatArray, IntpArray]]:
+    """Every metric's finite values (as floats) and the positions of their records, in record order:
+    read once for all splits (a split takes the values of its records, in the same order).
+
+    A record whose values are all floats with a finite sum (so each is finite) keeps all of them:
+    the records with the same names in the same order are transposed together in C. The others'
+    values are tested one by one. A metric found in several such groups has its values put back in
+    record order by their positions (each position once: the order is the records')."""
+    shapes: dict[tuple[str, ...], list[int]] = {}  # names -> positions of the records kept whole
+    loose: dict[str, tuple[list[float], list[int]]] = {}  # the other records' finite values, positions
+    for i, r in enumerate(records):
+        metrics: Mapping[str, Any] = r.get("metrics") or {}
+        values = metrics.values()
+        if set(map(type, values)) == _FLOAT and math.isfinite(sum(values)):
+            shapes.setdefault(tuple(metrics), []).append(i)
+            continue
+        for name, v in metrics.items():
+            if v is not None and math.isfinite(float(v)):
+                column = loose.get(name)
+                if column is None:
+                    column = loose[name] = ([], [])
+                column[0].append(float(v))
+                column[1].append(i)
+    parts: dict[str, list[tuple[FloatArray, IntpArray]]] = {  # metric -> its (values, positions)
+        name: [(np.array(v, dtype=np.float64), np.array(pos, dtype=np.intp))]
+        for name, (v, pos) in loose.items()
+    }
+    for names, positions in shapes.items():
+        rows = [records[i]["metrics"].values() for i in positions]
+        at = np.array(positions, dtype=np.intp)  # one array for all the group's metrics (never changed)
+        for name, column in zip(names, zip(*rows, strict=True), strict=True):
+            parts.setdefault(name, []).append((np.array(column, dtype=np.float64), at))
+    out: dict[str, tuple[FloatArray, IntpArray]] = {}
+    for name, found in parts.items():
+        if len(found) == 1:
+            out[name] = found[0]
+            continue
+        values_of = np.concatenate([v for v, _ in found])
+        at = np.concatenate([p for _, p in found])
+        order = np.argsort(at, kind="stable")
+        out[name] = (values_of[order], at[order])
     return out
 
 

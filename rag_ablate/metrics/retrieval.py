@@ -482,33 +482,39 @@ def evidence_at(
     spans = _checked_spans(evidence)
     top = _checked_chunks(ranked_chunks, max_k)
     top_docs = [chunk[0] for chunk in top]
-    # per span overlapped by a chunk among the first max_k: its length, the (position, clipped range)
-    # of each such chunk in chunk order, and their positions; the chunks of the span's document are
-    # found by scans in C (a span no chunk overlaps adds 0.0 to every total: skipped, bit for bit)
-    hit: list[tuple[int, list[tuple[int, int, int]], list[int]]] = []
+    # per span overlapped by a chunk among the first max_k: the positions (1-based) of those chunks in
+    # chunk order, and after each the share of the span its chunks so far cover (their clipped ranges'
+    # union over the span's length); the chunks of the span's document are found by scans in C (a span
+    # no chunk overlaps adds 0.0 to every total: skipped, bit for bit)
+    firsts: list[int] = []  # each covered span's first position
+    hit: list[tuple[list[int], list[float]]] = []
     for doc_id, s, e in spans:
-        found: list[tuple[int, int, int]] = []
+        positions: list[int] = []
+        shares: list[float] = []
+        ranges: list[tuple[int, int]] = []
         i = -1
         for _ in range(top_docs.count(doc_id)):
             i = top_docs.index(doc_id, i + 1)
             _, start, end = top[i]
             lo, hi = (s if s > start else start), (e if e < end else end)
             if lo < hi:
-                found.append((i + 1, lo, hi))
-        if found:
-            hit.append((e - s, found, [pos for pos, _, _ in found]))
+                positions.append(i + 1)
+                ranges.append((lo, hi))
+                covered = hi - lo if len(ranges) == 1 else _union_length(sorted(ranges))
+                shares.append(covered / (e - s))
+        if positions:
+            firsts.append(positions[0])
+            hit.append((positions, shares))
     n = len(spans)
-    covered_at = sorted(positions[0] for _, _, positions in hit)  # each covered span's first chunk
-    recall = [bisect_right(covered_at, k) / n for k in key]
+    firsts.sort()
+    recall = [bisect_right(firsts, k) / n for k in key]
     coverage: list[float] = []
     for k in key:
         total = 0.0
-        for length, found, positions in hit:
-            within = found[: bisect_right(positions, k)]
-            if len(within) == 1:
-                total += (within[0][2] - within[0][1]) / length
-            elif within:
-                total += _union_length(sorted((lo, hi) for _, lo, hi in within)) / length
+        for positions, shares in hit:
+            within = bisect_right(positions, k)  # the span's chunks among the first k
+            if within:
+                total += shares[within - 1]
         coverage.append(total / n)
     return recall, coverage
 

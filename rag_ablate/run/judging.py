@@ -276,6 +276,8 @@ def judge_run_metrics(
     ``judge/usd`` for the run and ``judge/usd_per_1k`` per 1,000 judged answers; per judged
     metric, :func:`metric_agreement` as ``judge/<metric>/<name>``.
     """
+    if not any(r.get("judge") for r in records):  # no judgement at all (a run without a judge): no more
+        return {}
     judged = [r for r in records if r.get("status") == "ok" and _repeats(r)]
     if not judged:
         return {}

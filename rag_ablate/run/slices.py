@@ -73,6 +73,8 @@ def record_tags(rec: Record) -> tuple[str, ...] | None:
     tags = rec.get("tags")
     if tags is None:
         return None
+    if not tags:  # (most imported sets' records)
+        return ()
     return tuple(dict.fromkeys(str(t) for t in tags))  # a tag listed twice is one slice
 
 
@@ -92,17 +94,25 @@ def _metadata_values(value: object) -> list[str]:
 def slice_keys(rec: Record) -> list[SliceKey]:
     """The slices a record belongs to: one per tag, its parent and its leaf gold intent, its expected
     behaviour and applicable version, and one per value of each metadata key (see the module docstring)."""
-    keys = [SliceKey("tag", t) for t in record_tags(rec) or ()]
-    if rec.get("intent_gold_l1") is not None:
-        keys.append(SliceKey("intent_l1", str(rec["intent_gold_l1"])))
-    if rec.get("intent_gold") is not None:
-        keys.append(SliceKey("intent_l2", str(rec["intent_gold"])))
-    for kind in ("expected_behavior", "applicable_version"):
-        if rec.get(kind) is not None:
-            keys.append(SliceKey(kind, str(rec.get(kind))))
+    return [SliceKey(kind, value) for kind, value in _slice_pairs(rec)]
+
+
+def _slice_pairs(rec: Record) -> list[tuple[str, str]]:
+    """:func:`slice_keys` as (kind, value) pairs (a pair is hashed in C; a SliceKey is made per slice)."""
+    tags = record_tags(rec)
+    pairs = [("tag", t) for t in tags] if tags else []
+    get = rec.get
+    if (l1 := get("intent_gold_l1")) is not None:
+        pairs.append(("intent_l1", str(l1)))
+    if (l2 := get("intent_gold")) is not None:
+        pairs.append(("intent_l2", str(l2)))
+    if (behavior := get("expected_behavior")) is not None:
+        pairs.append(("expected_behavior", str(behavior)))
+    if (version := get("applicable_version")) is not None:
+        pairs.append(("applicable_version", str(version)))
     for name, value in (rec.get("metadata") or {}).items():
-        keys.extend(SliceKey(METADATA_KIND + str(name), v) for v in _metadata_values(value))
-    return keys
+        pairs.extend((METADATA_KIND + str(name), v) for v in _metadata_values(value))
+    return pairs
 
 
 def sliced(out: dict[SliceKey, list[Any]]) -> dict[SliceKey, list[Any]]:
@@ -120,11 +130,11 @@ def sliced(out: dict[SliceKey, list[Any]]) -> dict[SliceKey, list[Any]]:
 
 def members(records: Iterable[Record]) -> dict[SliceKey, list[Record]]:
     """Each slice's records (in the given order), slices by kind then value."""
-    out: dict[SliceKey, list[Record]] = {}
+    by_pair: dict[tuple[str, str], list[Record]] = {}
     for rec in records:
-        for key in slice_keys(rec):
-            out.setdefault(key, []).append(rec)
-    return sliced(out)
+        for pair in _slice_pairs(rec):
+            by_pair.setdefault(pair, []).append(rec)
+    return sliced({SliceKey(kind, value): rows for (kind, value), rows in by_pair.items()})
 
 
 @dataclass
@@ -255,7 +265,7 @@ def slice_metrics(
         return aggregate_counted(rows, items=[items_of[id(r)] for r in rows])
 
     slices = [Slice(key, *counted(rows)) for key, rows in members(records).items()]
-    n_without = sum(1 for r in records if record_tags(r) is None)
+    n_without = sum(1 for r in records if r.get("tags") is None)  # record_tags(r) is None
     kinds = [*KINDS, *dict.fromkeys(s.key.kind for s in slices if s.key.kind not in KINDS)]
     return SliceTable(slices, len(records), n_without, kinds)
 
