@@ -28,7 +28,8 @@ Two measurements, each in this one process:
    imported by ``rag-ablate import squad``), scored as the runner's score stage does: every record
    made and scored (``scored(make_record(query, trace))``, the trace read back from the record;
    chunk token counts seeded as a local system seeds them) and appended by a
-   :class:`~rag_ablate.records.jsonl.RecordWriter`, then
+   :class:`~rag_ablate.records.jsonl.RecordWriter`, one record after another as the runner does
+   (``--order phases``: every record scored, then every record appended, timed apart), then
    ``aggregate`` (with the default production mix's weighted means), the cost metrics, the judge and repeat metrics, the slices and their files. Each
    side is a child process whose ``rag_ablate`` is this checkout or ``--code DIR`` (default
    ``/work/main``: the code before a change); the two alternate, best CPU time (user + sys) of
@@ -286,6 +287,9 @@ def bench_records(rounds: int) -> list[str]:
 
 
 STAGE_PARTS = ("scored", "writer", "aggregate", "cost", "judge_repeats", "slices", "slice_files")
+# --order runner: each record made, scored and appended in turn, as the runner's evaluate() does; the
+# two per-query parts are then timed together
+RUNNER_PARTS = ("scored and written", *STAGE_PARTS[2:])
 
 
 def stage_records(dataset: str, folder: Path) -> Path:
@@ -301,8 +305,12 @@ def stage_records(dataset: str, folder: Path) -> Path:
     return found[0]
 
 
-def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
-    """One side of part 3 (this process's rag_ablate): best CPU seconds of each part, as JSON."""
+def stage_child(dataset: str, records_path: Path, rounds: int, order: str = "runner") -> None:
+    """One side of part 3 (this process's rag_ablate): best CPU seconds of each part, as JSON.
+
+    ``order``: ``runner`` makes, scores and appends each record in turn, as the runner does while
+    its queries complete (each record's data is at hand when it is written); ``phases`` (the loop of
+    the measurements before stop 38) scores every record, then appends every record."""
     import tempfile
 
     from rag_ablate.dataset.load import load_dataset
@@ -337,18 +345,29 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
         clock = time.process_time
         c = clock()
         tokens = records_mod.TokenCounts(counts)
-        out = [
-            records_mod.scored(
-                records_mod.make_record(q, trace), q, ds.documents, ks, routed=routed, tokens=tokens
-            )
-            for q, trace in traces
-        ]
-        c, t["scored"] = clock(), clock() - c
         (folder / "records.jsonl").unlink(missing_ok=True)
-        with RecordWriter(folder / "records.jsonl") as w:
-            for rec in out:
-                w.write(rec)
-        c, t["writer"] = clock(), clock() - c
+        if order == "runner":
+            out = []
+            with RecordWriter(folder / "records.jsonl") as w:
+                for q, trace in traces:
+                    rec = records_mod.scored(
+                        records_mod.make_record(q, trace), q, ds.documents, ks, routed=routed, tokens=tokens
+                    )
+                    w.write(rec)
+                    out.append(rec)
+            c, t["scored and written"] = clock(), clock() - c
+        else:
+            out = [
+                records_mod.scored(
+                    records_mod.make_record(q, trace), q, ds.documents, ks, routed=routed, tokens=tokens
+                )
+                for q, trace in traces
+            ]
+            c, t["scored"] = clock(), clock() - c
+            with RecordWriter(folder / "records.jsonl") as w:
+                for rec in out:
+                    w.write(rec)
+            c, t["writer"] = clock(), clock() - c
         # the runner's score stage pauses the cyclic garbage collector (where the code has it)
         jsonl = importlib.import_module("rag_ablate.records.jsonl")
         paused = jsonl.gc_paused() if hasattr(jsonl, "gc_paused") else contextlib.nullcontext()
@@ -400,15 +419,15 @@ def stage_child(dataset: str, records_path: Path, rounds: int) -> None:
     )
 
 
-def bench_stage(datasets: list[str], code: Path, rounds: int, pairs: int) -> list[str]:
+def bench_stage(datasets: list[str], code: Path, rounds: int, pairs: int, order: str = "runner") -> list[str]:
     """Part 3: the score stage on each dataset, ``code`` (before) and this checkout (after), alternating."""
     import tempfile
 
     here = Path(__file__).resolve()
     work = Path(tempfile.mkdtemp(prefix="bench_scoring_"))
     lines = [
-        f"Score stage, CPU ms (best of {rounds} rounds x {pairs} alternating children per side); "
-        f"before: {code}, after: {REPO}",
+        f"Score stage, CPU ms (best of {rounds} rounds x {pairs} alternating children per side, "
+        f"--order {order}); before: {code}, after: {REPO}",
         "",
         "| dataset | queries | part | before (ms) | after (ms) | before / after |",
         "|---|---:|---|---:|---:|---:|",
@@ -429,6 +448,8 @@ def bench_stage(datasets: list[str], code: Path, rounds: int, pairs: int) -> lis
                     str(records_path),
                     "--rounds",
                     str(rounds),
+                    "--order",
+                    order,
                 ]
                 done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
                 results[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -436,7 +457,7 @@ def bench_stage(datasets: list[str], code: Path, rounds: int, pairs: int) -> lis
         digests = {side: {r["digest"] for r in rs} for side, rs in results.items()}
         n = best["after"]["n"]
         name = Path(dataset).name if dataset != "sample" else "embedded sample"
-        for part in (*STAGE_PARTS, "total"):
+        for part in (*(RUNNER_PARTS if order == "runner" else STAGE_PARTS), "total"):
             b, a = (
                 sum(best[side]["ms"].values()) if part == "total" else best[side]["ms"][part]
                 for side in ("before", "after")
@@ -458,10 +479,17 @@ def main() -> None:
     ap.add_argument("--code", type=Path, default=Path("/work/main"), help="--part stage: the code before")
     ap.add_argument("--dataset", action="append", default=[], help="--part stage: a real set (repeatable)")
     ap.add_argument("--pairs", type=int, default=2, help="--part stage: children per side, alternating")
+    ap.add_argument(
+        "--order",
+        choices=["runner", "phases"],
+        default="runner",
+        help="--part stage: each record scored and appended in turn as the runner does (default), or "
+        "every record scored, then every record appended (the loop before stop 38)",
+    )
     ap.add_argument("--stage-child", nargs=2, metavar=("DATASET", "RECORDS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.stage_child:
-        stage_child(args.stage_child[0], Path(args.stage_child[1]), args.rounds)
+        stage_child(args.stage_child[0], Path(args.stage_child[1]), args.rounds, args.order)
         return
     print(f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(f"- code: {Path(rag_ablate.__file__).parent}")
@@ -472,7 +500,7 @@ def main() -> None:
         print("\n".join(bench_records(max(2, args.rounds))))
     if args.part == "stage":
         print(f"- load average at the start: {os.getloadavg()[0]:.1f}\n")
-        print("\n".join(bench_stage(["sample", *args.dataset], args.code, args.rounds, args.pairs)))
+        print("\n".join(bench_stage(["sample", *args.dataset], args.code, args.rounds, args.pairs, args.order)))
         print(f"\n- load average at the end: {os.getloadavg()[0]:.1f}")
 
 
