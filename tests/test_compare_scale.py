@@ -323,7 +323,7 @@ def test_json_written_piece_by_piece_is_the_text_json_dumps_gives(
 ) -> None:
     from rag_ablate.core import fsio
 
-    monkeypatch.setattr(fsio, "_JSON_PIECES", 3)  # many writes
+    monkeypatch.setattr(fsio, "_JSON_CHARS", 5)  # many writes
     data = {"a": [1, 2.5, math.nan, "名"], "b": {"c": None, "d": [{"x": True}] * 5}}
     fsio.write_json_atomic(tmp_path / "c.json", data, **kwargs)
     want = json.dumps(data, ensure_ascii=False, **({"indent": 1} | kwargs))
