@@ -19,12 +19,14 @@ def main(argv: list[str], *, writer: bool = False) -> None:
     """Run (or sweep) with the command line ``argv``; exits as the command does (``sys.exit``).
 
     ``writer``: MLflow is imported and written by a second process while the command runs
-    (``python -m rag_ablate`` itself; a call from Python logs in its own process)."""
+    (``python -m rag_ablate`` itself; a call from Python logs in its own process), started here,
+    before the command's imports."""
+    if writer:
+        background.start(argv)
     from rag_ablate.cli.command import main as command  # Hydra and everything a run needs
 
-    command(argv, writer=writer)
+    command(argv)
 
 
 if __name__ == "__main__":
-    background.start(sys.argv[1:])
     main(sys.argv[1:], writer=True)

@@ -168,12 +168,10 @@ def _mode_composition_reused() -> Iterator[None]:
         ConfigLoaderImpl.load_configuration = compose  # type: ignore[method-assign]
 
 
-def main(argv: list[str], *, writer: bool = False) -> None:
-    """Run (or sweep) with the command line ``argv``; exits as the command does (``sys.exit``).
-
-    ``writer``: MLflow is imported and written by a second process while the command runs
-    (:mod:`rag_ablate.tracking.background`; ``python -m rag_ablate`` itself, not a call from
-    Python, which logs in its own process)."""
+def main(argv: list[str]) -> None:
+    """Run (or sweep) with the command line ``argv``; exits as the command does (``sys.exit``). The
+    background MLflow writer, when there is one, was started by the entry point
+    (``rag_ablate.__main__.main``) before this module was imported."""
     try:
         args = normalize_overrides(rewrite_argv(_multirun_first(argv)))
         check_override_syntax(args)
@@ -182,8 +180,6 @@ def main(argv: list[str], *, writer: bool = False) -> None:
         print(f"rag_ablate: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_INVALID)
     sys.argv[1:] = args  # Hydra reads its command line from sys.argv
-    if writer:  # the entry point started it already (before this module's imports); else now
-        background.start(args)
     _report_config_errors_in_one_line()
     try:
         from rag_ablate.cli.hydra_app import main as hydra_main
