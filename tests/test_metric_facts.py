@@ -283,7 +283,7 @@ def _feedback_directions(dataset: Dataset, metrics: dict[str, float]) -> dict[st
     info, _ = mt.build_trace(
         rec,
         q,
-        dataset,
+        mt.documents(rec, dataset),
         experiment_id="0",
         run_id="r",
         start_ns=0,

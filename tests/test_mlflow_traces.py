@@ -478,7 +478,7 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
         _, spans = mt.build_trace(
             rec,
             q,
-            dataset,
+            mt.documents(rec, dataset),
             experiment_id=exp,
             run_id=run_a,
             start_ns=start,
@@ -618,7 +618,6 @@ def _header_badges(dom: str) -> dict[str, tuple[float, str]]:
 
 
 def test_trace_carries_the_answer_first_tokens_money_and_variant_where_mlflow_reads_them() -> None:
-    from types import SimpleNamespace
 
     rec: Any = {
         "query_id": "q1",
@@ -636,7 +635,7 @@ def test_trace_carries_the_answer_first_tokens_money_and_variant_where_mlflow_re
     info, spans = mt.build_trace(
         rec,
         None,
-        SimpleNamespace(documents={}),  # type: ignore[arg-type]
+        [],
         experiment_id="0",
         run_id="r",
         start_ns=0,
@@ -656,3 +655,58 @@ def test_trace_carries_the_answer_first_tokens_money_and_variant_where_mlflow_re
     assert generate.get_attribute("mlflow.chat.tokenUsage") == usage
     assert generate.get_attribute("mlflow.llm.cost") == cost
     assert generate.get_attribute("mlflow.llm.model") == "m"  # the overview breaks the cost down by model
+
+
+def _pandas_query_set(dataset: Any, texts: list[Any]) -> Any:
+    """The dataset input as MLflow's own pandas dataset describes the query set (the reference)."""
+    import pandas as pd
+    from mlflow.data.pandas_dataset import from_pandas
+
+    frame = pd.DataFrame(
+        {
+            "query_id": [q.query_id for q in dataset.queries],
+            "query": texts,
+            "split": [q.split for q in dataset.queries],
+            "group": [q.group for q in dataset.queries],
+            "kind": [q.kind for q in dataset.queries],
+            "intent": [q.intent_l2 for q in dataset.queries],
+            mt.GOLD_NAME: [sorted(q.relevant) for q in dataset.queries],
+        }
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # MLflow warns that a local path matches two of its sources
+        ds = from_pandas(frame, source=str(dataset.path), name=f"{dataset.name} queries",
+                         digest=dataset.queries_fingerprint[:36])  # fmt: skip
+    return ds._to_mlflow_entity()
+
+
+def test_query_set_is_described_as_mlflows_pandas_dataset_describes_it(tmp_path: Path) -> None:
+    """The dataset input is made without pandas or MLflow's type inference, and says what MLflow's
+    own description of the same rows says; a column some query lacks is optional, and a column no
+    query has (MLflow's inference then says ``any``) is still a string column."""
+    from mlflow.types import Schema
+
+    from rag_ablate.core.privacy import Privacy
+    from rag_ablate.dataset.load import load_dataset
+
+    dataset = load_dataset(write_dataset(tmp_path / "tiny"))
+    assert {q.intent_l2 for q in dataset.queries} - {None}  # every column has values
+    ours = mt.dataset_input(dataset)
+    theirs = _pandas_query_set(dataset, [q.query for q in dataset.queries])
+    assert (ours.name, ours.digest, ours.profile) == (theirs.name, theirs.digest, theirs.profile)
+    assert ("local", json.dumps({"uri": ours.source})) == (theirs.source_type, theirs.source)
+    assert json.loads(ours.schema) == json.loads(theirs.schema)
+    Schema.from_json(json.dumps(json.loads(ours.schema)["mlflow_colspec"]))  # MLflow reads it
+
+    # ids only: no query text is stored, the column is there and optional
+    hidden = Privacy(store_text=False, redact=False)
+    ours = mt.dataset_input(dataset, hidden)
+    theirs = _pandas_query_set(dataset, [hidden.text(q.query) for q in dataset.queries])
+    ours_cols = {c["name"]: c for c in json.loads(ours.schema)["mlflow_colspec"]}
+    theirs_cols = {c["name"]: c for c in json.loads(theirs.schema)["mlflow_colspec"]}
+    assert theirs_cols["query"] == {"type": "any", "name": "query", "required": False}
+    assert ours_cols["query"] == {"type": "string", "name": "query", "required": False}
+    assert {k: v for k, v in ours_cols.items() if k != "query"} == {
+        k: v for k, v in theirs_cols.items() if k != "query"
+    }
+    Schema.from_json(json.dumps(json.loads(ours.schema)["mlflow_colspec"]))  # MLflow reads it

@@ -892,11 +892,25 @@ def _log_traces(
     hand: Callable[..., background.Pending] = background.call,
 ) -> background.Pending:
     """Per-query traces under the run (rag_ablate.tracking.traces), once the scores are on disk.
+    The traced queries are picked here, so only they (not every record and the corpus) go to
+    the background writer.
 
     Traces are a view of records.jsonl: a failure here is reported, the run is kept.
     """
     per_split = mlflow_traces.parse_setting(s.tracking.traces)
     if per_split == 0:
+        return background.Pending.known(0)
+    try:
+        traced = mlflow_traces.trace_set(
+            records,
+            dataset,
+            per_split=per_split,
+            start_ns=started_ns,
+            seed=s.seed,
+            privacy=privacy.Privacy.from_config(s.privacy),  # ids only, or redacted passages
+        )
+    except Exception as exc:
+        mlflow_traces.warn_not_logged(exc)
         return background.Pending.known(0)
     price = s.cost.prices.get(s.cost.model) if s.cost.model else None
     return hand(
@@ -906,13 +920,9 @@ def _log_traces(
         store.uri,
         store.experiment_id,
         run_id,
-        records,
-        dataset,
-        per_split=per_split,
+        traced,
         metrics=s.compare.metrics,
-        start_ns=started_ns,
         seed=s.seed,
-        privacy=privacy.Privacy.from_config(s.privacy),  # ids only, or redacted passages
         usd=None if price is None else functools.partial(cost.query_usd_parts, price=price),
         model=s.cost.model,
         per_split_runs=store.parent_run_id is not None,  # a sweep's job: compared with its baseline

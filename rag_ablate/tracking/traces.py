@@ -37,7 +37,6 @@ import functools
 import hashlib
 import json
 import random
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -377,14 +376,13 @@ def usage_and_cost(rec: Record, usd: Usd | None) -> tuple[dict[str, int], dict[s
 def build_trace(
     rec: Record,
     query: Query | None,
-    dataset: Dataset,
+    docs: list[dict[str, Any]],
     *,
     experiment_id: str,
     run_id: str,
     start_ns: int,
     metrics: Sequence[str],
     rng: random.Random,
-    privacy: Privacy | None = None,
     variant: str | None = None,
     usd: Usd | None = None,
     model: str | None = None,
@@ -393,7 +391,8 @@ def build_trace(
     """One query's trace: its info (with feedback and the gold documents) and its finished spans.
 
     ``rec`` is the stored record (:mod:`rag_ablate.core.privacy`): without a ``query`` (text not
-    stored) the inputs are ``{query_id}`` only and the passages are left empty. ``variant`` (the
+    stored) the inputs are ``{query_id}`` only; ``docs`` are its retrieved chunks as
+    :func:`documents` gives them (passages as privacy lets them be stored). ``variant`` (the
     variant's label) goes to the trace's tags and metadata; the tokens the system reported and,
     with ``usd`` (the query's input and output cost), its money go where MLflow's overview and
     trace list read them (:func:`usage_and_cost`); ``model`` (the ``cost.model`` it is billed at)
@@ -441,7 +440,6 @@ def build_trace(
     # the query's text as stored: absent with privacy.store_text=false (ids only)
     text_in: dict[str, Any] = {"query": rec["query"]} if rec.get("query") is not None else {}
     root_inputs = {"query_id": rec["query_id"], **text_in}
-    docs = documents(rec, dataset, privacy)
     # the answer first: MLflow's Response column shows the start of this JSON
     root_outputs: dict[str, Any] = {} if answer is None else {"answer": answer}
     root_outputs["doc_ids"] = [d["metadata"]["doc_id"] for d in docs]
@@ -540,43 +538,66 @@ def build_trace(
     return info, spans
 
 
-def dataset_input(dataset: Dataset, privacy: Privacy | None = None) -> Any:
-    """The query set as a dataset input (context ``evaluation``), built once for every run that
-    logs it (:func:`log_dataset_input`); its query texts as ``privacy`` may store them (none
-    without ``store_text``)."""
-    import pandas as pd  # type: ignore[import-untyped]  # installed with mlflow
-    from mlflow.data.pandas_dataset import from_pandas
+@dataclass(frozen=True)
+class QuerySet:
+    """The query set as MLflow's dataset input describes it (name, digest, source, schema and
+    profile: MLflow keeps no rows), made without MLflow or pandas."""
+
+    name: str
+    digest: str
+    source: str  # the dataset folder
+    schema: str  # MLflow's column-spec JSON
+    profile: str  # JSON: rows and cells
+
+
+def dataset_input(dataset: Dataset, privacy: Privacy | None = None) -> QuerySet:
+    """The query set as the dataset input (context ``evaluation``) of every run that holds traces
+    (:func:`log_dataset_input`): one row per query with its id, text (as ``privacy`` may store it:
+    none without ``store_text``), split, group, kind, intent and gold documents. A column is
+    required when no query lacks its value."""
+    queries = dataset.queries
+    texts = [q.query if privacy is None else privacy.text(q.query) for q in queries]
+    columns: list[tuple[str, bool, bool]] = [  # name, every value present, a list of strings
+        ("query_id", True, False),
+        ("query", all(t is not None for t in texts), False),
+        ("split", all(q.split is not None for q in queries), False),
+        ("group", all(q.group is not None for q in queries), False),
+        ("kind", all(q.kind is not None for q in queries), False),
+        ("intent", all(q.intent_l2 is not None for q in queries), False),
+        (GOLD_NAME, True, True),
+    ]
+    spec = [
+        {"type": "array", "items": {"type": "string"}, "name": name, "required": required}
+        if listed
+        else {"type": "string", "name": name, "required": required}
+        for name, required, listed in columns
+    ]
+    return QuerySet(
+        name=f"{dataset.name} queries",
+        digest=dataset.queries_fingerprint[:36],
+        source=str(dataset.path),
+        schema=json.dumps({"mlflow_colspec": spec}),
+        profile=json.dumps({"num_rows": len(queries), "num_elements": len(queries) * len(columns)}),
+    )
+
+
+def log_dataset_input(uri: str, run_id: str, queries: QuerySet) -> None:
+    """:func:`dataset_input`'s query set as the run's dataset input (a local source: the folder)."""
+    from mlflow.entities import Dataset as MlflowDataset
     from mlflow.entities import DatasetInput, InputTag
+    from mlflow.tracking import MlflowClient
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    frame = pd.DataFrame(
-        {
-            "query_id": [q.query_id for q in dataset.queries],
-            "query": [q.query if privacy is None else privacy.text(q.query) for q in dataset.queries],
-            "split": [q.split for q in dataset.queries],
-            "group": [q.group for q in dataset.queries],
-            "kind": [q.kind for q in dataset.queries],
-            "intent": [q.intent_l2 for q in dataset.queries],
-            GOLD_NAME: [sorted(q.relevant) for q in dataset.queries],
-        }
+    entity = MlflowDataset(
+        name=queries.name,
+        digest=queries.digest,
+        source_type="local",
+        source=json.dumps({"uri": queries.source}),
+        schema=queries.schema,
+        profile=queries.profile,
     )
-    with warnings.catch_warnings():
-        # MLflow registers its local-file source twice and warns that a path matches both
-        warnings.filterwarnings("ignore", "The specified dataset source can be interpreted", UserWarning)
-        ds = from_pandas(
-            frame,
-            source=str(dataset.path),
-            name=f"{dataset.name} queries",
-            digest=dataset.queries_fingerprint[:36],
-        )
-    return DatasetInput(ds._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, "evaluation")])
-
-
-def log_dataset_input(uri: str, run_id: str, entity: Any) -> None:
-    """:func:`dataset_input`'s query set as the run's dataset input."""
-    from mlflow.tracking import MlflowClient
-
-    MlflowClient(tracking_uri=uri).log_inputs(run_id, datasets=[entity])
+    context = InputTag(MLFLOW_DATASET_CONTEXT, "evaluation")
+    MlflowClient(tracking_uri=uri).log_inputs(run_id, datasets=[DatasetInput(entity, tags=[context])])
 
 
 def _run_trace_ids(client: Any, experiment_id: str, run_id: str) -> list[str]:
@@ -592,16 +613,66 @@ def _run_trace_ids(client: Any, experiment_id: str, run_id: str) -> list[str]:
             return ids
 
 
+@dataclass(frozen=True)
+class Traced:
+    """One traced query: its stored record, its query in the dataset (None: not there), when it
+    started (Unix epoch, ns) and its retrieved chunks (:func:`documents`)."""
+
+    rec: Record
+    query: Query | None
+    start_ns: int
+    docs: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class TraceSet:
+    """What the traces of a run are made of, taken from its records and dataset where they are
+    (:func:`trace_set`), so that only the traced queries cross to the background writer, not every
+    record and the corpus."""
+
+    traced: list[Traced]  # in dataset order
+    samples: list[SplitSample]
+    queries: QuerySet
+
+
+def trace_set(
+    records: Sequence[Record],
+    dataset: Dataset,
+    *,
+    per_split: int | None,
+    start_ns: int,
+    seed: int = 0,
+    privacy: Privacy | None = None,
+) -> TraceSet:
+    """The traced queries of ``records`` (:func:`select`; ``per_split``: queries per split, None:
+    all) with what their traces show. ``records`` are the stored records; ``start_ns``: when the
+    evaluation of the first record began (Unix epoch, nanoseconds); ``privacy`` says what of the
+    passages may be stored (:meth:`rag_ablate.core.privacy.Privacy.text`; None: as they are)."""
+    chosen = select(records, per_split, seed)
+    by_id = {q.query_id: q for q in dataset.queries}
+    starts = query_starts_ns(records, start_ns)
+    traced = [
+        Traced(rec, by_id.get(rec["query_id"]), starts[pos], documents(rec, dataset, privacy))
+        for pos, rec in chosen
+    ]
+    return TraceSet(traced, samples(records, chosen), dataset_input(dataset, privacy))
+
+
 def log_traces_or_warn(*args: Any, **kwargs: Any) -> int:
-    """:func:`log_traces`; a failure is said on stderr and 0 returned (traces are a view of
+    """:func:`log_trace_set`; a failure is said on stderr and 0 returned (traces are a view of
     records.jsonl: the run is kept)."""
+    try:
+        return log_trace_set(*args, **kwargs)
+    except Exception as exc:
+        warn_not_logged(exc)
+        return 0
+
+
+def warn_not_logged(exc: Exception) -> None:
+    """Say on stderr that the traces were not logged, and why."""
     import sys
 
-    try:
-        return log_traces(*args, **kwargs)
-    except Exception as exc:
-        print(f"per-query MLflow traces not logged: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 0
+    print(f"per-query MLflow traces not logged: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def log_traces(
@@ -621,7 +692,37 @@ def log_traces(
     per_split_runs: bool = True,
     first: Sequence[str] = (),
 ) -> int:
-    """Log one trace per selected query (:func:`select`); the number of traces logged.
+    """Log one trace per selected query of ``records`` in one process: :func:`trace_set`, then
+    :func:`log_trace_set`; the number of traces logged."""
+    traced = trace_set(records, dataset, per_split=per_split, start_ns=start_ns, seed=seed, privacy=privacy)
+    return log_trace_set(
+        uri,
+        experiment_id,
+        run_id,
+        traced,
+        metrics=metrics,
+        seed=seed,
+        usd=usd,
+        model=model,
+        per_split_runs=per_split_runs,
+        first=first,
+    )
+
+
+def log_trace_set(
+    uri: str,
+    experiment_id: str,
+    run_id: str,
+    traces: TraceSet,
+    *,
+    metrics: Iterable[str],
+    seed: int = 0,
+    usd: Usd | None = None,
+    model: str | None = None,
+    per_split_runs: bool = True,
+    first: Sequence[str] = (),
+) -> int:
+    """Log one trace per query of ``traces`` (:func:`trace_set`); the number of traces logged.
 
     With ``per_split_runs`` (a sweep's job, which has a baseline to compare with; else the traces
     are the run's own), the traces of each split belong to an evaluation run of their own under
@@ -629,15 +730,11 @@ def log_traces(
     holds, so MLflow's Evaluation runs view compares a split of two variants over the same queries
     and its means are that split's; every trace is also linked to ``run_id``.
 
-    ``records`` are the stored records; ``privacy`` says what of the passages may be stored
-    (:meth:`rag_ablate.core.privacy.Privacy.text`; None: as they are); ``usd``: a query's money
-    (None: not priced), billed at ``model``. ``per_split``: queries per split (None: all, 0:
-    none). ``start_ns``: when the evaluation of the first record began (Unix epoch, nanoseconds).
-    ``first``: the metrics whose feedback MLflow shows first (:func:`shown_first`).
-    Also logs the query set as the dataset input of each run that holds traces.
+    ``usd``: a query's money (None: not priced), billed at ``model``. ``first``: the metrics whose
+    feedback MLflow shows first (:func:`shown_first`). Also logs the query set as the dataset input
+    of each run that holds traces.
     """
-    chosen = select(records, per_split, seed)
-    if not chosen:
+    if not traces.traced:
         return 0
     from mlflow.tracing.client import TracingClient
     from mlflow.tracking import MlflowClient
@@ -645,8 +742,6 @@ def log_traces(
     from rag_ablate.tracking.store import in_one_transaction
 
     names = list(dict.fromkeys(metrics))
-    by_id = {q.query_id: q for q in dataset.queries}
-    starts = query_starts_ns(records, start_ns)
     rng = random.Random(f"{seed}:{run_id}")
     client = TracingClient(uri)
     runs = MlflowClient(tracking_uri=uri)
@@ -655,29 +750,26 @@ def log_traces(
     old = _run_trace_ids(client, experiment_id, run_id)
     if old:
         client.delete_traces(experiment_id, trace_ids=old)
-    queries = dataset_input(dataset, privacy)  # the same for every run below
-    for sample in samples(records, chosen):
+    for sample in traces.samples:
         target = split_run(uri, experiment_id, run_id, variant, sample) if per_split_runs else run_id
-        mine = [(pos, rec) for pos, rec in chosen if str(rec.get("split")) == sample.split]
+        mine = [t for t in traces.traced if str(t.rec.get("split")) == sample.split]
         for i in range(0, len(mine), BATCH):
-            batch = mine[i : i + BATCH]
             built = [
                 build_trace(
-                    rec,
-                    by_id.get(rec["query_id"]),
-                    dataset,
+                    t.rec,
+                    t.query,
+                    t.docs,
                     experiment_id=experiment_id,
                     run_id=target,
-                    start_ns=starts[pos],
+                    start_ns=t.start_ns,
                     metrics=names,
                     rng=rng,
-                    privacy=privacy,
                     variant=variant,
                     usd=usd,
                     model=model,
                     first=first,
                 )
-                for pos, rec in batch
+                for t in mine[i : i + BATCH]
             ]
 
             def write(built: list[tuple[TraceInfo, list[Span]]] = built, target: str = target) -> None:
@@ -691,10 +783,10 @@ def log_traces(
 
             in_one_transaction(uri, write)  # a sqlite store: one commit per batch, not one per trace
         if target != run_id:
-            log_dataset_input(uri, target, queries)
+            log_dataset_input(uri, target, traces.queries)
             runs.set_terminated(target, status="FINISHED")
-    log_dataset_input(uri, run_id, queries)
-    return len(chosen)
+    log_dataset_input(uri, run_id, traces.queries)
+    return len(traces.traced)
 
 
 TRACES_KIND = "traces"  # rag_ablate.kind of a split's evaluation run
