@@ -367,10 +367,11 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
 
     ``s`` is ``cfg`` checked (:func:`rag_ablate.settings.to_settings`, done by the caller, which knows
     every registry); ``prof`` gets the wall seconds and peak memory of each stage (``profile.json``).
-    The stages below run in order; MLflow is written twice: the run is created (RUNNING) when the
+    The stages below run in order; MLflow is written three times: the run is created (RUNNING) when the
     job starts (by the background writer, if there is one, while the job goes on; ``run.json``
-    names it at once), so ``resume=`` and the orphan check can find it, and everything else is
-    logged by :func:`_log_job` at the end.
+    names it at once), so ``resume=`` and the orphan check can find it; the per-query traces are
+    handed over once the records are final (:func:`_log_traces`), and everything else is logged by
+    :func:`_log_job` at the end.
     """
     t_setup = time.perf_counter()
     job = _identify(cfg, s)
@@ -395,6 +396,13 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
         inputs = _load_inputs(s, job)
     out = _run_queries(s, job, inputs, prof, ready=lambda: _run_created(job, run_id))
     out.wall = time.perf_counter() - t_start  # loading, querying and judging
+    n_traces = background.Pending.known(0)
+    if store is not None and run_id is not None:
+        # the records are final: the background writer logs their traces while this process writes
+        # and scores the run
+        with prof.stage("log"):
+            traced = first_runs(out.stored)
+            n_traces = _log_traces(store, run_id, s, job, traced, inputs.dataset, started_ns, _hand(job))
     with prof.stage("write"):
         _write_records(job, inputs.dataset, out)
     with prof.stage("score"), gc_paused():  # the aggregate metrics, cost, slices
@@ -405,11 +413,8 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
     # a stage over its error budget: everything is still written and logged, then the run is FAILED
     over_budget = budget_breaches(s, metrics, out.records)
     final_status = "FAILED" if over_budget or calibration_error else "FINISHED"
-    n_traces = background.Pending.known(0)
     if store is not None:
-        n_traces = _log_job(
-            store, run_id, s, job, inputs, out, metrics, slice_logged, started_ns, prof, final_status
-        )
+        _log_job(store, run_id, s, job, inputs, out, metrics, slice_logged, prof, final_status)
     else:
         prof.write(job.job_dir)
     n_failed = sum(1 for r in out.records if r["status"] != "ok")
@@ -755,17 +760,14 @@ def _log_job(
     out: _Outcome,
     metrics: dict[str, float],
     slice_logged: Mapping[str, float],
-    started_ns: int,
     prof: profiling.Profile,
     final_status: str,
-) -> background.Pending:
+) -> None:
     """Everything a job logs to MLflow at its end, in one place: params, tags, metrics and the job
-    folder as artifacts, the per-query traces, then the profile (this logging's time included) and
-    the run's end status; done by the background writer when there is one. Returns how many traces
-    were logged (a :class:`~rag_ablate.tracking.background.Pending` count)."""
-    # handed to the background writer when there is one; a job another job follows hands it over after
-    # that job's start, so the next run is created first rather than after this logging
-    hand = background.call_later if job.followed else background.call
+    folder as artifacts, then the profile (this logging's time included) and the run's end status;
+    done by the background writer when there is one (the per-query traces were handed to it
+    before: :func:`_log_traces`)."""
+    hand = _hand(job)
     with prof.stage("log"):
         logged = _log_to_mlflow(
             store,
@@ -785,8 +787,6 @@ def _log_job(
             env_values=job.env_values,
             hand=hand,
         )
-        # one trace per query: its first run (system.repeats > 1: repeats.json has the spread)
-        n_traces = _log_traces(store, logged, s, first_runs(out.stored), inputs.dataset, started_ns, hand)
     prof.write(job.job_dir)
     # time/<stage>_s and memory/peak_mb, profile.json; then the run ends
     hand(
@@ -799,7 +799,13 @@ def _log_job(
         [job.job_dir / PROFILE_FILE],
         status=final_status,
     )
-    return n_traces
+
+
+def _hand(job: _Job) -> Callable[..., background.Pending]:
+    """How a job hands its logging to the background writer when there is one: a job another job
+    follows hands it over after that job's start, so the next run is created first rather than
+    after this logging."""
+    return background.call_later if job.followed else background.call
 
 
 def _start_run(
@@ -886,13 +892,15 @@ def _log_traces(
     store: _Store,
     run_id: background.Pending,
     s: RunConfig,
+    job: _Job,
     records: list[Record],
     dataset: Dataset,
     started_ns: int,
     hand: Callable[..., background.Pending] = background.call,
 ) -> background.Pending:
-    """Per-query traces under the run (rag_ablate.tracking.traces), once the scores are on disk.
-    The traced queries are picked here, so only they (not every record and the corpus) go to
+    """Per-query traces under the run (rag_ablate.tracking.traces), one per query (its first run:
+    with system.repeats > 1 repeats.json has the spread), once the records are final. The traced
+    queries are picked here, so only they (not every record and the corpus) go to
     the background writer.
 
     Traces are a view of records.jsonl: a failure here is reported, the run is kept.
@@ -921,6 +929,7 @@ def _log_traces(
         store.experiment_id,
         run_id,
         traced,
+        variant=_run_name(job.ablation, job.job_dir, job.label),
         metrics=s.compare.metrics,
         seed=s.seed,
         usd=None if price is None else functools.partial(cost.query_usd_parts, price=price),
@@ -928,6 +937,17 @@ def _log_traces(
         per_split_runs=store.parent_run_id is not None,  # a sweep's job: compared with its baseline
         first=mlflow_traces.shown_first(s.compare.quality_metric),  # the quality axis first in MLflow
     )
+
+
+def _run_name(ablation: Mapping[str, Any], job_dir: Path, label: str) -> str:
+    """The name of a job's MLflow run: its label, and for a sweep's baseline what the baseline is
+    ("baseline (chunk=512)")."""
+    if ablation["role"] == "baseline":
+        plan_path = job_dir.parent / PLAN_FILE
+        if plan_path.is_file():
+            factors = json.loads(plan_path.read_text(encoding="utf-8")).get("factors") or []
+            return tracking_ui.baseline_run_name(factors)
+    return label
 
 
 def _log_to_mlflow(
@@ -970,11 +990,9 @@ def _log_to_mlflow(
             if not (isinstance(v, int | float) and not isinstance(v, bool))
         }
     )
-    if ablation["role"] == "baseline":  # say what the baseline is: "baseline (chunk=512)"
-        plan_path = job_dir.parent / PLAN_FILE
-        if plan_path.is_file():
-            factors = json.loads(plan_path.read_text(encoding="utf-8")).get("factors") or []
-            tags["mlflow.runName"] = tracking_ui.baseline_run_name(factors)
+    name = _run_name(ablation, job_dir, label)
+    if name != label:
+        tags["mlflow.runName"] = name
     tags.update({f"choice.{k}": v for k, v in choices.items()})
     tags["dataset.name"] = dataset.name
     tags["dataset.corpus_fingerprint"] = dataset.corpus_fingerprint

@@ -22,7 +22,9 @@ quality axes named so that MLflow shows them first: :func:`shown_first`), the go
 documents are the trace's metadata ``gold_doc_ids``, and the query set is the run's
 dataset input.
 
-Everything comes from ``records.jsonl`` (the primary data), after it is on disk.
+Everything comes from the run's final records (what ``records.jsonl``, the primary data, holds),
+picked in the process that has them (:func:`trace_set`), so that only the traced queries cross to the
+background writer that logs them (:func:`log_trace_set`) while the run is still being scored.
 Writing goes straight to the tracking store in batches: the spans of up to
 :data:`BATCH` traces in one ``log_spans`` call and each trace with its assessments
 in one ``start_trace`` call, instead of one database round trip per span and per
@@ -716,6 +718,7 @@ def log_trace_set(
     traces: TraceSet,
     *,
     metrics: Iterable[str],
+    variant: str | None = None,
     seed: int = 0,
     usd: Usd | None = None,
     model: str | None = None,
@@ -723,6 +726,7 @@ def log_trace_set(
     first: Sequence[str] = (),
 ) -> int:
     """Log one trace per query of ``traces`` (:func:`trace_set`); the number of traces logged.
+    ``variant``: the name of the run ``run_id`` (None: as MLflow has it now).
 
     With ``per_split_runs`` (a sweep's job, which has a baseline to compare with; else the traces
     are the run's own), the traces of each split belong to an evaluation run of their own under
@@ -745,7 +749,8 @@ def log_trace_set(
     rng = random.Random(f"{seed}:{run_id}")
     client = TracingClient(uri)
     runs = MlflowClient(tracking_uri=uri)
-    variant = runs.get_run(run_id).info.run_name
+    if variant is None:
+        variant = runs.get_run(run_id).info.run_name
     # a resumed run (resume=) logs its traces again: one trace per query, never two
     old = _run_trace_ids(client, experiment_id, run_id)
     if old:
