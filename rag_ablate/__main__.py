@@ -10,6 +10,7 @@ and a command that ends without using it (a bad override, ``--help``) stops it.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 from rag_ablate.tracking import background
@@ -29,4 +30,8 @@ def main(argv: list[str], *, writer: bool = False) -> None:
 
 
 if __name__ == "__main__":
+    # a run allocates many objects and keeps most of them (modules, configs, the dataset, the index,
+    # the records): the youngest generation collected every 50,000 allocations rather than every
+    # 700 saves 0.07-0.09 s of a COVID-QA run's 1.6 s of CPU for about 1 MB (the writer inherits it)
+    gc.set_threshold(50_000, 10, 10)
     main(sys.argv[1:], writer=True)

@@ -178,12 +178,16 @@ def _serve(conn: Any, owner_pid: int) -> None:
 
     store.set_owner_pid(owner_pid)
     t0, c0 = time.perf_counter(), time.process_time()
+    # importing allocates much and frees little: collections during it are wasted work (1.55 -> 1.29 s
+    # of CPU for these imports; the few thousand objects left unreachable stay)
+    gc.disable()
     for name in WARM:
         try:
             importlib.import_module(name)
         except Exception:  # the call that needs it reports the error
             continue
     gc.freeze()  # MLflow's modules are here to stay: the collector no longer walks them on every full pass
+    gc.enable()
     conn.send((-1, True, None, "store", time.perf_counter() - t0, time.process_time() - c0))
     results: dict[int, Any] = {}
     failed: dict[int, str] = {}
