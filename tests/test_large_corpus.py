@@ -66,6 +66,12 @@ def assert_same_as_eager(docs: list[Document], size: int, overlap: int, unit: st
             lazy[out]
     assert np.array_equal(tiebreak_ranks(docs, spans), eager_tiebreak(eager))
     assert lazy.numbers().tolist() == [int(c.chunk_id.rsplit("#", 1)[1]) for c in eager]
+    rows = [*range(len(eager) - 1, -1, -2), *range(0, len(eager), 3)]  # any order, repeats
+    assert lazy.locate(rows) == [(c.chunk_id, c.doc_id, c.start, c.end) for c in (eager[i] for i in rows)]
+    assert lazy.locate([]) == []
+    for bad in ([len(eager)], [0, -1]):
+        with pytest.raises(IndexError, match="chunk rows"):
+            lazy.locate(bad)
     for include_title in (True, False):
         texts = IndexTexts(lazy, include_title)
         want = [c.index_text(include_title) for c in eager]

@@ -266,6 +266,23 @@ class Chunks(_LazySequence[Chunk]):
         s, e = int(sp.start[i]), int(sp.end[i])
         return Chunk(f"{doc.doc_id}#{i - int(self.first[d])}", doc.doc_id, s, e, doc.text[s:e], doc.title)
 
+    def locate(self, rows: Sequence[int]) -> list[tuple[str, str, int, int]]:
+        """(chunk id, document id, start, end) of each chunk in ``rows``, as ``chunks[i]`` has them,
+        without slicing any text: a ranked list's chunks in one gather. Rows are 0 <= row < len."""
+        if not rows:
+            return []
+        idx = np.asarray(rows, dtype=np.intp)
+        if idx.min() < 0 or idx.max() >= len(self):
+            raise IndexError(f"{self.what} rows {rows} out of range for {len(self)} chunks")
+        sp = self.spans
+        d = sp.doc[idx]
+        docs = self.docs
+        numbers, starts, ends = (idx - self.first[d]).tolist(), sp.start[idx].tolist(), sp.end[idx].tolist()
+        return [
+            (f"{docs[di].doc_id}#{n}", docs[di].doc_id, s, e)
+            for di, n, s, e in zip(d.tolist(), numbers, starts, ends, strict=True)
+        ]
+
     def numbers(self) -> np.ndarray:
         """Each chunk's number within its document (the part of its id after ``#``)."""
         numbers: np.ndarray = np.arange(len(self), dtype=np.int64) - self.first[self.spans.doc]

@@ -356,11 +356,11 @@ class LocalSystem:
 
     def _chunks_of(self, hits: Hits) -> list[RetrievedChunk]:
         """Ranked hits as the trace reports them."""
-        out = []
-        for rank, (i, score) in enumerate(hits, start=1):
-            c = self.chunks[i]
-            out.append(RetrievedChunk(rank, c.chunk_id, c.doc_id, c.start, c.end, float(score)))
-        return out
+        located = zip(self.chunks.locate([i for i, _ in hits]), hits, strict=True)
+        return [
+            RetrievedChunk(rank, chunk_id, doc_id, start, end, float(score))
+            for rank, ((chunk_id, doc_id, start, end), (_, score)) in enumerate(located, 1)
+        ]
 
     def run(self, query: Query) -> Trace:
         return self._answer(query, self._retrieve_query(query))
