@@ -41,6 +41,36 @@ def test_default_config_composes() -> None:
     assert s.chunk.size == 512 and s.retrieval.method == "bm25" and s.dataset.path is None
 
 
+def test_the_schema_is_built_once_and_hydra_composes_from_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registering the schema and parsing a config into it build it from the dataclasses once; the
+    node Hydra's ConfigStore holds is an equal copy (its types too), never the one parsed into."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from rag_ablate.config import schema
+
+    built: list[object] = []
+    structured = OmegaConf.structured
+
+    def counted(obj: object, *args: object, **kwargs: object) -> object:
+        built.append(obj)
+        return structured(obj, *args, **kwargs)
+
+    monkeypatch.setattr(OmegaConf, "structured", counted)
+    schema._schema.cache_clear()
+    try:
+        register_configs()
+        to_settings(_compose(["chunk='256'"]))
+        assert sum(obj is RunConfig for obj in built) == 1  # (a DictConfig equals its dataclass)
+        stored = ConfigStore.instance().load("rag_ablate_schema.yaml").node
+        assert stored == schema._schema() and OmegaConf.get_type(stored) is RunConfig
+        assert OmegaConf.get_type(stored.chunk) is OmegaConf.get_type(schema._schema().chunk)
+        assert ConfigStore.instance().repo["rag_ablate_schema.yaml"].node is not schema._schema()
+    finally:
+        schema._schema.cache_clear()
+        register_configs()
+
+
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes(group: str, option: str) -> None:
     cfg = _compose([f"{group}={option}", *NEEDS_VALUE.get((group, option), [])])
