@@ -421,6 +421,55 @@ def test_a_pinned_baseline_folder_must_exist(tmp_path: Path) -> None:
         validate_compare(CompareConfig(baseline="chunk=256", baseline_run=str(tmp_path)))
 
 
+def test_a_compare_section_at_its_defaults_is_checked_without_the_comparisons_modules() -> None:
+    """The trade-off's, slices' and gate's checks pass a compare section left at its defaults, whatever
+    its metrics: a run's check skips them (a single run never imports the comparison's modules), and
+    a section that sets something is checked by them."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    from rag_ablate.compare.gate import parse_rules
+    from rag_ablate.compare.slices import check_settings as check_slices
+    from rag_ablate.compare.tradeoff import check_settings as check_tradeoff
+    from rag_ablate.config.schema import CompareConfig
+    from rag_ablate.core.errors import RagAblateError
+    from rag_ablate.metrics.registry import default_compare_metrics
+    from rag_ablate.settings import validate_compare
+
+    for metrics in ([], default_compare_metrics(), ["recall@5", "latency_ms"]):
+        c = CompareConfig(metrics=metrics)
+        check_tradeoff(c)
+        check_slices(c)
+        parse_rules(c.fail_on, c.metrics or None)
+    for bad, match in [
+        (CompareConfig(quality_metric="nope"), "nope"),
+        (CompareConfig(cost_metric="latency_p101_ms"), "is not a cost"),
+        (CompareConfig(slice_metrics=["latency_p95_ms"]), "percentile of the split"),
+        (CompareConfig(min_slice_groups=0), "min_slice_groups"),
+        (CompareConfig(fail_on=["holdout/recall_at_5:+0.02"]), "compare.fail_on"),
+    ]:
+        with pytest.raises(RagAblateError, match=match):
+            validate_compare(bad)
+    code = (
+        "import sys\n"
+        "from hydra import compose, initialize_config_dir\n"
+        "from rag_ablate.config.overrides import CONF_DIR\n"
+        "from rag_ablate.config.schema import register_configs\n"
+        "from rag_ablate.settings import to_settings\n"
+        "register_configs()\n"
+        "with initialize_config_dir(config_dir=str(CONF_DIR), version_base='1.3'):\n"
+        "    to_settings(compose('config', overrides=['compare.B=500']))\n"
+        "    assert 'rag_ablate.compare.tradeoff' in sys.modules\n"
+        "    del sys.modules['rag_ablate.compare.tradeoff']\n"
+        "    to_settings(compose('config'))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('rag_ablate.compare.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert "rag_ablate.compare.tradeoff" not in out.stdout.split("\n")[-2]
+
+
 def test_an_unquoted_non_ascii_value_is_refused_with_how_to_quote_it() -> None:
     """Hydra's grammar takes no unquoted non-ASCII value; the line says how to write it (issue 23's
     fault injection: ``dataset.name=客服数据`` said only "not a valid override")."""
