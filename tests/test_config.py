@@ -71,6 +71,44 @@ def test_the_schema_is_built_once_and_hydra_composes_from_a_copy(monkeypatch: py
         register_configs()
 
 
+@pytest.mark.parametrize("mode", ["RUN", "MULTIRUN"])
+def test_the_mode_composition_is_taken_over_by_the_run_as_hydra_composes_it(mode: str) -> None:
+    """``python -m rag_ablate`` composes once: Hydra's composition for ``get_mode`` becomes the run's
+    (or sweep's) own, the very object, equal to what Hydra composes for it without the reuse."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from rag_ablate.cli.command import _mode_composition_reused
+
+    overrides = normalize_overrides(["chunk=256", "retrieval.top_k=7", "+system.body.q='{query}'"])
+    if mode == "MULTIRUN":
+        overrides[0] = "chunk='256','512'"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        assert hydra is not None
+        run_mode = RunMode[mode]
+        expected = hydra.compose_config("config", [*overrides, f"hydra.mode={mode}"], run_mode=run_mode)
+        composed: list[object] = []
+        compose = ConfigLoaderImpl._load_configuration_impl
+
+        def counted(self: ConfigLoaderImpl, *args: object, **kwargs: object) -> object:
+            composed.append(result := compose(self, *args, **kwargs))  # type: ignore[arg-type]
+            return result
+
+        ConfigLoaderImpl._load_configuration_impl = counted  # type: ignore[method-assign,assignment]
+        try:
+            with _mode_composition_reused():
+                assert hydra.get_mode("config", list(overrides)) is None  # neither flag given
+                cfg = hydra.compose_config("config", [*overrides, f"hydra.mode={mode}"], run_mode=run_mode)
+        finally:
+            ConfigLoaderImpl._load_configuration_impl = compose  # type: ignore[method-assign]
+    assert composed == [cfg] and composed[0] is cfg  # one composition, taken over as it is
+    assert cfg.hydra.mode == run_mode
+    assert OmegaConf.to_yaml(cfg) == OmegaConf.to_yaml(expected)
+
+
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes(group: str, option: str) -> None:
     cfg = _compose([f"{group}={option}", *NEEDS_VALUE.get((group, option), [])])
