@@ -41,6 +41,74 @@ def test_default_config_composes() -> None:
     assert s.chunk.size == 512 and s.retrieval.method == "bm25" and s.dataset.path is None
 
 
+def test_the_schema_is_built_once_and_hydra_composes_from_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registering the schema and parsing a config into it build it from the dataclasses once; the
+    node Hydra's ConfigStore holds is an equal copy (its types too), never the one parsed into."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from rag_ablate.config import schema
+
+    built: list[object] = []
+    structured = OmegaConf.structured
+
+    def counted(obj: object, *args: object, **kwargs: object) -> object:
+        built.append(obj)
+        return structured(obj, *args, **kwargs)
+
+    monkeypatch.setattr(OmegaConf, "structured", counted)
+    schema._schema.cache_clear()
+    try:
+        register_configs()
+        to_settings(_compose(["chunk='256'"]))
+        assert sum(obj is RunConfig for obj in built) == 1  # (a DictConfig equals its dataclass)
+        stored = ConfigStore.instance().load("rag_ablate_schema.yaml").node
+        assert stored == schema._schema() and OmegaConf.get_type(stored) is RunConfig
+        assert OmegaConf.get_type(stored.chunk) is OmegaConf.get_type(schema._schema().chunk)
+        assert ConfigStore.instance().repo["rag_ablate_schema.yaml"].node is not schema._schema()
+    finally:
+        schema._schema.cache_clear()
+        register_configs()
+
+
+@pytest.mark.parametrize("mode", ["RUN", "MULTIRUN"])
+def test_the_mode_composition_is_taken_over_by_the_run_as_hydra_composes_it(mode: str) -> None:
+    """``python -m rag_ablate`` composes once: Hydra's composition for ``get_mode`` becomes the run's
+    (or sweep's) own, the very object, equal to what Hydra composes for it without the reuse."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from rag_ablate.cli.command import _mode_composition_reused
+
+    overrides = normalize_overrides(["chunk=256", "retrieval.top_k=7", "+system.body.q='{query}'"])
+    if mode == "MULTIRUN":
+        overrides[0] = "chunk='256','512'"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        assert hydra is not None
+        run_mode = RunMode[mode]
+        expected = hydra.compose_config("config", [*overrides, f"hydra.mode={mode}"], run_mode=run_mode)
+        composed: list[object] = []
+        compose = ConfigLoaderImpl._load_configuration_impl
+
+        def counted(self: ConfigLoaderImpl, *args: object, **kwargs: object) -> object:
+            composed.append(result := compose(self, *args, **kwargs))  # type: ignore[arg-type]
+            return result
+
+        ConfigLoaderImpl._load_configuration_impl = counted  # type: ignore[method-assign,assignment]
+        try:
+            with _mode_composition_reused():
+                assert hydra.get_mode("config", list(overrides)) is None  # neither flag given
+                cfg = hydra.compose_config("config", [*overrides, f"hydra.mode={mode}"], run_mode=run_mode)
+        finally:
+            ConfigLoaderImpl._load_configuration_impl = compose  # type: ignore[method-assign]
+    assert composed == [cfg] and composed[0] is cfg  # one composition, taken over as it is
+    assert cfg.hydra.mode == run_mode
+    assert OmegaConf.to_yaml(cfg) == OmegaConf.to_yaml(expected)
+
+
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes(group: str, option: str) -> None:
     cfg = _compose([f"{group}={option}", *NEEDS_VALUE.get((group, option), [])])
@@ -389,6 +457,55 @@ def test_a_pinned_baseline_folder_must_exist(tmp_path: Path) -> None:
     validate_compare(CompareConfig(baseline_run="0123456789abcdef0123456789abcdef"))  # an MLflow run id
     with pytest.raises(ConfigError, match="name two baselines"):
         validate_compare(CompareConfig(baseline="chunk=256", baseline_run=str(tmp_path)))
+
+
+def test_a_compare_section_at_its_defaults_is_checked_without_the_comparisons_modules() -> None:
+    """The trade-off's, slices' and gate's checks pass a compare section left at its defaults, whatever
+    its metrics: a run's check skips them (a single run never imports the comparison's modules), and
+    a section that sets something is checked by them."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    from rag_ablate.compare.gate import parse_rules
+    from rag_ablate.compare.slices import check_settings as check_slices
+    from rag_ablate.compare.tradeoff import check_settings as check_tradeoff
+    from rag_ablate.config.schema import CompareConfig
+    from rag_ablate.core.errors import RagAblateError
+    from rag_ablate.metrics.registry import default_compare_metrics
+    from rag_ablate.settings import validate_compare
+
+    for metrics in ([], default_compare_metrics(), ["recall@5", "latency_ms"]):
+        c = CompareConfig(metrics=metrics)
+        check_tradeoff(c)
+        check_slices(c)
+        parse_rules(c.fail_on, c.metrics or None)
+    for bad, match in [
+        (CompareConfig(quality_metric="nope"), "nope"),
+        (CompareConfig(cost_metric="latency_p101_ms"), "is not a cost"),
+        (CompareConfig(slice_metrics=["latency_p95_ms"]), "percentile of the split"),
+        (CompareConfig(min_slice_groups=0), "min_slice_groups"),
+        (CompareConfig(fail_on=["holdout/recall_at_5:+0.02"]), "compare.fail_on"),
+    ]:
+        with pytest.raises(RagAblateError, match=match):
+            validate_compare(bad)
+    code = (
+        "import sys\n"
+        "from hydra import compose, initialize_config_dir\n"
+        "from rag_ablate.config.overrides import CONF_DIR\n"
+        "from rag_ablate.config.schema import register_configs\n"
+        "from rag_ablate.settings import to_settings\n"
+        "register_configs()\n"
+        "with initialize_config_dir(config_dir=str(CONF_DIR), version_base='1.3'):\n"
+        "    to_settings(compose('config', overrides=['compare.B=500']))\n"
+        "    assert 'rag_ablate.compare.tradeoff' in sys.modules\n"
+        "    del sys.modules['rag_ablate.compare.tradeoff']\n"
+        "    to_settings(compose('config'))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('rag_ablate.compare.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert "rag_ablate.compare.tradeoff" not in out.stdout.split("\n")[-2]
 
 
 def test_an_unquoted_non_ascii_value_is_refused_with_how_to_quote_it() -> None:

@@ -188,6 +188,22 @@ def test_each_mask_kind_has_its_placeholder(text: str, kind: str) -> None:
     assert normalize(text) == f"{text.split()[0]} {MASKS[kind]} now"
 
 
+def test_punctuation_stripped_as_by_a_pattern_keeping_every_mark() -> None:
+    """The stripper lists only the combining marks of the text it strips: on a text holding every
+    code point it strips what the pattern keeping every mark Unicode has strips."""
+    import re
+    import sys
+    import unicodedata
+
+    from rag_ablate.dataset.grouping import normalize as norm
+
+    every = "".join(chr(cp) for cp in range(sys.maxunicode + 1) if not 0xD800 <= cp < 0xE000)
+    marks = "".join(re.escape(ch) for ch in every if unicodedata.category(ch)[0] == "M")
+    reference = re.compile(rf"[^\w\s{marks}{norm._PLACEHOLDERS}{norm._SEP}]+|_+")
+    assert norm._stripper(every).sub(" ", every) == reference.sub(" ", every)
+    assert norm._stripper("a\u0301_b-c").sub(" ", "a\u0301_b-c") == "a\u0301 b c"
+
+
 def test_char_ngrams() -> None:
     assert char_ngrams("abcdef") == {"abcd", "bcde", "cdef"}
     assert char_ngrams("退货") == {"退货"}

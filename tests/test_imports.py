@@ -90,6 +90,59 @@ def test_bm25_run_without_tracking_imports_no_mlflow(tmp_path: Path) -> None:
     assert "rag_ablate.pipeline.bm25" in modules  # it built a BM25 index (a fresh cache)...
     # ...with its own formulas: bm25s (and the numba it imports) are not loaded
     assert not _top(modules) & {*HEAVY, "mlflow", "pandas", "sqlalchemy", "alembic", "bm25s", "numba"}
+    # nor what only system=http (asyncio), a tracking server (urllib's client) or a sweep's comparison
+    # needs (a compare section at its defaults passes its checks without them)
+    unused = {"asyncio", "urllib.request", "http.client", "rag_ablate.compare.model"}
+    unused |= {"rag_ablate.compare.tradeoff"}
+    assert not modules & unused, sorted(modules & unused)
+
+
+GC_ENTRY = """
+import atexit, gc, json, runpy, sys
+out = sys.argv.pop(1)
+seen = {}
+import rag_ablate.core.profiling as profiling
+claim = profiling.claim_startup
+def claimed():
+    seen["before"] = gc.isenabled()
+    result = claim()
+    seen["after"], seen["frozen"] = gc.isenabled(), gc.get_freeze_count()
+    return result
+profiling.claim_startup = claimed
+atexit.register(lambda: open(out, "w").write(json.dumps({**seen, "exit": gc.isenabled()})))
+runpy.run_module("rag_ablate", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("args", [["dataset.path=tiny"], ["dataset.path=tiny", "retrieval=nope"]])
+def test_the_collector_is_off_during_start_up_and_frozen_out_of_what_it_made(
+    tmp_path: Path, args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m rag_ablate`` runs its start-up (imports, Hydra, the config's checks) without the
+    cyclic collector; the first job turns it on with the start-up's objects frozen. A command that
+    ends before any job (a bad config) turns it on too; a call from Python leaves it alone."""
+    write_dataset(tmp_path / "tiny")
+    listing = tmp_path / "gc.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-c", GC_ENTRY, str(listing), *args, "tracking=none", "progress=false"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    seen = json.loads(listing.read_text(encoding="utf-8"))
+    if "retrieval=nope" in args:
+        assert proc.returncode == 2 and seen == {"exit": True}, (proc.stderr[-2000:], seen)
+        return
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert seen["before"] is False and seen["after"] is True and seen["exit"] is True
+    assert seen["frozen"] > 50_000  # modules, classes, functions and configs of the start-up
+
+    import gc
+
+    from rag_ablate.__main__ import main
+
+    monkeypatch.setattr(sys, "argv", ["rag_ablate"])  # the command sets Hydra's command line there
+    assert gc.isenabled()
+    with pytest.raises(SystemExit):
+        main(["retrieval=nope"], startup=True)
+    assert gc.isenabled()
 
 
 def test_mlflow_telemetry_is_off_unless_the_user_sets_it() -> None:

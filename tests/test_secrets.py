@@ -289,6 +289,46 @@ def test_a_config_and_its_overrides_are_stored_without_any_secret() -> None:
     )
 
 
+def test_hydra_files_are_rewritten_only_when_they_hold_something_to_hide(tmp_path: Path) -> None:
+    """A job's ``.hydra/`` files as Hydra writes them: with a header value and a URL password, each
+    file that holds one is rewritten without it; with nothing to hide, every file stays as Hydra
+    wrote it (not even renamed over). libyaml's parser reads them as the pure-Python one does."""
+    import yaml
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rag_ablate.cli.hydra_app import CONF_DIR
+    from rag_ablate.config.keys import _load_yaml, redact_hydra_output
+
+    def write(folder: Path, overrides: list[str]) -> dict[str, tuple[int, bytes]]:
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=overrides, return_hydra_config=True)
+        task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        folder.mkdir()
+        (folder / "config.yaml").write_text(OmegaConf.to_yaml(task), encoding="utf-8")
+        (folder / "hydra.yaml").write_text(OmegaConf.to_yaml({"hydra": cfg.hydra}), encoding="utf-8")
+        (folder / "overrides.yaml").write_text(OmegaConf.to_yaml(overrides), encoding="utf-8")
+        return {p.name: (p.stat().st_ino, p.read_bytes()) for p in folder.iterdir()}
+
+    plain = ["chunk='256'", "dataset.name='2026-01-01 ü ✓'", "+system.body.q='{query}: 1e-3'"]
+    before = write(tmp_path / "plain", plain)
+    for name, (_, data) in before.items():
+        text = data.decode()
+        assert _load_yaml(text) == yaml.safe_load(text), name
+    redact_hydra_output(tmp_path / "plain")
+    assert {p.name: (p.stat().st_ino, p.read_bytes()) for p in (tmp_path / "plain").iterdir()} == before
+
+    secret = [*plain, "+system.headers.X-Key=KEY1", "tracking.uri=http://u:KEY2@host"]
+    before = write(tmp_path / "secret", secret)
+    redact_hydra_output(tmp_path / "secret")
+    for name, (inode, data) in before.items():
+        path = tmp_path / "secret" / name
+        text = path.read_text(encoding="utf-8")
+        assert "KEY1" in data.decode() and "KEY1" not in text and "KEY2" not in text, name
+        assert path.stat().st_ino != inode
+        assert "X-Key" in text and "2026-01-01 ü ✓" in text
+
+
 def test_the_sweep_plan_is_stored_and_logged_without_secrets(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 

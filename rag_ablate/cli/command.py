@@ -106,9 +106,8 @@ def _mode_composition_reused() -> Iterator[None]:
     it), its overrides checked as Hydra checks them for that mode. A run-mode composition differs
     from a multirun one only where a config group has no option chosen (``???``: skipped in
     multirun mode, an error in run mode): such a config is composed again by Hydra. Only the first
-    composition is kept; every other one is Hydra's own."""
-    import copy
-
+    composition is kept, as it is (``get_mode`` reads its ``hydra.mode`` and drops it, so the
+    second composition takes it over); every other one is Hydra's own."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
@@ -148,7 +147,7 @@ def _mode_composition_reused() -> Iterator[None]:
         if reuse is None:
             cfg = compose(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
             if calls[0] == 1 and run_mode == RunMode.MULTIRUN:  # Hydra.get_mode's composition
-                first.append((key, run_mode, list(overrides), copy.deepcopy(cfg)))
+                first.append((key, run_mode, list(overrides), cfg))
             return cfg
         cfg, extra = reuse
         parser = OverridesParser.create()

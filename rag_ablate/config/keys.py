@@ -312,22 +312,38 @@ def redact_hydra(config: Mapping[str, Any], env: Mapping[str, str] | None = None
 def redact_hydra_output(folder: Path, env: Mapping[str, str] | None = None) -> None:
     """Rewrite the files Hydra wrote in a job's ``.hydra/`` folder (``config.yaml``, ``hydra.yaml``,
     ``overrides.yaml``) as :func:`redact_hydra` stores them: Hydra writes them before the job starts,
-    with header values, keys under secret names and URL passwords as given. Each file is written
-    to a temporary name and renamed; a file that is absent is left absent."""
-    import yaml
-
+    with header values, keys under secret names and URL passwords as given. A file with something
+    to hide is written to a temporary name and renamed; one with nothing to hide is left as Hydra
+    wrote it, and one that is absent is left absent. The files are read with libyaml's parser
+    when PyYAML has it (the same data as the pure-Python one; a file it cannot read is read again
+    with the pure-Python one)."""
     for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
         path = folder / name
         if not path.is_file():
             continue
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = _load_yaml(path.read_text(encoding="utf-8"))
+        stored: Any
         if isinstance(data, list):
-            data = [redact_override(str(o), env) for o in data]
+            stored = [redact_override(str(o), env) for o in data]
         elif isinstance(data, dict):
-            data = redact_hydra(data, env)
+            stored = redact_hydra(data, env)
         else:
             continue
-        write_text_atomic(path, OmegaConf.to_yaml(OmegaConf.create(data)))
+        if stored != data:
+            write_text_atomic(path, OmegaConf.to_yaml(OmegaConf.create(stored)))
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``, by libyaml's parser when PyYAML was built with it."""
+    import yaml
+
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        try:
+            return yaml.load(text, Loader=fast)
+        except yaml.YAMLError:
+            pass  # read by the pure-Python parser below, which says what is wrong
+    return yaml.safe_load(text)
 
 
 def hydra_error_line(exc: BaseException) -> str:

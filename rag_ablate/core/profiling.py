@@ -19,6 +19,7 @@ true peak. Elsewhere ``resource.getrusage`` gives the process's peak so far.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -86,6 +87,33 @@ def process_age_s() -> float | None:
 
 _startup_claimed = False
 _startup_lock = threading.Lock()
+_startup_gc_off = False  # startup_gc_off() turned the cyclic collector off; claim_startup() turns it on
+
+
+def startup_gc_off() -> None:
+    """The cyclic garbage collector off for the rest of this process's start-up, until its first
+    profile claims it (:func:`claim_startup`): ``python -m rag_ablate`` calls this once the MLflow
+    writer is forked (the writer keeps its collector). The imports, Hydra's composition and the
+    config's checks make a few hundred thousand objects that stay (modules, classes, configs),
+    which each of the collector's passes would walk again: about 180 passes, 0.04-0.06 s of CPU
+    before a run's first job. Nothing happens when the collector is off already."""
+    global _startup_gc_off
+    if gc.isenabled():
+        gc.disable()
+        _startup_gc_off = True
+
+
+def startup_gc_on(*, freeze: bool = False) -> None:
+    """The collector back on after :func:`startup_gc_off` (nothing otherwise). ``freeze``: what the
+    start-up made is moved out of the collector's sight first (``gc.freeze``), so no later full
+    pass walks it either (a run's index stage: 0.03-0.05 s of CPU less on COVID-QA); the start-up's
+    own cyclic garbage (about 15,000 objects, 2 MB, mostly Hydra's discarded configs) is kept then."""
+    global _startup_gc_off
+    if _startup_gc_off:
+        _startup_gc_off = False
+        if freeze:
+            gc.freeze()
+        gc.enable()
 
 
 def claim_startup() -> tuple[float, float | None, float]:
@@ -94,13 +122,15 @@ def claim_startup() -> tuple[float, float | None, float]:
 
     The first profile of a process (a single run's job, a sweep's driver, a launcher worker's
     first job) counts the interpreter's start-up and imports as its ``imports`` stage; any later
-    one in the same process has already paid for them.
+    one in the same process has already paid for them. The start-up ends here: a collector that
+    :func:`startup_gc_off` turned off is turned on, the start-up's objects frozen.
     """
     global _startup_claimed
     with _startup_lock:
         if _startup_claimed:
             return 0.0, None, 0.0
         _startup_claimed = True
+    startup_gc_on(freeze=True)
     return process_age_s() or 0.0, rss_mb(), time.process_time()
 
 

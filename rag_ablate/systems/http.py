@@ -63,7 +63,6 @@ decorators, and it saves a dependency for the one place that retries.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -89,7 +88,9 @@ from rag_ablate.records.trace import Citation, ContextChunk, RetrievedChunk, Tok
 from rag_ablate.systems import SYSTEMS
 from rag_ablate.systems.base import OnDone
 
-if TYPE_CHECKING:  # httpx is imported when a run talks HTTP, not when the registry lists this system
+if TYPE_CHECKING:  # httpx and asyncio are imported when a run talks HTTP, not when the registry lists
+    import asyncio  # this system (every run's name check does: asyncio alone is 0.01 s of imports)
+
     import httpx
 
 PLACEHOLDERS = ("query", "query_id", "top_k", "user_groups", "model", "repeat")
@@ -643,6 +644,8 @@ _RUN_LOOP: list[asyncio.AbstractEventLoop] = []  # the event loop they live on
 
 
 def _run_loop() -> asyncio.AbstractEventLoop:
+    import asyncio
+
     if not _RUN_LOOP:
         _RUN_LOOP.append(asyncio.new_event_loop())
     return _RUN_LOOP[0]
@@ -754,6 +757,8 @@ class HttpSystem:
 
     def run_many(self, queries: Sequence[Query], on_done: OnDone) -> None:
         """Send every query, ``system.concurrency`` at a time; ``on_done`` as each completes."""
+        import asyncio
+
         asyncio.run(self._run_all(queries, on_done))
 
     # ------------------------------------------------------------------ one run
@@ -834,6 +839,8 @@ class HttpSystem:
         taking the next query when it is done with one. One pool for all of them would cost more
         CPU than the rest of the query together: httpcore scans every pooled connection for every
         queued request, so its cost per query grows with the concurrency (3.5 ms a query at 64)."""
+        import asyncio
+
         workers = max(1, min(self.cfg.concurrency, len(queries)))
         clients = [self._client(in_flight=1) for _ in range(workers)]
         pending = iter(queries)  # shared: each query is taken by one worker
@@ -860,6 +867,8 @@ class HttpSystem:
         are opened here, and whatever the service loads on first use is loaded. The chat
         endpoint is not called (it may run a paid model), nor an eval endpoint that answers (the same);
         nor are these counted or retried."""
+        import asyncio
+
         path = self.cfg.eval_path
         if path is None or self.rmap.answers_in_json:
             return
@@ -873,6 +882,8 @@ class HttpSystem:
         await asyncio.gather(*(one(q) for q in queries))
 
     async def _one(self, client: httpx.AsyncClient, query: Query) -> Trace:
+        import asyncio
+
         trace = self.rmap.new_trace(query.query_id)
         t0 = time.perf_counter()
         try:
@@ -904,6 +915,8 @@ class HttpSystem:
         """``attempt()`` until it returns, or raises _Failure, or retries run out; EndpointDownError
         once ``BREAKER_LIMIT`` tries in a row (any queries') got no response: could not connect, or
         connected and got nothing within ``timeout_s``."""
+        import asyncio
+
         while True:
             if self.breaker.open:
                 raise EndpointDownError(self.breaker.message())

@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Sequence
-from functools import lru_cache
 
 from rag_ablate.core.errors import ConfigError
 
@@ -134,28 +133,17 @@ _RE_SPACES = re.compile(r"\s\s+|[^\S ]")  # runs of whitespace, or one that is n
 _RE_MASK_RUN = re.compile(rf"([{_PLACEHOLDERS}])(?:\s*\1)+")
 
 
-def _mark_ranges() -> str:
-    """Regex class body of all combining marks (M*): planes 0, 1 and 14 hold them all."""
-    ranges: list[tuple[int, int]] = []
-    for cp in (*range(0x20000), *range(0xE0000, 0xE1000)):
-        if unicodedata.category(chr(cp))[0] == "M":
-            if ranges and ranges[-1][1] == cp - 1:
-                ranges[-1] = (ranges[-1][0], cp)
-            else:
-                ranges.append((cp, cp))
-    return "".join(
-        re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges
-    )
-
-
-@lru_cache(maxsize=1)
-def _stripper() -> re.Pattern[str]:
-    """Everything but letters, numbers, marks, whitespace, placeholders and the separator.
+def _stripper(text: str) -> re.Pattern[str]:
+    """Everything in ``text`` but letters, numbers, marks, whitespace, placeholders and the separator.
 
     That is punctuation (P*), symbols (S*), control/format/private/unassigned
-    (C*) characters and the underscore.
+    (C*) characters and the underscore. ``\\w`` holds no combining mark (M*), so
+    the marks kept are listed: those that occur in ``text``, the only ones the
+    pattern meets there (finding every mark Unicode has takes longer than
+    normalising a thousand queries).
     """
-    return re.compile(rf"[^\w\s{_mark_ranges()}{_PLACEHOLDERS}{_SEP}]+|_+")
+    marks = "".join(re.escape(ch) for ch in sorted(set(text)) if _is_mark(ch))
+    return re.compile(rf"[^\w\s{marks}{_PLACEHOLDERS}{_SEP}]+|_+")
 
 
 _RE_CJK_CHAR = re.compile(f"[{_CJK}]")
@@ -196,7 +184,6 @@ def normalize_many(texts: Sequence[str]) -> list[str]:
     """:func:`normalize` of many texts with one regex pass per step over all of them."""
     if not texts:
         return []
-    stripper = _stripper()
     s = _SEP.join(t.replace(_SEP, " ") if _SEP in t else t for t in texts)
     # 1. compatibility forms (full-width digits and letters...) and case
     s = unicodedata.normalize("NFKC", s)
@@ -211,7 +198,7 @@ def normalize_many(texts: Sequence[str]) -> list[str]:
     s = _RE_TOKEN.sub(_mask_token, s)
     s = _RE_DIGITS.sub(_NUM, s)
     # 3. punctuation and symbols -> space; one space; none next to CJK
-    s = stripper.sub(" ", s)
+    s = _stripper(s).sub(" ", s)
     s = _RE_SPACES.sub(" ", s)  # \s never matches the separator
     s = _RE_SPACE_NEAR_CJK.sub(_drop_space, s)
     # 4. word masks (relative dates, Chinese numerals before a measure word)
