@@ -13,7 +13,9 @@ from mlflow.tracking import MlflowClient
 from rag_ablate.core import profiling
 from rag_ablate.core.layout import PROFILE_FILE, SUMMARY_FILE, SWEEP_FILE
 
-JOB_STAGES = ["imports", "config", "store", "load", "index", "query", "score", "write", "judge", "log"]
+# in the order a job first enters them: the per-query traces are handed to MLflow (log) as soon as
+# the records are final, before the records are written and the run scored
+JOB_STAGES = ["imports", "config", "store", "load", "index", "query", "score", "log", "write", "judge"]
 
 
 def test_stage_times_its_block_and_repeats_add_up() -> None:
