@@ -38,7 +38,8 @@ from rag_ablate.metrics.retrieval import (
     chunk_metrics,
     cutoffs,
     evidence_at,
-    ranking_metrics,
+    ranking_names,
+    ranking_values,
     set_metrics,
 )
 from rag_ablate.records.trace import Record, RetrievedChunk, RetrievedEntry, Trace
@@ -286,25 +287,36 @@ def score_record(
     ranked = cast(list[str], ids)  # every chunk names its document
     key = cutoffs(ks)[0]
     chunks = cast(list[ChunkKey], list(map(_CHUNK_KEY, retrieved)))  # (doc_id, start, end), in C
-    counted = (TokenCounts() if tokens is None else tokens).tokens_at(chunks, docs, key)
-    out.update(zip(metric_names_at("context_tokens", key), counted, strict=True))
+    # the names of the values below, part by part, and the values in the same order: put into the
+    # metrics in one update at the end (one dict and one update per part cost more than the metrics)
+    names = [metric_names_at("context_tokens", key)]
+    values = (TokenCounts() if tokens is None else tokens).tokens_at(chunks, docs, key)
     if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
-        out.update(acl_metrics(ranked, docs, query.user_groups, key))
+        _add(names, values, acl_metrics(ranked, docs, query.user_groups, key))
     if query.kind == "answerable":
         labels = _labels_of(query, docs)
         if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
             # retrieval metrics, judged_at_k and bpref from one pass over the ranking
-            out.update(ranking_metrics(ranked, labels.judged, key))
+            names.append(ranking_names(key))
+            values += ranking_values(ranked, labels.judged, key)
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
-            out.update(set_metrics(ranked, query.relevant_sets, key))
+            _add(names, values, set_metrics(ranked, query.relevant_sets, key))
         # gold chunk ids: scored when every retrieved item carries a chunk id (no items: a miss)
         if query.relevant_chunks and all(r.get("chunk_id") for r in retrieved):
-            out.update(chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, key))
+            _add(names, values, chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, key))
         if query.evidence:
             recall, coverage = evidence_at(chunks, labels.spans, key)
-            out.update(zip(metric_names_at("evidence_recall", key), recall, strict=True))
-            out.update(zip(metric_names_at("evidence_coverage", key), coverage, strict=True))
+            names += (metric_names_at("evidence_recall", key), metric_names_at("evidence_coverage", key))
+            values += recall
+            values += coverage
+    out.update(zip(chain.from_iterable(names), values, strict=True))
     return out
+
+
+def _add(names: list[tuple[str, ...]], values: list[float], metrics: dict[str, float]) -> None:
+    """One part of :func:`score_record`'s values given as a dict: its names and values appended."""
+    names.append(tuple(metrics))
+    values += metrics.values()
 
 
 def applicable_misses(
