@@ -352,21 +352,8 @@ def failure_stage(
     if rec["status"] != "ok" or query.kind == "no_rag":
         return None
     labels = _labels_of(query, docs)
-    rel_docs, rel_chunks = labels.rel_docs, labels.rel_chunks
+    rel_chunks = labels.rel_chunks
     candidates, retrieved, context = rec.get("candidates"), rec.get("retrieved"), rec.get("context")
-
-    def relevant(doc_id: str | None, chunk_id: str | None) -> bool:
-        in_docs = doc_id is not None and doc_id in rel_docs
-        return in_docs or (chunk_id is not None and chunk_id in rel_chunks)
-
-    def hits(listed: Sequence[RetrievedEntry] | None) -> list[bool] | None:
-        """Whether some entry is relevant, as a one-element list (``diagnose`` reads a list only
-        through ``any``): set tests in C instead of a call per entry (a document id or chunk id of
-        None is in neither set)."""
-        if listed is None:
-            return None
-        found = not rel_docs.isdisjoint(map(_DOC_ID, listed))
-        return [found or (bool(rel_chunks) and not rel_chunks.isdisjoint(map(_CHUNK_ID, listed)))]
 
     # citation entries are read with get: a hand-written record's citation may name only a chunk,
     # whose document is then the one the listed chunks give it
@@ -378,20 +365,40 @@ def failure_stage(
             entries = [*(candidates or []), *(retrieved or []), *(context or [])]
             doc_of = {e["chunk_id"]: e["doc_id"] for e in entries}
         cited = [
-            relevant(c.get("doc_id") or doc_of.get(c.get("chunk_id") or ""), c.get("chunk_id"))
+            _relevant(c.get("doc_id") or doc_of.get(c.get("chunk_id") or ""), c.get("chunk_id"), labels)
             for c in citations
         ]
     refused = values.get("refusal") == 1.0
+    in_candidates = _hits(candidates, labels)
+    # a system without a reranker hands its candidates on: the same entries, the same answer
+    same = candidates is not None and retrieved is not None and retrieved == candidates
     return stages.diagnose(
         answerable=query.kind == "answerable",
         relevant_present=labels.visible or bool(rel_chunks),
-        candidates=hits(candidates),
-        retrieved=hits(retrieved),
-        context=hits(context),
+        candidates=in_candidates,
+        retrieved=in_candidates if same else _hits(retrieved, labels),
+        context=_hits(context, labels),
         answered=rec.get("answer") is not None,
         cited=cited,
         wrong=stages.answer_wrong(values) if query.kind == "answerable" else not refused,
     )
+
+
+def _relevant(doc_id: str | None, chunk_id: str | None, labels: _Labels) -> bool:
+    """A cited document or chunk is relevant by the query's labels."""
+    in_docs = doc_id is not None and doc_id in labels.rel_docs
+    return in_docs or (chunk_id is not None and chunk_id in labels.rel_chunks)
+
+
+def _hits(listed: Sequence[RetrievedEntry] | None, labels: _Labels) -> list[bool] | None:
+    """Whether some entry of a list is relevant, as a one-element list (``diagnose`` reads a list only
+    through ``any``): set tests in C instead of a call per entry (a document id or chunk id of None is
+    in neither set); None for a list the system does not report."""
+    if listed is None:
+        return None
+    rel_chunks = labels.rel_chunks
+    found = not labels.rel_docs.isdisjoint(map(_DOC_ID, listed))
+    return [found or (bool(rel_chunks) and not rel_chunks.isdisjoint(map(_CHUNK_ID, listed)))]
 
 
 def scored(
