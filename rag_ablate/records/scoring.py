@@ -19,7 +19,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain
-from operator import is_, itemgetter
+from operator import countOf, is_, itemgetter
 from typing import cast
 
 import numpy as np
@@ -562,7 +562,8 @@ def metric_items(rec: Record) -> MetricItems:
     values: dict[str, float]
     # floats only, none NaN (nor their sum): the values are the record's own dict, nothing left out
     # (read only, never changed: a copy of 50 values per record cost more than the rest of this)
-    floats = set(map(type, kept)) == _FLOAT  # (no None: an `in` test compares each float with None)
+    # (counted in C: each type compared by identity; no None: an `in` test compares each float with None)
+    floats = bool(metrics) and countOf(map(type, kept), float) == len(metrics)
     if floats and (sum_ := sum(cast(Iterable[float], kept))) == sum_:
         values, nones = cast(dict[str, float], metrics), []
     else:
