@@ -522,6 +522,8 @@ def evidence_at(
             firsts.append(positions[0])
             hit.append((positions, shares))
     n = len(spans)
+    if not hit:  # no span overlapped: every value is 0.0 (what the sums below give, 0 / n)
+        return [0.0] * len(key), [0.0] * len(key)
     firsts.sort()
     recall = [bisect_right(firsts, k) / n for k in key]
     coverage: list[float] = []
