@@ -191,9 +191,14 @@ class TokenCounts:
         """:meth:`context_tokens_at`'s values, in the order of ``ks``, from the retrieved chunks' keys."""
         limit = max(ks, default=0)
         top = chunks[:limit]
-        counts: list[int | None] = list(map(self._memo.get, top))  # the counts met before, in C
+        memo = self._memo
+        counts: list[int | None] = list(map(memo.get, top))  # the counts met before, in C
         if None in counts:  # a chunk not met before (which may repeat): counted once, in order
-            counts = [self.count(*key, docs) if n is None else n for key, n in zip(top, counts, strict=True)]
+            for i, n in enumerate(counts):
+                if n is None:
+                    key = top[i]
+                    n = memo.get(key)  # (met earlier in this list)
+                    counts[i] = self._first(key, docs) if n is None else n
         for doc_id, _, _ in chunks[limit:]:
             if doc_id not in docs:
                 raise KeyError(doc_id)
