@@ -261,8 +261,11 @@ def _values_at(
     key: tuple[int, ...], ranks: list[int], dcg: list[float], ideal: list[float], n_rel: int
 ) -> list[float]:
     """The values of :data:`RETRIEVAL_BASES` at every k of ``key``, grouped by k: from the relevant
-    documents' ranks (ascending, within the largest k), the DCG and ideal DCG prefix sums."""
-    first_rank = ranks[0] if ranks else 0
+    documents' ranks (ascending, within the largest k), the DCG and ideal DCG prefix sums. None found:
+    every value is 0.0 (0 hits over n_rel and k, 0.0 over an ideal DCG above 0, n_rel at least 1)."""
+    if not ranks:
+        return [0.0] * (len(RETRIEVAL_BASES) * len(key))
+    first_rank = ranks[0]
     values: list[float] = []
     for k in key:
         hits = bisect_right(ranks, k)
