@@ -294,7 +294,8 @@ def score_record(
     chunks = cast(list[ChunkKey], list(map(_CHUNK_KEY, retrieved)))  # (doc_id, start, end), in C
     # the names of the values below, part by part, and the values in the same order: put into the
     # metrics in one update at the end (one dict and one update per part cost more than the metrics)
-    names = [metric_names_at("context_tokens", key)]
+    tokens_names, rank_names, recall_names, coverage_names = _names_of(key)
+    names = [tokens_names]
     values = (TokenCounts() if tokens is None else tokens).tokens_at(chunks, docs, key)
     if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
         _add(names, values, acl_metrics(ranked, docs, query.user_groups, key))
@@ -302,7 +303,7 @@ def score_record(
         labels = _labels_of(query, docs)
         if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
             # retrieval metrics, judged_at_k and bpref from one pass over the ranking
-            names.append(ranking_names(key))
+            names.append(rank_names)
             values += ranking_values(ranked, labels.judged, key)
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
             _add(names, values, set_metrics(ranked, query.relevant_sets, key))
@@ -311,11 +312,27 @@ def score_record(
             _add(names, values, chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, key))
         if query.evidence:
             recall, coverage = evidence_at(chunks, labels.spans, key)
-            names += (metric_names_at("evidence_recall", key), metric_names_at("evidence_coverage", key))
+            names += (recall_names, coverage_names)
             values += recall
             values += coverage
     out.update(zip(chain.from_iterable(names), values, strict=True))
     return out
+
+
+_NAMES_OF: dict[tuple[int, ...], tuple[tuple[str, ...], ...]] = {}  # checked cutoffs -> _names_of
+
+
+def _names_of(key: tuple[int, ...]) -> tuple[tuple[str, ...], ...]:
+    """The names :func:`score_record` gives at the checked cutoffs ``key``: context tokens, the ranking
+    metrics, evidence recall and coverage (one lookup per record instead of one per part)."""
+    names = _NAMES_OF.get(key)
+    if names is None:
+        if len(_NAMES_OF) > 256:
+            _NAMES_OF.clear()
+        bases = ("context_tokens", "evidence_recall", "evidence_coverage")
+        tokens, recall, coverage = (metric_names_at(base, key) for base in bases)
+        names = _NAMES_OF[key] = (tokens, ranking_names(key), recall, coverage)
+    return names
 
 
 def _add(names: list[tuple[str, ...]], values: list[float], metrics: dict[str, float]) -> None:
