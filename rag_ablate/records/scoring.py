@@ -329,8 +329,9 @@ def _names_of(key: tuple[int, ...]) -> tuple[tuple[str, ...], ...]:
     if names is None:
         if len(_NAMES_OF) > 256:
             _NAMES_OF.clear()
-        bases = ("context_tokens", "evidence_recall", "evidence_coverage")
-        tokens, recall, coverage = (metric_names_at(base, key) for base in bases)
+        tokens = metric_names_at("context_tokens", key)
+        recall = metric_names_at("evidence_recall", key)
+        coverage = metric_names_at("evidence_coverage", key)
         names = _NAMES_OF[key] = (tokens, ranking_names(key), recall, coverage)
     return names
 
