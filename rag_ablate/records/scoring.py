@@ -677,7 +677,11 @@ class _Matrix:
             for shape, positions in groups.values():
                 flat = chain.from_iterable(map(dict.values, map(rows.__getitem__, positions)))
                 group = np.fromiter(flat, np.float64, len(positions) * len(shape)).reshape(len(positions), -1)
-                m[np.ix_(positions, [col[name] for name in shape])] = group
+                cols = [col[name] for name in shape]
+                if cols and cols == list(range(cols[0], cols[0] + len(cols))):  # side by side: a slice
+                    m[positions, cols[0] : cols[0] + len(cols)] = group
+                else:
+                    m[np.ix_(positions, cols)] = group
         classes: dict[tuple[int, ...], list[str]] = {}  # the metrics present in the same groups
         for name, gids in present.items():
             classes.setdefault(tuple(gids), []).append(name)
@@ -802,11 +806,12 @@ def aggregate_counted(
     record's :func:`metric_items`, when the caller has them (a run's slices read each record often)."""
     out: dict[str, float] = {}
     counts: dict[str, dict[str, int]] = {}
-    failure_statuses = sorted({str(r["status"]) for r in records if r["status"] != "ok"})
-    diagnosed = any(r.get("failure_stage") is not None for r in records)
     if items is None:
         items = [metric_items(r) for r in records]
     parts = _split_values(records, items)
+    # from the counts of every record's status and stage (no pass over the records of its own)
+    failure_statuses = sorted(status for status in parts["all"].statuses if status != "ok")
+    diagnosed = any(stage is not None for stage in parts["all"].stages)
     base = _Matrix(parts["all"]) if parts["all"].n >= _MATRIX_ROWS else None  # every record's values
     for split, part in parts.items():
         p = f"{split}/"
