@@ -293,7 +293,7 @@ def score_record(
     key = cutoffs(ks)[0]
     chunks = cast(list[ChunkKey], list(map(_CHUNK_KEY, retrieved)))  # (doc_id, start, end), in C
     # the names of the values below, part by part, and the values in the same order: put into the
-    # metrics in one update at the end (one dict and one update per part cost more than the metrics)
+    # metrics in one update at the end (a dict or an update per part cost more)
     tokens_names, rank_names, recall_names, coverage_names = _names_of(key)
     names = [tokens_names]
     values = (TokenCounts() if tokens is None else tokens).tokens_at(chunks, docs, key)
@@ -451,7 +451,7 @@ def scored(
         stage = failure_stage(rec, query, docs, metrics)
         if stage is not None:
             metrics.update(_INDICATORS[stage])
-        out = rec.copy()  # (a copy of the dict whole, then two keys set: a third of {**rec, ...}'s time)
+        out = rec.copy()  # (the dict copied whole, then two keys set: 0.16 against {**rec, ...}'s 0.22 us)
         out["failure_stage"], out["metrics"] = stage, metrics
         return out
     except Exception as exc:  # a bad trace (unknown doc id, broken offsets, ...) fails one query only
@@ -586,8 +586,8 @@ def metric_items(rec: Record) -> MetricItems:
     kept = metrics.values()
     values: dict[str, float]
     # floats only, none NaN (nor their sum): the values are the record's own dict, nothing left out
-    # (read only, never changed: a copy of 50 values per record cost more than the rest of this)
-    # (counted in C: each type compared by identity; no None: an `in` test compares each float with None)
+    # (read only, never changed: a copy of 50 values per record cost more than the rest of this); the
+    # types counted in C, each compared by identity (no None: an `in` test compares each float with None)
     floats = bool(metrics) and countOf(map(type, kept), float) == len(metrics)
     if floats and (sum_ := sum(cast(Iterable[float], kept))) == sum_:
         values, nones = cast(dict[str, float], metrics), []
