@@ -285,3 +285,30 @@ def test_run_cost_metrics_are_each_records_values_by_definition(
         if split is None:
             got_split = {k: v for k, v in got_split.items() if "/" not in k}
         assert {k: v.hex() for k, v in got_split.items()} == {k: v.hex() for k, v in expected.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.dictionaries(st.sampled_from([1, 3, 5, 10, 20]), st.none() | st.floats(0, 5000), max_size=5),
+    n=st.integers(0, 25),
+)
+def test_final_context_tokens_is_the_first_covering_k_else_the_last_k_with_a_value(
+    values: dict[int, float | None], n: int
+) -> None:
+    """The value at the first k (ascending) with a value that covers the n retrieved chunks, else at
+    the last k with a value below n (the cutoffs looked up from the first covering one, then back)."""
+    rec = {"metrics": {f"context_tokens_at_{k}": v for k, v in values.items()}, "retrieved": [{}] * n}
+    expected, last = None, None
+    for k in sorted(values):
+        v = values[k]
+        if v is not None:
+            if k >= n:
+                expected = float(v)
+                break
+            last = v
+    else:
+        expected = None if last is None else float(last)
+    got = final_context_tokens(rec)  # type: ignore[arg-type]
+    assert (got is None and expected is None) or (
+        got is not None and expected is not None and got.hex() == expected.hex()
+    )

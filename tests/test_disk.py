@@ -83,6 +83,32 @@ def test_a_record_that_cannot_be_appended_is_a_write_error_and_the_file_is_close
     assert next(r["query_id"] for r in jsonl.read_records(path)) == "q1"
 
 
+def test_a_short_write_is_followed_by_the_rest_of_the_line(tmp_path: Path) -> None:
+    """The writer is unbuffered: a write call that takes only part of a line (a nearly full disk) is
+    followed by another for the rest, so the line arrives whole."""
+    from rag_ablate.records import jsonl
+
+    path = tmp_path / "records.jsonl"
+    writer = jsonl.RecordWriter(path)
+    raw = writer._f
+    calls: list[int] = []
+
+    class Short:  # takes at most 100 bytes a call
+        def write(self, data: bytes) -> int:
+            calls.append(len(data))
+            return raw.write(bytes(data[:100]))
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(raw, name)
+
+    writer._f = Short()  # type: ignore[assignment]
+    rec = {"query_id": "q1", "status": "ok", "text": "中文" * 200}
+    writer.write(rec)
+    writer._f = raw
+    writer.close()
+    assert len(calls) > 5 and jsonl.read_records(path) == [rec]
+
+
 # --------------------------------------------------------------------------- real file systems
 
 

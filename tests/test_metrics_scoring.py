@@ -338,3 +338,88 @@ def test_evidence_recall_at_checks_every_chunk_up_to_the_largest_k() -> None:
         evidence_recall_at(chunks, [], [1])
     with pytest.raises(ValueError, match="start < end"):
         evidence_recall_at(chunks, [("a", 4, 4)], [1])
+
+
+# ------------------------------------------------------------------ a record's metrics in one update
+
+_DOCS_OF = [f"D{i}" for i in range(6)]
+_CHUNKS_OF = [f"D{i}#{j}" for i in range(6) for j in range(4)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    picks=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=12),
+    relevant=st.dictionaries(st.sampled_from(_DOCS_OF), st.integers(0, 3), max_size=4),
+    nonrelevant=st.lists(st.sampled_from(_DOCS_OF), max_size=2, unique=True),
+    sets=st.lists(st.lists(st.sampled_from(_DOCS_OF), min_size=1, max_size=3, unique=True), max_size=2),
+    gold_chunks=st.dictionaries(st.sampled_from(_CHUNKS_OF), st.just(1), max_size=3),
+    spans=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 60), st.integers(1, 30)), max_size=3),
+    restricted=st.booleans(),
+    ks=st.lists(st.integers(1, 12), min_size=1, max_size=4),
+)
+def test_score_record_equals_its_parts_one_after_another(
+    picks: list[tuple[int, int]],
+    relevant: dict[str, int],
+    nonrelevant: list[str],
+    sets: list[list[str]],
+    gold_chunks: dict[str, int],
+    spans: list[tuple[int, int, int]],
+    restricted: bool,
+    ks: list[int],
+) -> None:
+    """score_record puts a record's values into its metrics in one update: the same names in the same
+    order and the same values bit for bit as the parts' dicts added one after another (context tokens,
+    the access-control leaks, the ranking metrics, the set, chunk and evidence metrics)."""
+    from rag_ablate.dataset.model import Document, Query, Span
+    from rag_ablate.metrics.acl import acl_metrics
+    from rag_ablate.metrics.retrieval import chunk_metrics, ranking_metrics, set_metrics
+    from rag_ablate.records.scoring import TokenCounts, score_record
+
+    docs = {
+        d: Document(d, "文本 text " * 12, allowed_groups=("staff",) if restricted and i % 2 else None)
+        for i, d in enumerate(_DOCS_OF)
+    }
+    evidence = tuple(Span(_DOCS_OF[d], s, s + n) for d, s, n in spans)
+    answerable = any(g >= 1 for g in relevant.values()) or bool(gold_chunks) or bool(evidence)
+    if not answerable:
+        relevant = {}
+    query = Query(
+        "q1", "question", relevant, evidence, answerable, True, (), None, None, "dev", "g1",
+        user_groups=("staff",), relevant_sets=tuple(map(tuple, sets)), relevant_chunks=gold_chunks,
+        nonrelevant=tuple(d for d in nonrelevant if d not in relevant),
+    )  # fmt: skip
+    if relevant and not any(g >= 1 for g in relevant.values()):
+        return  # no relevant document: the ranking metrics raise (a caller error), as before
+    retrieved = [
+        {
+            "rank": r,
+            "chunk_id": f"D{d}#{c}",
+            "doc_id": f"D{d}",
+            "start": 20 * c,
+            "end": 20 * c + 30,
+            "score": 0.5,
+        }
+        for r, (d, c) in enumerate(picks, start=1)
+    ]
+    rec = {"status": "ok", "timings_ms": {"total": 3.5}, "retrieved": retrieved}
+    got = score_record(rec, query, docs, ks, routed=False, tokens=TokenCounts())  # type: ignore[arg-type]
+    key = cutoffs(ks)[0]
+    ranked = [r["doc_id"] for r in retrieved]
+    chunks = [(r["doc_id"], r["start"], r["end"]) for r in retrieved]
+    want: dict[str, float | None] = {"latency_ms": 3.5}
+    want.update(TokenCounts().context_tokens_at(retrieved, docs, key))  # type: ignore[arg-type]
+    if restricted:
+        want.update(acl_metrics(ranked, docs, query.user_groups, key))
+    if answerable:
+        if relevant:
+            want.update(ranking_metrics(ranked, {**dict.fromkeys(query.nonrelevant, 0), **relevant}, key))
+        if sets:
+            want.update(set_metrics(ranked, query.relevant_sets, key))
+        if gold_chunks:
+            want.update(chunk_metrics([r["chunk_id"] for r in retrieved], gold_chunks, key))
+        if evidence:
+            recall, coverage = evidence_at(chunks, [(e.doc_id, e.start, e.end) for e in evidence], key)
+            want.update(zip(metric_names_at("evidence_recall", key), recall, strict=True))
+            want.update(zip(metric_names_at("evidence_coverage", key), coverage, strict=True))
+    assert list(got) == list(want)
+    assert [v.hex() for v in got.values()] == [v.hex() for v in want.values()]  # type: ignore[union-attr]

@@ -42,6 +42,7 @@ from rag_ablate.run.slices import (
     members,
     mlflow_key,
     mlflow_slice_metrics,
+    record_tags,
     slice_keys,
     slice_metrics,
     sliced,
@@ -486,3 +487,18 @@ def test_members_are_each_slice_keys_records_in_order(records: list[dict[str, An
     got = members(records)  # type: ignore[arg-type]
     assert list(got) == list(sliced(expected))
     assert all(got[k] == v and all(map(operator.is_, got[k], v)) for k, v in sliced(expected).items())
+
+
+def test_records_without_tags_are_those_with_no_tags_key_or_tags_none() -> None:
+    """n_without_tags counts a record with no ``tags`` key and one whose tags are None (record_tags is
+    None for both), not one with an empty list; counted in the pass that groups the slices."""
+    base = {"split": "dev", "kind": "answerable", "status": "ok", "metrics": {"recall_at_5": 1.0}}
+    records = [
+        {**base, "query_id": "q1"},
+        {**base, "query_id": "q2", "tags": None},
+        {**base, "query_id": "q3", "tags": []},
+        {**base, "query_id": "q4", "tags": ["a"]},
+    ]
+    table = slice_metrics(records)  # type: ignore[arg-type]
+    assert table.n_without_tags == sum(record_tags(r) is None for r in records) == 2  # type: ignore[arg-type]
+    assert [s.key.name for s in table.slices] == ["tag=a"]

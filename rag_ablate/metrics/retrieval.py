@@ -48,6 +48,8 @@ __all__ = [
     "evidence_recall_at",
     "judged_at",
     "ranking_metrics",
+    "ranking_names",
+    "ranking_values",
     "retrieval_metrics",
     "set_metrics",
     "unique_docs",
@@ -259,8 +261,11 @@ def _values_at(
     key: tuple[int, ...], ranks: list[int], dcg: list[float], ideal: list[float], n_rel: int
 ) -> list[float]:
     """The values of :data:`RETRIEVAL_BASES` at every k of ``key``, grouped by k: from the relevant
-    documents' ranks (ascending, within the largest k), the DCG and ideal DCG prefix sums."""
-    first_rank = ranks[0] if ranks else 0
+    documents' ranks (ascending, within the largest k), the DCG and ideal DCG prefix sums. None found:
+    every value is 0.0 (0 hits over n_rel and k, 0.0 over an ideal DCG above 0, n_rel at least 1)."""
+    if not ranks:
+        return [0.0] * (len(RETRIEVAL_BASES) * len(key))
+    first_rank = ranks[0]
     values: list[float] = []
     for k in key:
         hits = bisect_right(ranks, k)
@@ -289,7 +294,29 @@ def ranking_metrics(
 
     The same values bit for bit as the three functions (``retrieval_metrics(ranked, R's grades, ks)``,
     ``judged_at(ranked, labels, ks)``, ``bpref(ranked, labels)``): the same sums in the same order;
-    the same ValueError when no document has grade >= 1."""
+    the same ValueError when no document has grade >= 1. :func:`ranking_names` and
+    :func:`ranking_values` give its names and values apart."""
+    key = cutoffs(ks)[0]
+    return dict(zip(ranking_names(key), ranking_values(ranked_doc_ids, labels, key), strict=True))
+
+
+def ranking_names(ks: Sequence[int]) -> tuple[str, ...]:
+    """The names of :func:`ranking_metrics` at the cutoffs ``ks``, in its order."""
+    key = cutoffs(ks)[0]
+    names = _JUDGED_NAMES.get(key)
+    if names is None:
+        if len(_JUDGED_NAMES) > 256:
+            _JUDGED_NAMES.clear()
+        names = (*_names(key), *metric_names_at("judged", key), metric_name("bpref"))
+        _JUDGED_NAMES[key] = names
+    return names
+
+
+def ranking_values(
+    ranked_doc_ids: Sequence[str], labels: Mapping[str, int], ks: Sequence[int]
+) -> list[float]:
+    """The values of :func:`ranking_metrics`, in the order of :func:`ranking_names` (scoring puts every
+    value of a record into its metrics at once)."""
     key, max_k = cutoffs(ks)
     rel_grades = [g for g in labels.values() if g >= 1]
     n_rel = len(rel_grades)
@@ -321,19 +348,11 @@ def ranking_metrics(
                 above += 1
         if rank <= max_k:
             judged.append(n_judged)
-    if not key:
-        return {"bpref": total / n_rel}
-    values = _values_at(key, ranks, dcg, _ideal(rel_grades, max_k), n_rel)
+    values = _values_at(key, ranks, dcg, _ideal(rel_grades, max_k), n_rel) if key else []
     n = len(judged) - 1
     values.extend([judged[k if k < n else n] / k for k in key])
     values.append(total / n_rel)
-    names = _JUDGED_NAMES.get(key)
-    if names is None:
-        if len(_JUDGED_NAMES) > 256:
-            _JUDGED_NAMES.clear()
-        names = (*_names(key), *metric_names_at("judged", key), metric_name("bpref"))
-        _JUDGED_NAMES[key] = names
-    return dict(zip(names, values, strict=True))
+    return values
 
 
 def set_metrics(
@@ -506,6 +525,8 @@ def evidence_at(
             firsts.append(positions[0])
             hit.append((positions, shares))
     n = len(spans)
+    if not hit:  # no span overlapped: every value is 0.0 (what the sums below give, 0 / n)
+        return [0.0] * len(key), [0.0] * len(key)
     firsts.sort()
     recall = [bisect_right(firsts, k) / n for k in key]
     coverage: list[float] = []

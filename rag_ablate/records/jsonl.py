@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - a pinned dependency; the json module r
 _DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
 _LONG_DIGITS = b"0" * 19
 
-FSYNC_SECONDS = 1.0  # RecordWriter: at most this long between fsyncs (each record is flushed at once)
+FSYNC_SECONDS = 1.0  # RecordWriter: at most this long between fsyncs (each record is written at once)
 
 
 def _finite(data: Mapping[str, Any] | list[Any] | tuple[Any, ...]) -> bool:
@@ -222,8 +222,8 @@ def final_records(records: Iterable[Record]) -> dict[str, Record]:
 
 
 class RecordWriter:
-    """Appends records to a file as they complete: each is written and flushed at once
-    (a killed process loses at most the line it was writing), and fsync'd at most every
+    """Appends records to a file as they complete: each is written to the file at once, in one
+    unbuffered write (a killed process loses at most the line it was writing), and fsync'd at most every
     ``fsync_every`` seconds and when closed (an OS crash loses at most that window).
 
     Opening repairs the file's end first: a half-written last line is cut off, and a
@@ -246,8 +246,8 @@ class RecordWriter:
             elif size and not path.read_bytes().endswith(b"\n"):
                 with path.open("ab") as f:
                     f.write(b"\n")
-        try:
-            self._f = path.open("ab")
+        try:  # unbuffered: each line goes to the file in one write call (a buffer would copy it first)
+            self._f = path.open("ab", buffering=0)
         except OSError as exc:
             raise WriteError(path, exc) from exc
         self._last_sync = time.monotonic()
@@ -258,8 +258,9 @@ class RecordWriter:
         line = dumps_line(rec)
         with self._lock:
             try:
-                self._f.write(line)
-                self._f.flush()
+                done = self._f.write(line)
+                while done < len(line):  # a short write (a nearly full disk): the rest, or the error
+                    done += self._f.write(line[done:])
                 now = time.monotonic()
                 if now - self._last_sync >= self.fsync_every:
                     os.fsync(self._f.fileno())
@@ -274,13 +275,12 @@ class RecordWriter:
             if self._f.closed:
                 return
             try:
-                self._f.flush()
                 os.fsync(self._f.fileno())
                 self.fsyncs += 1
             except OSError as exc:
                 raise WriteError(self.path, exc) from exc
             finally:
-                with contextlib.suppress(OSError):  # what could not be flushed is lost, not kept
+                with contextlib.suppress(OSError):  # (unbuffered: nothing is left to write)
                     self._f.close()
 
     def __enter__(self) -> RecordWriter:

@@ -139,7 +139,11 @@ TOKEN_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens", "emb
 
 
 def first_intent(intents: list[str]) -> str | None:
-    """The predicted intent of a raw intent list: its first non-empty code."""
+    """The predicted intent of a raw intent list: its first non-empty code (None for an empty list, at
+    once: a system without a router reports none, and the generator cost more than the rest of the
+    lookup)."""
+    if not intents:
+        return None
     return next((code for code in intents if code and code.strip()), None)
 
 

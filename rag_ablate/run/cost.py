@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -83,17 +85,20 @@ def _context_names(records: Sequence[Record]) -> list[tuple[int, str]]:
 
 def _final_context(rec: Record, names: Sequence[tuple[int, str]]) -> float | None:
     """:func:`final_context_tokens`, looking up only ``names`` (:func:`_context_names` of the run, k
-    ascending): the value at the first k that covers the list, else at the last k with a value."""
+    ascending): the value at the first k that covers the list, else at the last k with a value (the
+    names from the first covering k on, then those before it backwards: one lookup, as a rule)."""
     metrics = rec.get("metrics") or {}
     n = len(rec.get("retrieved") or [])
-    last = None
-    for k, name in names:
+    first = bisect_left(names, (n, ""))  # the first name whose k covers the list
+    for _, name in names[first:]:
         v = metrics.get(name)
         if v is not None:
-            if k >= n:
-                return float(v)
-            last = v
-    return None if last is None else float(last)
+            return float(v)
+    for _, name in reversed(names[:first]):
+        v = metrics.get(name)
+        if v is not None:
+            return float(v)
+    return None
 
 
 def query_tokens(rec: Record, name: str) -> float | None:
@@ -154,7 +159,7 @@ def run_cost_metrics(
 class _QueryCosts:
     """Every record's cost values, read once: the run's and each split's :func:`cost_metrics` then
     gather them in record order (the values, and so every percentile and mean, those of a pass over
-    the split's own records)."""
+    the split's own records), a split's by a mask of its records (in C)."""
 
     def __init__(self, records: Sequence[Record], price: ModelPrice | None) -> None:
         names = _context_names(records)  # a name no record of a split has is None in each of them
@@ -162,18 +167,23 @@ class _QueryCosts:
         # one pass over the records (each read once: a large run's records do not stay in the caches)
         self.splits: list[str | None] = []
         self.latency: list[float | None] = []
-        self.stages: list[list[tuple[str, float]]] = []
+        # stage -> the positions of the records that timed it and their times, in record order
+        self.stages: dict[str, tuple[list[int], list[float]]] = {}
         self.ttft: list[float | None] = []
         self.context: list[float | None] = []
         usages: list[Mapping[str, Any] | None] = []
-        for r in records:
+        for i, r in enumerate(records):
             self.splits.append(r.get("split"))
             timings = r.get("timings_ms") or {}
             total = timings.get(TOTAL)
             self.latency.append(query_latency_ms(r) if total is None else float(total))
-            self.stages.append(
-                [(str(s), float(ms)) for s, ms in timings.items() if s != TOTAL and ms is not None]
-            )
+            for s, ms in timings.items():
+                if s != TOTAL and ms is not None:
+                    column = self.stages.get(s)
+                    if column is None:
+                        column = self.stages.setdefault(str(s), ([], []))
+                    column[0].append(i)
+                    column[1].append(float(ms))
             ttft = r.get("ttft_ms")
             self.ttft.append(None if ttft is None else float(ttft))
             self.context.append(_final_context(r, names))
@@ -188,28 +198,32 @@ class _QueryCosts:
 
     def metrics(self, split: str | None) -> dict[str, float]:
         """:func:`cost_metrics` of the records of ``split`` (None: all)."""
-        everything = range(len(self.splits))
-        picked = everything if split is None else [i for i in everything if self.splits[i] == split]
+        mask = None if split is None else [s == split for s in self.splits]  # the split's records
+
+        def present(values: list[float | None]) -> list[float]:
+            """The split's values that are not None, in record order."""
+            chosen: Iterable[float | None] = values if mask is None else compress(values, mask)
+            return [v for v in chosen if v is not None]
+
         out: dict[str, float] = {}
-        _quantiles(out, "latency", [v for i in picked if (v := self.latency[i]) is not None])
-        stages: dict[str, list[float]] = {}
-        for i in picked:
-            for stage, ms in self.stages[i]:
-                stages.setdefault(stage, []).append(ms)
-        for stage in sorted(stages):
-            _quantiles(out, stage, stages[stage])
-        _quantiles(out, "ttft", [v for i in picked if (v := self.ttft[i]) is not None])
-        ctx = [v for i in picked if (v := self.context[i]) is not None]
+        _quantiles(out, "latency", present(self.latency))
+        for stage in sorted(self.stages):
+            rows, times = self.stages[stage]
+            in_split = times if mask is None else list(compress(times, map(mask.__getitem__, rows)))
+            _quantiles(out, stage, in_split)
+        _quantiles(out, "ttft", present(self.ttft))
+        ctx = present(self.context)
         if ctx:
             out["context_tokens"] = float(np.mean(ctx))
         any_usage = False
         for name, values in self.tokens.items():
-            counts = [v for i in picked if (v := values[i]) is not None]
+            counts = present(values)
             if counts:
                 any_usage = True
                 out[name] = float(np.mean(counts))
-        if self.usd is not None and any_usage and picked:
-            per_query = sum(self.usd[i] for i in picked) / len(picked)
+        n_picked = len(self.splits) if mask is None else sum(mask)
+        if self.usd is not None and any_usage and n_picked:
+            per_query = sum(self.usd if mask is None else compress(self.usd, mask)) / n_picked
             out["usd_per_query"] = per_query
             out["usd_per_1k"] = per_query * 1000
         return out

@@ -130,11 +130,20 @@ def sliced(out: dict[SliceKey, list[Any]]) -> dict[SliceKey, list[Any]]:
 
 def members(records: Iterable[Record]) -> dict[SliceKey, list[Record]]:
     """Each slice's records (in the given order), slices by kind then value."""
+    return _members_counted(records)[0]
+
+
+def _members_counted(records: Iterable[Record]) -> tuple[dict[SliceKey, list[Record]], int]:
+    """:func:`members`, and how many records have no tags recorded (:func:`record_tags` is None), from
+    the same pass over the records."""
     by_pair: dict[tuple[str, str], list[Record]] = {}
+    n_without = 0
     for rec in records:
+        if rec.get("tags") is None:  # record_tags(rec) is None
+            n_without += 1
         for pair in _slice_pairs(rec):
             by_pair.setdefault(pair, []).append(rec)
-    return sliced({SliceKey(kind, value): rows for (kind, value), rows in by_pair.items()})
+    return sliced({SliceKey(kind, value): rows for (kind, value), rows in by_pair.items()}), n_without
 
 
 @dataclass
@@ -256,16 +265,18 @@ def slice_metrics(
     records' :func:`~rag_ablate.records.scoring.metric_items`, when the caller has them already;
     ``whole``: ``aggregate_counted(records)`` when the caller has it, which a slice of every record
     (a dataset's one tag) then shares instead of computing it again)."""
-    # each record's values, read once for all its slices
-    items_of = dict(zip(map(id, records), items or [metric_items(r) for r in records], strict=True))
+    # each record's values, read once for all its slices (when some slice needs them)
+    items_of: dict[int, MetricItems] = {}
 
     def counted(rows: list[Record]) -> tuple[dict[str, float], dict[str, dict[str, int]]]:
         if whole is not None and len(rows) == len(records):  # a slice's rows keep the records' order
             return dict(whole[0]), {split: dict(n) for split, n in whole[1].items()}
+        if not items_of:
+            items_of.update(zip(map(id, records), items or [metric_items(r) for r in records], strict=True))
         return aggregate_counted(rows, items=[items_of[id(r)] for r in rows])
 
-    slices = [Slice(key, *counted(rows)) for key, rows in members(records).items()]
-    n_without = sum(1 for r in records if r.get("tags") is None)  # record_tags(r) is None
+    by_key, n_without = _members_counted(records)
+    slices = [Slice(key, *counted(rows)) for key, rows in by_key.items()]
     kinds = [*KINDS, *dict.fromkeys(s.key.kind for s in slices if s.key.kind not in KINDS)]
     return SliceTable(slices, len(records), n_without, kinds)
 
