@@ -698,6 +698,11 @@ def test_query_set_is_described_as_mlflows_pandas_dataset_describes_it(tmp_path:
     assert json.loads(ours.schema) == json.loads(theirs.schema)
     Schema.from_json(json.dumps(json.loads(ours.schema)["mlflow_colspec"]))  # MLflow reads it
 
+    # redacted texts: still a text in every row
+    redacted = Privacy(store_text=True, redact=True)
+    theirs = _pandas_query_set(dataset, [redacted.text(q.query) for q in dataset.queries])
+    assert json.loads(mt.dataset_input(dataset, redacted).schema) == json.loads(theirs.schema)
+
     # ids only: no query text is stored, the column is there and optional
     hidden = Privacy(store_text=False, redact=False)
     ours = mt.dataset_input(dataset, hidden)

@@ -558,10 +558,10 @@ def dataset_input(dataset: Dataset, privacy: Privacy | None = None) -> QuerySet:
     none without ``store_text``), split, group, kind, intent and gold documents. A column is
     required when no query lacks its value."""
     queries = dataset.queries
-    texts = [q.query if privacy is None else privacy.text(q.query) for q in queries]
+    texts_stored = privacy is None or privacy.store_text  # (redacted or not: Privacy.text)
     columns: list[tuple[str, bool, bool]] = [  # name, every value present, a list of strings
         ("query_id", True, False),
-        ("query", all(t is not None for t in texts), False),
+        ("query", texts_stored and all(q.query is not None for q in queries), False),
         ("split", all(q.split is not None for q in queries), False),
         ("group", all(q.group is not None for q in queries), False),
         ("kind", all(q.kind is not None for q in queries), False),
