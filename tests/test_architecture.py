@@ -181,7 +181,7 @@ def test_layer_counts_are_reported() -> None:
 # (its run, RUNNING) and end (run/runner.py, _start_run and _log_job), the sweep's start, end and
 # interruption (sweep/driver.py, sweep/publish.py), resume= and its orphans (run/resume.py)
 WRITERS = {
-    "log_run", "log_metrics", "log_artifacts", "log_table", "log_traces", "log_dataset_input",
+    "log_run", "log_metrics", "log_artifacts", "log_table", "log_trace_set", "log_dataset_input",
     "set_description", "append_description", "set_tags", "save_view", "finish_run", "end_run", "start_run",
     "start_parent", "reopen_run",
 }  # fmt: skip

@@ -515,9 +515,8 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
     mlflow.set_tracking_uri(None)
 
     # batched, as rag_ablate logs
-    mt.log_traces(
-        uri, exp, run_b, [rec], dataset, per_split=None, metrics=["recall_at_5", "latency_ms"], start_ns=start
-    )
+    traced = mt.trace_set([rec], dataset, per_split=None, start_ns=start)  # as the runner does
+    mt.log_trace_set(uri, exp, run_b, traced, metrics=["recall_at_5", "latency_ms"])
 
     (a,) = _traces(uri, exp, run_a)
     (b,) = _traces(uri, exp, run_b)
@@ -529,7 +528,7 @@ def test_batched_writer_matches_mlflows_span_by_span_api(tmp_path: Path) -> None
     assert root.get_attribute("rag_ablate.split") == q.split
 
     # logged again (a resumed run): still one trace per query
-    mt.log_traces(uri, exp, run_b, [rec], dataset, per_split=None, metrics=["recall_at_5"], start_ns=start)
+    mt.log_trace_set(uri, exp, run_b, traced, metrics=["recall_at_5"])
     (again,) = _traces(uri, exp, run_b)
     assert [a.name for a in again.info.assessments] == ["recall_at_5"]
     # in the same evaluation run of its split, not a second one

@@ -93,10 +93,11 @@ _startup_gc_off = False  # startup_gc_off() turned the cyclic collector off; cla
 def startup_gc_off() -> None:
     """The cyclic garbage collector off for the rest of this process's start-up, until its first
     profile claims it (:func:`claim_startup`): ``python -m rag_ablate`` calls this once the MLflow
-    writer is forked (the writer keeps its collector). The imports, Hydra's composition and the
-    config's checks make a few hundred thousand objects that stay (modules, classes, configs),
-    which each of the collector's passes would walk again: about 180 passes, 0.04-0.06 s of CPU
-    before a run's first job. Nothing happens when the collector is off already."""
+    writer is forked (the writer does the same around its own imports: tracking/background.py).
+    The imports, Hydra's composition and the config's checks make a few hundred thousand objects
+    that stay (modules, classes, configs), which each of the collector's passes would walk again:
+    about 180 passes, 0.04-0.06 s of CPU before a run's first job. Nothing happens when the
+    collector is off already."""
     global _startup_gc_off
     if gc.isenabled():
         gc.disable()

@@ -401,8 +401,8 @@ def run_variant(cfg: DictConfig, s: RunConfig, prof: profiling.Profile) -> float
         # the records are final: the background writer logs their traces while this process writes
         # and scores the run
         with prof.stage("log"):
-            traced = first_runs(out.stored)
-            n_traces = _log_traces(store, run_id, s, job, traced, inputs.dataset, started_ns, _hand(job))
+            first = first_runs(out.stored)
+            n_traces = _log_traces(store, run_id, s, job, first, inputs.dataset, started_ns, _hand(job))
     with prof.stage("write"):
         _write_records(job, inputs.dataset, out)
     with prof.stage("score"), gc_paused():  # the aggregate metrics, cost, slices

@@ -677,40 +677,6 @@ def warn_not_logged(exc: Exception) -> None:
     print(f"per-query MLflow traces not logged: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def log_traces(
-    uri: str,
-    experiment_id: str,
-    run_id: str,
-    records: Sequence[Record],
-    dataset: Dataset,
-    *,
-    per_split: int | None,
-    metrics: Iterable[str],
-    start_ns: int,
-    seed: int = 0,
-    privacy: Privacy | None = None,
-    usd: Usd | None = None,
-    model: str | None = None,
-    per_split_runs: bool = True,
-    first: Sequence[str] = (),
-) -> int:
-    """Log one trace per selected query of ``records`` in one process: :func:`trace_set`, then
-    :func:`log_trace_set`; the number of traces logged."""
-    traced = trace_set(records, dataset, per_split=per_split, start_ns=start_ns, seed=seed, privacy=privacy)
-    return log_trace_set(
-        uri,
-        experiment_id,
-        run_id,
-        traced,
-        metrics=metrics,
-        seed=seed,
-        usd=usd,
-        model=model,
-        per_split_runs=per_split_runs,
-        first=first,
-    )
-
-
 def log_trace_set(
     uri: str,
     experiment_id: str,
