@@ -13,8 +13,10 @@ or ClapNQ import: ``rag-ablate import squad .../200423_covidQA.json DIR``):
     lucene, as conf/retrieval/bm25.yaml) and answers every query (analysed the same way) with
     top-k = retrieval.top_k (10);
 (b) ``python -m rag_ablate dataset.path=<set>`` (one variant, the default config), cold (a fresh
-    output folder: empty cache, no MLflow database) and warm (the same command again in that
-    folder).
+    output folder: empty cache, no MLflow database, and no resident MLflow writer: each round has
+    a runtime folder of its own, ``RAG_ABLATE_RUNTIME_DIR``), warm (the same command again in that
+    folder, the resident writer the cold run started still there), and in a fresh folder with the
+    resident writer there (a new experiment on a day of runs).
 
 Every time is a subprocess's wall time, interpreter start included, and its CPU time (user +
 sys of the process tree); each is the median of ``--repeat`` rounds, the rows of a round run one
@@ -34,11 +36,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import resource
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -114,6 +118,18 @@ def ensure_zh(data: Path) -> Path:
     return folder
 
 
+def _stop_writers(env: dict[str, str]) -> None:
+    """Stop the resident MLflow writers of the runtime folder ``env`` names, and remove it."""
+    subprocess.run(
+        [sys.executable, "-m", "rag_ablate.cli.main", "writer", "stop"],
+        env={**os.environ, **env},
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    )
+    shutil.rmtree(env["RAG_ABLATE_RUNTIME_DIR"], ignore_errors=True)
+
+
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -138,7 +154,9 @@ def _time_line(r: JobResult) -> tuple[float, float, float]:
     """(the total its time line printed, the main process's CPU seconds in it, the seconds the
     background MLflow writer spent alongside) from the run's or sweep's profile.json."""
     folder = Path(r.job_dirs[0]) if r.job_dirs else None
-    if folder is not None and (folder.parent / "profile.json").is_file() and "-m" in r.command.split()[3:]:  # after "python -m rag_ablate"
+    if (
+        folder is not None and (folder.parent / "profile.json").is_file() and "-m" in r.command.split()[3:]
+    ):  # after "python -m rag_ablate"
         folder = folder.parent  # a sweep's own profile
     if folder is None or not (folder / "profile.json").is_file():
         return float("nan"), float("nan"), 0.0
@@ -183,6 +201,7 @@ def main() -> None:
     bare_info: dict[str, Any] = {}
     cold: list[JobResult] = []
     warm: list[JobResult] = []
+    fresh: list[JobResult] = []  # a fresh folder, the resident writer already running
     sweeps: list[JobResult] = []
     # the same two cold commands with MLflow imported and written in the main process (the
     # background writer off), side by side in each round
@@ -196,9 +215,17 @@ def main() -> None:
         bare_walls.append(w)
         bare_cpus.append(c)
         root = a.out / f"one_{i}"
-        cold.append(_check(run_job(one, root), "cold run"))
-        warm.append(_check(run_job(one, root), "warm run"))
-        sweeps.append(_check(run_job(["-m", "chunk=256,512"], a.out / f"sweep_{i}"), "default sweep"))
+        # no resident MLflow writer before a cold command: a runtime folder of its own per cold start
+        writers = {"RAG_ABLATE_RUNTIME_DIR": tempfile.mkdtemp(prefix="rar-bench-")}
+        cold.append(_check(run_job(one, root, env=writers), "cold run"))
+        warm.append(_check(run_job(one, root, env=writers), "warm run"))
+        fresh.append(_check(run_job(one, a.out / f"fresh_{i}", env=writers), "fresh folder, writer running"))
+        _stop_writers(writers)
+        writers = {"RAG_ABLATE_RUNTIME_DIR": tempfile.mkdtemp(prefix="rar-bench-")}
+        sweeps.append(
+            _check(run_job(["-m", "chunk=256,512"], a.out / f"sweep_{i}", env=writers), "default sweep")
+        )
+        _stop_writers(writers)
         cold_off.append(_check(run_job(one, a.out / f"one_off_{i}", env=in_process), "cold run, in-process"))
         cold_none.append(
             _check(run_job([*one, "tracking=none"], a.out / f"one_none_{i}"), "cold run, no MLflow")
@@ -261,6 +288,7 @@ def main() -> None:
         ("(b) the same, MLflow in-process (`RAG_ABLATE_MLFLOW_WRITER=0`)", cold_off, goals["cold"]),
         ("(b) the same, without MLflow (`tracking=none`)", cold_none, goals["cold"]),
         ("(b) the same command again, warm", warm, goals["warm"]),
+        ("(b) a fresh folder, the resident MLflow writer running", fresh, goals["cold"]),
         ("default sweep `python -m rag_ablate -m chunk=256,512`, cold, fresh folder", sweeps, None),
         ("default sweep, MLflow in-process (`RAG_ABLATE_MLFLOW_WRITER=0`)", sweeps_off, None),
     ]

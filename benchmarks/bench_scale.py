@@ -342,6 +342,24 @@ class JobResult:
     stderr_tail: str = ""
 
 
+def resident_writer_cpu(job_dirs: Sequence[Path], multirun: bool) -> float:
+    """The CPU seconds of the MLflow writer when it was the resident writer's child (profile.json
+    ``writer: resident``): not this command's descendant, so not in its process tree's CPU time,
+    and added to it here (its import of MLflow too, for the command that started it)."""
+    if not job_dirs:
+        return 0.0
+    where = [job_dirs[0].parent] if multirun else list(job_dirs)
+    total = 0.0
+    for d in where:
+        p = d / "profile.json"
+        if not p.is_file():
+            continue
+        prof = json.loads(p.read_text())
+        if prof.get("writer") == "resident":
+            total += sum(float(v.get("cpu_s", 0.0)) for v in prof.get("background", {}).values())
+    return total
+
+
 def _job_dirs(out: Path, multirun: bool) -> list[Path]:
     base = out / ("multirun" if multirun else "runs")
     if not base.is_dir():
@@ -387,6 +405,7 @@ def run_job(
         cpu = sum(sampler.cpu_s.values()) - sampler.cpu_s.get(proc.pid, 0.0)
     multirun = "-m" in args or "--multirun" in args
     dirs = _job_dirs(out, multirun)
+    cpu += resident_writer_cpu(dirs, multirun)
     res = JobResult(
         command=" ".join(["python", "-m", "rag_ablate", *args]),
         wall=wall,

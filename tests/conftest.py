@@ -185,6 +185,17 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 for _threads in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
 
+# The suite's `python -m rag_ablate` processes share resident MLflow writers of their own (README:
+# "The resident MLflow writer"), in a private folder the controller makes (pytest-xdist's workers
+# inherit it) and whose writers it stops at the session's end: the suite leaves no process behind.
+if "RAG_ABLATE_RUNTIME_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["RAG_ABLATE_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="rag_ablate-writers-")
+    _OWN_RUNTIME_DIR = True
+else:
+    _OWN_RUNTIME_DIR = False
+
 # Ctrl-C as in a terminal: a shell starts a background job (`python -m pytest &`) with SIGINT
 # ignored, every process it starts inherits that, and the tests that press Ctrl-C on a run
 # (tests/test_resume.py) would see it finish as if never interrupted. Each test process, and so
@@ -502,6 +513,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     for thread in _early:
         thread.join(timeout=900)
+    if _OWN_RUNTIME_DIR and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import shutil
+
+        from rag_ablate.tracking import resident
+
+        resident.stop_all()
+        shutil.rmtree(os.environ["RAG_ABLATE_RUNTIME_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

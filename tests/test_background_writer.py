@@ -11,7 +11,7 @@ import pytest
 
 from rag_ablate.core.errors import TrackingError, WriterError
 from rag_ablate.core.layout import PROFILE_FILE, RUN_FILE, SUMMARY_FILE, SWEEP_FILE
-from rag_ablate.tracking import background
+from rag_ablate.tracking import background, serving
 from tests.conftest import run_module, write_dataset
 
 
@@ -35,7 +35,7 @@ def test_a_call_gets_the_values_of_pendings_in_its_arguments_and_the_records_as_
 def test_a_writer_does_the_calls_in_order_passes_values_on_and_names_what_failed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(background, "WARM", ())  # no MLflow to import for these calls
+    monkeypatch.setattr(serving, "WARM", ())  # no MLflow to import for these calls
     monkeypatch.setattr(background, "_writer", background.Writer())
     try:
         assert background.active()

@@ -393,10 +393,11 @@ def _same_where_logged(logged: dict[str, float], reference: dict[str, float]) ->
     return {k: logged[k] for k in shared} == {k: ref[k] for k in shared}
 
 
-def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
+def _start(args: list[str], cwd: Path, **env_extra: str) -> subprocess.Popen[str]:
     # PYTHONFAULTHANDLER: a process that does not end when told can be made to print every thread's
     # stack (SIGABRT, see _stopped), so a hang is diagnosed, not just timed out
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1"}
+    env.update(env_extra)
     return subprocess.Popen(
         [sys.executable, "-m", "rag_ablate", *args],
         cwd=cwd,
@@ -526,10 +527,12 @@ def test_kill_before_the_run_exists_then_resume_creates_it_under_its_id(work: Pa
     """The job does not wait for the background writer to create its MLflow run: SIGKILL of the
     process group (the writer with it) as soon as run.json names the run, while the writer is still
     importing MLflow, leaves no run in MLflow; resume= creates it under the id run.json names and
-    completes it: one complete run."""
+    completes it: one complete run. The writer is the command's own child (RAG_ABLATE_WRITER_IDLE=0),
+    which the kill ends with it: a resident writer, MLflow already imported, would have made the run
+    by then, and a killed command's resident child still does what it was handed."""
     root = work / "killed_early"
     args = ["dataset=custom", "dataset.path=tiny", "progress=false", "paths.output_root=killed_early"]
-    proc = _start(args, work)
+    proc = _start(args, work, RAG_ABLATE_WRITER_IDLE="0")
     run_file = _kill_when(proc, lambda: (j / RUN_FILE) if (j := _only(root / "runs")) else None, 0)
     run_id = json.loads(run_file.read_text(encoding="utf-8"))["run_id"]
     assert run_id and _run_row(root / "mlflow.db", run_id) is None  # killed before the writer made it

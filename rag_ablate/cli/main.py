@@ -7,6 +7,7 @@
     rag-ablate ui [--uri URI]         open the MLflow UI on 127.0.0.1
     rag-ablate serve [overrides...]   serve the built-in pipeline over HTTP (POST /rag/eval, /rag/chat)
     rag-ablate local-llm [--port N]   serve the local Qwen2.5 0.5B model (extra [local-llm]) on 127.0.0.1
+    rag-ablate writer status|stop     this user's resident MLflow writers (they keep MLflow imported)
 
 Runs and sweeps are ``python -m rag_ablate [-m] overrides...``.
 """
@@ -377,6 +378,23 @@ def cmd_local_llm(args: argparse.Namespace) -> int:
     os.execve(cmd[0], cmd, local_llm.server_env())
 
 
+def cmd_writer(args: argparse.Namespace) -> int:
+    from rag_ablate.tracking import resident
+
+    if args.action == "stop":
+        pids = resident.stop_all()
+        print(f"stopped {len(pids)} resident MLflow writer(s)" + "".join(f", pid {p}" for p in pids))
+        return 0
+    found = resident.running()
+    where = resident.runtime_dir(create=False)
+    print(f"{len(found)} resident MLflow writer(s) in {where}" + (":" if found else ""))
+    for pid, sock in found:
+        print(f"  pid {pid}  {sock}")
+    idle = resident.idle_seconds()
+    print(f"each ends after {idle:g} s without a command ({resident.IDLE_ENV}; 0: none is started)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from rag_ablate.cli.serve import MAX_BODY_BYTES
     from rag_ablate.config.schema import CompareConfig
@@ -568,6 +586,16 @@ def build_parser() -> argparse.ArgumentParser:
     ll.add_argument("--print-path", action="store_true", help="assemble the model, print its path, exit")
     ll.add_argument("--dry-run", action="store_true", help="print the server command instead of running it")
     ll.set_defaults(func=cmd_local_llm)
+
+    w = sub.add_parser(
+        "writer",
+        help="list or stop this user's resident MLflow writers",
+        description="python -m rag_ablate hands its MLflow calls to a resident writer, a process that keeps "
+        "MLflow imported between commands and ends by itself after RAG_ABLATE_WRITER_IDLE seconds "
+        "(600) without one. status lists them; stop ends them now.",
+    )
+    w.add_argument("action", choices=["status", "stop"])
+    w.set_defaults(func=cmd_writer)
     return p
 
 

@@ -184,6 +184,9 @@ class Profile:
         self._sampler = _Sampler()
         # stage -> {seconds, cpu_s} spent alongside, in the background MLflow writer's process
         self.background: dict[str, dict[str, float]] = {}
+        # which writer that was: "resident" (a child of the resident writer, not of this process:
+        # its CPU time is not in this process tree's) or "forked" (this command's child)
+        self.writer = ""
         if sample:
             self._sampler.start()
 
@@ -275,6 +278,7 @@ class Profile:
             "peak_mb": self.peak_mb,
             "pid": os.getpid(),
             **({"background": self.background} if self.background else {}),
+            **({"writer": self.writer} if self.writer else {}),
         }
 
     def open_stages(self) -> list[str]:

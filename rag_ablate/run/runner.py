@@ -461,7 +461,7 @@ def _finish_writer(job: _Job, prof: profiling.Profile) -> None:
     t0, cpu0 = time.perf_counter(), time.process_time()
     failed = background.finish()
     prof.add("log", time.perf_counter() - t0, cpu_s=time.process_time() - cpu0)
-    prof.background = background.times()
+    prof.background, prof.writer = background.times(), background.kind()
     background.forget()
     prof.write(job.job_dir)  # MLflow has the profile as it was when handed over
     if failed:

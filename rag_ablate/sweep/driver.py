@@ -457,7 +457,7 @@ def _wait_for_writer(prof: profiling.Profile, sweep_dir: Path, plan: Plan) -> No
     t0, cpu0 = time.perf_counter(), time.process_time()
     background.finish()
     prof.add("log", time.perf_counter() - t0, cpu_s=time.process_time() - cpu0)
-    prof.background = background.times()
+    prof.background, prof.writer = background.times(), background.kind()
     _write_profile(sweep_dir, plan)
 
 

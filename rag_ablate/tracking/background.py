@@ -1,10 +1,13 @@
 """MLflow written from a second process while the run goes on (the background writer).
 
 Importing MLflow and opening its store cost about 2 s of CPU, logging a job about 0.5 s: on a
-machine with two cores or more they need not hold the run up. ``python -m rag_ablate`` starts a
-child process (:func:`start`, forked before Hydra and MLflow are imported) that imports MLflow at
-once and then executes, in order, the MLflow calls the run hands it (:func:`call`), while the
-main process plans, indexes, queries, scores, compares and renders. What is logged is still
+machine with two cores or more they need not hold the run up. ``python -m rag_ablate`` hands its
+MLflow calls (:func:`call`) to a writer process (:mod:`rag_ablate.tracking.serving`) that does
+them in order while the main process plans, indexes, queries, scores, compares and renders. The
+writer is a child of the resident writer (:mod:`rag_ablate.tracking.resident`), which the first
+command starts and which keeps MLflow imported for the next ones; with ``RAG_ABLATE_WRITER_IDLE=0``
+(or where none can be used) it is a child the command forks (:func:`start`, before Hydra and
+MLflow are imported), which imports MLflow at once. What is logged is still
 decided in one place each: a job's end (``run/runner.py::_log_job``) and a sweep's end
 (``sweep/publish.py``); they call :func:`call`, which runs the call here and now when there is no
 writer, so there is one code path for what MLflow gets.
@@ -35,37 +38,16 @@ import contextlib
 import importlib
 import os
 import pickle
-import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rag_ablate.core import profiling
-from rag_ablate.core.errors import TrackingError, WriterError, one_line
+from rag_ablate.core.errors import WriterError, one_line
+from rag_ablate.tracking import serving
 
 ENV = "RAG_ABLATE_MLFLOW_WRITER"  # "0": never start the writer
-
-# imported by the child as soon as it starts: MLflow's client, its sqlite store, the trace client, and
-# what the calls' arguments are made of (the child is forked before the main process imports them)
-WARM = (
-    "rag_ablate.tracking.store",
-    "rag_ablate.tracking.traces",
-    "rag_ablate.dataset.model",
-    "mlflow.tracking",
-    "mlflow.tracing.client",
-    "mlflow.store.tracking.sqlalchemy_store",
-    "mlflow.entities",
-)
-
-
-@dataclass(frozen=True)
-class _Ref:
-    """A call's value, named by its number, as it crosses to the child."""
-
-    task: int
 
 
 @dataclass
@@ -147,7 +129,7 @@ def _to_refs(x: Any, depth: int = 2) -> Any:
     if isinstance(x, Pending):
         if x.ok():
             return x._value
-        return _Ref(x.task)
+        return serving.Ref(x.task)
     if depth and isinstance(x, dict):
         return {k: _to_refs(v, depth - 1) for k, v in x.items()}
     if depth and isinstance(x, list | tuple):
@@ -155,80 +137,38 @@ def _to_refs(x: Any, depth: int = 2) -> Any:
     return x
 
 
-def _from_refs(x: Any, results: dict[int, Any], failed: dict[int, str], depth: int = 2) -> Any:
-    if isinstance(x, _Ref):
-        if x.task in failed:
-            raise TrackingError(f"not done: it needs {failed[x.task]}, which failed")
-        return results[x.task]
-    if depth and isinstance(x, dict):
-        return {k: _from_refs(v, results, failed, depth - 1) for k, v in x.items()}
-    if depth and isinstance(x, list | tuple):
-        return type(x)(_from_refs(v, results, failed, depth - 1) for v in x)
-    return x
-
-
-# --------------------------------------------------------------------------- the child
-
-
-def _serve(conn: Any, owner_pid: int) -> None:
-    """The child: warm up, then do each call in order and answer (number, ok, value or error,
-    stage, wall s, CPU s)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    from rag_ablate.tracking import store
-
-    store.set_owner_pid(owner_pid)
-    t0, c0 = time.perf_counter(), time.process_time()
-    # importing allocates much and frees little: collections during it are wasted work (1.55 -> 1.29 s
-    # of CPU for these imports); then MLflow's modules, here to stay, are frozen out of the collector's
-    # sight, as the main process's start-up is (the few thousand objects left unreachable stay)
-    profiling.startup_gc_off()
-    for name in WARM:
-        try:
-            importlib.import_module(name)
-        except Exception:  # the call that needs it reports the error
-            continue
-    profiling.startup_gc_on(freeze=True)
-    conn.send((-1, True, None, "store", time.perf_counter() - t0, time.process_time() - c0))
-    results: dict[int, Any] = {}
-    failed: dict[int, str] = {}
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            break
-        if msg is None:
-            break
-        task, what, stage, payload = msg
-        t0, c0 = time.perf_counter(), time.process_time()
-        try:
-            fn, args, kwargs = pickle.loads(payload)
-            out = fn(*_from_refs(args, results, failed), **_from_refs(kwargs, results, failed))
-            results[task] = out
-            answer = (task, True, out, stage)
-        except BaseException as exc:  # every failure goes back to the main process
-            failed[task] = what
-            answer = (task, False, one_line(exc), stage)
-        try:
-            conn.send((*answer, time.perf_counter() - t0, time.process_time() - c0))
-        except Exception as exc:  # a value that cannot be sent back
-            conn.send((task, False, f"its value could not be sent back: {one_line(exc)}", stage, 0.0, 0.0))
-    conn.close()
-
-
 # --------------------------------------------------------------------------- the main process
 
 
 class Writer:
-    """The child process and the thread that receives its answers."""
+    """The writer's process (see :mod:`rag_ablate.tracking.serving`) and the thread that receives
+    its answers: a child forked now, or, given ``sock``, a connection to the resident writer
+    (:mod:`rag_ablate.tracking.resident`), whose child for this command takes its working
+    directory, environment and standard streams."""
 
-    def __init__(self) -> None:
-        import multiprocessing
+    def __init__(self, sock: Any = None) -> None:
+        self.proc: Any = None
+        if sock is None:
+            import multiprocessing
 
-        ctx = multiprocessing.get_context("fork")
-        self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child_conn, os.getpid()), name="rag_ablate-mlflow")
-        self.proc.start()
-        child_conn.close()
+            ctx = multiprocessing.get_context("fork")
+            self.conn, child_conn = ctx.Pipe()
+            self.proc = ctx.Process(
+                target=serving.serve, args=(child_conn, os.getpid()), name="rag_ablate-mlflow"
+            )
+            self.proc.start()
+            child_conn.close()
+        else:
+            import socket
+            import time
+            from multiprocessing.connection import Connection
+            from multiprocessing.reduction import sendfds
+
+            self.conn = Connection(sock.detach())
+            # the hello (serving.serve_connection): who, where, with what environment, since when
+            self.conn.send((os.getpid(), os.getcwd(), dict(os.environ), time.monotonic()))
+            with socket.socket(fileno=os.dup(self.conn.fileno())) as raw:
+                sendfds(raw, [1, 2])  # its output and errors go where this command's go
         self.pending: dict[int, Pending] = {}
         self.held: list[tuple[int, str, str, bytes]] = []  # calls handed over with hold=True, not sent yet
         self.next = 0
@@ -290,7 +230,7 @@ class Writer:
             if not ok:
                 _failed.append(f"{p.what}: {out}")
             p._settle(out if ok else None, None if ok else str(out))
-        code = self.proc.exitcode
+        code = self.proc.exitcode if self.proc is not None else None
         for task in sorted(self.pending):  # never answered: the child ended
             p = self.pending.pop(task)
             why = f"the writer process ended (exit code {code})" if code else "the writer process ended"
@@ -310,7 +250,14 @@ class Writer:
         self.closed = True
         with contextlib.suppress(OSError):
             self.conn.send(None)
-        if wait:
+        if self.proc is None:  # the resident writer's child ends when this connection does
+            if not wait:
+                import socket
+
+                with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self.conn.fileno())) as raw:
+                    raw.shutdown(socket.SHUT_RDWR)
+            self.reader.join()
+        elif wait:
             self.proc.join()
             self.reader.join()
         else:
@@ -337,8 +284,23 @@ def start(argv: Sequence[str]) -> None:
         cores = os.cpu_count() or 1
     if cores < 2:
         return
-    _writer = Writer()
+    _writer = _resident_writer() or Writer()
     atexit.register(_at_exit)
+
+
+def _resident_writer() -> Writer | None:
+    """A writer served by the resident writer (started now if none runs), or None when the
+    command is to fork its own (``RAG_ABLATE_WRITER_IDLE=0``, or none can be used here)."""
+    from rag_ablate.tracking import resident
+
+    idle = resident.idle_seconds()
+    if idle <= 0:
+        return None
+    try:
+        sock, _ = resident.connect(idle)
+        return Writer(sock)
+    except OSError:
+        return None
 
 
 def _at_exit() -> None:
@@ -422,6 +384,14 @@ def times() -> dict[str, dict[str, float]]:
     if _writer is None:
         return {}
     return {k: {"seconds": round(v[0], 4), "cpu_s": round(v[1], 4)} for k, v in _writer.times.items()}
+
+
+def kind() -> str:
+    """``resident`` (a child of the resident writer), ``forked`` (this command's child), or ""
+    without a writer."""
+    if _writer is None:
+        return ""
+    return "forked" if _writer.proc is not None else "resident"
 
 
 def finish() -> list[str]:

@@ -1,0 +1,258 @@
+"""The resident MLflow writer (rag_ablate.tracking.resident): real processes on a real Unix socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_ablate.core.layout import PROFILE_FILE, RUN_FILE
+from rag_ablate.tracking import background, resident
+from tests.conftest import run_module, write_dataset
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private folder of resident writers of this test alone (short: a socket's path has a limit),
+    whose writers are stopped afterwards."""
+    d = Path(tempfile.mkdtemp(prefix="rar-"))
+    monkeypatch.setenv(resident.DIR_ENV, str(d))
+    try:
+        yield d
+    finally:
+        resident.stop_all()
+
+
+def _wait(cond: Callable[[], Any], timeout: float = 30.0) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if out := cond():
+            return out
+        time.sleep(0.05)
+    raise AssertionError(f"not so within {timeout} s")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _call(w: background.Writer, fn: Callable[..., Any], *args: Any) -> Any:
+    return w.submit(getattr(fn, "__name__", "call"), "log", fn, args, {}).result()
+
+
+def test_commands_are_served_by_one_resident_writer_each_by_its_own_child_as_itself(
+    runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first command starts the resident writer, the second finds it; each is served by a
+    child of it that works in the command's folder, with its environment, for the command's
+    process as the runs' owner, and that ends when the command lets it go."""
+    first_dir, second_dir = tmp_path / "a", tmp_path / "b"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    monkeypatch.chdir(first_dir)
+    monkeypatch.setenv("RAG_ABLATE_TEST_MARK", "first")
+    sock, started = resident.connect(60)
+    assert started
+    w1 = background.Writer(sock)
+    assert _call(w1, os.getcwd) == str(first_dir)
+    assert _call(w1, os.getenv, "RAG_ABLATE_TEST_MARK") == "first"
+    ((zygote, path),) = resident.running()
+    assert path.parent == runtime and path.exists()
+    child1 = _call(w1, os.getpid)
+    assert _call(w1, os.getppid) == zygote and child1 != zygote
+
+    from rag_ablate.tracking import store
+
+    assert _call(w1, store.owner_tag).split(":")[1] == str(os.getpid())  # the command owns its runs
+
+    monkeypatch.chdir(second_dir)
+    monkeypatch.setenv("RAG_ABLATE_TEST_MARK", "second")
+    sock2, started2 = resident.connect(60)
+    assert not started2
+    w2 = background.Writer(sock2)
+    assert _call(w2, os.getcwd) == str(second_dir)
+    assert _call(w2, os.getenv, "RAG_ABLATE_TEST_MARK") == "second"
+    child2 = _call(w2, os.getpid)
+    assert child2 not in (child1, zygote) and _call(w2, os.getppid) == zygote
+    assert resident.running() == [(zygote, path)]
+
+    broken = w2.submit("dividing by zero", "log", divmod, (1, 0), {})
+    assert broken.value_or_none() is None and "ZeroDivisionError" in str(broken._error)
+    for w, child in ((w1, child1), (w2, child2)):
+        w.close(wait=True)
+        _wait(lambda c=child: not _alive(c))  # type: ignore[misc]
+    assert _alive(zygote) and _children(zygote) == []
+    assert set(w1.times) == {"store", "log"}  # the wait for it to be ready is counted as store
+
+
+def test_a_command_that_lets_an_unused_writer_go_does_not_wait_for_it(runtime: Path) -> None:
+    """A command that stops before using its writer (a bad override) does not wait for a resident
+    writer still importing MLflow: it closes its connection and is done; the writer's child for it
+    ends without doing anything."""
+    sock, started = resident.connect(60)
+    assert started
+    w = background.Writer(sock)
+    t0 = time.monotonic()
+    w.close(wait=False)
+    assert time.monotonic() - t0 < 1.0  # the writer needs about 1.3 s to import MLflow
+    ((zygote, _),) = _wait(resident.running)
+    _wait(lambda: _children(zygote) == [] and w.times.get("store") is None)
+
+
+def test_an_idle_resident_writer_ends_and_removes_its_socket(runtime: Path) -> None:
+    sock, _ = resident.connect(1.0)
+    w = background.Writer(sock)
+    assert _call(w, sum, [1, 2]) == 3
+    w.close(wait=True)
+    ((zygote, path),) = resident.running()
+    _wait(lambda: not _alive(zygote))
+    assert not path.exists() and not path.with_suffix(".pid").exists()
+    assert resident.running() == []
+    sock, started = resident.connect(60)  # the next command starts a new one
+    assert started
+    background.Writer(sock).close(wait=True)
+
+
+def test_a_socket_no_process_answers_is_replaced(runtime: Path) -> None:
+    """The resident writer was killed (SIGKILL, a reboot of a folder that survives): its socket
+    file is there and refuses connections; the next command replaces it with a new writer."""
+    path = resident.socket_path(runtime, resident.code_key())
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))
+    dead.close()  # the file stays, nothing listens
+    assert path.exists()
+    sock, started = resident.connect(60)
+    assert started
+    w = background.Writer(sock)
+    assert _call(w, os.getppid) == resident.running()[0][0]
+    w.close(wait=True)
+
+
+def test_stop_ends_the_writers_and_never_a_process_that_is_not_one(runtime: Path) -> None:
+    sock, _ = resident.connect(60)
+    background.Writer(sock).close(wait=True)
+    ((zygote, path),) = resident.running()
+    # a pid file of a writer killed long ago whose number now belongs to another process (this one)
+    stale = runtime / "writer-0000.pid"
+    stale.write_text(f"{os.getpid()}\n", encoding="utf-8")
+    assert resident.stop_all() == [zygote]
+    _wait(lambda: not _alive(zygote))
+    assert not path.exists() and not stale.exists()
+
+
+@pytest.mark.parametrize("unsafe", ["others can write", "a link", "another owner"])
+def test_no_resident_writer_in_a_folder_that_is_not_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unsafe: str
+) -> None:
+    """Anyone who can reach the socket could hand the writer a call to run: a folder that others
+    can enter, a link (to someone else's folder) or a folder of another user is not used, and the
+    command forks a writer of its own instead."""
+    d = Path(tempfile.mkdtemp(prefix="rar-"))
+    if unsafe == "others can write":
+        d.chmod(0o777)
+    elif unsafe == "a link":
+        link = Path(tempfile.mkdtemp(prefix="rar-")) / "l"
+        link.symlink_to(d)
+        d = link
+    else:
+        if os.getuid() != 0:
+            pytest.skip("changing a folder's owner needs root")
+        os.chown(d, 65534, 65534)
+    monkeypatch.setenv(resident.DIR_ENV, str(d))
+    assert resident.runtime_dir() is None
+    with pytest.raises(OSError, match="no private folder"):
+        resident.connect(60)
+    assert background._resident_writer() is None
+    assert not list(Path(d).glob("writer-*"))
+
+
+def test_the_socket_name_follows_the_code_and_the_mlflow_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Edited code, another MLflow setting or another PYTHONPATH: another resident writer (one that
+    imported other code, or MLflow under other settings, would do the calls differently)."""
+    import rag_ablate
+
+    pkg = tmp_path / "rag_ablate"
+    (pkg / "tracking").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "tracking" / "store.py").write_text("X = 1\n", encoding="utf-8")
+    monkeypatch.setattr(rag_ablate, "__file__", str(pkg / "__init__.py"))
+    keys = [resident.code_key()]
+    assert resident.code_key() == keys[0]
+    (pkg / "tracking" / "store.py").write_text("X = 22\n", encoding="utf-8")
+    keys.append(resident.code_key())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
+    keys.append(resident.code_key())
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    keys.append(resident.code_key())
+    monkeypatch.setenv("RAG_ABLATE_TEST_MARK", "a variable the writer's child takes from the command")
+    keys.append(resident.code_key())
+    assert len(set(keys)) == 4 and keys[-1] == keys[-2]
+
+
+def test_the_idle_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(resident.IDLE_ENV, raising=False)
+    assert resident.idle_seconds() == resident.IDLE_S
+    for raw, want in (("0", 0.0), ("2.5", 2.5), ("-3", 0.0), ("soon", resident.IDLE_S)):
+        monkeypatch.setenv(resident.IDLE_ENV, raw)
+        assert resident.idle_seconds() == want
+
+
+@pytest.mark.slow
+def test_two_runs_share_the_resident_writer_and_both_are_whole_in_mlflow(
+    runtime: Path, tmp_path: Path
+) -> None:
+    """``python -m rag_ablate`` twice: the first starts the resident writer, the second uses it
+    (MLflow already imported: its writer was ready at once); both runs are finished in MLflow with
+    the command as their owner, and no child of the writer outlives its command."""
+    from mlflow.tracking import MlflowClient
+
+    write_dataset(tmp_path / "tiny")
+    args = ["dataset=custom", "dataset.path=tiny", "progress=false"]
+    profiles: list[dict[str, Any]] = []
+    zygotes = []
+    for _ in range(2):
+        proc = run_module("rag_ablate", args, tmp_path, timeout=300, process=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "; MLflow alongside " in proc.stdout
+        ((zygote, _),) = resident.running()
+        zygotes.append(zygote)
+        _wait(lambda z=zygote: _children(z) == [])  # type: ignore[misc]
+        seen = {p["dir"] for p in profiles}
+        (run_dir,) = {p.parent for p in (tmp_path / "outputs" / "runs").glob(f"*/{PROFILE_FILE}")} - seen
+        profiles.append({"dir": run_dir, **json.loads((run_dir / PROFILE_FILE).read_text(encoding="utf-8"))})
+    assert zygotes[0] == zygotes[1]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    for prof in profiles:
+        run_id = json.loads((prof["dir"] / RUN_FILE).read_text(encoding="utf-8"))["run_id"]
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["rag_ablate.process"].split(":")[1] == str(prof["pid"])
+        assert "holdout/recall_at_5" in run.data.metrics
+    # the first command waited for MLflow's import in the writer; the second found it imported
+    first, second = (p["background"]["store"]["cpu_s"] for p in profiles)
+    assert first > 0.3 and second < first
