@@ -336,6 +336,19 @@ def rag_ablate_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[st
 CHROMIUM = Path("/usr/bin/chromium")
 
 
+def child_pids(pid: int) -> list[int]:
+    """The live (not zombie) child processes of ``pid``, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a process that ended meanwhile
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     import socket

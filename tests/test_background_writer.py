@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from rag_ablate.core.errors import TrackingError, WriterError
 from rag_ablate.core.layout import PROFILE_FILE, RUN_FILE, SUMMARY_FILE, SWEEP_FILE
 from rag_ablate.tracking import background, serving
-from tests.conftest import run_module, write_dataset
+from tests.conftest import child_pids, run_module, write_dataset
 
 
 def test_without_a_writer_a_call_runs_here_and_raises_as_it_is() -> None:
@@ -73,7 +74,7 @@ def test_the_default_sweep_logs_everything_through_the_writer(default_sweep: dic
     sweep, proc = default_sweep["dir"], default_sweep["proc"]
     prof = json.loads((sweep / PROFILE_FILE).read_text(encoding="utf-8"))
     assert set(prof["background"]) == {"store", "log"}, prof.get("background")
-    assert prof["background"]["store"]["seconds"] > prof["stages"]["store"]["seconds"]
+    assert prof["writer"] in ("resident", "forked")  # which writer it was; the suite's: resident
     assert "; MLflow alongside " in proc.stdout
     info = json.loads((sweep / SWEEP_FILE).read_text(encoding="utf-8"))
     client = MlflowClient(tracking_uri=info["tracking_uri"])
@@ -110,15 +111,34 @@ def test_an_artifact_folder_that_cannot_be_made_stops_the_run_before_the_writer_
     assert (tmp_path / "art").is_dir()
 
 
+@pytest.mark.parametrize("writer", ["resident", "forked"])
 @pytest.mark.parametrize("bad", ["retrieval=nope", "top k=3"])
-def test_a_command_stopped_by_a_bad_override_leaves_no_writer_behind(tmp_path: Path, bad: str) -> None:
-    """``python -m rag_ablate`` forks the writer before the overrides are checked (it imports MLflow
-    while the command imports Hydra); a command that stops at a bad one (exit 2, one line) stops the
-    unused writer too: no process with the command's own command line is left."""
+def test_a_command_stopped_by_a_bad_override_leaves_no_writer_behind(
+    tmp_path: Path, bad: str, writer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m rag_ablate`` reaches its writer before the overrides are checked (MLflow is
+    imported while the command imports Hydra); a command that stops at a bad one (exit 2, one line)
+    lets the unused writer go: no process with the command's own command line is left (a forked
+    writer has it), and the resident writer has no child left for it."""
+    from rag_ablate.tracking import resident
+
+    if writer == "forked":
+        monkeypatch.setenv(resident.IDLE_ENV, "0")
+    else:  # a resident writer of this test's own, so that its children are this command's
+        monkeypatch.setenv(resident.DIR_ENV, tempfile.mkdtemp(prefix="rar-"))
     marker = f"hydra.run.dir={tmp_path / 'never'}"
+    t0 = time.monotonic()
     proc = run_module("rag_ablate", [bad, marker], tmp_path, timeout=120, process=True)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.startswith("rag_ablate: error: ") and "Traceback" not in proc.stderr
+    if writer == "resident":
+        try:
+            ((zygote, _),) = resident.running()
+            while child_pids(zygote) and time.monotonic() - t0 < 30:
+                time.sleep(0.05)
+            assert child_pids(zygote) == []
+        finally:
+            resident.stop_all()
     left = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:

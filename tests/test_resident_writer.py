@@ -14,8 +14,11 @@ from typing import Any
 import pytest
 
 from rag_ablate.core.layout import PROFILE_FILE, RUN_FILE
-from rag_ablate.tracking import background, resident
-from tests.conftest import run_module, write_dataset
+from rag_ablate.tracking import background, resident, store
+from tests.conftest import child_pids, run_module, write_dataset
+
+# `store` is imported before any test connects: importing it sets MLFLOW_DISABLE_TELEMETRY, one of
+# the variables that name a resident writer (a command imports it after it has connected)
 
 
 @pytest.fixture
@@ -47,18 +50,6 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
 def _call(w: background.Writer, fn: Callable[..., Any], *args: Any) -> Any:
     return w.submit(getattr(fn, "__name__", "call"), "log", fn, args, {}).result()
 
@@ -83,9 +74,6 @@ def test_commands_are_served_by_one_resident_writer_each_by_its_own_child_as_its
     assert path.parent == runtime and path.exists()
     child1 = _call(w1, os.getpid)
     assert _call(w1, os.getppid) == zygote and child1 != zygote
-
-    from rag_ablate.tracking import store
-
     assert _call(w1, store.owner_tag).split(":")[1] == str(os.getpid())  # the command owns its runs
 
     monkeypatch.chdir(second_dir)
@@ -104,7 +92,7 @@ def test_commands_are_served_by_one_resident_writer_each_by_its_own_child_as_its
     for w, child in ((w1, child1), (w2, child2)):
         w.close(wait=True)
         _wait(lambda c=child: not _alive(c))  # type: ignore[misc]
-    assert _alive(zygote) and _children(zygote) == []
+    assert _alive(zygote) and child_pids(zygote) == []
     assert set(w1.times) == {"store", "log"}  # the wait for it to be ready is counted as store
 
 
@@ -119,7 +107,7 @@ def test_a_command_that_lets_an_unused_writer_go_does_not_wait_for_it(runtime: P
     w.close(wait=False)
     assert time.monotonic() - t0 < 1.0  # the writer needs about 1.3 s to import MLflow
     ((zygote, _),) = _wait(resident.running)
-    _wait(lambda: _children(zygote) == [] and w.times.get("store") is None)
+    _wait(lambda: child_pids(zygote) == [] and w.times.get("store") is None)
 
 
 def test_an_idle_resident_writer_ends_and_removes_its_socket(runtime: Path) -> None:
@@ -241,7 +229,7 @@ def test_two_runs_share_the_resident_writer_and_both_are_whole_in_mlflow(
         assert "; MLflow alongside " in proc.stdout
         ((zygote, _),) = resident.running()
         zygotes.append(zygote)
-        _wait(lambda z=zygote: _children(z) == [])  # type: ignore[misc]
+        _wait(lambda z=zygote: child_pids(z) == [])  # type: ignore[misc]
         seen = {p["dir"] for p in profiles}
         (run_dir,) = {p.parent for p in (tmp_path / "outputs" / "runs").glob(f"*/{PROFILE_FILE}")} - seen
         profiles.append({"dir": run_dir, **json.loads((run_dir / PROFILE_FILE).read_text(encoding="utf-8"))})

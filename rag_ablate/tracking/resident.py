@@ -61,7 +61,7 @@ def runtime_dir(*, create: bool = True) -> Path | None:
     to use (another owner, a link, readable or writable by others) or cannot be made."""
     given = os.environ.get(DIR_ENV)
     if given:
-        d = Path(given)
+        d = Path(given).absolute()  # the writer runs in /: its socket's name must not depend on a folder
     elif os.environ.get("XDG_RUNTIME_DIR"):
         d = Path(os.environ["XDG_RUNTIME_DIR"]) / "rag_ablate"
     else:
