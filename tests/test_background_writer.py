@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -124,7 +126,7 @@ def test_a_command_stopped_by_a_bad_override_leaves_no_writer_behind(
 
     if writer == "forked":
         monkeypatch.setenv(resident.IDLE_ENV, "0")
-    else:  # a resident writer of this test's own, so that its children are this command's
+    else:  # a resident writer of this test's own (a short path: a socket's has a limit)
         monkeypatch.setenv(resident.DIR_ENV, tempfile.mkdtemp(prefix="rar-"))
     marker = f"hydra.run.dir={tmp_path / 'never'}"
     t0 = time.monotonic()
@@ -139,6 +141,7 @@ def test_a_command_stopped_by_a_bad_override_leaves_no_writer_behind(
             assert child_pids(zygote) == []
         finally:
             resident.stop_all()
+            shutil.rmtree(os.environ[resident.DIR_ENV], ignore_errors=True)
     left = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:

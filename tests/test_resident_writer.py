@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -31,6 +32,7 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         yield d
     finally:
         resident.stop_all()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _wait(cond: Callable[[], Any], timeout: float = 30.0) -> Any:
@@ -139,6 +141,28 @@ def test_a_socket_no_process_answers_is_replaced(runtime: Path) -> None:
     w.close(wait=True)
 
 
+def test_a_resident_writer_that_ends_before_serving_the_command_fails_its_calls_naming_why(
+    runtime: Path,
+) -> None:
+    """A resident writer that could not start (it died before accepting the command): the calls
+    handed over fail, and the failure says so, where the writer's own errors are, and how to do
+    without it; nothing is silently dropped."""
+    path = resident.socket_path(runtime, "broken")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(4)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(path))
+    w = background.Writer(client, log=str(resident.log_path(client)))
+    p = w.submit("creating the run", "store", sum, ([1, 2],), {})
+    listener.close()  # the writer's process is gone: the connection waiting for it is refused
+    assert p.value_or_none() is None
+    assert str(p._error).startswith("the resident MLflow writer ended before it served this command")
+    assert str(runtime / "writer-broken.log") in str(p._error)
+    assert "RAG_ABLATE_WRITER_IDLE=0" in str(p._error)
+    w.close(wait=True)
+
+
 def test_stop_ends_the_writers_and_never_a_process_that_is_not_one(runtime: Path) -> None:
     sock, _ = resident.connect(60)
     background.Writer(sock).close(wait=True)
@@ -158,11 +182,11 @@ def test_no_resident_writer_in_a_folder_that_is_not_private(
     """Anyone who can reach the socket could hand the writer a call to run: a folder that others
     can enter, a link (to someone else's folder) or a folder of another user is not used, and the
     command forks a writer of its own instead."""
-    d = Path(tempfile.mkdtemp(prefix="rar-"))
+    d = Path(tempfile.mkdtemp(prefix="rar-", dir=tmp_path))
     if unsafe == "others can write":
         d.chmod(0o777)
     elif unsafe == "a link":
-        link = Path(tempfile.mkdtemp(prefix="rar-")) / "l"
+        link = tmp_path / "l"
         link.symlink_to(d)
         d = link
     else:
@@ -175,6 +199,18 @@ def test_no_resident_writer_in_a_folder_that_is_not_private(
         resident.connect(60)
     assert background._resident_writer() is None
     assert not list(Path(d).glob("writer-*"))
+
+
+def test_a_folder_too_deep_for_a_socket_means_a_writer_of_the_commands_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = tmp_path / ("deep" * 30)
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv(resident.DIR_ENV, str(d))
+    assert resident.runtime_dir() == d
+    with pytest.raises(OSError):
+        resident.connect(60)
+    assert background._resident_writer() is None
 
 
 def test_the_socket_name_follows_the_code_and_the_mlflow_environment(

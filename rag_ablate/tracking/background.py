@@ -146,8 +146,9 @@ class Writer:
     (:mod:`rag_ablate.tracking.resident`), whose child for this command takes its working
     directory, environment and standard streams."""
 
-    def __init__(self, sock: Any = None) -> None:
+    def __init__(self, sock: Any = None, log: str = "") -> None:
         self.proc: Any = None
+        self.log = log  # where the resident writer's own errors go
         if sock is None:
             import multiprocessing
 
@@ -216,11 +217,13 @@ class Writer:
                         p._settle(None, one_line(exc))
 
     def _receive(self) -> None:
+        ready = False  # the writer's first answer (number -1) came: it was serving this command
         while True:
             try:
                 task, ok, out, stage, wall, cpu = self.conn.recv()
             except (EOFError, OSError):
                 break
+            ready = True
             spent = self.times.setdefault(stage, [0.0, 0.0])
             spent[0] += wall
             spent[1] += cpu
@@ -231,9 +234,14 @@ class Writer:
                 _failed.append(f"{p.what}: {out}")
             p._settle(out if ok else None, None if ok else str(out))
         code = self.proc.exitcode if self.proc is not None else None
+        why = f"the writer process ended (exit code {code})" if code else "the writer process ended"
+        if self.proc is None and not ready:
+            why = (
+                "the resident MLflow writer ended before it served this command (its errors: "
+                f"{self.log or 'none kept'}; RAG_ABLATE_WRITER_IDLE=0 has each command fork its own writer)"
+            )
         for task in sorted(self.pending):  # never answered: the child ended
             p = self.pending.pop(task)
-            why = f"the writer process ended (exit code {code})" if code else "the writer process ended"
             _failed.append(f"{p.what}: {why}")
             p._settle(None, why)
 
@@ -298,7 +306,7 @@ def _resident_writer() -> Writer | None:
         return None
     try:
         sock, _ = resident.connect(idle)
-        return Writer(sock)
+        return Writer(sock, log=str(resident.log_path(sock)))
     except OSError:
         return None
 

@@ -17,6 +17,8 @@ there (the next run of the day) starts writing at once.
   executable, rag_ablate's folder and its sources (names, sizes, modification times), MLflow's
   installation, and the ``MLFLOW_*`` and ``PYTHON*`` environment variables. Edited code, another
   virtual environment or another MLflow gets a process of its own.
+- **Its own errors** (a start that failed) go to ``writer-<digest>.log`` beside its socket; a
+  command it could not serve names that file.
 - **How long:** ``RAG_ABLATE_WRITER_IDLE`` seconds (600 unless set) without a command, then it
   removes its socket, serves the commands that connected meanwhile, and ends. ``0``: no resident
   writer, a command forks its own (as before). ``rag-ablate writer stop`` ends them now.
@@ -109,6 +111,12 @@ def socket_path(d: Path, key: str) -> Path:
     return d / f"writer-{key}.sock"
 
 
+def log_path(sock: socket.socket) -> Path:
+    """Where the resident writer on ``sock`` (either end) writes its own errors (a failed start)."""
+    name = sock.getsockname() or sock.getpeername()
+    return Path(name).with_suffix(".log")
+
+
 @contextlib.contextmanager
 def _locked(d: Path) -> Iterator[None]:
     """This user's resident writers' folder, locked against another command starting or ending one."""
@@ -178,8 +186,10 @@ def _spawn(listener: socket.socket, idle: float) -> None:
             if os.fork() == 0:
                 os.chdir("/")
                 null = os.open(os.devnull, os.O_RDWR)
-                for std in (0, 1, 2):
-                    os.dup2(null, std)
+                log = os.open(log_path(listener), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                os.dup2(null, 0)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
                 os.set_inheritable(fd, True)
                 os.execve(sys.executable, argv, env)
         finally:
@@ -234,6 +244,7 @@ def serve(listener: socket.socket, idle: float) -> None:
                     if _still_ours(path, ino):
                         os.unlink(path)
                         Path(path).with_suffix(".pid").unlink(missing_ok=True)
+                        Path(path).with_suffix(".log").unlink(missing_ok=True)
                 # a command may have connected before the name was removed: it is served
                 listener.setblocking(False)
                 while True:
@@ -317,6 +328,7 @@ def stop_all() -> list[int]:
                 sock.unlink()
             pid = _writer_pid(pid_file)
             pid_file.unlink(missing_ok=True)
+            pid_file.with_suffix(".log").unlink(missing_ok=True)
             if pid is not None:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGTERM)
