@@ -1,8 +1,10 @@
 """Entry point: ``python -m rag_ablate [overrides]`` (``-m`` for a sweep).
 
-Run as a program, it first forks MLflow's background writer (:mod:`rag_ablate.tracking.background`),
-before Hydra, OmegaConf and the rest of the command are imported (0.15-0.2 s of imports the writer
-need not wait for: it imports MLflow meanwhile, the longest chain of a short run). Then the command
+Run as a program, it first reaches MLflow's background writer (:mod:`rag_ablate.tracking.background`):
+it connects to the resident writer, which has MLflow imported already (started now if there is
+none: :mod:`rag_ablate.tracking.resident`), or forks a writer of its own, before Hydra, OmegaConf
+and the rest of the command are imported (0.15-0.2 s of imports a writer still importing MLflow,
+the longest chain of a short run, need not wait for). Then the command
 itself (:func:`rag_ablate.cli.command.main`) checks the overrides and runs Hydra; the writer's start
 was decided from the command line as typed (``tracking=none``, ``resume=``, a launcher: no writer),
 and a command that ends without using it (a bad override, ``--help``) stops it. The start-up after
