@@ -67,11 +67,16 @@ def test_commands_are_served_by_one_resident_writer_each_by_its_own_child_as_its
     second_dir.mkdir()
     monkeypatch.chdir(first_dir)
     monkeypatch.setenv("RAG_ABLATE_TEST_MARK", "first")
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY")  # a command connects before it imports the store
     sock, started = resident.connect(60)
     assert started
     w1 = background.Writer(sock)
     assert _call(w1, os.getcwd) == str(first_dir)
     assert _call(w1, os.getenv, "RAG_ABLATE_TEST_MARK") == "first"
+    # the command's environment, with rag_ablate's MLflow defaults (telemetry off) put back, as the
+    # command's own process has them once it imports the store (after it has connected)
+    assert "MLFLOW_DISABLE_TELEMETRY" not in os.environ
+    assert _call(w1, os.getenv, "MLFLOW_DISABLE_TELEMETRY") == "true"
     ((zygote, path),) = resident.running()
     assert path.parent == runtime and path.exists()
     child1 = _call(w1, os.getpid)

@@ -126,6 +126,9 @@ def serve_connection(fd: int, warmed: tuple[float, float]) -> None:
     os.close(err)
     os.environ.clear()
     os.environ.update(env)
+    from rag_ablate.tracking import store
+
+    store.mlflow_env_defaults()  # as the command's own process has them once it imports store
     with contextlib.suppress(OSError):
         os.chdir(cwd)
     # the command waited from its connection until now (a resident writer still importing MLflow)

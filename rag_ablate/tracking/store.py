@@ -27,11 +27,17 @@ from rag_ablate.tracking.tags import PARENT_TAG
 if TYPE_CHECKING:
     from rag_ablate.config.schema import TrackingConfig
 
-# MLflow 3 sends usage telemetry from a background thread (a DNS lookup and HTTPS requests to the
-# internet on every run); a run needs no network, so it is off unless the user turns it on
-# (MLFLOW_DISABLE_TELEMETRY=false). Set before MLflow is first imported: only this module and
-# mlflow_traces import it, inside functions, after this.
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+def mlflow_env_defaults() -> None:
+    """MLflow 3 sends usage telemetry from a background thread (a DNS lookup and HTTPS requests to
+    the internet on every run); a run needs no network, so it is off unless the user turns it on
+    (MLFLOW_DISABLE_TELEMETRY=false). Set when this module is imported, before MLflow is (only this
+    module and traces import it, inside functions, after this), and again by the resident writer's
+    child once it has taken the command's environment (rag_ablate.tracking.serving)."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+mlflow_env_defaults()
 
 DEFAULT_BUDGET_S = 60.0  # tracking.timeout_s's default
 
