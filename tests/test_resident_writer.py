@@ -85,9 +85,15 @@ def test_commands_are_served_by_one_resident_writer_each_by_its_own_child_as_its
 
     monkeypatch.chdir(second_dir)
     monkeypatch.setenv("RAG_ABLATE_TEST_MARK", "second")
-    sock2, started2 = resident.connect(60)
+    mask = os.umask(0o027)  # a command of a stricter mask: the files its writer makes have it
+    try:
+        sock2, started2 = resident.connect(60)
+        w2 = background.Writer(sock2)
+    finally:
+        os.umask(mask)
+    _call(w2, os.mkdir, str(second_dir / "made"))
+    assert (second_dir / "made").stat().st_mode & 0o777 == 0o750
     assert not started2
-    w2 = background.Writer(sock2)
     assert _call(w2, os.getcwd) == str(second_dir)
     assert _call(w2, os.getenv, "RAG_ABLATE_TEST_MARK") == "second"
     child2 = _call(w2, os.getpid)

@@ -166,8 +166,11 @@ class Writer:
             from multiprocessing.reduction import sendfds
 
             self.conn = Connection(sock.detach())
-            # the hello (serving.serve_connection): who, where, with what environment, since when
-            self.conn.send((os.getpid(), os.getcwd(), dict(os.environ), time.monotonic()))
+            # the hello (serving.serve_connection): who, where, with what environment and file mode
+            # mask (read by setting it: no thread runs yet), since when
+            mask = os.umask(0o077)
+            os.umask(mask)
+            self.conn.send((os.getpid(), os.getcwd(), dict(os.environ), mask, time.monotonic()))
             with socket.socket(fileno=os.dup(self.conn.fileno())) as raw:
                 sendfds(raw, [1, 2])  # its output and errors go where this command's go
         self.pending: dict[int, Pending] = {}

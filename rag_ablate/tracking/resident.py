@@ -15,7 +15,8 @@ there (the next run of the day) starts writing at once.
   runs as its own user (``SO_PEERCRED``).
 - **Which:** the socket's name is a digest of what the writer's code depends on: the Python
   executable, rag_ablate's folder and its sources (names, sizes, modification times), MLflow's
-  installation, and the ``MLFLOW_*`` and ``PYTHON*`` environment variables. Edited code, another
+  installation, the ``MLFLOW_*`` and ``PYTHON*`` environment variables, and the user's groups
+  (the group of the files it makes). Edited code, another
   virtual environment or another MLflow gets a process of its own.
 - **Its own errors** (a start that failed) go to ``writer-<digest>.log`` beside its socket; a
   command it could not serve names that file.
@@ -90,7 +91,8 @@ def code_key() -> str:
 
     h = hashlib.sha256()
     pkg = Path(rag_ablate.__file__).resolve().parent
-    h.update(f"{sys.executable}\0{sys.version}\0{pkg}\0".encode())
+    # the user's groups too: files the writer makes get its group (``sg``, ``newgrp``)
+    h.update(f"{sys.executable}\0{sys.version}\0{pkg}\0{os.getgid()}:{sorted(os.getgroups())}\0".encode())
     for root, dirs, files in os.walk(pkg):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(files):

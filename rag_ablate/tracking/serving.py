@@ -109,15 +109,15 @@ def serve(conn: Any, owner_pid: int, ready: tuple[float, float] | None = None) -
 
 def serve_connection(fd: int, warmed: tuple[float, float]) -> None:
     """The resident writer's child for one command connected on socket ``fd``: it takes the
-    command's hello (its process id, working directory, environment, the time it connected) and
-    its standard output and error, then serves it. ``warmed``: what importing MLflow cost, for the
-    command that started the resident writer (0 for the others)."""
+    command's hello (its process id, working directory, environment, file mode mask, the time it
+    connected) and its standard output and error, then serves it. ``warmed``: what importing
+    MLflow cost, for the command that started the resident writer (0 for the others)."""
     import socket
     from multiprocessing.connection import Connection
     from multiprocessing.reduction import recvfds
 
     conn = Connection(fd)
-    owner_pid, cwd, env, connected = conn.recv()
+    owner_pid, cwd, env, mask, connected = conn.recv()
     with socket.socket(fileno=os.dup(fd)) as sock:
         out, err = recvfds(sock, 2)
     os.dup2(out, 1)
@@ -129,6 +129,8 @@ def serve_connection(fd: int, warmed: tuple[float, float]) -> None:
     from rag_ablate.tracking import store
 
     store.mlflow_env_defaults()  # as the command's own process has them once it imports store
+    time.tzset()  # its TZ, if it has one
+    os.umask(mask)  # the files it writes (artifacts, a new store) get the command's permissions
     with contextlib.suppress(OSError):
         os.chdir(cwd)
     # the command waited from its connection until now (a resident writer still importing MLflow)
