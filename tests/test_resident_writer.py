@@ -269,11 +269,12 @@ def test_two_runs_share_the_resident_writer_and_both_are_whole_in_mlflow(
     write_dataset(tmp_path / "tiny")
     args = ["dataset=custom", "dataset.path=tiny", "progress=false"]
     profiles: list[dict[str, Any]] = []
-    zygotes = []
+    zygotes, outs = [], []
     for _ in range(2):
         proc = run_module("rag_ablate", args, tmp_path, timeout=300, process=True)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "; MLflow alongside " in proc.stdout
+        outs.append(proc.stdout)
         ((zygote, _),) = resident.running()
         zygotes.append(zygote)
         _wait(lambda z=zygote: child_pids(z) == [])  # type: ignore[misc]
@@ -281,6 +282,9 @@ def test_two_runs_share_the_resident_writer_and_both_are_whole_in_mlflow(
         (run_dir,) = {p.parent for p in (tmp_path / "outputs" / "runs").glob(f"*/{PROFILE_FILE}")} - seen
         profiles.append({"dir": run_dir, **json.loads((run_dir / PROFILE_FILE).read_text(encoding="utf-8"))})
     assert zygotes[0] == zygotes[1]
+    # the command that started the writer says so (a process that stays), the next one does not
+    said = "a resident MLflow writer now keeps MLflow imported for the next runs; it ends after 600 s"
+    assert [said in out for out in outs] == [True, False]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     for prof in profiles:
         run_id = json.loads((prof["dir"] / RUN_FILE).read_text(encoding="utf-8"))["run_id"]

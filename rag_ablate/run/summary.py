@@ -11,6 +11,7 @@ from rag_ablate.core.fmt import format_table
 from rag_ablate.dataset.model import SPLITS
 from rag_ablate.metrics.registry import display_name, measured_summary_metrics
 from rag_ablate.metrics.stages import STAGES, stage_metric
+from rag_ablate.tracking import resident
 from rag_ablate.tracking import ui as tracking_ui
 
 
@@ -149,8 +150,9 @@ def markdown_table(summaries: Sequence[Mapping[str, Any]], columns: Sequence[str
 
 def ui_hint(uri: str, link: str | None = None, port: int = 5000) -> str:
     """Where to look next: the command that opens the MLflow UI on this store on ``port``
-    (``tracking.ui_port``; ``--port`` when it is not 5000), and, for a sweep, the link to its
-    variants ranked, with their verdicts."""
+    (``tracking.ui_port``; ``--port`` when it is not 5000), for a sweep the link to its variants
+    ranked, with their verdicts, and, when this command started the resident MLflow writer, that
+    it did (a process that stays after the command)."""
     if not uri.startswith("sqlite:"):
         hint = f"MLflow: {uri}"
     else:
@@ -160,4 +162,10 @@ def ui_hint(uri: str, link: str | None = None, port: int = 5000) -> str:
         hint = f"MLflow UI: {cmd}   (serves {tracking_ui.ui_base('', port)})"
     if link:
         hint += f"\nthis sweep's variants, ranked, with their verdicts and cost per split: {link}"
+    idle = resident.started_here()
+    if idle is not None:  # the process left running is said once, by the command that started it
+        hint += (
+            "\na resident MLflow writer now keeps MLflow imported for the next runs; it ends after "
+            f"{idle:g} s without one (rag-ablate writer status, rag-ablate writer stop)"
+        )
     return hint

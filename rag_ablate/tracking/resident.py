@@ -143,6 +143,12 @@ def _connect(path: Path) -> socket.socket:
 
 
 _GONE = (FileNotFoundError, ConnectionRefusedError)
+_started: list[float] = []  # this process started a resident writer, of this idle time
+
+
+def started_here() -> float | None:
+    """The idle time of the resident writer this process started, or None if it started none."""
+    return _started[0] if _started else None
 
 
 def connect(idle: float) -> tuple[socket.socket, bool]:
@@ -166,6 +172,7 @@ def connect(idle: float) -> tuple[socket.socket, bool]:
             listener.bind(str(path))
             listener.listen(64)
             _spawn(listener, idle)
+            _started[:] = [idle]
         finally:
             listener.close()
     return _connect(path), True
