@@ -40,6 +40,7 @@ import socket
 import struct
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -279,7 +280,12 @@ def _fork_for(conn: socket.socket, listener: socket.socket, warmed: tuple[float,
     try:
         if _peer_uid(conn) != os.getuid():
             return
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12 warns of a fork with threads running (here a thread of pyarrow's allocator
+            # that MLflow's imports start, which the child never uses); under -W error that would stop
+            # the writer: the child does only the command's MLflow calls
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:
             code = 1
             try:
