@@ -55,6 +55,7 @@ def make_record(query: Query, trace: Trace) -> Record:
     :func:`scored` fills it. The query's ``metadata``, ``applicable_version`` and
     ``expected_behavior`` are kept when the dataset gives them (slices read them too).
     """
+    citations = trace.citations
     rec: Record = {
         "query_id": query.query_id,
         "query": query.query,
@@ -73,7 +74,7 @@ def make_record(query: Query, trace: Trace) -> Record:
         "timings_ms": dict(trace.timings_ms),
         "intents": list(trace.intents),
         "answer": trace.answer,
-        "citations": None if trace.citations is None else [c.to_entry() for c in trace.citations],
+        "citations": None if citations is None else [c.to_entry() for c in citations] if citations else [],
         "usage": None if trace.usage is None else trace.usage.to_entry(),
         "usage_count": trace.usage_count,
         "cached": trace.cached,
@@ -115,8 +116,8 @@ def _candidate_entries(
     reranker hands its candidates on as they are; nothing changes an entry once made), else each
     candidate's own entry."""
     same = entries is not None and retrieved is not None and len(candidates) == len(retrieved)
-    if same and all(map(is_, candidates, cast(Sequence[RetrievedChunk], retrieved))):
-        return list(cast(list[RetrievedEntry], entries))
+    if same and all(map(is_, candidates, cast("Sequence[RetrievedChunk]", retrieved))):
+        return list(cast("list[RetrievedEntry]", entries))
     return RetrievedChunk.entries(candidates)
 
 
@@ -189,8 +190,8 @@ class TokenCounts:
         self, chunks: Sequence[ChunkKey], docs: Mapping[str, Document], ks: Sequence[int]
     ) -> list[float]:
         """:meth:`context_tokens_at`'s values, in the order of ``ks``, from the retrieved chunks' keys."""
-        limit = max(ks, default=0)
-        top = chunks[:limit]
+        limit = max(ks) if ks else 0  # (max's default= keyword: 0.15 us more)
+        top = chunks if len(chunks) <= limit else chunks[:limit]  # read only
         memo = self._memo
         counts: list[int | None] = list(map(memo.get, top))  # the counts met before, in C
         if None in counts:  # a chunk not met before (which may repeat): counted once, in order
@@ -199,10 +200,11 @@ class TokenCounts:
                     key = top[i]
                     n = memo.get(key)  # (met earlier in this list)
                     counts[i] = self._first(key, docs) if n is None else n
-        for doc_id, _, _ in chunks[limit:]:
-            if doc_id not in docs:
-                raise KeyError(doc_id)
-        prefix = list(accumulate(cast(list[int], counts), initial=0))
+        if len(chunks) > limit:
+            for doc_id, _, _ in chunks[limit:]:
+                if doc_id not in docs:
+                    raise KeyError(doc_id)
+        prefix = list(accumulate(cast("list[int]", counts), initial=0))
         n = len(counts)
         return [float(prefix[k if k < n else n]) for k in ks]
 
@@ -284,26 +286,27 @@ def score_record(
     if rec.get("answer") is not None:
         out.update(answer_metrics(rec, query, docs, answers or AnswerScoring()))
     retrieved = rec.get("retrieved")
-    if query.kind == "no_rag" or retrieved is None:  # None: the system reports no evidence
+    kind = query.kind  # (a property: read once)
+    if kind == "no_rag" or retrieved is None:  # None: the system reports no evidence
         return out
     ids = list(map(_DOC_ID, retrieved))
     if None in ids:  # chunks named by id only: no document-level metrics
         return out
-    ranked = cast(list[str], ids)  # every chunk names its document
+    ranked = cast("list[str]", ids)  # every chunk names its document
     key = cutoffs(ks)[0]
-    chunks = cast(list[ChunkKey], list(map(_CHUNK_KEY, retrieved)))  # (doc_id, start, end), in C
+    chunks = cast("list[ChunkKey]", list(map(_CHUNK_KEY, retrieved)))  # (doc_id, start, end), in C
     # the names of the values below, part by part, and the values in the same order: put into the
-    # metrics in one update at the end (a dict or an update per part cost more)
+    # metrics in one update at the end (a dict or an update per part cost more); both flat lists
     tokens_names, rank_names, recall_names, coverage_names = _names_of(key)
-    names = [tokens_names]
+    names = list(tokens_names)
     values = (TokenCounts() if tokens is None else tokens).tokens_at(chunks, docs, key)
     if has_restrictions(docs):  # security metrics beside quality, answerable and unanswerable alike
         _add(names, values, acl_metrics(ranked, docs, query.user_groups, key))
-    if query.kind == "answerable":
+    if kind == "answerable":
         labels = _labels_of(query, docs)
         if query.relevant:  # absent when the query names gold chunks only (relevant_chunks)
             # retrieval metrics, judged_at_k and bpref from one pass over the ranking
-            names.append(rank_names)
+            names += rank_names
             values += ranking_values(ranked, labels.judged, key)
         if query.relevant_sets:  # alternative evidence sets, each sufficient (docs/metrics.md)
             _add(names, values, set_metrics(ranked, query.relevant_sets, key))
@@ -312,10 +315,15 @@ def score_record(
             _add(names, values, chunk_metrics([r["chunk_id"] for r in retrieved], query.relevant_chunks, key))
         if query.evidence:
             recall, coverage = evidence_at(chunks, labels.spans, key)
-            names += (recall_names, coverage_names)
+            names += recall_names
+            names += coverage_names
             values += recall
             values += coverage
-    out.update(zip(chain.from_iterable(names), values, strict=True))
+    # the lengths checked here rather than by zip(strict=...) (a keyword argument makes zip's call
+    # 0.15 us slower), the names one flat list rather than chained tuples: 2.0 -> 1.5 us for 41 values
+    if len(names) != len(values):
+        raise ValueError(f"score_record: {len(names)} metric names for {len(values)} values")
+    out.update(zip(names, values))  # noqa: B905 (lengths checked above)
     return out
 
 
@@ -336,9 +344,9 @@ def _names_of(key: tuple[int, ...]) -> tuple[tuple[str, ...], ...]:
     return names
 
 
-def _add(names: list[tuple[str, ...]], values: list[float], metrics: dict[str, float]) -> None:
+def _add(names: list[str], values: list[float], metrics: dict[str, float]) -> None:
     """One part of :func:`score_record`'s values given as a dict: its names and values appended."""
-    names.append(tuple(metrics))
+    names += metrics
     values += metrics.values()
 
 
@@ -372,7 +380,8 @@ def failure_stage(
 ) -> str | None:
     """The stage that lost the query (:mod:`rag_ablate.metrics.stages`), from its record, its labels
     and its metric ``values`` (refusal, token_f1); None for a failed or a no_rag query."""
-    if rec["status"] != "ok" or query.kind == "no_rag":
+    kind = query.kind  # (a property: read once)
+    if rec["status"] != "ok" or kind == "no_rag":
         return None
     labels = _labels_of(query, docs)
     rel_chunks = labels.rel_chunks
@@ -396,14 +405,14 @@ def failure_stage(
     # a system without a reranker hands its candidates on: the same entries, the same answer
     same = candidates is not None and retrieved is not None and retrieved == candidates
     return stages.diagnose(
-        answerable=query.kind == "answerable",
+        answerable=kind == "answerable",
         relevant_present=labels.visible or bool(rel_chunks),
         candidates=in_candidates,
         retrieved=in_candidates if same else _hits(retrieved, labels),
         context=_hits(context, labels),
         answered=rec.get("answer") is not None,
         cited=cited,
-        wrong=stages.answer_wrong(values) if query.kind == "answerable" else not refused,
+        wrong=stages.answer_wrong(values) if kind == "answerable" else not refused,
     )
 
 
@@ -589,8 +598,8 @@ def metric_items(rec: Record) -> MetricItems:
     # (read only, never changed: a copy of 50 values per record cost more than the rest of this); the
     # types counted in C, each compared by identity (no None: an `in` test compares each float with None)
     floats = bool(metrics) and countOf(map(type, kept), float) == len(metrics)
-    if floats and (sum_ := sum(cast(Iterable[float], kept))) == sum_:
-        values, nones = cast(dict[str, float], metrics), []
+    if floats and (sum_ := sum(cast("Iterable[float]", kept))) == sum_:
+        values, nones = cast("dict[str, float]", metrics), []
     else:
         values = {name: float(v) for name, v in metrics.items() if v is not None and v == v}  # v != v: NaN
         nones = [name for name, v in metrics.items() if v is None] if None in kept else []

@@ -85,16 +85,21 @@ def _context_names(records: Sequence[Record]) -> list[tuple[int, str]]:
 
 def _final_context(rec: Record, names: Sequence[tuple[int, str]]) -> float | None:
     """:func:`final_context_tokens`, looking up only ``names`` (:func:`_context_names` of the run, k
-    ascending): the value at the first k that covers the list, else at the last k with a value (the
-    names from the first covering k on, then those before it backwards: one lookup, as a rule)."""
-    metrics = rec.get("metrics") or {}
-    n = len(rec.get("retrieved") or [])
+    ascending), in :func:`_context_order`."""
+    return _first_value(rec.get("metrics") or {}, _context_order(names, len(rec.get("retrieved") or [])))
+
+
+def _context_order(names: Sequence[tuple[int, str]], n: int) -> list[str]:
+    """The names to look up for a list of ``n`` retrieved chunks, in turn: from the first k that covers
+    the list on, then those before it backwards (the value at the first covering k with one, else at
+    the last k with a value; one lookup, as a rule)."""
     first = bisect_left(names, (n, ""))  # the first name whose k covers the list
-    for _, name in names[first:]:
-        v = metrics.get(name)
-        if v is not None:
-            return float(v)
-    for _, name in reversed(names[:first]):
+    return [name for _, name in (*names[first:], *reversed(names[:first]))]
+
+
+def _first_value(metrics: Mapping[str, float | None], order: Sequence[str]) -> float | None:
+    """The first of ``order``'s metrics that has a value, as a float; None when none has."""
+    for name in order:
         v = metrics.get(name)
         if v is not None:
             return float(v)
@@ -172,6 +177,7 @@ class _QueryCosts:
         self.ttft: list[float | None] = []
         self.context: list[float | None] = []
         usages: list[Mapping[str, Any] | None] = []
+        orders: dict[int, list[str]] = {}  # the context names' lookup order by the length of a list
         for i, r in enumerate(records):
             self.splits.append(r.get("split"))
             timings = r.get("timings_ms") or {}
@@ -186,7 +192,11 @@ class _QueryCosts:
                     column[1].append(float(ms))
             ttft = r.get("ttft_ms")
             self.ttft.append(None if ttft is None else float(ttft))
-            self.context.append(_final_context(r, names))
+            n = len(r.get("retrieved") or [])
+            order = orders.get(n)
+            if order is None:
+                order = orders[n] = _context_order(names, n)
+            self.context.append(_first_value(r.get("metrics") or {}, order))
             usages.append(r.get("usage"))
         tokens = {  # a record without usage has no count (the local pipeline's every record)
             name: [None if not u or (v := u.get(name)) is None else float(v) for u in usages]
