@@ -2,12 +2,12 @@
 
 Importing MLflow costs about 1.3 s of CPU, the longest part of a short run's background writer
 (:mod:`rag_ablate.tracking.background`). The first ``python -m rag_ablate`` that wants a writer
-starts this process (``python -m rag_ablate.tracking.resident``, in its own session, its standard
-streams on ``/dev/null``) on a Unix socket it has bound itself; the process imports MLflow once
-and then, for each command that connects, forks a child that serves that command alone: it takes
-the command's working directory, environment, standard output and error, does the command's
-MLflow calls in order, answers, and ends with the command. A command that finds the process
-there (the next run of the day) starts writing at once.
+starts this process (``python -m rag_ablate.tracking.resident``, in its own session, in ``/``, its
+input ``/dev/null`` and its output its log) on a Unix socket it has bound itself; the process
+imports MLflow once and then, for each command that connects, forks a child that serves that
+command alone: it takes the command's working directory, environment, umask, standard output and
+error, does the command's MLflow calls in order, answers, and ends with the command. A command
+that finds the process there (the next run of the day) starts writing at once.
 
 - **Where:** ``$RAG_ABLATE_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/rag_ablate``, else
   ``/tmp/rag_ablate-<uid>``: a folder of this user's alone (mode 0700; another owner, a link or
@@ -16,8 +16,8 @@ there (the next run of the day) starts writing at once.
 - **Which:** the socket's name is a digest of what the writer's code depends on: the Python
   executable, rag_ablate's folder and its sources (names, sizes, modification times), MLflow's
   installation, the ``MLFLOW_*`` and ``PYTHON*`` environment variables, and the user's groups
-  (the group of the files it makes). Edited code, another
-  virtual environment or another MLflow gets a process of its own.
+  (the group of the files it makes). Edited code, another virtual environment or another MLflow
+  gets a process of its own.
 - **Its own errors** (a start that failed) go to ``writer-<digest>.log`` beside its socket; a
   command it could not serve names that file.
 - **How long:** ``RAG_ABLATE_WRITER_IDLE`` seconds (600 unless set) without a command, then it
