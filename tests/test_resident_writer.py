@@ -249,6 +249,30 @@ def test_the_socket_name_follows_the_code_and_the_mlflow_environment(
     assert len(set(keys)) == 4 and keys[-1] == keys[-2]
 
 
+def test_writer_status_and_stop_on_the_command_line(
+    runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rag_ablate.cli.main import main
+
+    sock, _ = resident.connect(60)
+    background.Writer(sock).close(wait=True)
+    ((zygote, path),) = resident.running()
+    assert main(["writer", "status"]) == 0
+    out = capsys.readouterr().out
+    assert f"1 resident MLflow writer(s) in {runtime}:" in out and f"pid {zygote}  {path}" in out
+    assert main(["writer", "stop"]) == 0
+    assert capsys.readouterr().out == f"stopped 1 resident MLflow writer(s), pid {zygote}\n"
+    _wait(lambda: not _alive(zygote))
+    assert main(["writer", "status"]) == 0
+    assert capsys.readouterr().out.startswith(f"0 resident MLflow writer(s) in {runtime}\n")
+    open_to_all = tmp_path / "shared"
+    open_to_all.mkdir(mode=0o777)
+    open_to_all.chmod(0o777)
+    monkeypatch.setenv(resident.DIR_ENV, str(open_to_all))
+    assert main(["writer", "status"]) == 0
+    assert "no private folder" in capsys.readouterr().out
+
+
 def test_the_idle_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(resident.IDLE_ENV, raising=False)
     assert resident.idle_seconds() == resident.IDLE_S

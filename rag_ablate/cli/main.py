@@ -385,8 +385,11 @@ def cmd_writer(args: argparse.Namespace) -> int:
         pids = resident.stop_all()
         print(f"stopped {len(pids)} resident MLflow writer(s)" + "".join(f", pid {p}" for p in pids))
         return 0
-    found = resident.running()
     where = resident.runtime_dir(create=False)
+    if where is None:
+        print("no resident MLflow writers: no private folder for them (README: The resident MLflow writer)")
+        return 0
+    found = resident.running()
     print(f"{len(found)} resident MLflow writer(s) in {where}" + (":" if found else ""))
     for pid, sock in found:
         print(f"  pid {pid}  {sock}")
