@@ -284,16 +284,21 @@ def spy_stages(
     return SpyProfile(out, imports_in)
 
 
+def _profile_name() -> str:
+    """The name of a job's profile file in the code measured (older code may not define it)."""
+    try:
+        from rag_ablate.core import layout
+
+        return str(getattr(layout, "PROFILE_FILE", "profile.json"))
+    except ImportError:
+        return "profile.json"
+
+
 def profile_stages(job_dirs: Sequence[Path], multirun: bool = False) -> dict[str, Stage]:
     """The stage breakdown the code wrote (rag_ablate/core/profiling.py: each job's profile.json, and
     the sweep's), summed over jobs; the sweep's ``jobs`` stage is replaced by the jobs' stages and
     what is left of it (the launcher's own time) is ``launch``. {} when there is none."""
-    try:
-        from rag_ablate.core import layout
-
-        name = getattr(layout, "PROFILE_FILE", "profile.json")
-    except ImportError:
-        name = "profile.json"
+    name = _profile_name()
     out: dict[str, Stage] = {}
 
     def add(stage: str, v: dict[str, Any]) -> None:
@@ -351,7 +356,7 @@ def resident_writer_cpu(job_dirs: Sequence[Path], multirun: bool) -> float:
     where = [job_dirs[0].parent] if multirun else list(job_dirs)
     total = 0.0
     for d in where:
-        p = d / "profile.json"
+        p = d / _profile_name()
         if not p.is_file():
             continue
         prof = json.loads(p.read_text())
