@@ -13,7 +13,7 @@ import pytest
 from rag_ablate.config.schema import RunConfig
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Dataset, Query
-from rag_ablate.records.scoring import aggregate, rescore
+from rag_ablate.records.scoring import aggregate, rescore, scored
 from rag_ablate.records.trace import Trace
 from rag_ablate.run.runner import evaluate, variant_label
 from rag_ablate.systems.local import LocalSystem
@@ -136,6 +136,48 @@ def test_a_crash_while_scoring_fails_that_query_not_the_run(tiny_dataset: Path) 
         r["query_id"]: r for r in rescore([{**r, "status": "ok"} for r in records.values()], ds, [1, 5], True)
     }
     assert again["q3"]["status"] == "failed" and again["q1"]["metrics"] == records["q1"]["metrics"]
+
+
+def test_records_are_handed_on_before_scoring_and_returned_scored_as_each_alone(tiny_dataset: Path) -> None:
+    """What a job appends as each query completes is its record before scoring (``resume=`` scores it);
+    what evaluate returns is every record scored, each as scoring that record alone gives it, the
+    failed ones included (q1 raises, q3's trace names a document the corpus lacks)."""
+    ds = load_dataset(tiny_dataset)
+    target = BadTraceTarget(LocalSystem(_settings()), bad="q3")
+    target.prepare(ds)
+    flaky = FlakyTarget(target, bad="q1")
+    handed: list[dict[str, Any]] = []
+    records = evaluate(flaky, ds, [1, 5], on_record=handed.append)
+    assert [r["query_id"] for r in handed] == [q.query_id for q in ds.queries]  # one each, as completed
+    assert all(r["metrics"] == {} and r["failure_stage"] is None for r in handed)
+    by_id = {q.query_id: q for q in ds.queries}
+    alone = [scored(r, by_id[r["query_id"]], ds.documents, [1, 5], routed=True) for r in handed]
+    assert records == alone
+    assert [r["status"] for r in records if r["query_id"] in ("q1", "q3")] == ["failed", "failed"]
+    assert records[0]["metrics"] and records[0]["query_id"] == ds.queries[0].query_id
+
+
+def test_records_kept_from_an_earlier_attempt_are_scored_with_the_new_ones(tiny_dataset: Path) -> None:
+    """``kept`` (resume=): the earlier attempt's records, unscored on disk, are not run again but scored
+    with the rest; the result equals one uninterrupted evaluate."""
+    ds = load_dataset(tiny_dataset)
+    target = LocalSystem(_settings())
+    target.prepare(ds)
+    whole = evaluate(target, ds, [1, 3, 5])
+    handed: list[dict[str, Any]] = []
+    evaluate(target, ds, [1, 3, 5], queries=ds.queries[:3], on_record=handed.append)
+    assert all(r["metrics"] == {} for r in handed)
+    resumed = evaluate(target, ds, [1, 3, 5], queries=ds.queries[3:], kept=handed)
+    assert [r["query_id"] for r in resumed] == [q.query_id for q in ds.queries]  # the kept ones first
+
+    def quality(recs: list[dict[str, Any]]) -> list[tuple[str, str | None, dict[str, Any]]]:
+        return [
+            (r["query_id"], r["failure_stage"], {k: v for k, v in r["metrics"].items() if k != "latency_ms"})
+            for r in recs
+        ]
+
+    assert quality(resumed) == quality(whole)
+    assert all("latency_ms" in r["metrics"] for r in resumed)
 
 
 def test_every_routed_query_failed_scores_misses_and_has_no_ok_only_mean(tiny_dataset: Path) -> None:

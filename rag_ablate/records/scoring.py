@@ -6,11 +6,12 @@ doc ids, offsets and scores; predicted intent; status; stage timings) and the
 per-query metric values. :func:`score_record` computes the values from the
 record's own fields plus the dataset, so every number can be recomputed from disk.
 
-While a job runs, :class:`RecordWriter` appends each record as its query completes
-(flushed at once, fsync'd about every second), so an interrupted run keeps its
+While a job runs, :class:`RecordWriter` appends each record as its query completes, before
+scoring (flushed at once, fsync'd about every second), so an interrupted run keeps its
 finished queries and ``resume=`` reruns only the rest; the reader ignores a
-half-written last line. When the job ends, :func:`write_records` rewrites the file
-atomically with exactly one final record per query, in dataset order.
+half-written last line. Every record is scored once the queries are done (:func:`score_all`).
+When the job ends, :func:`write_records` rewrites the file atomically with exactly one final,
+scored record per query, in dataset order.
 """
 
 from __future__ import annotations
@@ -485,6 +486,26 @@ def run_cutoffs(ks: Sequence[int]) -> Sequence[int]:
         return ks
 
 
+def score_all(
+    pairs: Iterable[tuple[Record, Query]],
+    docs: Mapping[str, Document],
+    ks: Sequence[int],
+    *,
+    routed: bool,
+    answers: AnswerScoring | None = None,
+    tokens: TokenCounts | None = None,
+    answered: bool = False,
+) -> list[Record]:
+    """:func:`scored` of each record with its query, in turn: the cutoffs checked once, and each distinct
+    retrieved chunk tokenised once for all of them (``tokens``, or a new memo)."""
+    memo = TokenCounts() if tokens is None else tokens
+    checked = run_cutoffs(ks)
+    return [
+        scored(rec, query, docs, checked, routed=routed, answers=answers, tokens=memo, answered=answered)
+        for rec, query in pairs
+    ]
+
+
 def rescore(
     records: Sequence[Record],
     dataset: Dataset,
@@ -498,16 +519,11 @@ def rescore(
     Each distinct retrieved chunk is tokenised once for all records (``tokens``, or a new memo).
     """
     by_id = {q.query_id: q for q in dataset.queries}
-    memo = TokenCounts() if tokens is None else tokens
-    ks = run_cutoffs(ks)
-    docs = dataset.documents
     answered = any(r.get("answer") is not None for r in records)
-    return [
-        scored(
-            r, by_id[r["query_id"]], docs, ks, routed=routed, answers=answers, tokens=memo, answered=answered
-        )
-        for r in records
-    ]
+    pairs = [(r, by_id[r["query_id"]]) for r in records]
+    return score_all(
+        pairs, dataset.documents, ks, routed=routed, answers=answers, tokens=tokens, answered=answered
+    )
 
 
 MetricItems = tuple[dict[str, float], list[str], tuple[str, ...]]

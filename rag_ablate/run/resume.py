@@ -1,6 +1,6 @@
 """``resume=DIR``: finish an interrupted run or sweep where it stopped.
 
-A job appends each record to ``records.jsonl`` as its query completes and writes
+A job appends each record to ``records.jsonl`` as its query completes (before scoring) and writes
 ``run.json`` (its MLflow run id and its config) when it starts, so a run killed
 midway leaves everything needed to finish it:
 
@@ -13,9 +13,9 @@ midway leaves everything needed to finish it:
 * in each job, :func:`load_job` checks the composed config against ``run.json``
   and returns what is kept: the ok records (the last record of each query counts);
   queries with no record or a failed one run again, their records are appended,
-  and the same MLflow run is reopened and finished. At the end the job rewrites
-  ``records.jsonl`` with exactly one record per query, so the final metrics are
-  those of an uninterrupted run.
+  every record (the kept ones too) is scored, and the same MLflow run is reopened and
+  finished. At the end the job rewrites ``records.jsonl`` with exactly one scored record
+  per query, so the final metrics are those of an uninterrupted run.
 * a run or sweep made with ``--config-dir DIR`` (named deployments, your own options) keeps a
   copy of DIR's YAML files in its folder (:func:`save_config_dir`, secrets withheld);
   :func:`rewrite_argv` composes from that copy, so DIR is not needed again;
