@@ -20,7 +20,7 @@ from rag_ablate.core.cache import Cache
 from rag_ablate.core.errors import UnknownNameError
 from rag_ablate.dataset.load import load_dataset
 from rag_ablate.dataset.model import Dataset, Document
-from rag_ablate.pipeline import encoders
+from rag_ablate.pipeline import chunking, encoders
 from rag_ablate.pipeline.chunking import (
     Chunks,
     ChunkSpans,
@@ -134,6 +134,111 @@ def test_chunk_token_counts_match_the_checked_in_fixture(sample: Dataset, tmp_pa
             cached = system.chunk_token_counts[(c.doc_id, c.start, c.end)]
             assert cached == count_tokens(c.text)
             assert cached + (count_tokens(c.title) if c.title else 0) == expected[c.chunk_id][0], c.chunk_id
+
+
+def probe_keys(chunks: Sequence[Any], data: st.DataObject) -> list[Any]:
+    """Keys to ask a ChunkTokenCounts: chunks' keys, near misses, and keys of other shapes and types."""
+    c = data.draw(st.sampled_from(chunks))
+    doc, s, e = c.doc_id, c.start, c.end
+    near = data.draw(st.integers(-3, 3))
+    return [
+        (doc, s, e),
+        (doc, s + near, e),
+        (doc, s, e + near),
+        (doc, s + near, e + near),
+        (doc + "x", s, e),
+        ("", s, e),
+        (np.str_(doc), s, e),  # equal to doc_id: a dict finds it, so must the mapping
+        (doc, np.int64(s), np.int32(e)),
+        (doc, float(s), e),
+        (doc, s, e + 0.5),
+        (doc, bool(s), e),  # True == 1: a chunk starting at 1 (or 0) is found, as in a dict
+        (doc, np.float64(s), np.uint8(e % 256)),
+        [doc, s, e],  # not a tuple: never equal to a key
+        (doc, s),
+        (doc, s, e, 0),
+        (),
+        (doc, [s], e),  # unhashable parts: no chunk's key
+        (doc, np.array(s), e),
+        ([doc], s, e),
+        doc,
+        f"{doc}{s}{e}",
+        None,
+        s,
+        (None, None, None),
+        (doc, "s", "e"),
+    ]
+
+
+def dict_get(table: dict[Any, int], key: Any) -> int | None:
+    """What a dictionary of every chunk answers, None for an unhashable key (a TypeError there)."""
+    try:
+        return table.get(key)
+    except TypeError:
+        return None
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    texts=st.lists(_TEXT, min_size=1, max_size=5),
+    size=st.integers(1, 12),
+    overlap_share=st.floats(0, 0.9),
+    unit=st.sampled_from(["char", "token"]),
+    snap=st.booleans(),
+    data=st.data(),
+)
+def test_chunk_token_counts_answer_as_a_dictionary_of_every_chunk(
+    texts: list[str], size: int, overlap_share: float, unit: str, snap: bool, data: st.DataObject
+) -> None:
+    """Every chunk's key gives count_tokens of its text and every other key nothing (a KeyError,
+    None or the default, not in), however the keys are mixed and repeated, documents asked for
+    in any order."""
+    docs = [Document(f"d{i % 3}-{i}", text) for i, text in enumerate(texts)]
+    eager, _ = chunk_corpus(docs, size, int(size * overlap_share), unit, snap)
+    want = {(c.doc_id, c.start, c.end): count_tokens(c.text) for c in eager}
+    counts = ChunkTokenCounts(Chunks(docs, chunk_spans(docs, size, int(size * overlap_share), unit, snap)))
+    keys = [k for _ in range(data.draw(st.integers(1, 4))) for k in probe_keys(eager, data)]
+    for key in data.draw(st.permutations(keys)):
+        n = dict_get(want, key)
+        assert counts.get(key) == n and counts.get(key, -1) == (-1 if n is None else n), key
+        assert (key in counts) == (n is not None), key
+        if n is None:
+            with pytest.raises(KeyError):
+                counts[key]
+        else:
+            assert counts[key] == n
+    assert len(counts) == len(want) and dict(counts.items()) == want
+
+
+def test_chunk_token_counts_keep_nothing_but_the_document_positions() -> None:
+    """The first lookup makes the documents' positions (a few Python objects a document); no
+    lookup after it, of every chunk and misses of every kind, keeps anything."""
+    words = ["退款", "到账", "。", "refund", "days", "3.5mm", "!", "\n"]
+    docs = [Document(f"d{i}", " ".join(words[(i * j) % len(words)] for j in range(300))) for i in range(100)]
+    lazy = Chunks(docs, chunk_spans(docs, 30, 5, "char", True))
+    keys = list(ChunkTokenCounts(lazy))  # every chunk's key, from another mapping
+    assert len(keys) > 40 * len(docs)
+    only_chunking = [tracemalloc.Filter(True, chunking.__file__)]  # what its code allocated and holds
+
+    def held() -> int:
+        return sum(t.size for t in tracemalloc.take_snapshot().filter_traces(only_chunking).traces)
+
+    tracemalloc.start()
+    try:
+        counts = ChunkTokenCounts(lazy)
+        base = held()
+        assert counts.get(keys[0]) is not None
+        first = held() - base
+        for k in keys:  # hits, then misses of every kind
+            assert counts.get(k) is not None
+            assert counts.get((k[0], k[1], k[2] + 1)) is None
+            assert counts.get(("no such " + k[0], k[1], k[2])) is None
+            assert k[:2] not in counts and counts.get([*k]) is None
+        after = held() - base
+    finally:
+        tracemalloc.stop()
+    assert first < 128 * len(docs), first  # the positions dictionary: nothing a chunk
+    assert after == first, after - first  # 10,000s of lookups kept nothing
 
 
 def small_settings() -> RunConfig:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -326,12 +327,22 @@ ChunkKey = tuple[str, int, int]  # (doc_id, start, end)
 
 
 class ChunkTokenCounts(Mapping[ChunkKey, int]):
-    """``(doc_id, start, end) -> count_tokens(text[start:end])`` for every chunk, read from the arrays
-    (no dictionary of a million tuples); an unknown key is a KeyError, so ``get`` gives None."""
+    """``(doc_id, start, end) -> count_tokens(text[start:end])`` for every chunk, read from the arrays.
+
+    A lookup gives what a dictionary of every chunk's key would give (a key equal to a chunk's
+    key finds its count) without one: the document's position in a dictionary of document ids
+    (made at the first lookup), then a binary search among its chunks' starts in the arrays, read
+    as Python ints through memoryviews. Nothing else is made or kept, whatever is looked up. Any
+    other key (not a chunk of this chunking, of an unknown document, not a 3-tuple, unhashable, a
+    start that does not order with ints) is a KeyError from ``counts[key]`` and ``default`` from
+    :meth:`get`. Safe to share between threads (a race can only make the dictionary twice, the same).
+    """
 
     def __init__(self, chunks: Chunks) -> None:
         self.chunks = chunks
-        self._doc_pos: dict[str, int] | None = None  # built at the first lookup
+        self._doc_pos: dict[str, int] | None = None  # document id -> position, made at the first lookup
+        # the arrays as memoryviews (made with _doc_pos): an item is a Python int, no numpy scalar
+        self._first = self._start = self._end = self._tokens = memoryview(b"")
 
     def __len__(self) -> int:
         return len(self.chunks)
@@ -342,20 +353,52 @@ class ChunkTokenCounts(Mapping[ChunkKey, int]):
         for i in range(len(sp)):
             yield (docs[int(sp.doc[i])].doc_id, int(sp.start[i]), int(sp.end[i]))
 
-    def __getitem__(self, key: ChunkKey) -> int:
-        if self._doc_pos is None:
-            self._doc_pos = {d.doc_id: i for i, d in enumerate(self.chunks.docs)}
-        try:
-            doc_id, start, end = key
-            d = self._doc_pos[doc_id]
-        except (TypeError, ValueError):
-            raise KeyError(key) from None
-        lo, hi = int(self.chunks.first[d]), int(self.chunks.first[d + 1])
+    def _positions(self) -> dict[str, int]:
         sp = self.chunks.spans
-        j = lo + int(np.searchsorted(sp.start[lo:hi], start))  # starts rise within a document
-        if j < hi and sp.start[j] == start and sp.end[j] == end:
-            return int(sp.tokens[j])
-        raise KeyError(key)
+        # document d's rows: first[d] to first[d + 1]
+        self._first = np.ascontiguousarray(self.chunks.first).data
+        self._start = np.ascontiguousarray(sp.start).data
+        self._end = np.ascontiguousarray(sp.end).data
+        self._tokens = np.ascontiguousarray(sp.tokens).data
+        # set last: a thread that sees it sees the memoryviews
+        self._doc_pos = {d.doc_id: i for i, d in enumerate(self.chunks.docs)}
+        return self._doc_pos
+
+    @overload
+    def get(self, key: object, /) -> int | None: ...
+
+    @overload
+    def get(self, key: object, /, default: int | T) -> int | T: ...
+
+    def get(self, key: object, /, default: object = None) -> object:
+        if not isinstance(key, tuple) or len(key) != 3:
+            return default
+        doc_pos = self._doc_pos
+        if doc_pos is None:
+            doc_pos = self._positions()
+        doc_id, start, end = key
+        try:
+            hash(key)  # as a dictionary: an unhashable key is no chunk's key
+            d = doc_pos.get(doc_id)
+            if d is None:
+                return default
+            lo, hi = self._first[d], self._first[d + 1]
+            j = bisect_left(self._start, start, lo, hi)  # starts rise within a document
+        except TypeError:  # an unhashable key, or a start that does not order with ints
+            return default
+        if j < hi and self._start[j] == start and self._end[j] == end:
+            n: int = self._tokens[j]
+            return n
+        return default
+
+    def __getitem__(self, key: ChunkKey) -> int:
+        n = self.get(key)
+        if n is None:
+            raise KeyError(key)
+        return n
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None
 
 
 # chunk settings that change the indexed text but not where chunks start and end
