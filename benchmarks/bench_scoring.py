@@ -1,6 +1,6 @@
-"""Scoring against pytrec_eval, and scoring a 6,000-query run (issue 16).
+"""Scoring against pytrec_eval, scoring a 6,000-query run (issue 16), and a run's score stage (issue 28).
 
-Two measurements, each in this one process:
+Three measurements, the first two in this one process, the third in child processes:
 
 1. **Per-query retrieval metrics against pytrec_eval**, side by side: 5,000 queries x 100
    retrieved documents (graded qrels, 1-5 relevant documents per query, some judged 0),
@@ -26,15 +26,23 @@ Two measurements, each in this one process:
    of the default config (made once, by ``python -m rag_ablate tracking=none`` with this code) on
    the embedded sample and on each ``--dataset`` (a real set in the dataset format, e.g. COVID-QA
    imported by ``rag-ablate import squad``), scored as the runner's score stage does: every record
-   made and scored (``scored(make_record(query, trace))``, the trace read back from the record;
-   chunk token counts seeded as a local system seeds them) and appended by a
-   :class:`~rag_ablate.records.jsonl.RecordWriter`, one record after another as the runner does
-   (``--order phases``: every record scored, then every record appended, timed apart), then
-   ``aggregate`` (with the default production mix's weighted means), the cost metrics, the judge and repeat metrics, the slices and their files. Each
-   side is a child process whose ``rag_ablate`` is this checkout or ``--code DIR`` (default
+   made and scored (``scored(make_record(query, trace))``, the trace read back from the record)
+   and appended by a :class:`~rag_ablate.records.jsonl.RecordWriter`, one record after another as
+   the runner does (``--order phases``: every record scored, then every record appended, timed
+   apart), then ``aggregate`` (with the default production mix's weighted means), the cost
+   metrics, the judge and repeat metrics, the slices and their files. Each round is as a run:
+   (a) the labels memo of the scoring module (``_LABELS``, keyed by the query object, where the
+   code has it) is cleared before it, so every round builds each query's labels once, as a run
+   does (the same ``Query`` objects are scored every round); (b) the token memo is seeded with
+   what a local system hands over, a ``ChunkTokenCounts`` over the chunks of the run's config
+   (``chunk`` of the ``config.yaml`` beside the records, ``unit: auto`` resolved as
+   ``LocalSystem._chunk`` does), a new one each round (its first lookup builds its index, as in a
+   run); code without that class gets a plain dict of the retrieved chunks' counts. Each side is
+   a child process whose ``rag_ablate`` is this checkout or ``--code DIR`` (default
    ``/work/main``: the code before a change); the two alternate, best CPU time (user + sys) of
    ``--rounds`` per child. A digest of every value (each record's metrics and stage, the
-   aggregates, the cost and slice metrics) shows the two sides agree.
+   aggregates, the cost and slice metrics) shows the two sides agree. What this does not copy:
+   in a run each query is scored between retrievals, its data colder.
 
 Run it on the current code, and on an older checkout to compare (``PYTHONPATH=<old tree>``)::
 
@@ -300,9 +308,28 @@ def stage_records(dataset: str, folder: Path) -> Path:
         cmd = [sys.executable, "-m", "rag_ablate", "tracking=none", "progress=false", f"hydra.run.dir={out}"]
         if dataset != "sample":
             cmd.append(f"dataset.path={Path(dataset).resolve()}")
-        subprocess.run(cmd, check=True, cwd=folder, capture_output=True)
+        env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's code
+        subprocess.run(cmd, check=True, cwd=folder, capture_output=True, env=env)
         found = sorted(out.glob("**/records.jsonl"))
     return found[0]
+
+
+def local_token_counts(ds: Dataset, config_path: Path) -> Callable[[], Any] | None:
+    """A maker of what a local system hands the runner as chunk token counts: a
+    ``ChunkTokenCounts`` over the chunks of the run's config (``chunk.size``, ``overlap``,
+    ``unit``, ``snap`` of ``config_path``; ``unit: auto`` resolved as ``LocalSystem._chunk``
+    does). None where the code has no ``ChunkTokenCounts`` or the config is not there."""
+    chunking = importlib.import_module("rag_ablate.pipeline.chunking")
+    counts_cls = getattr(chunking, "ChunkTokenCounts", None)
+    if counts_cls is None or not config_path.is_file():
+        return None
+    import yaml
+
+    c = yaml.safe_load(config_path.read_text(encoding="utf-8"))["chunk"]
+    docs = list(ds.documents.values())
+    unit = c["unit"] if c["unit"] != "auto" else chunking.detect_unit(d.text for d in docs)
+    chunks = chunking.Chunks(docs, chunking.chunk_spans(docs, c["size"], c["overlap"], unit, c["snap"]))
+    return lambda: counts_cls(chunks)
 
 
 def stage_child(dataset: str, records_path: Path, rounds: int, order: str = "runner") -> None:
@@ -329,20 +356,31 @@ def stage_child(dataset: str, records_path: Path, rounds: int, order: str = "run
         if trace.candidates is not None and trace.candidates == trace.retrieved:
             trace.retrieved = list(trace.candidates)
     routed = any(r.get("intent_pred") is not None for r in recs)
-    seed = records_mod.TokenCounts()  # what a local system hands over: every chunk's count
-    for r in recs:
-        for e in r.get("retrieved") or []:
-            if e["doc_id"] in ds.documents:
-                seed.count(e["doc_id"], e["start"], e["end"], ds.documents)
-    counts = {k: seed.count(*k, ds.documents) for k in list(seed._memo)}
+    # what a local system hands over: every chunk's count (a plain dict where the code has no
+    # ChunkTokenCounts)
+    make_counts = local_token_counts(ds, records_path.parent / "config.yaml")
+    if make_counts is None:
+        seed = records_mod.TokenCounts()
+        for r in recs:
+            for e in r.get("retrieved") or []:
+                if e["doc_id"] in ds.documents:
+                    seed.count(e["doc_id"], e["start"], e["end"], ds.documents)
+        plain = {k: seed.count(*k, ds.documents) for k in list(seed._memo)}
+        make_counts = plain.copy
+    labels = getattr(records_mod, "_LABELS", None)  # the per-query labels memo (where the code has it)
     folder = Path(tempfile.mkdtemp())
     weights = TagWeights.from_config({})  # the default config's production mix (edge-tagged queries weigh 0)
     # the run's cutoffs checked once, as the runner does (where the code has it)
     ks = records_mod.run_cutoffs(RECORD_KS) if hasattr(records_mod, "run_cutoffs") else RECORD_KS
 
+    seen: dict[str, int] = {}
+
     def once() -> tuple[dict[str, float], bytes]:
         t: dict[str, float] = {}
         clock = time.process_time
+        if labels is not None:  # a run builds each query's labels once: so does every round
+            labels.clear()
+        counts = make_counts()  # a new one each round: its first lookup builds its index, as in a run
         c = clock()
         tokens = records_mod.TokenCounts(counts)
         (folder / "records.jsonl").unlink(missing_ok=True)
@@ -396,6 +434,7 @@ def stage_child(dataset: str, records_path: Path, rounds: int, order: str = "run
             c, t["slices"] = clock(), clock() - c
             slices.write_slices(table, folder, ["recall_at_5", "ndcg_at_10"])
             t["slice_files"] = clock() - c
+        seen["tokenised"] = tokens.tokenised  # chunks the seed did not have (0 when it covers the run)
         per_query = [[r["metrics"], r["failure_stage"], r["status"]] for r in out]
         digest = dumps_sorted([per_query, metrics, costs, judged, table.to_dict()])
         return t, digest
@@ -414,6 +453,7 @@ def stage_child(dataset: str, records_path: Path, rounds: int, order: str = "run
                 "n": len(recs),
                 "ms": {k: 1000 * v for k, v in best.items()},
                 "digest": hashlib.sha256(digest).hexdigest()[:16],
+                "tokenised": seen["tokenised"],
             }
         )
     )
@@ -465,8 +505,10 @@ def bench_stage(datasets: list[str], code: Path, rounds: int, pairs: int, order:
             label = f"**total** ({a / n:.3f} ms a query after)" if part == "total" else part
             lines.append(f"| {name} | {n:,} | {label} | {b:.1f} | {a:.1f} | {b / a:.2f}x |")
         same = digests["before"] == digests["after"] and len(digests["after"]) == 1
+        unseeded = "/".join(str(max(r.get("tokenised", 0) for r in results[side])) for side in results)
         lines.append(
-            f"| {name} | | values | digest {sorted(digests['before'])} | {sorted(digests['after'])} | "
+            f"| {name} | | values (chunks not in the seed, before/after: {unseeded}) "
+            f"| digest {sorted(digests['before'])} | {sorted(digests['after'])} | "
             f"{'equal' if same else '**DIFFER**'} |"
         )
     return lines
@@ -500,7 +542,9 @@ def main() -> None:
         print("\n".join(bench_records(max(2, args.rounds))))
     if args.part == "stage":
         print(f"- load average at the start: {os.getloadavg()[0]:.1f}\n")
-        print("\n".join(bench_stage(["sample", *args.dataset], args.code, args.rounds, args.pairs, args.order)))
+        print(
+            "\n".join(bench_stage(["sample", *args.dataset], args.code, args.rounds, args.pairs, args.order))
+        )
         print(f"\n- load average at the end: {os.getloadavg()[0]:.1f}")
 
 
