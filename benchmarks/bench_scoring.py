@@ -1,6 +1,6 @@
 """Scoring against pytrec_eval, scoring a 6,000-query run (issue 16), and a run's score stage (issue 28).
 
-Three measurements, the first two in this one process, the third in child processes:
+Four measurements, the first two in this one process, the others in child processes:
 
 1. **Per-query retrieval metrics against pytrec_eval**, side by side: 5,000 queries x 100
    retrieved documents (graded qrels, 1-5 relevant documents per query, some judged 0),
@@ -42,12 +42,26 @@ Three measurements, the first two in this one process, the third in child proces
    ``/work/main``: the code before a change); the two alternate, best CPU time (user + sys) of
    ``--rounds`` per child. A digest of every value (each record's metrics and stage, the
    aggregates, the cost and slice metrics) shows the two sides agree. What this does not copy:
-   in a run each query is scored between retrievals, its data colder.
+   in a run each query is scored between retrievals, its data colder (part 4 measures that).
+4. **The score stage of real runs, before and after** (issue 28, ``--part runs``): the default
+   config run for real, ``python -m rag_ablate tracking=none progress=false
+   [dataset.path=DIR] hydra.run.dir=<a new folder>`` with ``RAG_ABLATE_WRITER_IDLE=0``, on the
+   embedded sample and on each ``--dataset``, by each side (``--code DIR`` and this checkout,
+   ``PYTHONPATH`` set to the tree) alternately, ``--runs`` per side after one warm-up run per
+   side. Each side runs in its own working folder, so each has its own cache
+   (``outputs/cache`` under it): the warm-up fills the chunk, token and BM25 entries, the timed
+   runs are warm. Read from each run's ``profile.json``: the CPU seconds (``cpu_s``) of the
+   ``score`` and ``query`` stages (work can move between the two, so both are shown) and of the
+   whole profile, and the process's CPU (user + sys of the child); median and best per side. The
+   numbers of every run's ``metrics.json`` are compared between the sides, leaving out the keys
+   whose value differs between the runs of one side (timings, cost latencies, ``run/`` build
+   seconds and the like, found, not listed).
 
 Run it on the current code, and on an older checkout to compare (``PYTHONPATH=<old tree>``)::
 
     python benchmarks/bench_scoring.py [--rounds 7]
     python benchmarks/bench_scoring.py --part stage [--code /work/main] [--dataset DIR ...]
+    python benchmarks/bench_scoring.py --part runs [--runs 5] [--code /work/main] [--dataset DIR ...]
 """
 
 from __future__ import annotations
@@ -514,12 +528,128 @@ def bench_stage(datasets: list[str], code: Path, rounds: int, pairs: int, order:
     return lines
 
 
+RUN_ROWS = ("score", "query", "score + query", "profile total", "process")
+
+
+def real_run(tree: Path, cwd: Path, dataset: str, run_dir: Path) -> dict[str, Any]:
+    """One default run by the code in ``tree``, in ``cwd``: its profile's CPU seconds, the child's
+    CPU, its metrics and its number of records."""
+    import resource
+
+    cmd = [sys.executable, "-m", "rag_ablate", "tracking=none", "progress=false", f"hydra.run.dir={run_dir}"]
+    if dataset != "sample":
+        cmd.append(f"dataset.path={Path(dataset).resolve()}")
+    env = {**os.environ, "PYTHONPATH": str(tree), "RAG_ABLATE_WRITER_IDLE": "0"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, check=True, cwd=cwd, env=env, capture_output=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    profile = json.loads((run_dir / "profile.json").read_text(encoding="utf-8"))
+    stages = profile["stages"]
+    cpu = {name: float(stages.get(name, {}).get("cpu_s", 0.0)) for name in ("score", "query")}
+    cpu["score + query"] = cpu["score"] + cpu["query"]
+    cpu["profile total"] = float(profile["cpu_s"])
+    cpu["process"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    with (run_dir / "records.jsonl").open("rb") as f:
+        n = sum(1 for line in f if line.strip())
+    metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+    return {"cpu": cpu, "metrics": metrics, "n": n}
+
+
+def varying_keys(runs: list[dict[str, Any]]) -> set[str]:
+    """The metrics.json keys whose value is not the same in every one of ``runs`` (one side's)."""
+    keys = set().union(*(r["metrics"] for r in runs))
+    return {k for k in keys if len({json.dumps(r["metrics"].get(k)) for r in runs}) > 1}
+
+
+def bench_runs(datasets: list[str], code: Path, runs: int) -> list[str]:
+    """Part 4: real default runs on each dataset, ``code`` (before) and this checkout (after),
+    alternating, after a warm-up run per side; the profile's CPU seconds per side."""
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="bench_scoring_runs_"))
+    sides = {"before": code.resolve(), "after": REPO}
+    lines = [f"Working folders (each side's cache in `outputs/cache` under its own): {work}/{{before,after}}"]
+    for side, tree in sides.items():
+        (work / side).mkdir()
+        where = subprocess.run(
+            [sys.executable, "-c", "import rag_ablate; print(rag_ablate.__file__)"],
+            check=True, cwd=work / side, capture_output=True, text=True,
+            env={**os.environ, "PYTHONPATH": str(tree)},
+        ).stdout.strip()  # fmt: skip
+        lines.append(f"- {side}: `{tree}` (the child imports `{where}`)")
+    lines += [
+        "",
+        f"Real runs, CPU seconds from each run's profile.json: median [best] of {runs} runs per side, "
+        "the sides alternating, after a warm-up run each; `process` is the child's user + sys",
+        "",
+        "| dataset | queries | CPU s | before median [best] | after median [best] | ratio of medians | "
+        "ratio of bests |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    checks: list[str] = []
+    for dataset in datasets:
+        name = Path(dataset).name if dataset != "sample" else "embedded sample"
+        label = Path(dataset).name or "set"
+        done: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+        for i in range(runs + 1):  # run 0: the warm-up, not counted
+            for side, tree in sides.items():
+                result = real_run(tree, work / side, dataset, work / side / "runs" / f"{label}-{i}")
+                if i:
+                    done[side].append(result)
+        n = done["after"][0]["n"]
+        for row in RUN_ROWS:
+            vals = {side: [r["cpu"][row] for r in done[side]] for side in sides}
+            med = {side: statistics.median(v) for side, v in vals.items()}
+            best = {side: min(v) for side, v in vals.items()}
+
+            def ratio(x: dict[str, float]) -> str:
+                return f"{x['before'] / x['after']:.2f}x" if x["after"] > 0 else "-"
+
+            shown = f"**{row}**" if row == "score" else row
+            lines.append(
+                f"| {name} | {n:,} | {shown} | {med['before']:.3f} [{best['before']:.3f}] | "
+                f"{med['after']:.3f} [{best['after']:.3f}] | {ratio(med)} | {ratio(best)} |"
+            )
+        left_out = varying_keys(done["before"]) | varying_keys(done["after"])
+        keys = {side: set().union(*(r["metrics"] for r in done[side])) for side in sides}
+        compared = sorted((keys["before"] & keys["after"]) - left_out)
+        differ = sorted(
+            {
+                k
+                for b in done["before"]
+                for a in done["after"]
+                for k in compared
+                if json.dumps(b["metrics"].get(k)) != json.dumps(a["metrics"].get(k))
+            }
+        )
+        only = {
+            side: sorted(keys[side] - keys[other])
+            for side, other in (("before", "after"), ("after", "before"))
+        }
+        checks.append(
+            f"- {name}: {len(compared)} metrics.json keys compared, "
+            + (
+                "all equal between the sides"
+                if not differ
+                else f"**{len(differ)} DIFFER**: {', '.join(differ)}"
+            )
+            + f"; left out, differing between one side's runs ({len(left_out)}): {', '.join(sorted(left_out))}"
+            + "".join(f"; only {side} ({len(ks)}): {', '.join(ks)}" for side, ks in only.items() if ks)
+        )
+    return [*lines, "", *checks]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds per side (default 7)")
-    ap.add_argument("--part", choices=["all", "pytrec", "records", "stage"], default="all")
-    ap.add_argument("--code", type=Path, default=Path("/work/main"), help="--part stage: the code before")
-    ap.add_argument("--dataset", action="append", default=[], help="--part stage: a real set (repeatable)")
+    ap.add_argument("--part", choices=["all", "pytrec", "records", "stage", "runs"], default="all")
+    ap.add_argument(
+        "--code", type=Path, default=Path("/work/main"), help="--part stage/runs: the code before"
+    )
+    ap.add_argument(
+        "--dataset", action="append", default=[], help="--part stage/runs: a real set (repeatable)"
+    )
+    ap.add_argument("--runs", type=int, default=5, help="--part runs: timed runs per side (default 5)")
     ap.add_argument("--pairs", type=int, default=2, help="--part stage: children per side, alternating")
     ap.add_argument(
         "--order",
@@ -545,6 +675,10 @@ def main() -> None:
         print(
             "\n".join(bench_stage(["sample", *args.dataset], args.code, args.rounds, args.pairs, args.order))
         )
+        print(f"\n- load average at the end: {os.getloadavg()[0]:.1f}")
+    if args.part == "runs":
+        print(f"- load average at the start: {os.getloadavg()[0]:.1f}\n")
+        print("\n".join(bench_runs(["sample", *args.dataset], args.code, args.runs)))
         print(f"\n- load average at the end: {os.getloadavg()[0]:.1f}")
 
 
