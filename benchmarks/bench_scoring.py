@@ -50,9 +50,10 @@ Four measurements, the first two in this one process, the others in child proces
    ``PYTHONPATH`` set to the tree) alternately, ``--runs`` per side after one warm-up run per
    side. Each side runs in its own working folder, so each has its own cache
    (``outputs/cache`` under it): the warm-up fills the chunk, token and BM25 entries, the timed
-   runs are warm. Read from each run's ``profile.json``: the CPU seconds (``cpu_s``) of the
-   ``score`` and ``query`` stages (work can move between the two, so both are shown) and of the
-   whole profile, and the process's CPU (user + sys of the child); median and best per side. The
+   runs are warm (the folders are removed at the end). Read from each run's ``profile.json``: the
+   CPU seconds (``cpu_s``) of the ``score`` and ``query`` stages (work can move between the two,
+   so both are shown) and of the whole profile, and the process's CPU (user + sys of the child);
+   median and best per side. The
    numbers of every run's ``metrics.json`` are compared between the sides, leaving out the keys
    whose value differs between the runs of one side (timings, cost latencies, ``run/`` build
    seconds and the like, found, not listed).
@@ -75,6 +76,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -568,7 +570,10 @@ def bench_runs(datasets: list[str], code: Path, runs: int) -> list[str]:
 
     work = Path(tempfile.mkdtemp(prefix="bench_scoring_runs_"))
     sides = {"before": code.resolve(), "after": REPO}
-    lines = [f"Working folders (each side's cache in `outputs/cache` under its own): {work}/{{before,after}}"]
+    lines = [
+        f"Working folders (each side's cache in `outputs/cache` under its own; removed at the end, "
+        f"some 400 MB on the sets here): {work}/{{before,after}}"
+    ]
     for side, tree in sides.items():
         (work / side).mkdir()
         where = subprocess.run(
@@ -636,6 +641,7 @@ def bench_runs(datasets: list[str], code: Path, runs: int) -> list[str]:
             + f"; left out, differing between one side's runs ({len(left_out)}): {', '.join(sorted(left_out))}"
             + "".join(f"; only {side} ({len(ks)}): {', '.join(ks)}" for side, ks in only.items() if ks)
         )
+    shutil.rmtree(work, ignore_errors=True)
     return [*lines, "", *checks]
 
 
