@@ -1,6 +1,6 @@
-"""Scoring against pytrec_eval, and scoring a 6,000-query run (issue 16).
+"""Scoring against pytrec_eval, scoring a 6,000-query run (issue 16), and a run's score stage (issue 28).
 
-Two measurements, each in this one process:
+Four measurements, the first two in this one process, the others in child processes:
 
 1. **Per-query retrieval metrics against pytrec_eval**, side by side: 5,000 queries x 100
    retrieved documents (graded qrels, 1-5 relevant documents per query, some judged 0),
@@ -26,20 +26,43 @@ Two measurements, each in this one process:
    of the default config (made once, by ``python -m rag_ablate tracking=none`` with this code) on
    the embedded sample and on each ``--dataset`` (a real set in the dataset format, e.g. COVID-QA
    imported by ``rag-ablate import squad``), scored as the runner's score stage does: every record
-   made and scored (``scored(make_record(query, trace))``, the trace read back from the record;
-   chunk token counts seeded as a local system seeds them) and appended by a
-   :class:`~rag_ablate.records.jsonl.RecordWriter`, one record after another as the runner does
-   (``--order phases``: every record scored, then every record appended, timed apart), then
-   ``aggregate`` (with the default production mix's weighted means), the cost metrics, the judge and repeat metrics, the slices and their files. Each
-   side is a child process whose ``rag_ablate`` is this checkout or ``--code DIR`` (default
+   made and scored (``scored(make_record(query, trace))``, the trace read back from the record)
+   and appended by a :class:`~rag_ablate.records.jsonl.RecordWriter`, one record after another as
+   the runner does (``--order phases``: every record scored, then every record appended, timed
+   apart), then ``aggregate`` (with the default production mix's weighted means), the cost
+   metrics, the judge and repeat metrics, the slices and their files. Each round is as a run:
+   (a) the labels memo of the scoring module (``_LABELS``, keyed by the query object, where the
+   code has it) is cleared before it, so every round builds each query's labels once, as a run
+   does (the same ``Query`` objects are scored every round); (b) the token memo is seeded with
+   what a local system hands over, a ``ChunkTokenCounts`` over the chunks of the run's config
+   (``chunk`` of the ``config.yaml`` beside the records, ``unit: auto`` resolved as
+   ``LocalSystem._chunk`` does), a new one each round (its first lookup builds its index, as in a
+   run); code without that class gets a plain dict of the retrieved chunks' counts. Each side is
+   a child process whose ``rag_ablate`` is this checkout or ``--code DIR`` (default
    ``/work/main``: the code before a change); the two alternate, best CPU time (user + sys) of
    ``--rounds`` per child. A digest of every value (each record's metrics and stage, the
-   aggregates, the cost and slice metrics) shows the two sides agree.
+   aggregates, the cost and slice metrics) shows the two sides agree. What this does not copy:
+   in a run each query is scored between retrievals, its data colder (part 4 measures that).
+4. **The score stage of real runs, before and after** (issue 28, ``--part runs``): the default
+   config run for real, ``python -m rag_ablate tracking=none progress=false
+   [dataset.path=DIR] hydra.run.dir=<a new folder>`` with ``RAG_ABLATE_WRITER_IDLE=0``, on the
+   embedded sample and on each ``--dataset``, by each side (``--code DIR`` and this checkout,
+   ``PYTHONPATH`` set to the tree) alternately, ``--runs`` per side after one warm-up run per
+   side. Each side runs in its own working folder, so each has its own cache
+   (``outputs/cache`` under it): the warm-up fills the chunk, token and BM25 entries, the timed
+   runs are warm (the folders are removed at the end). Read from each run's ``profile.json``: the
+   CPU seconds (``cpu_s``) of the ``score`` and ``query`` stages (work can move between the two,
+   so both are shown) and of the whole profile, and the process's CPU (user + sys of the child);
+   median and best per side. The
+   numbers of every run's ``metrics.json`` are compared between the sides, leaving out the keys
+   whose value differs between the runs of one side (timings, cost latencies, ``run/`` build
+   seconds and the like, found, not listed).
 
 Run it on the current code, and on an older checkout to compare (``PYTHONPATH=<old tree>``)::
 
     python benchmarks/bench_scoring.py [--rounds 7]
     python benchmarks/bench_scoring.py --part stage [--code /work/main] [--dataset DIR ...]
+    python benchmarks/bench_scoring.py --part runs [--runs 5] [--code /work/main] [--dataset DIR ...]
 """
 
 from __future__ import annotations
@@ -53,6 +76,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -300,9 +324,28 @@ def stage_records(dataset: str, folder: Path) -> Path:
         cmd = [sys.executable, "-m", "rag_ablate", "tracking=none", "progress=false", f"hydra.run.dir={out}"]
         if dataset != "sample":
             cmd.append(f"dataset.path={Path(dataset).resolve()}")
-        subprocess.run(cmd, check=True, cwd=folder, capture_output=True)
+        env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's code
+        subprocess.run(cmd, check=True, cwd=folder, capture_output=True, env=env)
         found = sorted(out.glob("**/records.jsonl"))
     return found[0]
+
+
+def local_token_counts(ds: Dataset, config_path: Path) -> Callable[[], Any] | None:
+    """A maker of what a local system hands the runner as chunk token counts: a
+    ``ChunkTokenCounts`` over the chunks of the run's config (``chunk.size``, ``overlap``,
+    ``unit``, ``snap`` of ``config_path``; ``unit: auto`` resolved as ``LocalSystem._chunk``
+    does). None where the code has no ``ChunkTokenCounts`` or the config is not there."""
+    chunking = importlib.import_module("rag_ablate.pipeline.chunking")
+    counts_cls = getattr(chunking, "ChunkTokenCounts", None)
+    if counts_cls is None or not config_path.is_file():
+        return None
+    import yaml
+
+    c = yaml.safe_load(config_path.read_text(encoding="utf-8"))["chunk"]
+    docs = list(ds.documents.values())
+    unit = c["unit"] if c["unit"] != "auto" else chunking.detect_unit(d.text for d in docs)
+    chunks = chunking.Chunks(docs, chunking.chunk_spans(docs, c["size"], c["overlap"], unit, c["snap"]))
+    return lambda: counts_cls(chunks)
 
 
 def stage_child(dataset: str, records_path: Path, rounds: int, order: str = "runner") -> None:
@@ -329,20 +372,31 @@ def stage_child(dataset: str, records_path: Path, rounds: int, order: str = "run
         if trace.candidates is not None and trace.candidates == trace.retrieved:
             trace.retrieved = list(trace.candidates)
     routed = any(r.get("intent_pred") is not None for r in recs)
-    seed = records_mod.TokenCounts()  # what a local system hands over: every chunk's count
-    for r in recs:
-        for e in r.get("retrieved") or []:
-            if e["doc_id"] in ds.documents:
-                seed.count(e["doc_id"], e["start"], e["end"], ds.documents)
-    counts = {k: seed.count(*k, ds.documents) for k in list(seed._memo)}
+    # what a local system hands over: every chunk's count (a plain dict where the code has no
+    # ChunkTokenCounts)
+    make_counts = local_token_counts(ds, records_path.parent / "config.yaml")
+    if make_counts is None:
+        seed = records_mod.TokenCounts()
+        for r in recs:
+            for e in r.get("retrieved") or []:
+                if e["doc_id"] in ds.documents:
+                    seed.count(e["doc_id"], e["start"], e["end"], ds.documents)
+        plain = {k: seed.count(*k, ds.documents) for k in list(seed._memo)}
+        make_counts = plain.copy
+    labels = getattr(records_mod, "_LABELS", None)  # the per-query labels memo (where the code has it)
     folder = Path(tempfile.mkdtemp())
     weights = TagWeights.from_config({})  # the default config's production mix (edge-tagged queries weigh 0)
     # the run's cutoffs checked once, as the runner does (where the code has it)
     ks = records_mod.run_cutoffs(RECORD_KS) if hasattr(records_mod, "run_cutoffs") else RECORD_KS
 
+    seen: dict[str, int] = {}
+
     def once() -> tuple[dict[str, float], bytes]:
         t: dict[str, float] = {}
         clock = time.process_time
+        if labels is not None:  # a run builds each query's labels once: so does every round
+            labels.clear()
+        counts = make_counts()  # a new one each round: its first lookup builds its index, as in a run
         c = clock()
         tokens = records_mod.TokenCounts(counts)
         (folder / "records.jsonl").unlink(missing_ok=True)
@@ -396,6 +450,7 @@ def stage_child(dataset: str, records_path: Path, rounds: int, order: str = "run
             c, t["slices"] = clock(), clock() - c
             slices.write_slices(table, folder, ["recall_at_5", "ndcg_at_10"])
             t["slice_files"] = clock() - c
+        seen["tokenised"] = tokens.tokenised  # chunks the seed did not have (0 when it covers the run)
         per_query = [[r["metrics"], r["failure_stage"], r["status"]] for r in out]
         digest = dumps_sorted([per_query, metrics, costs, judged, table.to_dict()])
         return t, digest
@@ -414,6 +469,7 @@ def stage_child(dataset: str, records_path: Path, rounds: int, order: str = "run
                 "n": len(recs),
                 "ms": {k: 1000 * v for k, v in best.items()},
                 "digest": hashlib.sha256(digest).hexdigest()[:16],
+                "tokenised": seen["tokenised"],
             }
         )
     )
@@ -465,19 +521,141 @@ def bench_stage(datasets: list[str], code: Path, rounds: int, pairs: int, order:
             label = f"**total** ({a / n:.3f} ms a query after)" if part == "total" else part
             lines.append(f"| {name} | {n:,} | {label} | {b:.1f} | {a:.1f} | {b / a:.2f}x |")
         same = digests["before"] == digests["after"] and len(digests["after"]) == 1
+        unseeded = "/".join(str(max(r.get("tokenised", 0) for r in results[side])) for side in results)
         lines.append(
-            f"| {name} | | values | digest {sorted(digests['before'])} | {sorted(digests['after'])} | "
+            f"| {name} | | values (chunks not in the seed, before/after: {unseeded}) "
+            f"| digest {sorted(digests['before'])} | {sorted(digests['after'])} | "
             f"{'equal' if same else '**DIFFER**'} |"
         )
     return lines
 
 
+RUN_ROWS = ("score", "query", "score + query", "profile total", "process")
+
+
+def real_run(tree: Path, cwd: Path, dataset: str, run_dir: Path) -> dict[str, Any]:
+    """One default run by the code in ``tree``, in ``cwd``: its profile's CPU seconds, the child's
+    CPU, its metrics and its number of records."""
+    import resource
+
+    cmd = [sys.executable, "-m", "rag_ablate", "tracking=none", "progress=false", f"hydra.run.dir={run_dir}"]
+    if dataset != "sample":
+        cmd.append(f"dataset.path={Path(dataset).resolve()}")
+    env = {**os.environ, "PYTHONPATH": str(tree), "RAG_ABLATE_WRITER_IDLE": "0"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, check=True, cwd=cwd, env=env, capture_output=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    profile = json.loads((run_dir / "profile.json").read_text(encoding="utf-8"))
+    stages = profile["stages"]
+    cpu = {name: float(stages.get(name, {}).get("cpu_s", 0.0)) for name in ("score", "query")}
+    cpu["score + query"] = cpu["score"] + cpu["query"]
+    cpu["profile total"] = float(profile["cpu_s"])
+    cpu["process"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    with (run_dir / "records.jsonl").open("rb") as f:
+        n = sum(1 for line in f if line.strip())
+    metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+    return {"cpu": cpu, "metrics": metrics, "n": n}
+
+
+def varying_keys(runs: list[dict[str, Any]]) -> set[str]:
+    """The metrics.json keys whose value is not the same in every one of ``runs`` (one side's)."""
+    keys = set().union(*(r["metrics"] for r in runs))
+    return {k for k in keys if len({json.dumps(r["metrics"].get(k)) for r in runs}) > 1}
+
+
+def bench_runs(datasets: list[str], code: Path, runs: int) -> list[str]:
+    """Part 4: real default runs on each dataset, ``code`` (before) and this checkout (after),
+    alternating, after a warm-up run per side; the profile's CPU seconds per side."""
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="bench_scoring_runs_"))
+    sides = {"before": code.resolve(), "after": REPO}
+    lines = [
+        f"Working folders (each side's cache in `outputs/cache` under its own; removed at the end, "
+        f"some 400 MB on the sets here): {work}/{{before,after}}"
+    ]
+    for side, tree in sides.items():
+        (work / side).mkdir()
+        where = subprocess.run(
+            [sys.executable, "-c", "import rag_ablate; print(rag_ablate.__file__)"],
+            check=True, cwd=work / side, capture_output=True, text=True,
+            env={**os.environ, "PYTHONPATH": str(tree)},
+        ).stdout.strip()  # fmt: skip
+        lines.append(f"- {side}: `{tree}` (the child imports `{where}`)")
+    lines += [
+        "",
+        f"Real runs, CPU seconds from each run's profile.json: median [best] of {runs} runs per side, "
+        "the sides alternating, after a warm-up run each; `process` is the child's user + sys",
+        "",
+        "| dataset | queries | CPU s | before median [best] | after median [best] | ratio of medians | "
+        "ratio of bests |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    checks: list[str] = []
+    for dataset in datasets:
+        name = Path(dataset).name if dataset != "sample" else "embedded sample"
+        label = Path(dataset).name or "set"
+        done: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+        for i in range(runs + 1):  # run 0: the warm-up, not counted
+            for side, tree in sides.items():
+                result = real_run(tree, work / side, dataset, work / side / "runs" / f"{label}-{i}")
+                if i:
+                    done[side].append(result)
+        n = done["after"][0]["n"]
+        for row in RUN_ROWS:
+            vals = {side: [r["cpu"][row] for r in done[side]] for side in sides}
+            med = {side: statistics.median(v) for side, v in vals.items()}
+            best = {side: min(v) for side, v in vals.items()}
+
+            def ratio(x: dict[str, float]) -> str:
+                return f"{x['before'] / x['after']:.2f}x" if x["after"] > 0 else "-"
+
+            shown = f"**{row}**" if row == "score" else row
+            lines.append(
+                f"| {name} | {n:,} | {shown} | {med['before']:.3f} [{best['before']:.3f}] | "
+                f"{med['after']:.3f} [{best['after']:.3f}] | {ratio(med)} | {ratio(best)} |"
+            )
+        left_out = varying_keys(done["before"]) | varying_keys(done["after"])
+        keys = {side: set().union(*(r["metrics"] for r in done[side])) for side in sides}
+        compared = sorted((keys["before"] & keys["after"]) - left_out)
+        differ = sorted(
+            {
+                k
+                for b in done["before"]
+                for a in done["after"]
+                for k in compared
+                if json.dumps(b["metrics"].get(k)) != json.dumps(a["metrics"].get(k))
+            }
+        )
+        only = {
+            side: sorted(keys[side] - keys[other])
+            for side, other in (("before", "after"), ("after", "before"))
+        }
+        checks.append(
+            f"- {name}: {len(compared)} metrics.json keys compared, "
+            + (
+                "all equal between the sides"
+                if not differ
+                else f"**{len(differ)} DIFFER**: {', '.join(differ)}"
+            )
+            + f"; left out, differing between one side's runs ({len(left_out)}): {', '.join(sorted(left_out))}"
+            + "".join(f"; only {side} ({len(ks)}): {', '.join(ks)}" for side, ks in only.items() if ks)
+        )
+    shutil.rmtree(work, ignore_errors=True)
+    return [*lines, "", *checks]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds per side (default 7)")
-    ap.add_argument("--part", choices=["all", "pytrec", "records", "stage"], default="all")
-    ap.add_argument("--code", type=Path, default=Path("/work/main"), help="--part stage: the code before")
-    ap.add_argument("--dataset", action="append", default=[], help="--part stage: a real set (repeatable)")
+    ap.add_argument("--part", choices=["all", "pytrec", "records", "stage", "runs"], default="all")
+    ap.add_argument(
+        "--code", type=Path, default=Path("/work/main"), help="--part stage/runs: the code before"
+    )
+    ap.add_argument(
+        "--dataset", action="append", default=[], help="--part stage/runs: a real set (repeatable)"
+    )
+    ap.add_argument("--runs", type=int, default=5, help="--part runs: timed runs per side (default 5)")
     ap.add_argument("--pairs", type=int, default=2, help="--part stage: children per side, alternating")
     ap.add_argument(
         "--order",
@@ -500,7 +678,13 @@ def main() -> None:
         print("\n".join(bench_records(max(2, args.rounds))))
     if args.part == "stage":
         print(f"- load average at the start: {os.getloadavg()[0]:.1f}\n")
-        print("\n".join(bench_stage(["sample", *args.dataset], args.code, args.rounds, args.pairs, args.order)))
+        print(
+            "\n".join(bench_stage(["sample", *args.dataset], args.code, args.rounds, args.pairs, args.order))
+        )
+        print(f"\n- load average at the end: {os.getloadavg()[0]:.1f}")
+    if args.part == "runs":
+        print(f"- load average at the start: {os.getloadavg()[0]:.1f}\n")
+        print("\n".join(bench_runs(["sample", *args.dataset], args.code, args.runs)))
         print(f"\n- load average at the end: {os.getloadavg()[0]:.1f}")
 
 
