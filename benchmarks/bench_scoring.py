@@ -25,11 +25,13 @@ Four measurements, the first two in this one process, the others in child proces
 3. **A run's score stage, before and after** (issue 28, ``--part stage``): the records of one run
    of the default config (made once, by ``python -m rag_ablate tracking=none`` with this code) on
    the embedded sample and on each ``--dataset`` (a real set in the dataset format, e.g. COVID-QA
-   imported by ``rag-ablate import squad``), scored as the runner's score stage does: every record
-   made and scored (``scored(make_record(query, trace))``, the trace read back from the record)
-   and appended by a :class:`~rag_ablate.records.jsonl.RecordWriter`, one record after another as
-   the runner does (``--order phases``: every record scored, then every record appended, timed
-   apart), then ``aggregate`` (with the default production mix's weighted means), the cost
+   imported by ``rag-ablate import squad``), scored as the runner's score stage does: where the
+   code has ``score_all`` (since stop 41), every record made (``make_record(query, trace)``, the
+   trace read back from the record) and appended by a
+   :class:`~rag_ablate.records.jsonl.RecordWriter` one after another, as its query completes, then
+   every record scored (``score_all``); before, each record made, scored and appended in turn
+   (``--order phases``: every record made and scored, then every record appended, timed apart);
+   then ``aggregate`` (with the default production mix's weighted means), the cost
    metrics, the judge and repeat metrics, the slices and their files. Each round is as a run:
    (a) the labels memo of the scoring module (``_LABELS``, keyed by the query object, where the
    code has it) is cleared before it, so every round builds each query's labels once, as a run
@@ -42,7 +44,8 @@ Four measurements, the first two in this one process, the others in child proces
    ``/work/main``: the code before a change); the two alternate, best CPU time (user + sys) of
    ``--rounds`` per child. A digest of every value (each record's metrics and stage, the
    aggregates, the cost and slice metrics) shows the two sides agree. What this does not copy:
-   in a run each query is scored between retrievals, its data colder (part 4 measures that).
+   in a run each record is made (and, before stop 41, scored) between retrievals, its data colder
+   (part 4 measures that).
 4. **The score stage of real runs, before and after** (issue 28, ``--part runs``): the default
    config run for real, ``python -m rag_ablate tracking=none progress=false
    [dataset.path=DIR] hydra.run.dir=<a new folder>`` with ``RAG_ABLATE_WRITER_IDLE=0``, on the
@@ -311,7 +314,8 @@ def bench_records(rounds: int) -> list[str]:
 
 
 STAGE_PARTS = ("scored", "writer", "aggregate", "cost", "judge_repeats", "slices", "slice_files")
-# --order runner: each record made, scored and appended in turn, as the runner's evaluate() does; the
+# --order runner: the records made, appended and scored as the code's evaluate() does (each record made
+# and appended, then every record scored; before stop 41 each made, scored and appended in turn); the
 # two per-query parts are then timed together
 RUNNER_PARTS = ("scored and written", *STAGE_PARTS[2:])
 
@@ -351,9 +355,10 @@ def local_token_counts(ds: Dataset, config_path: Path) -> Callable[[], Any] | No
 def stage_child(dataset: str, records_path: Path, rounds: int, order: str = "runner") -> None:
     """One side of part 3 (this process's rag_ablate): best CPU seconds of each part, as JSON.
 
-    ``order``: ``runner`` makes, scores and appends each record in turn, as the runner does while
-    its queries complete (each record's data is at hand when it is written); ``phases`` (the loop of
-    the measurements before stop 38) scores every record, then appends every record."""
+    ``order``: ``runner`` does as the code's runner does: where the code has ``score_all``, makes and
+    appends each record in turn (as its query completes), then scores every record; before, makes,
+    scores and appends each record in turn; ``phases`` (the loop of the measurements before stop 38)
+    scores every record, then appends every record."""
     import tempfile
 
     from rag_ablate.dataset.load import load_dataset
@@ -400,7 +405,18 @@ def stage_child(dataset: str, records_path: Path, rounds: int, order: str = "run
         c = clock()
         tokens = records_mod.TokenCounts(counts)
         (folder / "records.jsonl").unlink(missing_ok=True)
-        if order == "runner":
+        if order == "runner" and hasattr(records_mod, "score_all"):
+            # each record appended before scoring as its query completes, every record scored once the
+            # queries are done (the writer still open, as in the runner)
+            with RecordWriter(folder / "records.jsonl") as w:
+                made = []
+                for q, trace in traces:
+                    rec = records_mod.make_record(q, trace)
+                    w.write(rec)
+                    made.append((rec, q))
+                out = records_mod.score_all(made, ds.documents, ks, routed=routed, tokens=tokens)
+            c, t["scored and written"] = clock(), clock() - c
+        elif order == "runner":
             out = []
             with RecordWriter(folder / "records.jsonl") as w:
                 for q, trace in traces:
