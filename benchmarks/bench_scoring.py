@@ -44,8 +44,10 @@ Four measurements, the first two in this one process, the others in child proces
    ``/work/main``: the code before a change); the two alternate, best CPU time (user + sys) of
    ``--rounds`` per child. A digest of every value (each record's metrics and stage, the
    aggregates, the cost and slice metrics) shows the two sides agree. What this does not copy:
-   in a run each record is made (and, before stop 41, scored) between retrievals, its data colder
-   (part 4 measures that).
+   in a run each record is made (and, before stop 41, scored) between retrievals, its data colder,
+   and ``python -m rag_ablate`` runs with the cyclic collector's first threshold at 50,000 (since
+   stop 39) where this child has the interpreter's 700, so the collections its surviving labels
+   and records set off cost more here (part 4, real runs, is the figure of record).
 4. **The score stage of real runs, before and after** (issue 28, ``--part runs``): the default
    config run for real, ``python -m rag_ablate tracking=none progress=false
    [dataset.path=DIR] hydra.run.dir=<a new folder>`` with ``RAG_ABLATE_WRITER_IDLE=0``, on the
