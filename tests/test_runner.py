@@ -157,6 +157,28 @@ def test_records_are_handed_on_before_scoring_and_returned_scored_as_each_alone(
     assert records[0]["metrics"] and records[0]["query_id"] == ds.queries[0].query_id
 
 
+def test_with_progress_the_scoring_after_the_queries_shows_a_bar_of_its_own(
+    tiny_dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every record is scored after the queries: with progress=true that pass has its own bar (a run of
+    100,000 queries scores for seconds after the querying bar is full), and the records are the same."""
+    ds = load_dataset(tiny_dataset)
+    target = LocalSystem(_settings())
+    target.prepare(ds)
+    quiet = evaluate(target, ds, [1, 5])
+    capsys.readouterr()
+    shown = evaluate(target, ds, [1, 5], progress=True, label="base")
+    err = capsys.readouterr().err
+    n = len(ds.queries)
+    assert f"querying [base]:   0%|          | 0/{n} [" in err
+    assert f"scoring [base]:   0%|          | 0/{n} [" in err and "rec/s]" in err
+    assert err.index("querying [base]") < err.index("scoring [base]")
+    assert [(r["query_id"], r["metrics"]) for r in shown] == [
+        (r["query_id"], {**r["metrics"], "latency_ms": m["metrics"]["latency_ms"]})
+        for r, m in zip(quiet, shown, strict=True)
+    ]
+
+
 def test_records_kept_from_an_earlier_attempt_are_scored_with_the_new_ones(tiny_dataset: Path) -> None:
     """``kept`` (resume=): the earlier attempt's records, unscored on disk, are not run again but scored
     with the rest; the result equals one uninterrupted evaluate."""

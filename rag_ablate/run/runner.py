@@ -20,7 +20,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -233,7 +233,9 @@ def evaluate(
     t_score, cpu_score = time.perf_counter(), time.thread_time()
     by_id = {q.query_id: q for q in dataset.queries}
     made = [(done[k], q) for q in todo if (k := query_key(q)) in done]  # in query order
-    pairs = [*((r, by_id[r["query_id"]]) for r in kept), *made]
+    pairs: Iterable[tuple[Record, Query]] = [*((r, by_id[r["query_id"]]) for r in kept), *made]
+    if progress:  # the scoring after the queries has a bar of its own (100,000 records: about 6 s)
+        pairs = tqdm(pairs, desc=f"scoring [{label}]", unit="rec", leave=False)
     out = score_all(
         pairs,
         dataset.documents,
