@@ -7,7 +7,7 @@ per-query metric values. :func:`score_record` computes the values from the
 record's own fields plus the dataset, so every number can be recomputed from disk.
 
 While a job runs, :class:`RecordWriter` appends each record as its query completes, before
-scoring (flushed at once, fsync'd about every second), so an interrupted run keeps its
+scoring (written at once, fsync'd about every second), so an interrupted run keeps its
 finished queries and ``resume=`` reruns only the rest; the reader ignores a
 half-written last line. Every record is scored once the queries are done (:func:`score_all`).
 When the job ends, :func:`write_records` rewrites the file atomically with exactly one final,

@@ -231,9 +231,10 @@ def evaluate(
     finally:
         bar.close()
     t_score, cpu_score = time.perf_counter(), time.thread_time()
-    by_id = {q.query_id: q for q in dataset.queries}
-    made = [(done[k], q) for q in todo if (k := query_key(q)) in done]  # in query order
-    pairs: Iterable[tuple[Record, Query]] = [*((r, by_id[r["query_id"]]) for r in kept), *made]
+    pairs: Iterable[tuple[Record, Query]] = [(done[k], q) for q in todo if (k := query_key(q)) in done]
+    if kept:  # the earlier attempt's records first, each with its query
+        by_id = {q.query_id: q for q in dataset.queries}
+        pairs = [*((r, by_id[r["query_id"]]) for r in kept), *pairs]
     if progress:  # the scoring after the queries has a bar of its own (100,000 records: about 6 s)
         pairs = tqdm(pairs, desc=f"scoring [{label}]", unit="rec", leave=False)
     out = score_all(

@@ -559,12 +559,13 @@ def dataset_input(dataset: Dataset, privacy: Privacy | None = None) -> QuerySet:
     required when no query lacks its value."""
     queries = dataset.queries
     texts_stored = privacy is None or privacy.store_text  # (redacted or not: Privacy.text)
-    columns: list[tuple[str, bool, bool]] = [  # name, every value present, a list of strings
+    # name, every value present (a query always has its id, text, split, group and kind), a list of strings
+    columns: list[tuple[str, bool, bool]] = [
         ("query_id", True, False),
-        ("query", texts_stored and all(q.query is not None for q in queries), False),
-        ("split", all(q.split is not None for q in queries), False),
-        ("group", all(q.group is not None for q in queries), False),
-        ("kind", all(q.kind is not None for q in queries), False),
+        ("query", texts_stored, False),
+        ("split", True, False),
+        ("group", True, False),
+        ("kind", True, False),
         ("intent", all(q.intent_l2 is not None for q in queries), False),
         (GOLD_NAME, True, True),
     ]
